@@ -1,0 +1,251 @@
+"""The one mutable cluster view: assume / forget / confirm under one lock.
+
+Every decision takes :meth:`ClusterCache.snapshot` (an immutable
+:class:`~scheduler.core.snapshot.ClusterSnapshot`, O(1) to take) and never sees later
+changes. All mutation happens here, under ``self._lock``, and publishes a new snapshot.
+
+State machine of a pod's resources::
+
+    (none) --assume--> ASSUMED --confirm--> BOUND --(pod deleted / terminated)--> (none)
+               ASSUMED --forget / TTL expiry--> (none)
+
+* ``assume`` refuses (DoubleBookingError) if any GPU is already held: two concurrent binds
+  can never be given the same GPU, because choosing and assuming happen under one lock
+  (:meth:`assume_chosen`).
+* ``forget`` and ``confirm`` are idempotent.
+* Assumptions without a TTL never expire (a bind in flight); with a TTL they expire at
+  ``clock() + ttl`` and are dropped by :meth:`expire` (gang reservations).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from scheduler.core.model import PodInfo
+from scheduler.core.objects import ObjectError, object_key, pod_terminated
+from scheduler.core.params import SchedParams
+from scheduler.core.snapshot import (
+    ClusterSnapshot,
+    build_snapshot,
+    pod_info_for,
+    with_node_object,
+    with_pod,
+    without_node,
+    without_pod,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingPod:
+    """A pod seen in a filter call and not yet bound (needed to bind it later)."""
+
+    obj: Mapping[str, Any]
+    seen_at: float
+
+
+class ClusterCache:
+    """Thread-safe owner of the current snapshot and of assumptions.
+
+    Args:
+        snapshot: initial snapshot.
+        params: scheduling parameters (used to rebuild nodes from objects).
+        clock: monotonic clock in seconds (injected for tests).
+    """
+
+    def __init__(
+        self,
+        snapshot: ClusterSnapshot,
+        params: SchedParams,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._lock = threading.RLock()
+        self._snap = snapshot
+        self.params = params
+        self._clock = clock
+        self._expiry: dict[str, float] = {}
+        self._pending: dict[str, PendingPod] = {}
+        self.plans: dict[str, Any] = {}
+        """Gang plans by gang key; owned by the gang layer, guarded by :attr:`lock`."""
+
+    @classmethod
+    def from_objects(
+        cls,
+        nodes: Iterable[Mapping[str, Any]],
+        pods: Iterable[Mapping[str, Any]],
+        params: SchedParams,
+        clock: Callable[[], float] = time.monotonic,
+        extra: Mapping[str, Any] | None = None,
+    ) -> ClusterCache:
+        """A cache over Node and Pod objects (a cluster file or an initial list)."""
+        return cls(build_snapshot(nodes, pods, params, extra), params, clock)
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The cache lock; hold it to make several operations atomic."""
+        return self._lock
+
+    def snapshot(self) -> ClusterSnapshot:
+        """The current immutable snapshot (O(1))."""
+        return self._snap
+
+    def now(self) -> float:
+        """The cache's clock."""
+        return self._clock()
+
+    # ---- assumptions -------------------------------------------------------------------
+
+    def assume(self, pod: PodInfo, ttl: float | None = None) -> ClusterSnapshot:
+        """Hold ``pod``'s resources. Raises DoubleBookingError / KeyError on conflict."""
+        with self._lock:
+            self._snap = with_pod(self._snap, replace(pod, assumed=True))
+            if ttl is None:
+                self._expiry.pop(pod.key, None)
+            else:
+                self._expiry[pod.key] = self._clock() + ttl
+            return self._snap
+
+    def assume_chosen(
+        self,
+        choose: Callable[[ClusterSnapshot], PodInfo | str],
+        ttl: float | None = None,
+    ) -> PodInfo | str:
+        """Choose on the current snapshot and assume the choice, atomically.
+
+        ``choose`` returns the PodInfo to assume, or an error string (nothing is assumed).
+        """
+        with self._lock:
+            choice = choose(self._snap)
+            if isinstance(choice, str):
+                return choice
+            self.assume(choice, ttl)
+            return choice
+
+    def forget(self, key: str) -> bool:
+        """Release an assumed pod (idempotent). Bound pods are left alone. True if released."""
+        with self._lock:
+            pod = self._snap.pods.get(key)
+            self._expiry.pop(key, None)
+            if pod is None or not pod.assumed:
+                return False
+            self._snap = without_pod(self._snap, key)
+            return True
+
+    def confirm(self, key: str) -> bool:
+        """Mark an assumed pod as bound (idempotent). True if the pod is held."""
+        with self._lock:
+            pod = self._snap.pods.get(key)
+            self._expiry.pop(key, None)
+            if pod is None:
+                return False
+            if pod.assumed:
+                self._snap = with_pod(self._snap, replace(pod, assumed=False))
+            return True
+
+    def expire(self) -> list[str]:
+        """Drop assumptions whose TTL has passed; returns their keys (sorted)."""
+        with self._lock:
+            now = self._clock()
+            gone = sorted(k for k, t in self._expiry.items() if t <= now)
+            for k in gone:
+                self.forget(k)
+            return gone
+
+    def expiry_of(self, key: str) -> float | None:
+        """When an assumption expires (cache clock), None if it does not."""
+        return self._expiry.get(key)
+
+    # ---- pending pods (seen by filter, not yet bound) -----------------------------------
+
+    def remember_pending(self, pod: Mapping[str, Any], max_entries: int = 100_000) -> None:
+        """Keep the Pod object of a pod being scheduled, so bind can find it."""
+        with self._lock:
+            self._pending[object_key(pod)] = PendingPod(pod, self._clock())
+            if len(self._pending) > max_entries:
+                oldest = min(self._pending.items(), key=lambda kv: kv[1].seen_at)[0]
+                del self._pending[oldest]
+
+    def pending(self, key: str) -> Mapping[str, Any] | None:
+        """The Pod object last seen for ``key`` in a filter call, if any."""
+        p = self._pending.get(key)
+        return None if p is None else p.obj
+
+    def drop_pending(self, key: str) -> None:
+        """Forget a pending pod (idempotent)."""
+        with self._lock:
+            self._pending.pop(key, None)
+
+    # ---- events from the API (watch) ----------------------------------------------------
+
+    def upsert_node(self, obj: Mapping[str, Any]) -> None:
+        """Add or update a node from its object; malformed objects are logged and ignored."""
+        with self._lock:
+            try:
+                self._snap = with_node_object(self._snap, obj, self.params)
+            except ObjectError as exc:
+                log.warning("ignoring malformed node: %s", exc)
+
+    def delete_node(self, name: str) -> None:
+        """Remove a node and what it held (idempotent)."""
+        with self._lock:
+            self._snap = without_node(self._snap, name)
+
+    def upsert_pod(self, obj: Mapping[str, Any]) -> None:
+        """Apply a Pod object from the API: bound pods hold resources, finished ones don't.
+
+        A pod the API shows bound confirms any assumption for it; if it was assumed on a
+        different node or GPUs, the API wins.
+        """
+        key = object_key(obj)
+        node = (obj.get("spec") or {}).get("nodeName")
+        with self._lock:
+            if not node or pod_terminated(obj):
+                old = self._snap.pods.get(key)
+                if old is not None and (pod_terminated(obj) or not old.assumed):
+                    self._snap = without_pod(self._snap, key)
+                    self._expiry.pop(key, None)
+                return
+            self._pending.pop(key, None)
+            old = self._snap.pods.get(key)
+            if old is not None and old.node == node and not old.assumed:
+                return
+            try:
+                base = without_pod(self._snap, key)
+                info = pod_info_for(base, obj, node)
+                self._snap = with_pod(base, info)
+                self._expiry.pop(key, None)
+            except KeyError:
+                log.debug("pod %s bound to unknown node %s", key, node)
+            except ValueError as exc:
+                log.error("pod %s conflicts with held GPUs on %s: %s", key, node, exc)
+
+    def delete_pod(self, key: str) -> None:
+        """A pod is gone: release its resources (idempotent)."""
+        with self._lock:
+            self._pending.pop(key, None)
+            self._expiry.pop(key, None)
+            self._snap = without_pod(self._snap, key)
+
+    def replace_all(
+        self,
+        nodes: Iterable[Mapping[str, Any]],
+        pods: Iterable[Mapping[str, Any]],
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Rebuild from a fresh list (initial sync or relist), keeping live assumptions."""
+        with self._lock:
+            snap = build_snapshot(nodes, pods, self.params, extra)
+            for key, pod in self._snap.pods.items():
+                if pod.assumed and key not in snap.pods and pod.node in snap.index:
+                    try:
+                        snap = with_pod(snap, pod)
+                    except ValueError:
+                        log.warning("dropping assumption %s: its GPUs are now held", key)
+                        self._expiry.pop(key, None)
+            self._snap = snap

@@ -1,0 +1,240 @@
+"""The immutable cluster model every decision works on.
+
+Contracts:
+    * Every type here is immutable (frozen dataclasses, tuples, read-only mappings and
+      read-only numpy arrays). A decision takes one :class:`ClusterSnapshot` and never
+      changes it; the cache produces a new snapshot for every change.
+    * Nodes are kept sorted by name, so iteration order (and every tie-break derived from
+      it) is deterministic.
+    * GPU sets are bitmasks (bit ``i`` = GPU index ``i`` on the node). ``used_mask`` holds
+      GPUs of bound or assumed pods; ``bad_mask`` holds GPUs excluded by health signals.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from topology.shape import GpuShape
+
+GPU_RESOURCE = "nvidia.com/gpu"
+"""The extended resource name of whole NVIDIA GPUs."""
+
+PLACEMENT_ANNOTATION = "topoplace.io/placement"
+"""Versioned placement record written on the Binding (copied onto the Pod)."""
+
+PLACEMENT_VERSION = 1
+
+RESERVATION_PREFIX = "gang-reservation:"
+"""Key prefix of pseudo pods that hold a planned gang slot until its member binds."""
+
+EMPTY_MAP: Mapping[str, str] = MappingProxyType({})
+
+
+def frozen_map(d: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """Return a read-only copy of ``d`` (an empty shared map for ``None``)."""
+    if not d:
+        return EMPTY_MAP
+    return MappingProxyType(dict(d))
+
+
+def popcount(mask: int) -> int:
+    """Number of set bits of a non-negative int."""
+    return mask.bit_count()
+
+
+def mask_to_indices(mask: int) -> tuple[int, ...]:
+    """Bit positions of ``mask`` in increasing order."""
+    out = []
+    i = 0
+    while mask:
+        if mask & 1:
+            out.append(i)
+        mask >>= 1
+        i += 1
+    return tuple(out)
+
+
+def indices_to_mask(indices: Any) -> int:
+    """Bitmask with the given GPU indices set."""
+    m = 0
+    for i in indices:
+        m |= 1 << int(i)
+    return m
+
+
+class Health(enum.IntEnum):
+    """Graded health of a node or GPU. Ordered: a larger value is worse."""
+
+    HEALTHY = 0
+    DEGRADED = 1
+    UNHEALTHY = 2
+
+
+@dataclass(frozen=True, slots=True)
+class NodeHealth:
+    """Health verdict of one node.
+
+    Attributes:
+        state: HEALTHY, DEGRADED (usable, carries risk) or UNHEALTHY (never place here).
+        reasons: constant, aggregatable reason strings (no node names or counts).
+        risk: 0.0 (no known risk) .. 1.0 (certain failure); subtracted by scoring.
+        bad_mask: GPUs excluded individually (per-GPU faults) while the node stays usable.
+        unschedulable: True when the node is cordoned or tainted NoSchedule/NoExecute in a
+            way that kube-scheduler would honour; reported as unresolvable.
+    """
+
+    state: Health = Health.HEALTHY
+    reasons: tuple[str, ...] = ()
+    risk: float = 0.0
+    bad_mask: int = 0
+    unschedulable: bool = False
+
+
+HEALTHY = NodeHealth()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """One node as topoplace sees it.
+
+    Attributes:
+        name: node name.
+        labels / annotations: read-only copies of the Node's metadata.
+        shape: intra-node GPU topology (shared by all nodes of that hardware shape).
+        shape_source: "annotation", "gfd" or "assumed" (conservative all-SYS fallback).
+        gpu_capacity: physical GPUs (``status.capacity``; falls back to allocatable).
+        gpu_allocatable: GPUs the device plugin advertises as allocatable.
+        used_mask: GPUs held by bound or assumed pods.
+        health: health verdict (including GPUs excluded individually).
+        fabric_path: domain id per fabric level (None where unlabelled).
+        cpu_milli / memory_bytes: allocatable CPU and memory.
+        cpu_used_milli / memory_used_bytes: requests of pods bound to the node.
+        raw: the Node object as received (read-only), for round-tripping the snapshot.
+    """
+
+    name: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    shape: GpuShape
+    shape_source: str
+    gpu_capacity: int
+    gpu_allocatable: int
+    used_mask: int
+    health: NodeHealth
+    fabric_path: tuple[str | None, ...]
+    cpu_milli: int = 0
+    memory_bytes: int = 0
+    cpu_used_milli: int = 0
+    memory_used_bytes: int = 0
+    raw: Mapping[str, Any] = field(default=EMPTY_MAP, compare=False, repr=False)
+
+    @property
+    def all_mask(self) -> int:
+        """Every GPU index of the node."""
+        return (1 << self.gpu_capacity) - 1
+
+    @property
+    def usable_mask(self) -> int:
+        """GPUs not excluded by health, whether free or not."""
+        return self.all_mask & ~self.health.bad_mask
+
+    @property
+    def free_mask(self) -> int:
+        """GPUs that are healthy and not held by any pod."""
+        return self.usable_mask & ~self.used_mask
+
+    @property
+    def free_gpus(self) -> int:
+        """Number of free healthy GPUs."""
+        return popcount(self.free_mask)
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    """A pod that holds (or is assumed to hold) resources on a node.
+
+    Attributes:
+        key: ``namespace/name``.
+        uid: the pod's UID ("" when unknown).
+        node: node name the pod is bound or assumed to.
+        gpus: GPU indices it holds (empty for pods without GPUs).
+        gpu_indices_known: False when the indices were inferred because the pod carried no
+            placement annotation (bound by another scheduler); they are then the lowest free.
+        cpu_milli / memory_bytes: requests.
+        gang: gang key ``namespace/group`` or "".
+        assumed: True while only assumed by topoplace (not yet confirmed by the API).
+        raw: the Pod object as received (read-only), for round-tripping.
+    """
+
+    key: str
+    uid: str
+    node: str
+    gpus: tuple[int, ...]
+    gpu_indices_known: bool = True
+    cpu_milli: int = 0
+    memory_bytes: int = 0
+    gang: str = ""
+    assumed: bool = False
+    raw: Mapping[str, Any] = field(default=EMPTY_MAP, compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class TopologyConstraint:
+    """A gang's fabric-level constraint, KAI/Kueue style.
+
+    Attributes:
+        required: fabric level all members must share one domain of ("" = none).
+        preferred: fabric level the solver tries to keep members inside ("" = none).
+    """
+
+    required: str = ""
+    preferred: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PodRequest:
+    """What one pod asks for, read from the Pod object.
+
+    Attributes:
+        key: ``namespace/name``.
+        uid: pod UID.
+        gpus: whole GPUs requested (``nvidia.com/gpu``; max of sum over containers and any
+            init container).
+        cpu_milli / memory_bytes: requests.
+        min_link: minimum link class every ring hop of its GPU set must have ("" = any);
+            one of "nvlink", "pix", "pxb", "phb", "node", "sys".
+        gang: gang key ``namespace/group`` ("" for a lone pod).
+        gang_size: expected members (minMember) when known, else 0.
+        role: role of the member inside the gang (pods of one role are interchangeable).
+        topology: the gang's topology constraint.
+        node_selector: the pod's nodeSelector (already applied by kube-scheduler; used
+            offline by the CLI and simulator).
+        priority: pod priority.
+    """
+
+    key: str
+    uid: str = ""
+    gpus: int = 0
+    cpu_milli: int = 0
+    memory_bytes: int = 0
+    min_link: str = ""
+    gang: str = ""
+    gang_size: int = 0
+    role: str = ""
+    topology: TopologyConstraint = TopologyConstraint()
+    node_selector: Mapping[str, str] = EMPTY_MAP
+    priority: int = 0
+
+    @property
+    def namespace(self) -> str:
+        """The pod's namespace."""
+        return self.key.split("/", 1)[0]
+
+    @property
+    def name(self) -> str:
+        """The pod's name."""
+        return self.key.split("/", 1)[-1]

@@ -1,0 +1,277 @@
+"""Single-pod decisions: filter, score, choose GPUs, and whole-cluster placement.
+
+Every function is pure: a snapshot, a request and parameters in, a value out. The filter
+and score paths are vectorized over the snapshot's node arrays; only failing nodes (for
+their reason strings) and the final answer touch Python objects per node.
+
+Reason strings are constants (see ``REASON_*``), so kube-scheduler's "0/N nodes are
+available" message aggregates them. "Not now" (FailedNodes: freeing GPUs could help) and
+"never" (FailedAndUnresolvableNodes: broken, cordoned, or too small even when empty) are
+kept apart, as kube-scheduler's preemption depends on the difference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import combinations
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from scheduler.core.linkclass import _qualifying_subsets, class_rank, feasible_sizes
+from scheduler.core.model import EMPTY_MAP, Health, PodRequest, mask_to_indices
+from scheduler.core.params import SchedParams
+from scheduler.core.snapshot import ClusterSnapshot
+from topology.select import GpuSet, ring_bottleneck, select_gpus
+
+REASON_UNKNOWN_NODE = "node unknown to topoplace"
+REASON_NO_GPUS = "node has no GPUs"
+REASON_TOO_FEW_HEALTHY = "node has fewer healthy GPUs than requested"
+REASON_LINK_NEVER = "no GPU set on this node meets the required link"
+REASON_NOT_ENOUGH_FREE = "not enough free healthy GPUs"
+REASON_LINK_NOW = "no free GPU set meets the required link"
+REASON_CORDONED = "node cordoned"
+REASON_NODE_SELECTOR = "node does not match the pod's nodeSelector"
+REASON_NO_FEASIBLE_NODE = "no node can take the pod"
+
+MAX_SCORE = 10
+
+
+@dataclass(frozen=True, slots=True)
+class FilterOutcome:
+    """Per-node verdicts for one pod.
+
+    Attributes:
+        feasible: node names that can take the pod, in request order.
+        failed: node -> reason where waiting or preempting could help.
+        unresolvable: node -> reason where it cannot help.
+    """
+
+    feasible: tuple[str, ...]
+    failed: Mapping[str, str]
+    unresolvable: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """One pod placed on one node with concrete GPU indices."""
+
+    pod: str
+    node: str
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementResult:
+    """Result of planning one pod or a whole gang.
+
+    Attributes:
+        ok: True when every pod of the request has an assignment.
+        assignments: one per pod (empty on refusal); all-or-nothing.
+        reason: why not, in words a user can act on ("" when ok).
+        failed / unresolvable: per-node reasons (single-pod decisions).
+        details: policy-specific record (solver status, objective, bound, gap, time,
+            domains used, collective bandwidth, parameters), JSON-serializable.
+    """
+
+    ok: bool
+    assignments: tuple[Assignment, ...] = ()
+    reason: str = ""
+    failed: Mapping[str, str] = EMPTY_MAP
+    unresolvable: Mapping[str, str] = EMPTY_MAP
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _indices(snap: ClusterSnapshot, names: Sequence[str]) -> tuple[np.ndarray, list[int]]:
+    """Array positions of known names and the request positions of unknown ones."""
+    get = snap.index.get
+    pos = [get(n, -1) for n in names]
+    unknown = [j for j, p in enumerate(pos) if p < 0]
+    return np.fromiter(pos, dtype=np.int64, count=len(pos)), unknown
+
+
+def filter_nodes(
+    snap: ClusterSnapshot,
+    req: PodRequest,
+    names: Sequence[str] | None,
+    params: SchedParams,
+) -> FilterOutcome:
+    """Which of ``names`` (all nodes when None) can take ``req`` now, and why not.
+
+    A pod that requests no GPUs passes every node untouched: topoplace has nothing to add.
+    """
+    if names is None:
+        names = snap.names
+    if req.gpus <= 0:
+        return FilterOutcome(tuple(names), EMPTY_MAP, EMPTY_MAP)
+    pos, unknown = _indices(snap, names)
+    known = pos >= 0
+    p = np.where(known, pos, 0)
+    a = snap.arrays
+    k = req.gpus
+    code = np.zeros(len(names), dtype=np.int8)  # 0 = feasible
+
+    def mark(cond: np.ndarray, value: int) -> None:
+        code[(code == 0) & cond] = value
+
+    mark(~known, 1)
+    mark(a.state[p] >= int(Health.UNHEALTHY), 2)
+    mark(a.unschedulable[p], 3)
+    mark(a.capacity[p] == 0, 4)
+    mark(a.usable[p] < k, 5)
+    if req.min_link:
+        r = class_rank(req.min_link)
+        if k <= a.max_gpus:
+            mark(((a.links_usable[p, r] >> k) & 1) == 0, 6)
+    mark(a.free[p] < k, 7)
+    if req.min_link and k <= a.max_gpus:
+        mark(((a.links_free[p, r] >> k) & 1) == 0, 8)
+    if req.node_selector:
+        sel = req.node_selector
+        for j in np.flatnonzero(code == 0):
+            labels = snap.nodes[p[j]].labels
+            if any(labels.get(kk) != vv for kk, vv in sel.items()):
+                code[j] = 9
+
+    if not code.any():
+        return FilterOutcome(tuple(names), EMPTY_MAP, EMPTY_MAP)
+    feasible = [names[j] for j in np.flatnonzero(code == 0)]
+    failed: dict[str, str] = {}
+    unres: dict[str, str] = {}
+    static = {
+        3: (unres, REASON_CORDONED),
+        4: (unres, REASON_NO_GPUS),
+        5: (unres, REASON_TOO_FEW_HEALTHY),
+        6: (unres, REASON_LINK_NEVER),
+        7: (failed, REASON_NOT_ENOUGH_FREE),
+        8: (failed, REASON_LINK_NOW),
+        9: (unres, REASON_NODE_SELECTOR),
+        1: (failed, REASON_UNKNOWN_NODE),
+    }
+    for j in np.flatnonzero(code):
+        c = int(code[j])
+        if c == 2:
+            reasons = snap.nodes[p[j]].health.reasons
+            unres[names[j]] = reasons[0] if reasons else "node unhealthy"
+        else:
+            target, reason = static[c]
+            target[names[j]] = reason
+    return FilterOutcome(tuple(feasible), MappingProxyType(failed), MappingProxyType(unres))
+
+
+def score_nodes(
+    snap: ClusterSnapshot,
+    req: PodRequest,
+    names: Sequence[str] | None,
+    params: SchedParams,
+) -> list[tuple[str, int]]:
+    """Integer scores 0..10 for every node in ``names`` (request order kept).
+
+    Components, each in 0..1, weighted by ``params.weights``:
+
+    * topology: ring bottleneck of the best set the node would really give (the selection
+      policy's choice, i.e. what the device plugin hands out) relative to the best such
+      set among the candidates. 1 for single-GPU pods.
+    * health: 1 - risk.
+    * packing: the share of the node's free GPUs the pod would take (an exact fit is 1),
+      so small pods go where they fragment least and whole free nodes stay whole.
+
+    Nodes that cannot take the pod, or are unknown, score 0. Scores are floored, so the
+    same input always gives the same output.
+    """
+    if names is None:
+        names = snap.names
+    if not names:
+        return []
+    pos, _ = _indices(snap, names)
+    known = pos >= 0
+    p = np.where(known, pos, 0)
+    a = snap.arrays
+    k = req.gpus
+    if k <= 0:
+        return [(n, 0) for n in names]
+    free = a.free[p]
+    ok = known & (free >= k) & (a.state[p] < int(Health.UNHEALTHY)) & ~a.unschedulable[p]
+    if req.min_link and k <= a.max_gpus:
+        ok &= ((a.links_free[p, class_rank(req.min_link)] >> k) & 1) == 1
+    if k >= 2 and k <= a.max_gpus:
+        bw = np.where(ok, a.best_bw[p, k], 0.0)
+        top = bw.max() if bw.size else 0.0
+        topo = bw / top if top > 0 else np.ones(len(names))
+    else:
+        topo = np.ones(len(names))
+    health = 1.0 - a.risk[p]
+    packing = np.where(free > 0, k / np.maximum(free, 1), 0.0)
+    w = params.weights
+    total = w.topology + w.health + w.packing
+    raw = (w.topology * topo + w.health * health + w.packing * packing) / total
+    scores = np.where(ok, np.floor(raw * MAX_SCORE + 1e-9), 0).clip(0, MAX_SCORE).astype(int)
+    return list(zip(names, scores.tolist(), strict=True))
+
+
+def choose_gpus(
+    snap: ClusterSnapshot, req: PodRequest, node_name: str, params: SchedParams
+) -> GpuSet:
+    """The GPU indices ``req`` gets on ``node_name`` (a refusal carries ``error``).
+
+    Uses the configured selection policy; with a min-link requirement, the best set by
+    ring bottleneck among the sets that meet it (ties: lowest indices).
+    """
+    node = snap.node(node_name)
+    if node is None:
+        return GpuSet((), 0.0, 0.0, REASON_UNKNOWN_NODE)
+    if node.health.state >= Health.UNHEALTHY:
+        return GpuSet((), 0.0, 0.0, node.health.reasons[0] if node.health.reasons else "node unhealthy")
+    if req.gpus <= 0:
+        return GpuSet((), 0.0, 0.0)
+    free = node.free_mask
+    if free.bit_count() < req.gpus:
+        return GpuSet((), 0.0, 0.0, REASON_NOT_ENOUGH_FREE)
+    chosen = select_gpus(node.shape, free, req.gpus, 0, params.selection_policy)
+    if not chosen.gpus or not req.min_link:
+        return chosen
+    rank = class_rank(req.min_link)
+    if not (feasible_sizes(node.shape, free)[rank] >> req.gpus) & 1:
+        return GpuSet((), 0.0, 0.0, REASON_LINK_NOW)
+    if node.shape.num_gpus <= 10:
+        good = _qualifying_subsets(node.shape.name, node.shape.num_gpus, rank)
+        cands = [s for s in good if s & free == s and s.bit_count() == req.gpus]
+    else:
+        cands = []
+        for combo in combinations(mask_to_indices(free), req.gpus):
+            m = sum(1 << i for i in combo)
+            if (feasible_sizes(node.shape, m)[rank] >> req.gpus) & 1:
+                cands.append(m)
+                break
+    if chosen.gpus and sum(1 << g for g in chosen.gpus) in cands:
+        return chosen
+    best = max(
+        cands,
+        key=lambda m: (ring_bottleneck(node.shape, mask_to_indices(m)), -m),
+    )
+    gpus = mask_to_indices(best)
+    return GpuSet(gpus, 0.0, ring_bottleneck(node.shape, gpus))
+
+
+def place_pod(snap: ClusterSnapshot, req: PodRequest, params: SchedParams) -> PlacementResult:
+    """Place one pod on the whole cluster: filter, score, best node (ties by name), GPUs."""
+    out = filter_nodes(snap, req, None, params)
+    if not out.feasible:
+        return PlacementResult(
+            ok=False,
+            reason=REASON_NO_FEASIBLE_NODE,
+            failed=out.failed,
+            unresolvable=out.unresolvable,
+        )
+    scores = score_nodes(snap, req, out.feasible, params)
+    best_node = min(scores, key=lambda s: (-s[1], s[0]))[0]
+    gs = choose_gpus(snap, req, best_node, params)
+    if req.gpus and not gs.gpus:
+        return PlacementResult(ok=False, reason=gs.error or REASON_NO_FEASIBLE_NODE)
+    return PlacementResult(
+        ok=True,
+        assignments=(Assignment(req.key, best_node, gs.gpus),),
+        details={"score": dict(scores)[best_node], "bottleneck_gbps": gs.bottleneck_gbps},
+    )
