@@ -1,0 +1,1 @@
+"""Placement policies, one module per policy, registered by name (see registry.py and sharing_policies.py)."""
