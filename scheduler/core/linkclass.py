@@ -43,7 +43,9 @@ def class_rank(name: str) -> int:
     try:
         return LINK_CLASSES.index(name.strip().lower())
     except ValueError:
-        raise ValueError(f"unknown link class {name!r}; expected one of {', '.join(LINK_CLASSES)}") from None
+        raise ValueError(
+            f"unknown link class {name!r}; expected one of {', '.join(LINK_CLASSES)}"
+        ) from None
 
 
 def _adjacency(shape: GpuShape, rank: int) -> list[int]:

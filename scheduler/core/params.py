@@ -60,7 +60,9 @@ class SchedParams:
         known = {"scoring", "health", "fabric", "gang", "selection_policy", "placement_policy"}
         unknown = set(obj) - known
         if unknown:
-            raise ValueError(f"unknown policy sections: {sorted(unknown)}; expected {sorted(known)}")
+            raise ValueError(
+                f"unknown policy sections: {sorted(unknown)}; expected {sorted(known)}"
+            )
         p = cls()
         sel = obj.get("selection_policy", p.selection_policy)
         if sel not in POLICIES:
@@ -73,11 +75,14 @@ class SchedParams:
             raise ValueError(f"unknown scoring keys: {sorted(set(scoring) - {'weights'})}")
         w = scoring.get("weights") or {}
         if set(w) - {"topology", "health", "packing"}:
-            raise ValueError(f"unknown scoring weights: {sorted(set(w) - {'topology', 'health', 'packing'})}")
+            raise ValueError(
+                f"unknown scoring weights: {sorted(set(w) - {'topology', 'health', 'packing'})}"
+            )
         weights = ScoreWeights(**{k: float(v) for k, v in w.items()})
-        if min(weights.topology, weights.health, weights.packing) < 0 or (
-            weights.topology + weights.health + weights.packing
-        ) <= 0:
+        if (
+            min(weights.topology, weights.health, weights.packing) < 0
+            or (weights.topology + weights.health + weights.packing) <= 0
+        ):
             raise ValueError("scoring weights must be non-negative and not all zero")
         p = replace(p, weights=weights, health=HealthParams.from_config(obj.get("health")))
         fab = obj.get("fabric")
@@ -89,5 +94,7 @@ class SchedParams:
             raise ValueError(f"unknown gang settings: {sorted(set(g) - gknown)}")
         gp = GangParams(**{k: (dict(v) if isinstance(v, Mapping) else v) for k, v in g.items()})
         if gp.workers < 1 or gp.solver_time_limit_seconds <= 0 or gp.plan_ttl_seconds <= 0:
-            raise ValueError("gang: workers >= 1, solver_time_limit_seconds > 0, plan_ttl_seconds > 0")
+            raise ValueError(
+                "gang: workers >= 1, solver_time_limit_seconds > 0, plan_ttl_seconds > 0"
+            )
         return replace(p, gang=gp)

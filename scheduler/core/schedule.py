@@ -223,7 +223,9 @@ def choose_gpus(
     if node is None:
         return GpuSet((), 0.0, 0.0, REASON_UNKNOWN_NODE)
     if node.health.state >= Health.UNHEALTHY:
-        return GpuSet((), 0.0, 0.0, node.health.reasons[0] if node.health.reasons else "node unhealthy")
+        return GpuSet(
+            (), 0.0, 0.0, node.health.reasons[0] if node.health.reasons else "node unhealthy"
+        )
     if req.gpus <= 0:
         return GpuSet((), 0.0, 0.0)
     free = node.free_mask

@@ -189,9 +189,7 @@ class ClusterSnapshot:
         return int(self.arrays.assumed.sum())
 
 
-def _pod_info(
-    pod: Mapping[str, Any], node: NodeInfo, taken: int, assumed: bool = False
-) -> PodInfo:
+def _pod_info(pod: Mapping[str, Any], node: NodeInfo, taken: int, assumed: bool = False) -> PodInfo:
     """PodInfo for a pod bound to ``node``; GPU indices from its placement or inferred."""
     n = pod_gpus(pod)
     rec = placement_of(pod)
@@ -248,7 +246,9 @@ def build_snapshot(
     bound = [
         p
         for p in pod_objs
-        if isinstance(p, Mapping) and (p.get("spec") or {}).get("nodeName") and not pod_terminated(p)
+        if isinstance(p, Mapping)
+        and (p.get("spec") or {}).get("nodeName")
+        and not pod_terminated(p)
     ]
     # Known placements first, then the rest, each in key order (deterministic).
     bound.sort(key=lambda p: (placement_of(p) is None, object_key(p)))
@@ -265,7 +265,9 @@ def build_snapshot(
         if mask & taken.get(node.name, 0):
             # Two records claim one GPU (stale annotation): re-infer this pod's indices.
             info = replace(
-                _pod_info({**p, "metadata": {**meta(p), "annotations": {}}}, node, taken.get(node.name, 0)),
+                _pod_info(
+                    {**p, "metadata": {**meta(p), "annotations": {}}}, node, taken.get(node.name, 0)
+                ),
                 raw=p,
             )
             mask = indices_to_mask(info.gpus)
@@ -307,9 +309,7 @@ def _with_changes(
         rows[i] = node
     width_ok = all(n.gpu_capacity <= snap.arrays.max_gpus for n in changed.values())
     arrays = (
-        _update_rows(snap.arrays, rows, snap.policy)
-        if width_ok
-        else _arrays(nodes, snap.policy)
+        _update_rows(snap.arrays, rows, snap.policy) if width_ok else _arrays(nodes, snap.policy)
     )
     return ClusterSnapshot(
         nodes=tuple(nodes),

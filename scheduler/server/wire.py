@@ -28,7 +28,9 @@ def fold(obj: Any) -> dict[str, Any]:
     return {str(k).lower(): v for k, v in obj.items()}
 
 
-def extender_args(obj: Any) -> tuple[Mapping[str, Any], list[str] | None, list[Mapping[str, Any]] | None]:
+def extender_args(
+    obj: Any,
+) -> tuple[Mapping[str, Any], list[str] | None, list[Mapping[str, Any]] | None]:
     """Parse ``ExtenderArgs``: (Pod, NodeNames or None, Nodes.items or None).
 
     Raises:
@@ -100,7 +102,9 @@ def binding_args(obj: Any) -> tuple[str, str, str, str]:
     return out[0], out[1] or "default", out[2], out[3]
 
 
-def preemption_args(obj: Any) -> tuple[Mapping[str, Any], dict[str, list[dict[str, str]]], dict[str, int]]:
+def preemption_args(
+    obj: Any,
+) -> tuple[Mapping[str, Any], dict[str, list[dict[str, str]]], dict[str, int]]:
     """Parse ``ExtenderPreemptionArgs`` into (Pod, node -> victim UIDs, node -> PDB violations).
 
     Full victims (``NodeNameToVictims``) are reduced to their UIDs, keeping their order.

@@ -1,0 +1,387 @@
+"""Keyword builders for real-shaped Node and Pod objects, and synthetic clusters.
+
+Objects look exactly like ``kubectl get nodes,pods -o json`` items: GFD labels
+(``nvidia.com/gpu.*``), the NVLink clique label, Topograph fabric labels
+(``network.topology.nvidia.com/*``), Ready conditions, capacity/allocatable. Used by the
+demo cluster, the benchmarks and the tests (kube-scheduler ``st.MakePod()`` style:
+keyword builders instead of giant literals).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from scheduler.core.objects import placement_value
+
+# GFD product strings as GFD writes them (spaces -> dashes) and the matching memory (MiB).
+PRODUCTS: dict[str, tuple[str, int, str]] = {
+    "gb200": ("NVIDIA-GB200", 189471, "Blackwell"),
+    "h100": ("NVIDIA-H100-80GB-HBM3", 81559, "hopper"),
+    "h200": ("NVIDIA-H200", 143771, "hopper"),
+    "a100": ("NVIDIA-A100-SXM4-80GB", 81920, "ampere"),
+    "v100": ("Tesla-V100-SXM2-32GB", 32768, "volta"),
+    "l40s": ("NVIDIA-L40S", 46068, "ada-lovelace"),
+    "t4": ("Tesla-T4", 15360, "turing"),
+}
+
+
+def _uid(seed: str) -> str:
+    return str(uuid.UUID(hashlib.sha1(seed.encode()).hexdigest()[:32]))
+
+
+def make_node(
+    name: str,
+    gpus: int = 8,
+    product: str = "h100",
+    *,
+    clique: str | None = None,
+    accelerator: str | None = None,
+    leaf: str | None = None,
+    spine: str | None = None,
+    core: str | None = None,
+    zone: str | None = "dc1-hall-a",
+    machine: str | None = None,
+    topology: str | None = None,
+    ready: bool = True,
+    unschedulable: bool = False,
+    conditions: Sequence[Mapping[str, Any]] = (),
+    taints: Sequence[Mapping[str, Any]] = (),
+    annotations: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
+    allocatable_gpus: int | None = None,
+    cpu: str = "224",
+    memory: str = "2063562Mi",
+) -> dict[str, Any]:
+    """A GPU Node object with GFD and Topograph labels.
+
+    Args:
+        name: node name.
+        gpus: GPU capacity.
+        product: key of :data:`PRODUCTS` or a literal GFD product string.
+        clique: ``nvidia.com/gpu.clique`` value (``<ClusterUUID>.<CliqueID>``).
+        accelerator / leaf / spine / core: Topograph fabric labels.
+        machine: ``nvidia.com/gpu.machine`` (e.g. "DGX-H100").
+        topology: ``topoplace.io/gpu-topology`` annotation (catalog name or link list).
+        ready / unschedulable / conditions / taints: health signals.
+        allocatable_gpus: allocatable below capacity models device-plugin-unhealthy GPUs.
+    """
+    prod, mem, family = PRODUCTS.get(product, (product, 0, "unknown"))
+    lab: dict[str, str] = {
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "arm64" if product == "gb200" else "amd64",
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.product": prod,
+        "nvidia.com/gpu.count": str(gpus),
+        "nvidia.com/gpu.family": family,
+        "nvidia.com/gpu.sharing-strategy": "none",
+    }
+    if mem:
+        lab["nvidia.com/gpu.memory"] = str(mem)
+    if machine:
+        lab["nvidia.com/gpu.machine"] = machine
+    if zone:
+        lab["topology.kubernetes.io/zone"] = zone
+    for key, val in (
+        ("nvidia.com/gpu.clique", clique),
+        ("network.topology.nvidia.com/accelerator", accelerator),
+        ("network.topology.nvidia.com/leaf", leaf),
+        ("network.topology.nvidia.com/spine", spine),
+        ("network.topology.nvidia.com/core", core),
+    ):
+        if val:
+            lab[key] = val
+    lab.update(labels or {})
+    ann = dict(annotations or {})
+    if topology:
+        ann["topoplace.io/gpu-topology"] = topology
+    conds = [
+        {
+            "type": "Ready",
+            "status": "True" if ready else "False",
+            "reason": "KubeletReady" if ready else "KubeletNotReady",
+            "message": "kubelet is posting ready status"
+            if ready
+            else "container runtime network not ready",
+            "lastHeartbeatTime": "2026-11-29T20:00:00Z",
+            "lastTransitionTime": "2026-11-01T00:00:00Z",
+        }
+    ]
+    conds.extend(dict(c) for c in conditions)
+    node_taints = [dict(t) for t in taints]
+    if not ready:
+        node_taints.append({"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"})
+    if unschedulable:
+        node_taints.append({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"})
+    spec: dict[str, Any] = {"taints": node_taints} if node_taints else {}
+    if unschedulable:
+        spec["unschedulable"] = True
+    alloc = gpus if allocatable_gpus is None else allocatable_gpus
+    node: dict[str, Any] = {
+        "kind": "Node",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name,
+            "uid": _uid("node/" + name),
+            "labels": lab,
+            "annotations": ann,
+        },
+        "spec": spec,
+        "status": {
+            "capacity": {"cpu": cpu, "memory": memory, "nvidia.com/gpu": str(gpus), "pods": "110"},
+            "allocatable": {
+                "cpu": cpu,
+                "memory": memory,
+                "nvidia.com/gpu": str(alloc),
+                "pods": "110",
+            },
+            "conditions": conds,
+        },
+    }
+    return node
+
+
+def make_pod(
+    name: str,
+    gpus: int = 1,
+    *,
+    namespace: str = "default",
+    node: str | None = None,
+    gpu_indices: Sequence[int] | None = None,
+    gang: str | None = None,
+    gang_size: int | None = None,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    cpu: str = "8",
+    memory: str = "64Gi",
+    phase: str | None = None,
+    scheduler_name: str = "topoplace",
+    node_selector: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A Pod object requesting ``gpus`` whole GPUs.
+
+    With ``node`` it is bound (``spec.nodeName``, phase Running); with ``gpu_indices`` it
+    carries topoplace's placement record.
+    """
+    ann = dict(annotations or {})
+    if gang:
+        ann["topoplace.io/gang"] = gang
+        if gang_size:
+            ann["topoplace.io/gang-size"] = str(gang_size)
+    if node and gpu_indices is not None:
+        ann["topoplace.io/placement"] = placement_value(node, tuple(sorted(gpu_indices)), "")
+    resources: dict[str, Any] = {"requests": {"cpu": cpu, "memory": memory}}
+    if gpus:
+        resources["requests"]["nvidia.com/gpu"] = str(gpus)
+        resources["limits"] = {"nvidia.com/gpu": str(gpus)}
+    spec: dict[str, Any] = {
+        "schedulerName": scheduler_name,
+        "containers": [
+            {
+                "name": "main",
+                "image": "nvcr.io/nvidia/pytorch:24.08-py3",
+                "resources": resources,
+            }
+        ],
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "priority": 0,
+    }
+    if node:
+        spec["nodeName"] = node
+    if node_selector:
+        spec["nodeSelector"] = dict(node_selector)
+    return {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": _uid(f"pod/{namespace}/{name}"),
+            "labels": dict(labels or {}),
+            "annotations": ann,
+        },
+        "spec": spec,
+        "status": {"phase": phase or ("Running" if node else "Pending")},
+    }
+
+
+def as_list(items: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Wrap objects in a Kubernetes ``List``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "List",
+        "metadata": {"resourceVersion": ""},
+        "items": list(items),
+    }
+
+
+def nvl72_racks(
+    racks: int, *, leaves_per_spine: int = 4, prefix: str = "gb200"
+) -> list[dict[str, Any]]:
+    """GB200 NVL72 racks: 18 four-GPU trays per rack, one NVLink domain per rack.
+
+    Rack r gets ClusterUUID ``<uuid(r)>``, clique id 1, leaf ``leaf-<r>`` (one rack per
+    leaf) and spine ``spine-<r // leaves_per_spine>``.
+    """
+    nodes = []
+    for r in range(racks):
+        cluster_uuid = _uid(f"nvl72/{prefix}/{r}")
+        for t in range(18):
+            nodes.append(
+                make_node(
+                    f"{prefix}-r{r:03d}-t{t:02d}",
+                    4,
+                    "gb200",
+                    clique=f"{cluster_uuid}.1",
+                    leaf=f"leaf-{prefix}-{r:03d}",
+                    spine=f"spine-{prefix}-{r // leaves_per_spine:02d}",
+                    machine="GB200-NVL72",
+                    cpu="144",
+                    memory="884Gi",
+                )
+            )
+    return nodes
+
+
+def dgx_h100_nodes(
+    count: int, *, nodes_per_leaf: int = 32, leaves_per_spine: int = 4, prefix: str = "dgx-h100"
+) -> list[dict[str, Any]]:
+    """DGX H100 scalable units: 32 nodes per leaf group, leaves grouped under spines."""
+    out = []
+    for i in range(count):
+        leaf = i // nodes_per_leaf
+        out.append(
+            make_node(
+                f"{prefix}-{i:05d}",
+                8,
+                "h100",
+                leaf=f"leaf-{prefix}-{leaf:03d}",
+                spine=f"spine-{prefix}-{leaf // leaves_per_spine:02d}",
+                machine="DGX-H100",
+            )
+        )
+    return out
+
+
+def demo_cluster() -> dict[str, Any]:
+    """The embedded demo cluster (``config/clusters/demo.yaml``): 26 nodes.
+
+    * one GB200 NVL72 domain of 18 four-GPU trays (one leaf), one tray carrying an
+      NVSentinel ``GpuXidError`` condition;
+    * four DGX H100 on two leaves under one spine: one NotReady, one cordoned;
+    * two DGX-1 V100 (hybrid cube-mesh) on a third leaf, one with GPU 3 in
+      ``hami.io/device-cordon``;
+    * two PCIe 8-GPU servers: one described by a topology annotation, one with no
+      topology information at all (treated as all-SYS and reported);
+    * a few pods already running with placement records.
+    """
+    nodes = nvl72_racks(1, prefix="gb200")
+    for n in nodes:
+        n["metadata"]["labels"]["network.topology.nvidia.com/spine"] = "spine-a"
+    xid = nodes[5]
+    xid["status"]["conditions"].append(
+        {
+            "type": "GpuXidError",
+            "status": "True",
+            "reason": "GpuXidErrorIsNotHealthy",
+            "message": "ErrorCode:79 GPU has fallen off the bus PCI:0000:1b:00 Recommended Action=RESTART_BM;",
+            "lastHeartbeatTime": "2026-11-29T19:55:00Z",
+            "lastTransitionTime": "2026-11-29T19:55:00Z",
+        }
+    )
+    for i in range(4):
+        nodes.append(
+            make_node(
+                f"dgx-h100-{i + 1:02d}",
+                8,
+                "h100",
+                leaf="leaf-h100-a" if i < 2 else "leaf-h100-b",
+                spine="spine-a",
+                machine="DGX-H100",
+                ready=(i != 2),
+                unschedulable=(i == 3),
+            )
+        )
+    v100_uuids = ["GPU-" + _uid(f"gpu/dgx1-v100-02/{g}") for g in range(8)]
+    nodes.append(
+        make_node("dgx1-v100-01", 8, "v100", leaf="leaf-v100", spine="spine-b", machine="DGX-1")
+    )
+    nodes.append(
+        make_node(
+            "dgx1-v100-02",
+            8,
+            "v100",
+            leaf="leaf-v100",
+            spine="spine-b",
+            machine="DGX-1",
+            annotations={
+                "topoplace.io/gpu-uuids": ",".join(v100_uuids),
+                "hami.io/device-cordon": v100_uuids[3],
+            },
+        )
+    )
+    nodes.append(
+        make_node(
+            "pcie-l40s-01",
+            8,
+            "l40s",
+            leaf="leaf-pcie",
+            spine="spine-b",
+            topology="pcie-8gpu-2socket",
+        )
+    )
+    nodes.append(make_node("pcie-l40s-02", 8, "l40s", leaf="leaf-pcie", spine="spine-b"))
+    pods = [
+        make_pod(
+            "llama-ft-0", 4, namespace="ml-train", node="dgx-h100-01", gpu_indices=[0, 1, 2, 3]
+        ),
+        make_pod("embed-0", 2, namespace="ml-serve", node="dgx-h100-02", gpu_indices=[0, 1]),
+        make_pod(
+            "bert-0", 4, namespace="ml-train", node="gb200-r000-t00", gpu_indices=[0, 1, 2, 3]
+        ),
+        make_pod("resnet-0", 2, namespace="ml-train", node="dgx1-v100-01", gpu_indices=[0, 3]),
+        make_pod("notebook-0", 1, namespace="research", node="pcie-l40s-01"),
+        make_pod("finished-0", 8, namespace="ml-train", node="dgx-h100-02", phase="Succeeded"),
+    ]
+    return as_list(nodes + pods)
+
+
+def synthetic_cluster(
+    num_nodes: int, *, used_fraction: float = 0.4, seed: int = 1
+) -> dict[str, Any]:
+    """A large mixed fleet for benchmarks: NVL72 racks, DGX H100 SUs and DGX-1 V100s.
+
+    About half the GPUs sit in NVL72 racks, a third in DGX H100 nodes, the rest in DGX-1
+    V100s; ``used_fraction`` of nodes run a pod using half of their GPUs. Deterministic.
+    """
+    import random
+
+    rng = random.Random(seed)
+    racks = max(1, num_nodes // 2 // 18)
+    nodes = nvl72_racks(racks)
+    h100 = max(1, (num_nodes - len(nodes)) * 2 // 3)
+    nodes += dgx_h100_nodes(h100)
+    for i in range(max(0, num_nodes - len(nodes))):
+        nodes.append(
+            make_node(
+                f"dgx1-v100-{i:05d}",
+                8,
+                "v100",
+                leaf=f"leaf-v100-{i // 32:03d}",
+                spine="spine-v100",
+                machine="DGX-1",
+            )
+        )
+    nodes = nodes[:num_nodes]
+    pods = []
+    for n in nodes:
+        if rng.random() < used_fraction:
+            g = int(n["status"]["capacity"]["nvidia.com/gpu"]) // 2
+            name = n["metadata"]["name"]
+            pods.append(
+                make_pod(f"job-{name}", g, namespace="bench", node=name, gpu_indices=list(range(g)))
+            )
+    return as_list(nodes + pods)
