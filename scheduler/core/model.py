@@ -130,7 +130,7 @@ class NodeInfo:
     memory_bytes: int = 0
     cpu_used_milli: int = 0
     memory_used_bytes: int = 0
-    raw: Mapping[str, Any] = field(default=EMPTY_MAP, compare=False, repr=False)
+    raw: Mapping[str, Any] = field(default_factory=lambda: EMPTY_MAP, compare=False, repr=False)
 
     @property
     def all_mask(self) -> int:
@@ -179,7 +179,7 @@ class PodInfo:
     memory_bytes: int = 0
     gang: str = ""
     assumed: bool = False
-    raw: Mapping[str, Any] = field(default=EMPTY_MAP, compare=False, repr=False)
+    raw: Mapping[str, Any] = field(default_factory=lambda: EMPTY_MAP, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +226,7 @@ class PodRequest:
     gang_size: int = 0
     role: str = ""
     topology: TopologyConstraint = TopologyConstraint()
-    node_selector: Mapping[str, str] = EMPTY_MAP
+    node_selector: Mapping[str, str] = field(default_factory=lambda: EMPTY_MAP)
     priority: int = 0
 
     @property

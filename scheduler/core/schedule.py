@@ -79,8 +79,8 @@ class PlacementResult:
     ok: bool
     assignments: tuple[Assignment, ...] = ()
     reason: str = ""
-    failed: Mapping[str, str] = EMPTY_MAP
-    unresolvable: Mapping[str, str] = EMPTY_MAP
+    failed: Mapping[str, str] = field(default_factory=lambda: EMPTY_MAP)
+    unresolvable: Mapping[str, str] = field(default_factory=lambda: EMPTY_MAP)
     details: Mapping[str, Any] = field(default_factory=dict)
 
 

@@ -20,7 +20,7 @@ are marked read-only.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -163,7 +163,7 @@ class ClusterSnapshot:
     arrays: NodeArrays
     policy: str
     generation: int = 0
-    extra: Mapping[str, Any] = EMPTY_MAP
+    extra: Mapping[str, Any] = field(default_factory=lambda: EMPTY_MAP)
 
     def node(self, name: str) -> NodeInfo | None:
         """The node called ``name`` or None."""

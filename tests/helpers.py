@@ -1,0 +1,66 @@
+"""Shared test helpers: paths to ../shared, cache/app builders, an ASGI client."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from scheduler.cache import ClusterCache
+from scheduler.core.params import SchedParams
+from scheduler.server.app import create_app
+from scheduler.server.extender import Extender
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+FIXTURES = SHARED / "fixtures" / "extender"
+
+
+def fixture(name: str) -> Any:
+    """Load a JSON payload from ../shared/fixtures/extender (skip if absent)."""
+    path = FIXTURES / name
+    if not path.exists():
+        pytest.skip(f"shared fixture {path} not present")
+    return json.loads(path.read_text())
+
+
+def fixture_cache(params: SchedParams | None = None) -> ClusterCache:
+    """The fixtures' 4 x DGX H100 cluster with the running 6-GPU pod on dgx-h100-04."""
+    params = params or SchedParams()
+    nodes = fixture("filter_args_nodes.json")["Nodes"]["items"]
+    pods = fixture("existing_pods.json")["items"]
+    return ClusterCache.from_objects(nodes, pods, params)
+
+
+def asgi_client(extender: Extender, **kw: Any) -> httpx.Client:
+    """An httpx client speaking HTTP to the app through the ASGI transport (sync wrapper)."""
+    app = create_app(extender, **kw)
+    return SyncASGIClient(app)
+
+
+class SyncASGIClient:
+    """Minimal sync facade over httpx.AsyncClient + ASGITransport (real HTTP semantics,
+    no socket)."""
+
+    def __init__(self, app: Any) -> None:
+        import anyio
+
+        self._anyio = anyio
+        self._app = app
+
+    def request(self, method: str, url: str, **kw: Any) -> httpx.Response:
+        async def go() -> httpx.Response:
+            transport = httpx.ASGITransport(app=self._app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://extender") as c:
+                return await c.request(method, url, **kw)
+
+        return self._anyio.run(go)
+
+    def post(self, url: str, **kw: Any) -> httpx.Response:
+        return self.request("POST", url, **kw)
+
+    def get(self, url: str, **kw: Any) -> httpx.Response:
+        return self.request("GET", url, **kw)
