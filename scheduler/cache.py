@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any
 
 from scheduler.core.model import PodInfo
@@ -224,6 +225,15 @@ class ClusterCache:
                 log.debug("pod %s bound to unknown node %s", key, node)
             except ValueError as exc:
                 log.error("pod %s conflicts with held GPUs on %s: %s", key, node, exc)
+
+    def set_extra(self, key: str, value: Any) -> None:
+        """Replace one entry of the snapshot's ``extra`` (e.g. PodGroups from a watch)."""
+        with self._lock:
+            extra = dict(self._snap.extra)
+            extra[key] = value
+            self._snap = replace(
+                self._snap, extra=MappingProxyType(extra), generation=self._snap.generation + 1
+            )
 
     def delete_pod(self, key: str) -> None:
         """A pod is gone: release its resources (idempotent)."""

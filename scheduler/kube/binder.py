@@ -1,0 +1,134 @@
+"""Binding pods through the API: the ``pods/binding`` subresource, with annotations.
+
+:class:`KubeBinder` implements :class:`scheduler.server.extender.Binder`. It POSTs the
+same v1 ``Binding`` kube-scheduler's DefaultBinder sends
+(``../shared/fixtures/extender/binding_request.json``) plus ``metadata.annotations``
+holding the placement record; the API server merges those annotations into the Pod in the
+same atomic update that sets ``spec.nodeName`` (``BindingREST``), so a pod is never bound
+without its placement, nor annotated without being bound.
+
+Contract of :meth:`KubeBinder.bind`: returns "" when the pod is bound to ``node`` (now or
+already), else a short error message for kube-scheduler. It never raises for API or
+transport failures; the extender then releases the assumption and kube-scheduler
+requeues the pod.
+
+Idempotency (extender-protocol.md §8, kubernetes#96579): a retried bind of a pod that is
+already bound to the same node succeeds. On 409 Conflict, and when the answer was lost
+(timeout, reset), the pod is read back: bound to ``node`` with the same UID -> "".
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from scheduler.core.objects import meta
+from scheduler.kube.client import ApiError, ApiUnavailable, KubeApi
+from scheduler.kube.metrics import KubeMetrics
+
+log = logging.getLogger(__name__)
+
+ERR_CONFLICT = "binding conflict"
+ERR_POD_GONE = "pod no longer exists"
+ERR_TIMEOUT = "binding timed out; the API server did not answer"
+ERR_UNAVAILABLE = "API server unavailable"
+ERR_SERVER = "API server error"
+ERR_REJECTED = "binding rejected"
+
+
+def binding_body(
+    pod: Mapping[str, Any], node: str, annotations: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The v1 ``Binding`` for ``pod`` -> ``node``: name, namespace, uid (a precondition
+    the server checks), and the annotations to merge into the pod."""
+    m = meta(pod)
+    md: dict[str, Any] = {
+        "name": str(m.get("name") or ""),
+        "namespace": str(m.get("namespace") or "default"),
+    }
+    if m.get("uid"):
+        md["uid"] = str(m["uid"])
+    if annotations:
+        md["annotations"] = dict(annotations)
+    return {
+        "kind": "Binding",
+        "apiVersion": "v1",
+        "metadata": md,
+        "target": {"kind": "Node", "name": node},
+    }
+
+
+class KubeBinder:
+    """Writes bindings through the API server (:class:`~scheduler.server.extender.Binder`).
+
+    Args:
+        api: the API.
+        metrics: adapter metrics (``bind_api`` outcomes); optional.
+    """
+
+    def __init__(self, api: KubeApi, metrics: KubeMetrics | None = None) -> None:
+        self.api = api
+        self.metrics = metrics
+
+    def _count(self, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.bind_api.labels(outcome=outcome).inc()
+
+    def bind(self, pod: Mapping[str, Any], node: str, annotations: Mapping[str, str]) -> str:
+        """Bind ``pod`` to ``node`` with ``annotations``; "" on success, else an error."""
+        body = binding_body(pod, node, annotations)
+        md = body["metadata"]
+        ns, name, uid = md["namespace"], md["name"], md.get("uid", "")
+        try:
+            self.api.create_binding(ns, name, body)
+        except ApiUnavailable as exc:
+            if self._already_bound(ns, name, uid, node):
+                self._count("idempotent")
+                log.info(
+                    "bind %s/%s -> %s: answer lost (%s) but the pod is bound", ns, name, node, exc
+                )
+                return ""
+            self._count("timeout" if exc.timeout else "unavailable")
+            return ERR_TIMEOUT if exc.timeout else f"{ERR_UNAVAILABLE}: {exc.message}"
+        except ApiError as exc:
+            if exc.conflict and self._already_bound(ns, name, uid, node):
+                self._count("idempotent")
+                return ""
+            return self._error(exc)
+        self._count("ok")
+        return ""
+
+    def _error(self, exc: ApiError) -> str:
+        if exc.conflict:
+            self._count("conflict")
+            return f"{ERR_CONFLICT}: {exc.message}"
+        if exc.not_found:
+            self._count("not_found")
+            return f"{ERR_POD_GONE}: {exc.message}"
+        if exc.status >= 500 or exc.status == 429:
+            self._count("server_error")
+            return f"{ERR_SERVER} {exc.status}: {exc.message}"
+        self._count("client_error")
+        return f"{ERR_REJECTED} ({exc.status}): {exc.message}"
+
+    def _already_bound(self, ns: str, name: str, uid: str, node: str) -> bool:
+        """True when the pod (same UID, if known) is bound to ``node``."""
+        pod = self.fetch_pod(ns, name)
+        if pod is None:
+            return False
+        if uid and str(meta(pod).get("uid") or "") != uid:
+            return False
+        return (pod.get("spec") or {}).get("nodeName") == node
+
+    def fetch_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The pod as the API has it now (raw JSON), or None when absent or unreachable.
+
+        Suitable as ``Extender(fetch_pod=...)``.
+        """
+        try:
+            return self.api.get_pod(namespace, name)
+        except ApiError as exc:
+            if not exc.not_found:
+                log.warning("GET pod %s/%s failed: %s", namespace, name, exc)
+            return None

@@ -1,0 +1,410 @@
+"""Kubernetes API access for topoplace: client construction and raw-JSON calls.
+
+Everything the adapter needs from the API goes through :class:`KubeApi`, a narrow surface
+(list, watch, get pod, create binding, discovery) that speaks **raw JSON**: objects come
+back as the camelCase dicts the API server sends (and kube-scheduler forwards), never as
+the ``kubernetes`` client's model classes. That keeps the cache fed with exactly the
+shapes the extender payloads carry, and costs one ``orjson.loads`` per response.
+
+Errors are normalised into :class:`ApiError` (the server answered with a non-2xx status;
+``status`` and the decoded ``Status`` body are kept) and :class:`ApiUnavailable` (no
+answer: connection refused, TLS failure, timeout). Callers never see urllib3 or
+``kubernetes.client.exceptions`` types.
+
+Configuration precedence (:func:`load_api_client`): an explicit kubeconfig path, then the
+``KUBECONFIG`` variable, then the in-cluster ServiceAccount (``KUBERNETES_SERVICE_HOST``),
+then ``~/.kube/config``. Every request carries a (connect, read) timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONNECT_TIMEOUT = 5.0
+DEFAULT_READ_TIMEOUT = 20.0
+DEFAULT_WATCH_SECONDS = 300
+"""Server-side ``timeoutSeconds`` of one watch request; the watcher then re-watches."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """Request timeouts in seconds.
+
+    Attributes:
+        connect: TCP + TLS connect.
+        read: reading a whole non-watch response (list, get, binding).
+        watch_seconds: server-side duration of one watch request. The client's read
+            timeout on a watch is ``watch_seconds + read`` (the server may stay silent
+            until its own timeout; bookmarks are not guaranteed).
+    """
+
+    connect: float = DEFAULT_CONNECT_TIMEOUT
+    read: float = DEFAULT_READ_TIMEOUT
+    watch_seconds: int = DEFAULT_WATCH_SECONDS
+
+    @property
+    def request(self) -> tuple[float, float]:
+        """``_request_timeout`` of an ordinary request."""
+        return (self.connect, self.read)
+
+    def watch(self, server_seconds: int) -> tuple[float, float]:
+        """``_request_timeout`` of a watch lasting ``server_seconds`` on the server."""
+        return (self.connect, float(server_seconds) + self.read)
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceKind:
+    """A listable, watchable resource.
+
+    Attributes:
+        group: API group ("" for the core group).
+        version: API version.
+        plural: resource name in URLs.
+        kind: object kind (set on list items, which the API leaves without it).
+    """
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+
+    @property
+    def api_version(self) -> str:
+        """``apiVersion`` of the objects."""
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def name(self) -> str:
+        """Short identifier for logs and metrics: ``plural`` or ``plural.group``."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+
+NODES = ResourceKind("", "v1", "nodes", "Node")
+PODS = ResourceKind("", "v1", "pods", "Pod")
+
+
+class ApiError(Exception):
+    """The API server answered with a non-2xx status.
+
+    Attributes:
+        status: HTTP status (e.g. 404, 409, 410, 500); 0 when there was no answer.
+        reason: the ``Status`` reason (``NotFound``, ``Conflict``, ``Expired`` ...) or the
+            HTTP reason phrase.
+        message: the ``Status`` message, else the HTTP reason.
+        body: the decoded ``Status`` object, or None.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        reason: str = "",
+        message: str = "",
+        body: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.status = status
+        self.reason = reason
+        self.message = message or reason or f"HTTP {status}"
+        self.body = body
+        super().__init__(f"{status} {reason}: {self.message}".strip())
+
+    @classmethod
+    def from_status(cls, status_obj: Mapping[str, Any], http_status: int = 0) -> ApiError:
+        """Build from a ``Status`` object (an error body or a watch ERROR event)."""
+        code = int(status_obj.get("code") or http_status or 0)
+        return cls(
+            code,
+            str(status_obj.get("reason") or ""),
+            str(status_obj.get("message") or ""),
+            status_obj,
+        )
+
+    @property
+    def gone(self) -> bool:
+        """410: the resourceVersion is too old; relist."""
+        return self.status == 410
+
+    @property
+    def conflict(self) -> bool:
+        """409 Conflict (e.g. a binding of an already bound pod)."""
+        return self.status == 409
+
+    @property
+    def not_found(self) -> bool:
+        """404."""
+        return self.status == 404
+
+
+class ApiUnavailable(ApiError):
+    """No usable answer: connection refused or reset, TLS failure, or a timeout."""
+
+    def __init__(self, message: str, timeout: bool = False) -> None:
+        super().__init__(0, "Timeout" if timeout else "Unavailable", message)
+        self.timeout = timeout
+
+
+def decode_status(body: bytes | str | None, http_status: int, reason: str = "") -> ApiError:
+    """An :class:`ApiError` from a raw error response body (a ``Status`` or anything)."""
+    obj: Any = None
+    if body:
+        try:
+            obj = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            obj = None
+    if isinstance(obj, Mapping) and obj.get("kind") == "Status":
+        return ApiError.from_status(obj, http_status)
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else (body or "")
+    return ApiError(http_status, reason, text.strip()[:500] or reason)
+
+
+def strip_object(obj: dict[str, Any], kind: ResourceKind | None = None) -> dict[str, Any]:
+    """Drop ``metadata.managedFields`` (as kube-scheduler's informers do) and set
+    ``kind``/``apiVersion`` when missing (list items come without them). In place."""
+    m = obj.get("metadata")
+    if isinstance(m, dict):
+        m.pop("managedFields", None)
+    if kind is not None:
+        obj.setdefault("kind", kind.kind)
+        obj.setdefault("apiVersion", kind.api_version)
+    return obj
+
+
+def load_api_client(kubeconfig: str | None = None, context: str | None = None) -> Any:
+    """A ``kubernetes.client.ApiClient`` for one cluster (never the global default).
+
+    Precedence: ``kubeconfig``, ``$KUBECONFIG`` (first file), in-cluster config when
+    ``KUBERNETES_SERVICE_HOST`` is set, then ``~/.kube/config``.
+
+    Raises:
+        ApiUnavailable: no usable configuration was found.
+    """
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    path = kubeconfig or (os.environ.get("KUBECONFIG") or "").split(os.pathsep)[0] or None
+    try:
+        if path is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config(client_configuration=cfg)
+            source = "in-cluster ServiceAccount"
+        else:
+            config.load_kube_config(
+                config_file=path, context=context, client_configuration=cfg, persist_config=False
+            )
+            source = path or "~/.kube/config"
+    except (config.ConfigException, OSError) as exc:
+        raise ApiUnavailable(f"no usable Kubernetes configuration: {exc}") from None
+    # One connection per watch (nodes, pods, up to three PodGroup APIs) plus binds and
+    # GETs running concurrently in the server's thread pool.
+    cfg.connection_pool_maxsize = max(int(cfg.connection_pool_maxsize or 0), 32)
+    log.info("Kubernetes API %s (configuration from %s)", cfg.host, source)
+    api = client.ApiClient(cfg)
+    api.user_agent = "topoplace-extender"
+    return api
+
+
+class WatchStream:
+    """Events of one watch request, decoded, in order. Closable from another thread.
+
+    Iterating yields ``{"type": ..., "object": {...}}`` dicts until the server ends the
+    request (its ``timeoutSeconds`` passed) or :meth:`close` is called.
+
+    Raises (while iterating):
+        ApiUnavailable: the connection broke or timed out.
+    """
+
+    def __init__(self, response: Any) -> None:
+        self._resp = response
+        self._closed = threading.Event()
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        buf = b""
+        try:
+            for chunk in self._resp.stream(65536, decode_content=True):
+                if self._closed.is_set():
+                    return
+                buf += chunk
+                while True:
+                    nl = buf.find(b"\n")
+                    if nl < 0:
+                        break
+                    line, buf = buf[:nl], buf[nl + 1 :]
+                    if line.strip():
+                        yield orjson.loads(line)
+            if buf.strip() and not self._closed.is_set():
+                yield orjson.loads(buf)
+        except orjson.JSONDecodeError as exc:
+            raise ApiUnavailable(f"malformed watch event: {exc}") from None
+        except Exception as exc:  # urllib3 / socket errors while streaming
+            if self._closed.is_set():
+                return
+            raise _unavailable(exc) from None
+        finally:
+            self._release()
+
+    def close(self) -> None:
+        """Stop the stream; a blocked read in another thread returns (idempotent)."""
+        self._closed.set()
+        shutdown = getattr(self._resp, "shutdown", None)
+        try:
+            if callable(shutdown):
+                shutdown()
+            self._resp.close()
+        except Exception:  # closing a broken socket may raise; nothing to do
+            pass
+
+    def _release(self) -> None:
+        with contextlib.suppress(Exception):
+            self._resp.release_conn()
+
+
+def _unavailable(exc: BaseException) -> ApiUnavailable:
+    name = type(exc).__name__
+    text = str(exc)
+    timeout = "timeout" in name.lower() or "timed out" in text.lower()
+    return ApiUnavailable(f"{name}: {text}"[:500], timeout=timeout)
+
+
+class KubeApi:
+    """The raw-JSON calls topoplace makes. Thread-safe (one urllib3 pool).
+
+    Args:
+        api_client: a ``kubernetes.client.ApiClient`` (see :func:`load_api_client`).
+        timeouts: request timeouts.
+    """
+
+    def __init__(self, api_client: Any, timeouts: Timeouts | None = None) -> None:
+        from kubernetes import client
+
+        self.api_client = api_client
+        self.timeouts = timeouts or Timeouts()
+        self._core = client.CoreV1Api(api_client)
+        self._custom = client.CustomObjectsApi(api_client)
+
+    @classmethod
+    def from_config(
+        cls,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        timeouts: Timeouts | None = None,
+    ) -> KubeApi:
+        """Build from a kubeconfig / in-cluster configuration (:func:`load_api_client`)."""
+        return cls(load_api_client(kubeconfig, context), timeouts)
+
+    @property
+    def host(self) -> str:
+        """The API server URL."""
+        return str(self.api_client.configuration.host)
+
+    # ---- plumbing -------------------------------------------------------------------
+
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Call a generated method with ``_preload_content=False``; returns the urllib3
+        response. Maps every failure to ApiError / ApiUnavailable."""
+        from kubernetes.client.exceptions import ApiException
+
+        kwargs.setdefault("_request_timeout", self.timeouts.request)
+        try:
+            return fn(*args, _preload_content=False, **kwargs)
+        except ApiException as exc:
+            if not exc.status:
+                raise ApiUnavailable(str(exc.reason or exc)[:500]) from None
+            raise decode_status(exc.body, int(exc.status), str(exc.reason or "")) from None
+        except ApiError:
+            raise
+        except Exception as exc:  # urllib3.exceptions.HTTPError, OSError, ...
+            if _is_validation_error(exc):
+                raise
+            raise _unavailable(exc) from None
+
+    def _json(self, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        resp = self._call(fn, *args, **kwargs)
+        try:
+            data = resp.data
+        except Exception as exc:
+            raise _unavailable(exc) from None
+        try:
+            out = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise ApiUnavailable(f"response is not JSON: {exc}") from None
+        if not isinstance(out, dict):
+            raise ApiUnavailable("response is not a JSON object")
+        return out
+
+    def _lister(self, kind: ResourceKind) -> tuple[Any, tuple[Any, ...]]:
+        if kind == NODES:
+            return self._core.list_node, ()
+        if kind == PODS:
+            return self._core.list_pod_for_all_namespaces, ()
+        return self._custom.list_cluster_custom_object, (kind.group, kind.version, kind.plural)
+
+    # ---- calls ----------------------------------------------------------------------
+
+    def list(self, kind: ResourceKind) -> dict[str, Any]:
+        """A consistent list of every object of ``kind`` (all namespaces), raw JSON.
+
+        Items get ``kind``/``apiVersion`` and lose ``managedFields``.
+        """
+        fn, args = self._lister(kind)
+        out = self._json(fn, *args)
+        for item in out.get("items") or ():
+            if isinstance(item, dict):
+                strip_object(item, kind)
+        return out
+
+    def watch(
+        self, kind: ResourceKind, resource_version: str, timeout_seconds: int | None = None
+    ) -> WatchStream:
+        """Open a watch from ``resource_version`` with bookmarks.
+
+        Raises:
+            ApiError: the server refused (410 when the version is too old).
+            ApiUnavailable: no answer.
+        """
+        secs = int(timeout_seconds or self.timeouts.watch_seconds)
+        fn, args = self._lister(kind)
+        resp = self._call(
+            fn,
+            *args,
+            watch=True,
+            resource_version=resource_version or None,
+            allow_watch_bookmarks=True,
+            timeout_seconds=secs,
+            _request_timeout=self.timeouts.watch(secs),
+        )
+        return WatchStream(resp)
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """GET one pod (raw JSON, without managedFields). Raises ApiError (404...)."""
+        return strip_object(self._json(self._core.read_namespaced_pod, name, namespace), PODS)
+
+    def create_binding(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """POST ``pods/{name}/binding``; returns the server's answer (a ``Status``)."""
+        return self._json(self._core.create_namespaced_pod_binding, name, namespace, dict(body))
+
+    def api_resources(self, group: str, version: str) -> dict[str, Any] | None:
+        """The ``APIResourceList`` of ``group/version``, or None when it is not served."""
+        try:
+            return self._json(self._custom.get_api_resources, group, version)
+        except ApiError as exc:
+            if exc.status in (404, 403):
+                return None
+            raise
+
+    def close(self) -> None:
+        """Release the connection pool."""
+        with contextlib.suppress(Exception):
+            self.api_client.close()
+
+
+def _is_validation_error(exc: BaseException) -> bool:
+    """A pydantic argument-validation error of the generated client (a bug, not I/O)."""
+    return type(exc).__name__ == "ValidationError"

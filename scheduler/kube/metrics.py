@@ -1,0 +1,54 @@
+"""Prometheus metrics of the Kubernetes adapter, registered on the extender's registry.
+
+Labels are bounded: resource names (a fixed set), event types, HTTP status classes.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class KubeMetrics:
+    """Watch, relist and bind-API counters. One instance per registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = registry or CollectorRegistry()
+        self.registry = r
+        self.watch_events = Counter(
+            "topoplace_kube_watch_events",
+            "Watch events applied, by resource and event type",
+            ["resource", "type"],
+            registry=r,
+        )
+        self.watch_restarts = Counter(
+            "topoplace_kube_watch_restarts",
+            "Watch requests that ended in an error, by resource and reason (gone/error)",
+            ["resource", "reason"],
+            registry=r,
+        )
+        self.relists = Counter(
+            "topoplace_kube_relists",
+            "Full relists after 410 Gone, by resource",
+            ["resource"],
+            registry=r,
+        )
+        self.synced = Gauge(
+            "topoplace_kube_synced",
+            "1 once the initial list of every resource is applied",
+            registry=r,
+        )
+        self.watch_healthy = Gauge(
+            "topoplace_kube_watch_healthy",
+            "1 while no watch has been broken for longer than the threshold",
+            registry=r,
+        )
+        self.bind_api = Counter(
+            "topoplace_kube_bind_api",
+            "Binding subresource calls by outcome (ok, idempotent, conflict, not_found, "
+            "timeout, unavailable, server_error, client_error)",
+            ["outcome"],
+            registry=r,
+        )
+        self.binds_in_flight = Gauge(
+            "topoplace_kube_binds_in_flight", "Bind calls being processed", registry=r
+        )

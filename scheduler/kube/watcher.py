@@ -1,0 +1,521 @@
+"""List+watch of Nodes, Pods and PodGroups into the :class:`~scheduler.cache.ClusterCache`.
+
+A small reflector, one per resource, in the manner of client-go's: list, then watch from
+the list's ``resourceVersion`` with bookmarks, apply every event to the cache, and
+
+* relist on ``410 Gone`` (an ``ERROR`` event or a 410 answer to the watch request): the
+  store of that resource is replaced and the cache rebuilt with
+  :meth:`~scheduler.cache.ClusterCache.replace_all` (live assumptions survive);
+* reconnect after any other failure from the last seen ``resourceVersion``, with capped
+  exponential backoff and jitter drawn from a seeded RNG.
+
+What feeds the cache:
+
+* Nodes: all of them.
+* Pods: those that hold GPUs, are bound to a node, or carry a gang marker
+  (:func:`feeds_cache`). Other pending pods are ignored; a pod that is deleted, or stops
+  qualifying, releases what it held.
+* PodGroups of the coscheduling (``scheduling.x-k8s.io/v1alpha1``), Volcano
+  (``scheduling.volcano.sh/v1beta1``) and KAI/Run:ai (``scheduling.run.ai/v2alpha2``)
+  APIs, when the API server serves them (discovered at start; skipped quietly
+  otherwise), into ``snapshot.extra["podgroups"]`` as ``{"namespace/name": object}``.
+
+Objects reach the cache as raw camelCase dicts without ``managedFields``, the same shape
+kube-scheduler's extender payloads carry, with ``kind``/``apiVersion`` set.
+
+Health and readiness: :attr:`KubeWatcher.synced` turns true once the initial list of
+every resource is in the cache; :attr:`KubeWatcher.last_healthy` is "now" while every
+watch is connected, else the moment the earliest still-broken watch broke;
+:meth:`KubeWatcher.healthy` is false once a watch has been broken for longer than
+``WatchOptions.broken_after_s``.
+
+Concurrency: each resource runs in its own daemon thread. Every store update together
+with its cache update happens under one watcher lock, so a relist of one resource (which
+rebuilds the cache from all stores) never interleaves with an event of another.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler.cache import ClusterCache
+from scheduler.core.objects import gang_of, meta, object_key, pod_gpus
+from scheduler.kube.client import (
+    NODES,
+    PODS,
+    ApiError,
+    KubeApi,
+    ResourceKind,
+    strip_object,
+)
+from scheduler.kube.metrics import KubeMetrics
+
+log = logging.getLogger(__name__)
+
+PODGROUPS_EXTRA = "podgroups"
+"""Key of the PodGroup objects in ``ClusterSnapshot.extra``."""
+
+POD_GROUP_KINDS: tuple[ResourceKind, ...] = (
+    ResourceKind("scheduling.x-k8s.io", "v1alpha1", "podgroups", "PodGroup"),
+    ResourceKind("scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup"),
+    ResourceKind("scheduling.run.ai", "v2alpha2", "podgroups", "PodGroup"),
+)
+"""PodGroup APIs of the gang schedulers topoplace understands, in precedence order (a
+later API's object with the same ``namespace/name`` replaces an earlier one's)."""
+
+
+def feeds_cache(pod: Mapping[str, Any]) -> bool:
+    """True for pods the cache must know: bound to a node, holding GPUs, or in a gang."""
+    if (pod.get("spec") or {}).get("nodeName"):
+        return True
+    if pod_gpus(pod) > 0:
+        return True
+    return bool(gang_of(pod)[0])
+
+
+@dataclass(frozen=True, slots=True)
+class WatchOptions:
+    """Tuning of the reflectors.
+
+    Attributes:
+        broken_after_s: a watch broken for longer than this makes :meth:`healthy` false.
+        backoff_initial_s / backoff_max_s: reconnect delay, doubling up to the cap.
+        backoff_jitter: the delay is multiplied by a factor in ``[1 - jitter, 1]``.
+        seed: seed of the jitter RNG (deterministic delays in tests).
+        watch_seconds: server-side duration of one watch request (None: the client's).
+        podgroups: discover and watch PodGroup APIs.
+    """
+
+    broken_after_s: float = 30.0
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 30.0
+    backoff_jitter: float = 0.25
+    seed: int = 0
+    watch_seconds: int | None = None
+    podgroups: bool = True
+
+
+class Backoff:
+    """Capped exponential backoff with downward jitter from a given RNG."""
+
+    def __init__(self, initial: float, cap: float, jitter: float, rng: random.Random) -> None:
+        self.initial = initial
+        self.cap = cap
+        self.jitter = min(max(jitter, 0.0), 1.0)
+        self.rng = rng
+        self.attempts = 0
+
+    def next(self) -> float:
+        """The next delay (seconds): ``min(cap, initial * 2**n) * (1 - jitter * U[0,1))``."""
+        base = min(self.cap, self.initial * (2 ** min(self.attempts, 62)))
+        self.attempts += 1
+        return base * (1.0 - self.jitter * self.rng.random())
+
+    def reset(self) -> None:
+        """After a success: start again from ``initial``."""
+        self.attempts = 0
+
+
+@dataclass(slots=True, eq=False)
+class ResourceStream:
+    """Reflector state of one resource (owned by the watcher, guarded by its lock)."""
+
+    kind: ResourceKind
+    backoff: Backoff
+    rv: str = ""
+    store: dict[str, dict[str, Any]] = field(default_factory=dict)
+    broken_since: float | None = None
+    need_relist: bool = False
+    current: Any = None
+    thread: threading.Thread | None = None
+
+
+class KubeWatcher:
+    """Keeps a :class:`ClusterCache` in step with the API server.
+
+    Args:
+        api: the API (real :class:`~scheduler.kube.client.KubeApi` or a recorded fake).
+        cache: the cache to feed.
+        options: tuning.
+        metrics: adapter metrics (a private registry when None).
+        clock: monotonic seconds (injected in tests).
+        sleep: interruptible sleep; default waits on the stop event.
+    """
+
+    def __init__(
+        self,
+        api: KubeApi,
+        cache: ClusterCache,
+        options: WatchOptions | None = None,
+        metrics: KubeMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Any] | None = None,
+    ) -> None:
+        self.api = api
+        self.cache = cache
+        self.options = options or WatchOptions()
+        self.metrics = metrics or KubeMetrics()
+        self._clock = clock
+        self._stop = threading.Event()
+        self._sleep = sleep or self._stop.wait
+        self._lock = threading.RLock()
+        self._synced = threading.Event()
+        rng = random.Random(self.options.seed)
+        self._rng = rng
+        self._boot_backoff = self._new_backoff()
+        self.streams: dict[str, ResourceStream] = {}
+        for kind in (NODES, PODS):
+            self.streams[kind.name] = ResourceStream(kind, self._new_backoff())
+        self._boot_broken_since: float | None = None
+        self._boot_thread: threading.Thread | None = None
+
+    def _new_backoff(self) -> Backoff:
+        o = self.options
+        return Backoff(o.backoff_initial_s, o.backoff_max_s, o.backoff_jitter, self._rng)
+
+    # ---- state --------------------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        """True once the initial list of every resource is in the cache."""
+        return self._synced.is_set()
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        """Block until synced (or the timeout); returns :attr:`synced`."""
+        return self._synced.wait(timeout)
+
+    @property
+    def last_healthy(self) -> float:
+        """Clock time up to which every watch was healthy (now, if all are connected)."""
+        with self._lock:
+            broken = [s.broken_since for s in self.streams.values() if s.broken_since is not None]
+            if self._boot_broken_since is not None:
+                broken.append(self._boot_broken_since)
+        return min(broken) if broken else self._clock()
+
+    def healthy(self) -> bool:
+        """False once some watch has been broken for longer than ``broken_after_s``."""
+        ok = self._clock() - self.last_healthy <= self.options.broken_after_s
+        self.metrics.watch_healthy.set(1 if ok else 0)
+        return ok
+
+    @property
+    def kinds(self) -> list[ResourceKind]:
+        """Resources being reflected (nodes, pods, then discovered PodGroup APIs)."""
+        return [s.kind for s in self.streams.values()]
+
+    def objects(self, kind: ResourceKind) -> list[dict[str, Any]]:
+        """A copy of the stored objects of ``kind``, sorted by key."""
+        with self._lock:
+            s = self.streams.get(kind.name)
+            return [] if s is None else [s.store[k] for k in sorted(s.store)]
+
+    def podgroups(self) -> dict[str, Any]:
+        """PodGroups of every discovered API by ``namespace/name`` (later APIs win)."""
+        with self._lock:
+            out: dict[str, Any] = {}
+            for s in self.streams.values():
+                if s.kind in POD_GROUP_KINDS:
+                    out.update(s.store)
+            return dict(sorted(out.items()))
+
+    def _mark_broken(self, s: ResourceStream) -> None:
+        with self._lock:
+            if s.broken_since is None:
+                s.broken_since = self._clock()
+
+    def _mark_connected(self, s: ResourceStream) -> None:
+        with self._lock:
+            s.broken_since = None
+
+    # ---- initial sync -------------------------------------------------------------------
+
+    def discover_podgroups(self) -> list[ResourceKind]:
+        """PodGroup APIs the server serves (discovery; quietly skips missing groups)."""
+        found = []
+        for kind in POD_GROUP_KINDS:
+            try:
+                res = self.api.api_resources(kind.group, kind.version)
+            except ApiError as exc:
+                log.warning("discovery of %s/%s failed: %s", kind.group, kind.version, exc)
+                continue
+            names = {
+                r.get("name") for r in (res or {}).get("resources") or () if isinstance(r, Mapping)
+            }
+            if kind.plural in names:
+                found.append(kind)
+        return found
+
+    def sync(self) -> None:
+        """List every resource and rebuild the cache from scratch; then :attr:`synced`.
+
+        Raises:
+            ApiError: a list failed (nothing is changed).
+        """
+        kinds = [NODES, PODS]
+        if self.options.podgroups:
+            kinds += self.discover_podgroups()
+        lists: dict[str, dict[str, Any]] = {}
+        for kind in kinds:
+            try:
+                lists[kind.name] = self.api.list(kind)
+            except ApiError as exc:
+                if kind in POD_GROUP_KINDS and exc.status in (403, 404):
+                    log.warning("not watching %s: %s", kind.name, exc)
+                    continue
+                raise
+        with self._lock:
+            for kind in kinds:
+                if kind.name not in lists:
+                    continue
+                s = self.streams.get(kind.name) or ResourceStream(kind, self._new_backoff())
+                self.streams[kind.name] = s
+                self._load(s, lists[kind.name])
+            self._rebuild()
+            self._synced.set()
+        self.metrics.synced.set(1)
+        snap = self.cache.snapshot()
+        log.info(
+            "synced with the API: %d nodes, %d pods holding resources, %d podgroups (%s)",
+            len(snap.nodes),
+            len(snap.pods),
+            len(snap.extra.get(PODGROUPS_EXTRA) or {}),
+            ", ".join(k.name for k in self.kinds),
+        )
+
+    def _load(self, s: ResourceStream, lst: Mapping[str, Any]) -> None:
+        """Replace a stream's store and resourceVersion from a list (lock held)."""
+        items: Iterable[Any] = lst.get("items") or ()
+        store: dict[str, dict[str, Any]] = {}
+        for obj in items:
+            if not isinstance(obj, dict):
+                continue
+            strip_object(obj, s.kind)
+            if s.kind == PODS and not feeds_cache(obj):
+                continue
+            store[self._key(s.kind, obj)] = obj
+        s.store = store
+        s.rv = str(meta(lst).get("resourceVersion") or "")
+        s.need_relist = False
+
+    @staticmethod
+    def _key(kind: ResourceKind, obj: Mapping[str, Any]) -> str:
+        return str(meta(obj).get("name") or "") if kind == NODES else object_key(obj)
+
+    def _rebuild(self) -> None:
+        """Rebuild the cache from every store, keeping other ``extra`` entries (lock held)."""
+        extra = dict(self.cache.snapshot().extra)
+        extra[PODGROUPS_EXTRA] = self.podgroups()
+        self.cache.replace_all(
+            self.streams[NODES.name].store.values(),
+            self.streams[PODS.name].store.values(),
+            extra=extra,
+        )
+
+    def relist(self, s: ResourceStream) -> None:
+        """List one resource again (after 410 Gone) and rebuild the cache.
+
+        Raises:
+            ApiError: the list failed (the old store stays; retry later).
+        """
+        lst = self.api.list(s.kind)
+        with self._lock:
+            self._load(s, lst)
+            self._rebuild()
+        self.metrics.relists.labels(resource=s.kind.name).inc()
+        log.info("relisted %s at resourceVersion %s (%d objects)", s.kind.name, s.rv, len(s.store))
+
+    # ---- events -------------------------------------------------------------------------
+
+    def apply_event(self, s: ResourceStream, event: Mapping[str, Any]) -> None:
+        """Apply one watch event to the store and the cache.
+
+        Raises:
+            ApiError: an ``ERROR`` event (``.gone`` for 410: the caller relists).
+        """
+        typ = str(event.get("type") or "")
+        obj = event.get("object")
+        if not isinstance(obj, dict):
+            log.warning("%s watch event %s without an object", s.kind.name, typ)
+            return
+        self.metrics.watch_events.labels(resource=s.kind.name, type=typ or "?").inc()
+        if typ == "ERROR":
+            raise ApiError.from_status(obj)
+        rv = str(meta(obj).get("resourceVersion") or "")
+        if typ == "BOOKMARK":
+            if rv:
+                s.rv = rv
+            return
+        if typ not in ("ADDED", "MODIFIED", "DELETED"):
+            log.warning("%s watch: unknown event type %r ignored", s.kind.name, typ)
+            return
+        strip_object(obj, s.kind)
+        with self._lock:
+            if s.kind == NODES:
+                self._node_event(s, typ, obj)
+            elif s.kind == PODS:
+                self._pod_event(s, typ, obj)
+            else:
+                self._group_event(s, typ, obj)
+            if rv:
+                s.rv = rv
+
+    def _node_event(self, s: ResourceStream, typ: str, obj: dict[str, Any]) -> None:
+        name = self._key(NODES, obj)
+        if typ == "DELETED":
+            s.store.pop(name, None)
+            self.cache.delete_node(name)
+            return
+        new = name not in s.store or self.cache.snapshot().node(name) is None
+        s.store[name] = obj
+        self.cache.upsert_node(obj)
+        if new:
+            # Pods bound to this node may have arrived first (separate streams): apply them.
+            pods = self.streams[PODS.name].store
+            for key in sorted(pods):
+                if (pods[key].get("spec") or {}).get("nodeName") == name:
+                    self.cache.upsert_pod(pods[key])
+
+    def _pod_event(self, s: ResourceStream, typ: str, obj: dict[str, Any]) -> None:
+        key = object_key(obj)
+        if typ == "DELETED":
+            s.store.pop(key, None)
+            self.cache.delete_pod(key)
+            return
+        if feeds_cache(obj):
+            s.store[key] = obj
+            self.cache.upsert_pod(obj)
+        elif s.store.pop(key, None) is not None:
+            self.cache.delete_pod(key)
+
+    def _group_event(self, s: ResourceStream, typ: str, obj: dict[str, Any]) -> None:
+        key = object_key(obj)
+        if typ == "DELETED":
+            s.store.pop(key, None)
+        else:
+            s.store[key] = obj
+        self.cache.set_extra(PODGROUPS_EXTRA, self.podgroups())
+
+    # ---- watch loop ---------------------------------------------------------------------
+
+    def watch_once(self, s: ResourceStream) -> int:
+        """One watch request from ``s.rv`` until the server ends it; returns the number
+        of events applied.
+
+        Raises:
+            ApiError: refused, broken, or an ERROR event (``.gone``: relist).
+        """
+        w = self.api.watch(s.kind, s.rv, self.options.watch_seconds)
+        s.current = w
+        self._mark_connected(s)
+        n = 0
+        try:
+            for event in w:
+                if self._stop.is_set():
+                    break
+                self.apply_event(s, event)
+                if n == 0:
+                    s.backoff.reset()
+                n += 1
+        finally:
+            s.current = None
+        return n
+
+    def step(self, s: ResourceStream) -> None:
+        """One iteration of a resource's loop: relist if needed, then watch once; on
+        failure mark the stream broken and wait out the backoff. Never raises ApiError."""
+        started = self._clock()
+        try:
+            if s.need_relist:
+                self.relist(s)
+            n = self.watch_once(s)
+            if n == 0 and self._clock() - started < 1.0 and not self._stop.is_set():
+                self._sleep(s.backoff.next())  # the server ended at once: don't spin
+            else:
+                s.backoff.reset()
+        except ApiError as exc:
+            if self._stop.is_set():
+                return
+            if exc.gone:
+                s.need_relist = True
+                self.metrics.watch_restarts.labels(resource=s.kind.name, reason="gone").inc()
+                log.info("%s watch expired (%s): relisting", s.kind.name, exc.message)
+                return
+            self._mark_broken(s)
+            self.metrics.watch_restarts.labels(resource=s.kind.name, reason="error").inc()
+            delay = s.backoff.next()
+            log.warning("%s watch failed (%s); retrying in %.2fs", s.kind.name, exc, delay)
+            self._sleep(delay)
+        except Exception:  # a bug in event handling: keep the reflector alive
+            if self._stop.is_set():
+                return
+            self._mark_broken(s)
+            delay = s.backoff.next()
+            log.exception("%s watch loop error; retrying in %.2fs", s.kind.name, delay)
+            self._sleep(delay)
+
+    def _run(self, s: ResourceStream) -> None:
+        while not self._stop.is_set():
+            self.step(s)
+
+    def _boot(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sync()
+                with self._lock:
+                    self._boot_broken_since = None
+                break
+            except ApiError as exc:
+                with self._lock:
+                    if self._boot_broken_since is None:
+                        self._boot_broken_since = self._clock()
+                delay = self._boot_backoff.next()
+                log.warning("initial list failed (%s); retrying in %.2fs", exc, delay)
+                self._sleep(delay)
+            except Exception:
+                delay = self._boot_backoff.next()
+                log.exception("initial sync error; retrying in %.2fs", delay)
+                self._sleep(delay)
+        if self._stop.is_set():
+            return
+        with self._lock:
+            streams = list(self.streams.values())
+        for s in streams:
+            t = threading.Thread(
+                target=self._run, args=(s,), name=f"watch-{s.kind.name}", daemon=True
+            )
+            s.thread = t
+            t.start()
+
+    def start(self) -> None:
+        """Start the initial sync and then one watch thread per resource (daemons)."""
+        if self._boot_thread is not None:
+            return
+        self._boot_thread = threading.Thread(target=self._boot, name="kube-sync", daemon=True)
+        self._boot_thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop every reflector, closing open watches; waits up to ``timeout`` seconds."""
+        self._stop.set()
+        with self._lock:
+            streams = list(self.streams.values())
+        for s in streams:
+            w = s.current
+            if w is not None:
+                w.close()
+        deadline = time.monotonic() + timeout
+        threads = [self._boot_thread] + [s.thread for s in streams]
+        for t in threads:
+            if t is not None and t is not threading.current_thread():
+                t.join(max(0.0, deadline - time.monotonic()))
+
+    @property
+    def stopped(self) -> bool:
+        """True once :meth:`stop` was called."""
+        return self._stop.is_set()
