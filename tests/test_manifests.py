@@ -948,6 +948,23 @@ def test_policy_config_map_holds_a_minimal_policy(deploy_docs: list[Doc]) -> Non
         )
 
 
+def test_policy_config_map_loads_with_the_project_loader(
+    deploy_docs: list[Doc], tmp_path: Path
+) -> None:
+    """The policy the sidecar will read passes the same loader as `topoplace serve --config`
+    (which rejects unknown keys at start-up)."""
+    main = pytest.importorskip("scheduler.cli.main")
+    path = tmp_path / "policy.yaml"
+    path.write_text(
+        _only(deploy_docs, "ConfigMap", POLICY_CONFIG_MAP)["data"]["policy.yaml"], encoding="utf-8"
+    )
+    try:
+        params = main.load_params(str(path))
+    except ModuleNotFoundError as exc:  # the loader's own dependencies are not importable
+        pytest.skip(f"policy loader unavailable: {exc}")
+    assert params is not None
+
+
 def test_every_example_uses_the_topoplace_profile(
     scheduler_config: dict[str, Any], example_docs: list[Doc]
 ) -> None:
