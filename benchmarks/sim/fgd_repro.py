@@ -1,0 +1,239 @@
+"""Reproduce the FGD paper's GPU allocation results on the openb traces.
+
+Usage::
+
+    python -m benchmarks.sim.fgd_repro --workloads default,cpu050 --policies fgd,bestfit \\
+        --seeds 42-51 --out benchmarks/results/fgd_openb --jobs 2
+
+For every (workload, policy, seed) it replays the artifact's task order for the seed, places
+tasks until 130 % of the cluster's GPU capacity has arrived, and records the GPU allocation
+ratio and fragmentation per arrived-demand bin. It writes ``results.csv``, ``report.md`` and
+plots into ``--out``, side by side with the published numbers when those are available.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.sim import openb
+from benchmarks.sim.engine import DEFAULT_RANK_SKIP, DEFAULT_TUNE_RATIO, RunSpec, run_openb
+from benchmarks.sim.metrics import RunSummary, summarize
+from benchmarks.sim.report import load_published, write_report
+from scheduler.core.policies.sharing_policies import (
+    PAPER_POLICY_IDS,
+    SHARING_POLICIES,
+    get_sharing_policy,
+)
+from scheduler.core.sharing import SharingNode, SharingTask, TypicalDistribution, typical_tasks
+
+MAX_JOBS = 2
+"""Worker processes at most (the benchmark host is shared)."""
+DEFAULT_POLICIES: tuple[str, ...] = tuple(PAPER_POLICY_IDS)
+DEFAULT_SEEDS: tuple[int, ...] = tuple(range(42, 52))
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """``"42-51"``, ``"42,45"`` or a mix (``"42-44,50"``) as a sorted tuple."""
+    seeds: set[int] = set()
+    for part in text.replace(" ", ",").split(","):
+        if not part:
+            continue
+        if "-" in part[1:]:
+            lo, hi = part.split("-", 1)
+            seeds.update(range(int(lo), int(hi) + 1))
+        else:
+            seeds.add(int(part))
+    if not seeds:
+        raise ValueError(f"no seeds in {text!r}")
+    return tuple(sorted(seeds))
+
+
+def parse_names(values: Sequence[str] | str | None, default: Sequence[str]) -> tuple[str, ...]:
+    """Comma- or space-separated names (``"all"`` or nothing: ``default``)."""
+    if values is None:
+        return tuple(default)
+    if isinstance(values, str):
+        values = [values]
+    names = [n for v in values for n in v.replace(",", " ").split() if n]
+    if not names or names == ["all"]:
+        return tuple(default)
+    return tuple(dict.fromkeys(names))
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    spec: RunSpec
+    data_dir: str
+
+
+_WORKER_DATA: dict[
+    tuple[str, str], tuple[list[SharingNode], list[SharingTask], TypicalDistribution]
+]
+_WORKER_DATA = {}
+
+
+def _inputs(
+    data_dir: str, workload: str
+) -> tuple[list[SharingNode], list[SharingTask], TypicalDistribution]:
+    key = (data_dir, workload)
+    if key not in _WORKER_DATA:
+        nodes = openb.load_nodes(data_dir)
+        tasks = openb.load_tasks(workload, data_dir)
+        _WORKER_DATA[key] = (nodes, tasks, typical_tasks(tasks))
+    return _WORKER_DATA[key]
+
+
+def run_one(job: _Job) -> RunSummary:
+    """Simulate one (workload, policy, seed) and summarise it (runs in a worker process)."""
+    nodes, tasks, typical = _inputs(job.data_dir, job.spec.workload)
+    result = run_openb(job.spec, nodes, tasks, typical, get_sharing_policy(job.spec.policy))
+    return summarize(job.spec.workload, result)
+
+
+def run_reproduction(
+    workloads: Sequence[str],
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    out_dir: Path,
+    *,
+    jobs: int = 1,
+    data_dir: str | Path | None = None,
+    expected_dir: str | Path | None = None,
+    tune_ratio: float = DEFAULT_TUNE_RATIO,
+    rank_skip: int = DEFAULT_RANK_SKIP,
+    progress: bool = True,
+) -> Path:
+    """Run every (workload, policy, seed) and write the report; returns the report path.
+
+    Raises:
+        FileNotFoundError: If the traces are absent.
+        KeyError: For an unknown policy.
+    """
+    for p in policies:
+        get_sharing_policy(p)
+    data = str(openb.data_dir(data_dir))
+    for wl in workloads:
+        if not openb.pod_file(wl, data).is_file():
+            raise FileNotFoundError(f"no pod list for workload {wl!r} in {data}")
+    specs = [
+        _Job(RunSpec(wl, pol, seed, tune_ratio, rank_skip), data)
+        for wl in workloads
+        for pol in policies
+        for seed in seeds
+    ]
+    jobs = max(1, min(jobs, MAX_JOBS))
+    t0 = time.perf_counter()
+    results: list[RunSummary] = []
+
+    def note(r: RunSummary) -> None:
+        results.append(r)
+        if progress:
+            print(
+                f"[{len(results)}/{len(specs)}] {r.workload} {r.policy} seed={r.seed} "
+                f"alloc@130={r.alloc_pct_at_130:.2f}% ({r.seconds:.1f}s, "
+                f"elapsed {time.perf_counter() - t0:.0f}s)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    if jobs == 1:
+        for job in specs:
+            note(run_one(job))
+    else:
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            for r in pool.imap_unordered(run_one, specs):
+                note(r)
+
+    published = load_published(expected_dir)
+    setup = [
+        "Setup: the 1,213-node / 6,212-GPU openb cluster "
+        "(`openb_node_list_gpu_node.csv`); tasks shuffled with Go `math/rand` seeded by the "
+        f"run seed and submitted until arrived GPU demand reaches {tune_ratio:.0%} of capacity; "
+        "ties between equally scored nodes go to the node with the lowest seeded random rank, "
+        f"as in the artifact (rank permutation after {rank_skip} extra draws). Published = "
+        "FGD artifact cached results (`fgd-artifact-expected-results`).",
+        f"Runs: {len(specs)} ({len(workloads)} workloads x {len(policies)} policies x "
+        f"{len(seeds)} seeds: {seeds[0]}..{seeds[-1]}), {jobs} process(es), "
+        f"{time.perf_counter() - t0:.0f} s wall.",
+        "Regenerate: `python -m benchmarks.sim.fgd_repro --workloads "
+        f"{','.join(workloads)} --policies {','.join(policies)} "
+        f"--seeds {_seed_text(seeds)} --out <dir> --jobs 2`.",
+    ]
+    path = write_report(out_dir, results, published, setup_lines=setup)
+    if progress:
+        print(f"wrote {path}", file=sys.stderr)
+    return path
+
+
+def _seed_text(seeds: Sequence[int]) -> str:
+    s = sorted(seeds)
+    if s == list(range(s[0], s[-1] + 1)) and len(s) > 1:
+        return f"{s[0]}-{s[-1]}"
+    return ",".join(map(str, s))
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """Arguments of the reproduction (shared with ``topoplace bench --scenario fgd-openb``)."""
+    p = parser or argparse.ArgumentParser(
+        prog="python -m benchmarks.sim.fgd_repro", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument(
+        "--workloads",
+        nargs="+",
+        help=f"openb workloads, comma/space separated (default: {' '.join(openb.PAPER_WORKLOADS)})",
+    )
+    p.add_argument(
+        "--policies",
+        nargs="+",
+        help=f"policies (default: the paper's six; known: {', '.join(sorted(SHARING_POLICIES))})",
+    )
+    p.add_argument("--seeds", default="42-51", help="seeds, e.g. 42-51 or 42,43 (default 42-51)")
+    p.add_argument("--out", required=parser is None, help="output directory")
+    p.add_argument("--jobs", type=int, default=1, help=f"worker processes (max {MAX_JOBS})")
+    p.add_argument("--data", help="trace directory (default: ../shared/data/alibaba-gpu-v2023)")
+    p.add_argument("--expected", help="published results directory (default: shared copy)")
+    p.add_argument("--tune", type=float, default=DEFAULT_TUNE_RATIO, help="arrived demand ratio")
+    p.add_argument(
+        "--rank-skip", type=int, default=DEFAULT_RANK_SKIP, help="draws before node ranking"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    return p
+
+
+def run_args(args: argparse.Namespace) -> int:
+    """Run from parsed arguments; returns a process exit code."""
+    if not args.out:
+        print("fgd_repro: --out is required", file=sys.stderr)
+        return 2
+    try:
+        run_reproduction(
+            parse_names(args.workloads, openb.PAPER_WORKLOADS),
+            parse_names(args.policies, DEFAULT_POLICIES),
+            parse_seeds(args.seeds),
+            Path(args.out),
+            jobs=args.jobs,
+            data_dir=args.data,
+            expected_dir=args.expected,
+            tune_ratio=args.tune if args.tune is not None else DEFAULT_TUNE_RATIO,
+            rank_skip=args.rank_skip if args.rank_skip is not None else DEFAULT_RANK_SKIP,
+            progress=not args.quiet,
+        )
+    except (FileNotFoundError, KeyError, ValueError) as exc:
+        print(f"fgd_repro: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point."""
+    return run_args(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""``topoplace bench``: offline benchmark scenarios, registered by name.
+
+Each scenario adds its own arguments to the ``bench`` parser and runs from the parsed
+namespace. Scenarios import their (heavier) benchmark modules lazily, when run.
+
+    topoplace bench --scenario fgd-openb --seeds 42-51 --out out/fgd --jobs 2
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A benchmark scenario: a one-line description and its runner (namespace -> exit code)."""
+
+    description: str
+    run: Callable[[argparse.Namespace], int]
+
+
+def _run_fgd_openb(args: argparse.Namespace) -> int:
+    from benchmarks.sim.fgd_repro import run_args
+
+    return run_args(args)
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "fgd-openb": Scenario(
+        "FGD paper (ATC '23) policies on the Alibaba openb traces vs the published results",
+        _run_fgd_openb,
+    ),
+}
+"""Scenario registry: name -> scenario."""
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``bench`` on the CLI's sub-command parsers."""
+    lines = "\n".join(f"  {name}: {s.description}" for name, s in sorted(SCENARIOS.items()))
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "bench",
+        help="run an offline benchmark scenario",
+        description=f"Run an offline benchmark scenario.\n\nscenarios:\n{lines}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--scenario", required=True, choices=sorted(SCENARIOS))
+    parser.add_argument("--policies", nargs="+", help="policies (default: scenario's set)")
+    parser.add_argument("--seeds", default="42-51", help="seeds, e.g. 42-51 or 42,43")
+    parser.add_argument("--workloads", nargs="+", help="workloads (default: scenario's set)")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes (max 2)")
+    parser.add_argument("--data", help="input data directory (default: the shared copy)")
+    parser.add_argument("--expected", help="published results directory (default: shared copy)")
+    parser.add_argument("--tune", type=float, help="arrived demand / capacity (default 1.3)")
+    parser.add_argument("--rank-skip", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the selected scenario; returns the exit code."""
+    scenario = SCENARIOS.get(args.scenario)
+    if scenario is None:
+        print(f"topoplace bench: unknown scenario {args.scenario!r}")
+        return 2
+    return scenario.run(args)
