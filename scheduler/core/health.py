@@ -1,31 +1,71 @@
-"""Node and GPU health from the signals real GPU clusters publish.
+"""Graded node and GPU health from the signals real GPU clusters publish.
 
-Pure: ``assess_node`` is a function of the Node object and the health parameters.
-Which signal counts as fatal or degrading is data (:class:`HealthParams`), with defaults
-taken from ``../shared/SIGNALS.md``:
+Pure: :func:`assess` / :func:`assess_node` are functions of the Node object, the node's
+DRA devices, a ``now`` passed in (the core has no clock) and :class:`HealthParams`. Which
+signal counts as fatal or degrading is data, with defaults taken from
+``../shared/SIGNALS.md``. Each signal maps to a state, a constant reason and a risk:
 
-* Ready condition not True -> UNHEALTHY ("node not ready").
-* ``spec.unschedulable`` -> unschedulable ("node cordoned").
-* Taints whose key is a known fault taint (not-ready, unreachable, NVSentinel's fault
-  taints) with effect NoSchedule/NoExecute -> UNHEALTHY ("node tainted by a fault").
-* NVSentinel ``dgxc.nvidia.com/nvsentinel-state`` in a quarantine/drain/remediation state
-  -> UNHEALTHY ("node quarantined by NVSentinel").
-* NVSentinel node conditions (``Gpu*``, ``SysLogs*``) with status True: fatal ones make
-  the node UNHEALTHY ("GPU fault condition"), the rest DEGRADED with risk.
-* Per-GPU exclusions (``hami.io/device-cordon``, ``volcano.sh/gpu-unhealthy-ids``) and
-  allocatable below capacity remove GPUs, not the node: they go into ``bad_mask``.
+==========================================  ==========  ====================================
+signal                                      level       effect (default parameters)
+==========================================  ==========  ====================================
+Ready condition not True (or absent)        node        UNHEALTHY, "node not ready"
+Ready True, ``lastHeartbeatTime`` older     node        DEGRADED, risk 0.5 (early warning:
+than ``heartbeat_stale_seconds`` (needs                 the kubelet stopped posting status
+``now``)                                                while the node still looks Ready)
+``spec.unschedulable``                      node        unschedulable, "node cordoned"
+fault taint (``fault_taints``) with effect  node        UNHEALTHY, "node tainted by a fault"
+NoSchedule / NoExecute
+NVSentinel state label in                   node        UNHEALTHY
+``nvsentinel_bad_states``
+``Gpu*``/``SysLogs*`` condition True:       node        fatal -> UNHEALTHY; degraded ->
+``fatal_conditions`` /                                  DEGRADED (risk 0.3); other
+``degraded_conditions`` / other                         ``Gpu*``/``SysLogs*`` -> DEGRADED;
+``xid_conditions``                                      xid -> counts towards an XID burst
+DRA device taint NoSchedule / NoExecute     GPU         GPU removed (``bad_mask``), node
+(``gpu.nvidia.com/xid``, ``gpu-lost``, ...)             DEGRADED (risk 0.2)
+DRA ``gpu.nvidia.com/xid`` effect None      GPU         counts towards an XID burst
+DRA ``gpu.nvidia.com/unmonitored``          GPU         risk 0.1 (state unchanged)
+>= ``xid_burst_threshold`` non-fatal XID    node        DEGRADED, risk 0.5 (early warning)
+signals within ``xid_window_seconds``
+``hami.io/device-cordon``,                  GPU         GPU removed, node DEGRADED (0.2)
+``volcano.sh/gpu-unhealthy-ids``
+``nvidia.com/gpu`` allocatable < capacity   GPU         that many GPUs removed (highest
+                                                        indices not otherwise known bad)
+==========================================  ==========  ====================================
+
+**DRA devices.** When a snapshot's ``extra["resourceslices"]`` holds ResourceSlice objects
+(``resource.k8s.io`` v1 or v1beta1; ``spec.nodeName``, ``spec.driver``,
+``spec.devices[]``), :func:`devices_by_node` indexes the devices of the drivers in
+``HealthParams.dra_drivers`` by node. A device maps to a GPU index by, in order: its
+``index`` attribute (``{"int": 3}``, plain or qualified ``gpu.nvidia.com/index``); its
+``uuid`` attribute looked up in the node's GPU UUID list (``topoplace.io/gpu-uuids`` or
+HAMi's register annotation); for MIG devices (``type`` = ``mig``) the ``parentIndex`` /
+``parentUUID`` attributes, so a tainted MIG slice removes its parent GPU; finally a device
+name of the form ``gpu-<n>``. A tainted device that cannot be mapped removes one more GPU
+conservatively (highest free index), exactly like an unresolvable per-GPU cordon entry.
+v1beta1 nests attributes and taints under ``basic``; both layouts are read.
+
+Risks from several signals combine as independent failure probabilities,
+``1 - prod(1 - r_i)``, so two moderate risks are worse than one.
 
 Every reason string is a constant so kube-scheduler's event message aggregates them.
+Nothing here raises on malformed input: a signal that cannot be read is ignored, except
+that a GPU exclusion that names an unknown device removes a GPU conservatively.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
 from scheduler.core.model import Health, NodeHealth
+
+if TYPE_CHECKING:  # the snapshot module imports this one
+    from scheduler.core.snapshot import ClusterSnapshot
 
 REASON_NOT_READY = "node not ready"
 REASON_CORDONED = "node cordoned"
@@ -36,17 +76,68 @@ REASON_DEGRADED_CONDITION = "degraded health condition"
 REASON_GPU_CORDON = "GPU excluded by per-GPU cordon"
 REASON_GPU_ALLOCATABLE = "device plugin reports unhealthy GPUs"
 REASON_GPU_UNRESOLVED = "GPU exclusion names an unknown device"
+REASON_DEVICE_TAINT = "GPU tainted by the DRA driver"
+REASON_DEVICE_UNMONITORED = "GPU health unmonitored"
+REASON_HEARTBEAT_STALE = "node heartbeat stale"
+REASON_XID_BURST = "burst of non-fatal GPU errors"
+REASON_FLAPPING = "node failed repeatedly"
+REASON_FAILED_BEFORE = "node failed recently"
+REASON_SETTLING = "node recovered recently"
 
 NVSENTINEL_STATE_LABEL = "dgxc.nvidia.com/nvsentinel-state"
 HAMI_DEVICE_CORDON = "hami.io/device-cordon"
 VOLCANO_UNHEALTHY_IDS = "volcano.sh/gpu-unhealthy-ids"
 GPU_UUIDS_ANNOTATION = "topoplace.io/gpu-uuids"
 HAMI_REGISTER = "hami.io/node-nvidia-register"
+RESOURCESLICES_KEY = "resourceslices"
+"""Key of ``ClusterSnapshot.extra`` holding ResourceSlice objects (list)."""
+NOW_KEY = "now"
+"""Key of ``ClusterSnapshot.extra`` holding the snapshot's wall-clock time (epoch seconds
+or RFC 3339) for offline snapshots; live caches pass ``now`` through the health tracker."""
+
+_BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 
 
 @dataclass(frozen=True, slots=True)
 class HealthParams:
-    """Which signals are fatal or degrading. Loaded from ``policy.yaml`` ``health:``."""
+    """Which signals are fatal or degrading, and how history is weighed.
+
+    Loaded from ``policy.yaml`` ``health:`` (:meth:`from_config`); every field has a
+    default, so older policy files keep working. Durations are seconds.
+
+    Attributes:
+        fatal_conditions: node conditions (status True) that make the node UNHEALTHY.
+        degraded_conditions: node conditions (status True) that make it DEGRADED.
+        degraded_condition_risk: risk of a degraded condition.
+        unknown_condition_prefixes: other True conditions with these prefixes (NVSentinel
+            check names) are treated as degraded; empty to ignore them.
+        xid_conditions: conditions (status True, not fatal) that count as one non-fatal
+            XID signal each, timed by ``lastTransitionTime``.
+        fault_taints: node taint keys that mean a fault when NoSchedule / NoExecute.
+        nvsentinel_bad_states: NVSentinel state label values that mean "not usable".
+        honour_cordon: treat ``spec.unschedulable`` as unschedulable (kube-scheduler does).
+        gpu_exclusions: read per-GPU exclusion annotations (HAMi, Volcano).
+        check_allocatable: remove GPUs when allocatable is below capacity.
+        gpu_loss_risk: node risk while some of its GPUs are excluded.
+        dra_drivers: ResourceSlice drivers whose devices are this node's GPUs.
+        dra_taints: read DRA device taints.
+        dra_xid_taints: DRA taint keys that carry an XID (effect None = non-fatal).
+        dra_unmonitored_taints: DRA taint keys meaning "health not monitored".
+        unmonitored_risk: node risk while a GPU is unmonitored.
+        heartbeat_stale_seconds: a Ready node whose ``lastHeartbeatTime`` is older is
+            suspect (0 disables). The kubelet refreshes it at least every
+            ``nodeStatusReportFrequency`` (5 min by default), hence the 6 min default.
+        heartbeat_stale_risk: risk of a stale heartbeat.
+        xid_window_seconds / xid_burst_threshold / xid_burst_risk: this many non-fatal XID
+            signals within the window make the node suspect (threshold 0 disables).
+        history: use transition history (flapping risk, settle time).
+        flap_half_life_seconds: half-life of the memory of a failure.
+        flap_weight: risk one fresh failure adds after recovery.
+        flap_degraded_risk: history risk at or above which the node is DEGRADED.
+        settle_seconds: a node recovered less than this long ago is DEGRADED.
+        settle_risk: risk while settling.
+        history_max_events: transitions remembered per node.
+    """
 
     fatal_conditions: tuple[str, ...] = (
         "GpuXidError",
@@ -60,9 +151,12 @@ class HealthParams:
     )
     degraded_conditions: tuple[str, ...] = ("GpuThermalWatch", "GpuPowerWatch")
     degraded_condition_risk: float = 0.3
+    unknown_condition_prefixes: tuple[str, ...] = ("Gpu", "SysLogs")
+    xid_conditions: tuple[str, ...] = ()
     fault_taints: tuple[str, ...] = (
         "node.kubernetes.io/not-ready",
         "node.kubernetes.io/unreachable",
+        "node.kubernetes.io/network-unavailable",
         "nvidia.com/gpu-xid-error",
         "nvidia.com/gpu-nvlink-error",
         "nvidia.com/syslog-xid-error",
@@ -76,11 +170,35 @@ class HealthParams:
         "remediating",
         "remediation-failed",
     )
+    honour_cordon: bool = True
+    gpu_exclusions: bool = True
+    check_allocatable: bool = True
     gpu_loss_risk: float = 0.2
+    dra_drivers: tuple[str, ...] = ("gpu.nvidia.com",)
+    dra_taints: bool = True
+    dra_xid_taints: tuple[str, ...] = ("gpu.nvidia.com/xid",)
+    dra_unmonitored_taints: tuple[str, ...] = ("gpu.nvidia.com/unmonitored",)
+    unmonitored_risk: float = 0.1
+    heartbeat_stale_seconds: float = 360.0
+    heartbeat_stale_risk: float = 0.5
+    xid_window_seconds: float = 3600.0
+    xid_burst_threshold: int = 3
+    xid_burst_risk: float = 0.5
+    history: bool = True
+    flap_half_life_seconds: float = 6 * 3600.0
+    flap_weight: float = 0.35
+    flap_degraded_risk: float = 0.5
+    settle_seconds: float = 1800.0
+    settle_risk: float = 0.4
+    history_max_events: int = 16
 
     @classmethod
     def from_config(cls, obj: Mapping[str, Any] | None) -> HealthParams:
-        """Build from the ``health:`` mapping of policy.yaml (unknown keys rejected)."""
+        """Build from the ``health:`` mapping of policy.yaml.
+
+        Raises:
+            ValueError: unknown keys, or negative durations / risks outside 0..1.
+        """
         if not obj:
             return cls()
         known = set(cls.__dataclass_fields__)
@@ -89,28 +207,130 @@ class HealthParams:
             raise ValueError(f"unknown health settings: {sorted(unknown)}")
         kw: dict[str, Any] = {}
         for k, v in obj.items():
-            kw[k] = tuple(v) if isinstance(v, list) else v
-        return cls(**kw)
+            kw[k] = tuple(str(x) for x in v) if isinstance(v, list | tuple) else v
+        p = cls(**kw)
+        for name in cls.__dataclass_fields__:
+            v = getattr(p, name)
+            if name.endswith("_risk") or name in ("flap_weight", "unmonitored_risk"):
+                if not 0.0 <= float(v) <= 1.0:
+                    raise ValueError(f"health.{name} must be within 0..1")
+            elif (name.endswith("_seconds") or name.endswith("_threshold")) and float(v) < 0:
+                raise ValueError(f"health.{name} must be >= 0")
+        if p.history_max_events < 1:
+            raise ValueError("health.history_max_events must be >= 1")
+        return p
+
+    @classmethod
+    def ready_only(cls) -> HealthParams:
+        """The baseline most schedulers implement: only the Ready condition counts.
+
+        No cordon, taints, NVSentinel, per-GPU signals, early warnings or history (what
+        HiveD or a Kueue/kube-scheduler setup without a health controller sees).
+        """
+        return cls(
+            fatal_conditions=(),
+            degraded_conditions=(),
+            unknown_condition_prefixes=(),
+            xid_conditions=(),
+            fault_taints=(),
+            nvsentinel_bad_states=(),
+            honour_cordon=False,
+            gpu_exclusions=False,
+            check_allocatable=False,
+            dra_taints=False,
+            heartbeat_stale_seconds=0.0,
+            xid_burst_threshold=0,
+            history=False,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GpuHealth:
+    """Health of one GPU of a node (for explanations; the decision uses ``bad_mask``)."""
+
+    index: int
+    state: Health = Health.HEALTHY
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class HealthReport:
+    """A node's verdict plus the per-GPU breakdown and the XID signals seen.
+
+    Attributes:
+        node: the verdict the snapshot stores.
+        gpus: one entry per GPU index (capacity), in index order.
+        xids: non-fatal XID signals as (time or None, stable key), sorted; the history
+            uses the keys to count distinct signals across snapshots.
+    """
+
+    node: NodeHealth
+    gpus: tuple[GpuHealth, ...]
+    xids: tuple[tuple[float | None, str], ...] = ()
+
+
+# ---- small readers that never raise -------------------------------------------------------
+
+
+def _map(x: Any) -> Mapping[str, Any]:
+    return x if isinstance(x, Mapping) else {}
+
+
+def _seq(x: Any) -> Sequence[Any]:
+    return x if isinstance(x, list | tuple) else ()
+
+
+def _str(x: Any) -> str:
+    return x if isinstance(x, str) else ""
+
+
+def parse_time(value: Any) -> float | None:
+    """Epoch seconds of an RFC 3339 timestamp (or a number); None if unreadable."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        dt = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        return None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.timestamp()
 
 
 def _conditions(node: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
-    return ((node.get("status") or {}).get("conditions")) or ()
+    return [c for c in _seq(_map(node.get("status")).get("conditions")) if isinstance(c, Mapping)]
+
+
+def _ready_condition(node: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for c in _conditions(node):
+        if c.get("type") == "Ready":
+            return c
+    return None
 
 
 def node_ready(node: Mapping[str, Any]) -> bool:
     """True when the Node's Ready condition is True."""
-    for c in _conditions(node):
-        if c.get("type") == "Ready":
-            return str(c.get("status")) == "True"
-    return False
+    c = _ready_condition(node)
+    return c is not None and str(c.get("status")) == "True"
 
 
-def _gpu_uuid_order(annotations: Mapping[str, str]) -> list[str]:
+def heartbeat_age(node: Mapping[str, Any], now: float) -> float | None:
+    """Seconds since the Ready condition's ``lastHeartbeatTime`` (None if unknown)."""
+    c = _ready_condition(node)
+    t = parse_time(c.get("lastHeartbeatTime")) if c is not None else None
+    return None if t is None else now - t
+
+
+def _gpu_uuid_order(annotations: Mapping[str, Any]) -> list[str]:
     """GPU UUIDs in index order, from topoplace's or HAMi's node annotation."""
-    raw = annotations.get(GPU_UUIDS_ANNOTATION)
+    raw = _str(annotations.get(GPU_UUIDS_ANNOTATION))
     if raw:
         return [u.strip() for u in raw.split(",") if u.strip()]
-    raw = annotations.get(HAMI_REGISTER)
+    raw = _str(annotations.get(HAMI_REGISTER))
     if raw:
         # HAMi registers devices either as JSON (newer) or as ':'-separated records whose
         # first ','-separated field is the UUID (older).
@@ -124,7 +344,18 @@ def _gpu_uuid_order(annotations: Mapping[str, str]) -> list[str]:
     return []
 
 
-def _excluded_gpus(annotations: Mapping[str, str], gpu_count: int) -> tuple[int, int]:
+def _resolve_gpu(entry: str, order: Sequence[str], gpu_count: int) -> int | None:
+    """GPU index named by an index ("3") or a UUID in the node's UUID list."""
+    if entry.isdigit():
+        i = int(entry)
+        return i if i < gpu_count else None
+    if entry in order:
+        i = order.index(entry)
+        return i if i < gpu_count else None
+    return None
+
+
+def _excluded_gpus(annotations: Mapping[str, Any], gpu_count: int) -> tuple[int, int]:
     """(bad_mask, unresolved) from per-GPU exclusion annotations.
 
     Entries may be GPU indices ("3") or UUIDs resolved through the node's UUID list. An
@@ -133,7 +364,7 @@ def _excluded_gpus(annotations: Mapping[str, str], gpu_count: int) -> tuple[int,
     """
     entries: list[str] = []
     for key in (HAMI_DEVICE_CORDON, VOLCANO_UNHEALTHY_IDS):
-        raw = annotations.get(key)
+        raw = _str(annotations.get(key))
         if raw:
             entries.extend(e.strip() for e in raw.split(",") if e.strip())
     if not entries:
@@ -142,90 +373,359 @@ def _excluded_gpus(annotations: Mapping[str, str], gpu_count: int) -> tuple[int,
     bad = 0
     unresolved = 0
     for e in sorted(set(entries)):
-        if e.isdigit() and int(e) < gpu_count:
-            bad |= 1 << int(e)
-        elif e in order and order.index(e) < gpu_count:
-            bad |= 1 << order.index(e)
-        else:
+        i = _resolve_gpu(e, order, gpu_count)
+        if i is None:
             unresolved += 1
+        else:
+            bad |= 1 << i
     return bad, unresolved
 
 
-def _remove_highest(mask_all: int, bad: int, count: int, gpu_count: int) -> int:
-    """Mark ``count`` more GPUs bad, highest indices first (deterministic, conservative)."""
+def _remove_highest(bad: int, count: int, gpu_count: int) -> tuple[int, int]:
+    """Mark ``count`` more GPUs bad, highest indices first (deterministic, conservative).
+
+    Returns (new bad mask, the GPUs newly marked)."""
+    added = 0
     i = gpu_count - 1
     while count > 0 and i >= 0:
         if not bad & (1 << i):
-            bad |= 1 << i
+            added |= 1 << i
             count -= 1
         i -= 1
-    return bad & mask_all
+    return bad | added, added
 
 
-def assess_node(
-    node: Mapping[str, Any], gpu_capacity: int, gpu_allocatable: int, params: HealthParams
-) -> NodeHealth:
-    """Grade a Node object's health.
+# ---- DRA ResourceSlices -----------------------------------------------------------------------
+
+
+def devices_by_node(
+    slices: Any, params: HealthParams | None = None
+) -> Mapping[str, tuple[Mapping[str, Any], ...]]:
+    """Index the devices of GPU ResourceSlices by node name.
+
+    Args:
+        slices: ResourceSlice objects (anything else is ignored).
+        params: only slices of ``params.dra_drivers`` count (defaults when None).
+
+    Returns:
+        node name -> its devices, in (slice name, device order) order.
+    """
+    drivers = (params or HealthParams()).dra_drivers
+    acc: dict[str, list[tuple[str, int, Mapping[str, Any]]]] = {}
+    for s in _seq(slices):
+        if not isinstance(s, Mapping):
+            continue
+        spec = _map(s.get("spec"))
+        node = _str(spec.get("nodeName"))
+        if not node or (drivers and _str(spec.get("driver")) not in drivers):
+            continue
+        sname = _str(_map(s.get("metadata")).get("name"))
+        for j, d in enumerate(_seq(spec.get("devices"))):
+            if isinstance(d, Mapping):
+                acc.setdefault(node, []).append((sname, j, d))
+    return {
+        n: tuple(d for _, _, d in sorted(v, key=lambda t: (t[0], t[1]))) for n, v in acc.items()
+    }
+
+
+def _attr(device: Mapping[str, Any], name: str) -> Any:
+    """A device attribute's value (``{"int": 3}`` -> 3), plain or driver-qualified."""
+    attrs = _map(device.get("attributes")) or _map(_map(device.get("basic")).get("attributes"))
+    for key in (name, f"gpu.nvidia.com/{name}"):
+        v = attrs.get(key)
+        if isinstance(v, Mapping):
+            for kind in ("int", "string", "version", "bool"):
+                if kind in v:
+                    return v[kind]
+        elif v is not None:
+            return v
+    return None
+
+
+def _device_taints(device: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+    raw = device.get("taints")
+    if raw is None:
+        raw = _map(device.get("basic")).get("taints")
+    return [t for t in _seq(raw) if isinstance(t, Mapping)]
+
+
+_GPU_NAME = re.compile(r"^gpu-(\d+)$")
+
+
+def device_gpu_index(device: Mapping[str, Any], order: Sequence[str], gpu_count: int) -> int | None:
+    """GPU index of a DRA device (see the module docstring for the mapping); None if unknown."""
+    mig = str(_attr(device, "type") or "").lower() == "mig"
+    idx_names = ("parentIndex", "index") if mig else ("index",)
+    uuid_names = ("parentUUID", "uuid") if mig else ("uuid",)
+    for n in idx_names:
+        v = _attr(device, n)
+        if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < gpu_count:
+            return v
+        if isinstance(v, str) and v.isdigit() and int(v) < gpu_count:
+            return int(v)
+    for n in uuid_names:
+        v = _attr(device, n)
+        if isinstance(v, str) and v in order and order.index(v) < gpu_count:
+            return order.index(v)
+    m = _GPU_NAME.match(_str(device.get("name")))
+    if m and int(m.group(1)) < gpu_count:
+        return int(m.group(1))
+    return None
+
+
+# ---- the assessment --------------------------------------------------------------------------
+
+
+class _Acc:
+    """Accumulates a verdict: worst state, reasons by severity, independent risks."""
+
+    def __init__(self, gpu_count: int) -> None:
+        self.state = Health.HEALTHY
+        self.reasons: list[tuple[int, int, str]] = []
+        self.survive = 1.0
+        self.gpu_state = [Health.HEALTHY] * gpu_count
+        self.gpu_reasons: list[list[str]] = [[] for _ in range(gpu_count)]
+
+    def add(self, state: Health, reason: str, risk: float) -> None:
+        self.state = max(self.state, state)
+        if all(r != reason for _, _, r in self.reasons):
+            self.reasons.append((-int(state), len(self.reasons), reason))
+        self.survive *= 1.0 - min(max(risk, 0.0), 1.0)
+
+    def gpu(self, mask: int, state: Health, reason: str) -> None:
+        for i in range(len(self.gpu_state)):
+            if mask >> i & 1:
+                self.gpu_state[i] = max(self.gpu_state[i], state)
+                if reason not in self.gpu_reasons[i]:
+                    self.gpu_reasons[i].append(reason)
+
+    @property
+    def risk(self) -> float:
+        return round(1.0 - self.survive, 6)
+
+    def sorted_reasons(self) -> tuple[str, ...]:
+        return tuple(r for _, _, r in sorted(self.reasons))
+
+
+def assess(
+    node: Mapping[str, Any],
+    gpu_capacity: int,
+    gpu_allocatable: int,
+    params: HealthParams,
+    *,
+    now: float | None = None,
+    devices: Iterable[Mapping[str, Any]] = (),
+) -> HealthReport:
+    """Grade a Node object's health, with a per-GPU breakdown.
 
     Args:
         node: the Node object (camelCase Kubernetes JSON).
         gpu_capacity: physical GPUs.
         gpu_allocatable: GPUs advertised as allocatable.
         params: which signals are fatal or degrading.
+        now: wall-clock epoch seconds; time-based signals (heartbeat age, XID window) are
+            only assessed when given.
+        devices: this node's DRA devices (:func:`devices_by_node`).
 
     Returns:
-        The verdict; never raises on odd input.
+        The report; never raises on odd input.
     """
-    meta = node.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    annotations = meta.get("annotations") or {}
-    spec = node.get("spec") or {}
-    state = Health.HEALTHY
-    reasons: list[str] = []
-    risk = 0.0
+    if not isinstance(node, Mapping):
+        node = {}
+    cap = max(int(gpu_capacity), 0) if isinstance(gpu_capacity, int) else 0
+    meta = _map(node.get("metadata"))
+    labels = _map(meta.get("labels"))
+    annotations = _map(meta.get("annotations"))
+    spec = _map(node.get("spec"))
+    acc = _Acc(cap)
+    all_mask = (1 << cap) - 1
+    bad = 0
+    xids: list[tuple[float | None, str]] = []
 
-    def worse(s: Health, reason: str, r: float) -> None:
-        nonlocal state, risk
-        if s > state:
-            state = s
-        if reason not in reasons:
-            reasons.append(reason)
-        risk = max(risk, r)
-
-    if not node_ready(node):
-        worse(Health.UNHEALTHY, REASON_NOT_READY, 1.0)
-    unschedulable = bool(spec.get("unschedulable"))
+    # Node-level signals.
+    ready = _ready_condition(node)
+    if ready is None or str(ready.get("status")) != "True":
+        acc.add(Health.UNHEALTHY, REASON_NOT_READY, 1.0)
+    elif now is not None and params.heartbeat_stale_seconds > 0:
+        age = heartbeat_age(node, now)
+        if age is not None and age > params.heartbeat_stale_seconds:
+            acc.add(Health.DEGRADED, REASON_HEARTBEAT_STALE, params.heartbeat_stale_risk)
+    unschedulable = params.honour_cordon and spec.get("unschedulable") is True
     if unschedulable:
-        reasons.append(REASON_CORDONED)
-    for t in spec.get("taints") or ():
-        if t.get("key") in params.fault_taints and t.get("effect") in ("NoSchedule", "NoExecute"):
-            worse(Health.UNHEALTHY, REASON_FAULT_TAINT, 1.0)
-    if labels.get(NVSENTINEL_STATE_LABEL) in params.nvsentinel_bad_states:
-        worse(Health.UNHEALTHY, REASON_NVSENTINEL, 1.0)
+        acc.add(Health.HEALTHY, REASON_CORDONED, 0.0)
+    for t in _seq(spec.get("taints")):
+        t = _map(t)
+        if t.get("key") in params.fault_taints and t.get("effect") in _BLOCKING_EFFECTS:
+            acc.add(Health.UNHEALTHY, REASON_FAULT_TAINT, 1.0)
+    if _str(labels.get(NVSENTINEL_STATE_LABEL)) in params.nvsentinel_bad_states:
+        acc.add(Health.UNHEALTHY, REASON_NVSENTINEL, 1.0)
     for c in _conditions(node):
         if str(c.get("status")) != "True":
             continue
-        ctype = c.get("type", "")
+        ctype = _str(c.get("type"))
+        if not ctype or ctype == "Ready":
+            continue
         if ctype in params.fatal_conditions:
-            worse(Health.UNHEALTHY, REASON_GPU_FAULT, 1.0)
-        elif ctype in params.degraded_conditions:
-            worse(Health.DEGRADED, REASON_DEGRADED_CONDITION, params.degraded_condition_risk)
+            acc.add(Health.UNHEALTHY, REASON_GPU_FAULT, 1.0)
+        elif ctype in params.xid_conditions:
+            t = parse_time(c.get("lastTransitionTime"))
+            xids.append((t, f"condition/{ctype}/{c.get('lastTransitionTime')}"))
+        elif ctype in params.degraded_conditions or (
+            params.unknown_condition_prefixes
+            and ctype.startswith(params.unknown_condition_prefixes)
+        ):
+            acc.add(Health.DEGRADED, REASON_DEGRADED_CONDITION, params.degraded_condition_risk)
 
-    all_mask = (1 << gpu_capacity) - 1
-    bad, unresolved = _excluded_gpus(annotations, gpu_capacity)
-    if bad:
-        worse(Health.DEGRADED, REASON_GPU_CORDON, params.gpu_loss_risk)
-    if unresolved:
-        worse(Health.DEGRADED, REASON_GPU_UNRESOLVED, params.gpu_loss_risk)
-        bad = _remove_highest(all_mask, bad, unresolved, gpu_capacity)
-    missing = gpu_capacity - gpu_allocatable - (bad & all_mask).bit_count()
-    if gpu_allocatable < gpu_capacity and missing > 0:
-        worse(Health.DEGRADED, REASON_GPU_ALLOCATABLE, params.gpu_loss_risk)
-        bad = _remove_highest(all_mask, bad, missing, gpu_capacity)
-    return NodeHealth(
-        state=state,
-        reasons=tuple(reasons),
-        risk=risk,
+    # Per-GPU signals.
+    order = _gpu_uuid_order(annotations) if cap else []
+    if params.gpu_exclusions and cap:
+        cordoned, unresolved = _excluded_gpus(annotations, cap)
+        if cordoned:
+            acc.add(Health.DEGRADED, REASON_GPU_CORDON, params.gpu_loss_risk)
+            acc.gpu(cordoned, Health.UNHEALTHY, REASON_GPU_CORDON)
+            bad |= cordoned
+        if unresolved:
+            acc.add(Health.DEGRADED, REASON_GPU_UNRESOLVED, params.gpu_loss_risk)
+            bad, added = _remove_highest(bad, unresolved, cap)
+            acc.gpu(added, Health.UNHEALTHY, REASON_GPU_UNRESOLVED)
+    if params.dra_taints and cap:
+        unmapped = 0
+        tainted = 0
+        unmonitored = 0
+        for d in devices if isinstance(devices, Iterable) else ():
+            if not isinstance(d, Mapping):
+                continue
+            gi = device_gpu_index(d, order, cap)
+            for t in _device_taints(d):
+                key = _str(t.get("key"))
+                effect = _str(t.get("effect")) or "None"
+                if effect in _BLOCKING_EFFECTS:
+                    if gi is None:
+                        unmapped += 1
+                    else:
+                        tainted |= 1 << gi
+                elif key in params.dra_xid_taints:
+                    xids.append(
+                        (
+                            parse_time(t.get("timeAdded")),
+                            f"dra/{d.get('name')}/{t.get('value')}/{t.get('timeAdded')}",
+                        )
+                    )
+                    if gi is not None:
+                        acc.gpu(1 << gi, Health.DEGRADED, REASON_XID_BURST)
+                elif key in params.dra_unmonitored_taints and gi is not None:
+                    unmonitored |= 1 << gi
+        if tainted:
+            acc.add(Health.DEGRADED, REASON_DEVICE_TAINT, params.gpu_loss_risk)
+            acc.gpu(tainted, Health.UNHEALTHY, REASON_DEVICE_TAINT)
+            bad |= tainted
+        if unmapped:
+            acc.add(Health.DEGRADED, REASON_DEVICE_TAINT, params.gpu_loss_risk)
+            bad, added = _remove_highest(bad, unmapped, cap)
+            acc.gpu(added, Health.UNHEALTHY, REASON_DEVICE_TAINT)
+        if unmonitored:
+            acc.add(Health.HEALTHY, REASON_DEVICE_UNMONITORED, params.unmonitored_risk)
+            acc.gpu(unmonitored, Health.HEALTHY, REASON_DEVICE_UNMONITORED)
+    alloc = gpu_allocatable if isinstance(gpu_allocatable, int) else cap
+    missing = cap - max(alloc, 0) - (bad & all_mask).bit_count()
+    if params.check_allocatable and alloc < cap and missing > 0:
+        acc.add(Health.DEGRADED, REASON_GPU_ALLOCATABLE, params.gpu_loss_risk)
+        bad, added = _remove_highest(bad, missing, cap)
+        acc.gpu(added, Health.UNHEALTHY, REASON_GPU_ALLOCATABLE)
+
+    # Early warning: a burst of non-fatal XIDs.
+    xids = sorted(set(xids), key=lambda x: (x[0] is None, x[0] or 0.0, x[1]))
+    if params.xid_burst_threshold > 0:
+        recent = [
+            x
+            for x in xids
+            if now is None or x[0] is None or now - x[0] <= params.xid_window_seconds
+        ]
+        if len(recent) >= params.xid_burst_threshold:
+            acc.add(Health.DEGRADED, REASON_XID_BURST, params.xid_burst_risk)
+
+    node_health = NodeHealth(
+        state=acc.state,
+        reasons=acc.sorted_reasons(),
+        risk=acc.risk,
         bad_mask=bad & all_mask,
         unschedulable=unschedulable,
     )
+    gpus = tuple(GpuHealth(i, acc.gpu_state[i], tuple(acc.gpu_reasons[i])) for i in range(cap))
+    return HealthReport(node_health, gpus, tuple(xids))
+
+
+def assess_node(
+    node: Mapping[str, Any],
+    gpu_capacity: int,
+    gpu_allocatable: int,
+    params: HealthParams,
+    *,
+    now: float | None = None,
+    devices: Iterable[Mapping[str, Any]] = (),
+) -> NodeHealth:
+    """Grade a Node object's health (the verdict of :func:`assess`)."""
+    return assess(node, gpu_capacity, gpu_allocatable, params, now=now, devices=devices).node
+
+
+def merge(a: NodeHealth, b: NodeHealth) -> NodeHealth:
+    """Combine two verdicts of one node: worst state, reasons by severity, OR of masks,
+    risks combined as independent failure probabilities."""
+    reasons = [(-int(a.state), 0, i, r) for i, r in enumerate(a.reasons)]
+    reasons += [(-int(b.state), 1, i, r) for i, r in enumerate(b.reasons) if r not in a.reasons]
+    return NodeHealth(
+        state=max(a.state, b.state),
+        reasons=tuple(r for *_, r in sorted(reasons)),
+        risk=round(1.0 - (1.0 - a.risk) * (1.0 - b.risk), 6),
+        bad_mask=a.bad_mask | b.bad_mask,
+        unschedulable=a.unschedulable or b.unschedulable,
+    )
+
+
+def heartbeat_verdict(node: Mapping[str, Any], now: float, params: HealthParams) -> NodeHealth:
+    """Only the heartbeat-staleness signal (for callers that learn ``now`` late)."""
+    if params.heartbeat_stale_seconds <= 0 or not isinstance(node, Mapping) or not node_ready(node):
+        return NodeHealth()
+    age = heartbeat_age(node, now)
+    if age is None or age <= params.heartbeat_stale_seconds:
+        return NodeHealth()
+    return NodeHealth(Health.DEGRADED, (REASON_HEARTBEAT_STALE,), params.heartbeat_stale_risk)
+
+
+# ---- snapshot comparisons (for re-placement) ---------------------------------------------------
+
+
+def nodes_turned_unhealthy(old: ClusterSnapshot, new: ClusterSnapshot) -> tuple[str, ...]:
+    """Nodes that were usable in ``old`` and are not in ``new``, sorted by name.
+
+    "Not usable" means UNHEALTHY or gone from the snapshot. Cordons are not failures (a
+    drained node's pods keep running) and GPU-level losses are reported by
+    :func:`pods_on_failed_hardware`.
+    """
+    out = []
+    for n in old.nodes:
+        if n.health.state >= Health.UNHEALTHY:
+            continue
+        m = new.node(n.name)
+        if m is None or m.health.state >= Health.UNHEALTHY:
+            out.append(n.name)
+    return tuple(sorted(out))
+
+
+def pods_on_failed_hardware(old: ClusterSnapshot, new: ClusterSnapshot) -> tuple[str, ...]:
+    """Keys of pods held in ``new`` on a node that turned unhealthy, or on a GPU that turned
+    bad, between the two snapshots (sorted); pods of vanished nodes are taken from ``old``."""
+    failed = set(nodes_turned_unhealthy(old, new))
+    out = {p.key for p in old.pods.values() if p.node in failed and new.node(p.node) is None}
+    for p in new.pods.values():
+        node = new.node(p.node)
+        if node is None:
+            continue
+        if p.node in failed:
+            out.add(p.key)
+            continue
+        before = old.node(p.node)
+        newly_bad = node.health.bad_mask & ~(before.health.bad_mask if before else 0)
+        if any(newly_bad >> g & 1 for g in p.gpus):
+            out.add(p.key)
+    return tuple(sorted(out))

@@ -81,9 +81,18 @@ def node_gpus(node: Mapping[str, Any]) -> tuple[int, int]:
 
 
 def node_from_object(
-    node: Mapping[str, Any], fabric: Fabric, health: HealthParams, used_mask: int = 0
+    node: Mapping[str, Any],
+    fabric: Fabric,
+    health: HealthParams,
+    used_mask: int = 0,
+    *,
+    now: float | None = None,
+    devices: Mapping[str, Any] | None = None,
 ) -> NodeInfo:
     """Build a :class:`NodeInfo` from a Node object.
+
+    ``now`` (wall-clock epoch seconds) enables time-based health signals; ``devices`` maps
+    node names to their DRA devices (``health.devices_by_node``).
 
     Raises:
         ObjectError: the object has no name.
@@ -107,7 +116,9 @@ def node_from_object(
         gpu_capacity=cap,
         gpu_allocatable=alloc,
         used_mask=used_mask,
-        health=assess_node(node, cap, alloc, health),
+        health=assess_node(
+            node, cap, alloc, health, now=now, devices=(devices or {}).get(name, ())
+        ),
         fabric_path=fabric.path(labels),
         cpu_milli=cpu_milli(allocatable.get("cpu"), 0),
         memory_bytes=quantity_int(allocatable.get("memory"), 0),

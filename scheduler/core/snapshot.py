@@ -26,10 +26,12 @@ from typing import Any
 
 import numpy as np
 
+from scheduler.core.health import NOW_KEY, RESOURCESLICES_KEY, devices_by_node, parse_time
 from scheduler.core.linkclass import LINK_CLASSES, feasible_sizes
 from scheduler.core.model import (
     EMPTY_MAP,
     Health,
+    NodeHealth,
     NodeInfo,
     PodInfo,
     indices_to_mask,
@@ -235,9 +237,10 @@ def build_snapshot(
         ObjectError: two nodes share a name.
     """
     nodes: dict[str, NodeInfo] = {}
+    now, devices = _health_inputs(extra or EMPTY_MAP, params)
     for obj in node_objs:
         try:
-            n = node_from_object(obj, params.fabric, params.health)
+            n = node_from_object(obj, params.fabric, params.health, now=now, devices=devices)
         except ObjectError:
             continue
         if n.name in nodes:
@@ -381,7 +384,8 @@ def with_node_object(
     Raises:
         ObjectError: malformed node.
     """
-    fresh = node_from_object(obj, params.fabric, params.health)
+    now, devices = _health_inputs(snap.extra, params)
+    fresh = node_from_object(obj, params.fabric, params.health, now=now, devices=devices)
     old = snap.node(fresh.name)
     if old is not None:
         fresh = replace(
@@ -393,6 +397,26 @@ def with_node_object(
         return _with_changes(snap, {fresh.name: fresh}, snap.pods)
     nodes = sorted([*snap.nodes, fresh], key=lambda n: n.name)
     return _rebuilt(snap, nodes, snap.pods)
+
+
+def _health_inputs(
+    extra: Mapping[str, Any], params: SchedParams
+) -> tuple[float | None, Mapping[str, Any]]:
+    """(now, DRA devices by node) from a snapshot's ``extra`` (see ``core.health``)."""
+    slices = extra.get(RESOURCESLICES_KEY)
+    devices = devices_by_node(slices, params.health) if slices else EMPTY_MAP
+    return parse_time(extra.get(NOW_KEY)), devices
+
+
+def with_node_health(snap: ClusterSnapshot, name: str, health: NodeHealth) -> ClusterSnapshot:
+    """Replace one node's health verdict (e.g. adjusted by its health history).
+
+    Unknown names and unchanged verdicts return ``snap`` (idempotent).
+    """
+    node = snap.node(name)
+    if node is None or node.health == health:
+        return snap
+    return _with_changes(snap, {name: replace(node, health=health)}, snap.pods)
 
 
 def without_node(snap: ClusterSnapshot, name: str) -> ClusterSnapshot:
