@@ -34,6 +34,7 @@ from scheduler.core.snapshot import (
     ClusterSnapshot,
     build_snapshot,
     pod_info_for,
+    with_node_health,
     with_node_object,
     with_pod,
     without_node,
@@ -58,6 +59,9 @@ class ClusterCache:
         snapshot: initial snapshot.
         params: scheduling parameters (used to rebuild nodes from objects).
         clock: monotonic clock in seconds (injected for tests).
+        health_tracker: optional owner of health history (``scheduler.health_tracker``);
+            when set, ``upsert_node`` stores the verdict its ``adjust(node_obj, verdict)``
+            returns (flapping risk, settle time, heartbeat staleness).
     """
 
     def __init__(
@@ -65,7 +69,9 @@ class ClusterCache:
         snapshot: ClusterSnapshot,
         params: SchedParams,
         clock: Callable[[], float] = time.monotonic,
+        health_tracker: Any = None,
     ) -> None:
+        self.health_tracker = health_tracker
         self._lock = threading.RLock()
         self._snap = snapshot
         self.params = params
@@ -191,6 +197,12 @@ class ClusterCache:
                 self._snap = with_node_object(self._snap, obj, self.params)
             except ObjectError as exc:
                 log.warning("ignoring malformed node: %s", exc)
+                return
+            if self.health_tracker is not None:
+                node = self._snap.node(str((obj.get("metadata") or {}).get("name")))
+                if node is not None:
+                    verdict = self.health_tracker.adjust(obj, node.health)
+                    self._snap = with_node_health(self._snap, node.name, verdict)
 
     def delete_node(self, name: str) -> None:
         """Remove a node and what it held (idempotent)."""

@@ -1,0 +1,96 @@
+"""The mutable owner of node health history (outside the pure core).
+
+:class:`HealthTracker` holds one :class:`~scheduler.core.health_history.HealthHistory` and
+applies it to verdicts as nodes are upserted into the cache. It is the only place that
+reads a wall clock for health: the core functions get ``now`` passed in.
+
+Wiring: ``ClusterCache(..., health_tracker=HealthTracker(params.health))``. The cache calls
+:meth:`HealthTracker.adjust` under its lock from ``upsert_node``, after the node's own
+signals were assessed; the adjusted verdict (heartbeat staleness at ``now``, flapping risk,
+settle time, XID bursts across updates) is what the snapshot stores. Because a stale
+heartbeat is, by definition, the absence of updates, the owner of the cache should call
+:meth:`HealthTracker.refresh` periodically (e.g. every 30 s) to re-assess every node.
+
+Concurrency: all methods are thread-safe (one lock); the history value itself is
+immutable, so :attr:`history` can be read without the lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from scheduler.core.health import HealthParams, assess, heartbeat_verdict, merge
+from scheduler.core.health_history import HealthHistory, adjust, forget_node, observe
+from scheduler.core.model import NodeHealth
+from scheduler.core.objects import meta, node_gpus
+
+if TYPE_CHECKING:
+    from scheduler.cache import ClusterCache
+
+
+class HealthTracker:
+    """Remembers health transitions per node and adjusts verdicts with them.
+
+    Args:
+        params: health parameters (half-life, settle time, thresholds).
+        clock: wall clock in epoch seconds (``time.time``; injected for tests). Must be
+            comparable with the Node's ``lastHeartbeatTime``.
+    """
+
+    def __init__(self, params: HealthParams, clock: Callable[[], float] = time.time) -> None:
+        self.params = params
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._history = HealthHistory()
+
+    @property
+    def history(self) -> HealthHistory:
+        """The current (immutable) history."""
+        return self._history
+
+    def now(self) -> float:
+        """The tracker's wall clock."""
+        return self._clock()
+
+    def adjust(
+        self,
+        node_obj: Mapping[str, Any],
+        verdict: NodeHealth,
+        now: float | None = None,
+        devices: Iterable[Mapping[str, Any]] = (),
+    ) -> NodeHealth:
+        """Record ``verdict`` for the node and return it adjusted by history.
+
+        Args:
+            node_obj: the Node object the verdict was assessed from.
+            verdict: the node's verdict from its current signals.
+            now: wall-clock seconds (the tracker's clock when None).
+            devices: the node's DRA devices, if known, so non-fatal XID taints are
+                counted across updates.
+        """
+        t = self.now() if now is None else now
+        name = meta(node_obj).get("name")
+        if not isinstance(name, str) or not name:
+            return verdict
+        p = self.params
+        base = merge(verdict, heartbeat_verdict(node_obj, t, p))
+        cap, alloc = node_gpus(node_obj)
+        xids = assess(node_obj, cap, alloc, p, now=t, devices=devices).xids
+        with self._lock:
+            self._history = observe(self._history, name, base, t, xids=xids, params=p)
+            return adjust(base, self._history.of(name), t, p)
+
+    def forget(self, node_name: str) -> None:
+        """Drop a deleted node's history (idempotent)."""
+        with self._lock:
+            self._history = forget_node(self._history, node_name)
+
+    def refresh(self, cache: ClusterCache) -> None:
+        """Re-assess every node of the cache at the current time (heartbeats age, settle
+        times and failure memories expire without any event)."""
+        for node in cache.snapshot().nodes:
+            if node.raw:
+                cache.upsert_node(node.raw)
