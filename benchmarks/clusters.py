@@ -338,7 +338,7 @@ def demo_cluster() -> dict[str, Any]:
         make_pod(
             "llama-ft-0", 4, namespace="ml-train", node="dgx-h100-01", gpu_indices=[0, 1, 2, 3]
         ),
-        make_pod("embed-0", 2, namespace="ml-serve", node="dgx-h100-02", gpu_indices=[0, 1]),
+        make_pod("embed-0", 2, namespace="ml-serve", node="dgx-h100-01", gpu_indices=[4, 5]),
         make_pod(
             "bert-0", 4, namespace="ml-train", node="gb200-r000-t00", gpu_indices=[0, 1, 2, 3]
         ),

@@ -10,6 +10,7 @@ other nodes were rejected.
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -68,7 +69,7 @@ def scripted_pods() -> list[tuple[str, dict[str, Any]]]:
         ("single GPU", make_pod("notebook-1", 1, namespace="research")),
         ("single GPU again", make_pod("notebook-2", 1, namespace="research")),
         ("4 GPUs, best NVLink set", make_pod("llama-ft-1", 4, namespace="ml-train")),
-        ("2 GPUs, exact fit preferred", make_pod("embed-1", 2, namespace="ml-serve")),
+        ("2 GPUs, fastest pair on the fullest node", make_pod("embed-1", 2, namespace="ml-serve")),
         (
             "8 GPUs over NVLink only",
             make_pod(
@@ -145,6 +146,7 @@ def run_demo(cluster: str | None = None, as_json: bool = False) -> int:
     from scheduler.cli.main import build_file_extender, load_params
     from scheduler.server.app import create_app
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     params = load_params(None)
     extender, what = build_file_extender(cluster, params)
     app = create_app(extender, description=what)

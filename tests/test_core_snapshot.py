@@ -1,0 +1,255 @@
+"""Snapshot building, transitions and the cache state machine, on real-shaped objects."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+from benchmarks.clusters import make_node, make_pod
+from scheduler.cache import ClusterCache
+from scheduler.core.model import PodInfo, PodRequest
+from scheduler.core.objects import ObjectError, placement_of, request_from_pod
+from scheduler.core.params import SchedParams
+from scheduler.core.quantity import cpu_milli, quantity_int
+from scheduler.core.schedule import (
+    REASON_LINK_NEVER,
+    REASON_LINK_NOW,
+    REASON_NOT_ENOUGH_FREE,
+    REASON_TOO_FEW_HEALTHY,
+    filter_nodes,
+    place_pod,
+    score_nodes,
+)
+from scheduler.core.snapshot import DoubleBookingError, build_snapshot, with_pod, without_pod
+
+P = SchedParams()
+
+
+class ManualClock:
+    """A clock the test advances by hand (stands in for time.monotonic)."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.mark.parametrize(
+    ("text", "milli", "base"),
+    [
+        ("500m", 500, 1),
+        ("48", 48000, 48),
+        ("1.5", 1500, 2),
+        ("512Gi", 512 * 2**30 * 1000, 512 * 2**30),
+        ("1e3", 10**6, 1000),
+        ("2k", 2 * 10**6, 2000),
+    ],
+    ids=[
+        "millicores",
+        "cores",
+        "fractional cores rounded up",
+        "binary suffix",
+        "exponent",
+        "decimal suffix",
+    ],
+)
+def test_quantities(text: str, milli: int, base: int) -> None:
+    assert cpu_milli(text) == milli
+    assert quantity_int(text) == base
+
+
+def test_quantity_garbage_defaults() -> None:
+    assert quantity_int("lots", 7) == 7 and cpu_milli(None, 3) == 3
+
+
+def test_bound_pods_hold_their_recorded_gpus_and_others_are_inferred() -> None:
+    nodes = [make_node("h1", 8, "h100", machine="DGX-H100")]
+    pods = [
+        make_pod("known", 2, node="h1", gpu_indices=[0, 5]),
+        make_pod("unknown", 3, node="h1"),  # bound by another scheduler, no record
+        make_pod("done", 8, node="h1", phase="Succeeded"),
+        make_pod("pending", 8),
+    ]
+    snap = build_snapshot(nodes, pods, P)
+    assert snap.pods["default/known"].gpus == (0, 5)
+    assert snap.pods["default/known"].gpu_indices_known
+    inferred = snap.pods["default/unknown"]
+    assert inferred.gpus == (1, 2, 3) and not inferred.gpu_indices_known
+    assert set(snap.pods) == {"default/known", "default/unknown"}
+    node = snap.node("h1")
+    assert node is not None and node.free_gpus == 3 and node.free_mask == 0b11010000
+    assert int(snap.arrays.free[0]) == 3
+
+
+def test_conflicting_records_are_reinferred_not_double_booked() -> None:
+    nodes = [make_node("h1", 8, "h100")]
+    pods = [
+        make_pod("a", 2, node="h1", gpu_indices=[0, 1]),
+        make_pod("b", 2, node="h1", gpu_indices=[1, 2]),
+    ]
+    snap = build_snapshot(nodes, pods, P)
+    a, b = snap.pods["default/a"].gpus, snap.pods["default/b"].gpus
+    assert a == (0, 1) and not set(a) & set(b) and len(b) == 2
+
+
+def test_transitions_do_not_mutate_and_refuse_double_booking() -> None:
+    snap = build_snapshot([make_node("h1", 8, "h100")], [], P)
+    free_before = snap.arrays.free.copy()
+    s2 = with_pod(snap, PodInfo("ns/a", "u", "h1", (0, 1)))
+    assert snap.node("h1").used_mask == 0 and np.array_equal(snap.arrays.free, free_before)
+    assert s2.node("h1").used_mask == 0b11 and int(s2.arrays.free[0]) == 6
+    with pytest.raises(DoubleBookingError):
+        with_pod(s2, PodInfo("ns/b", "u2", "h1", (1, 2)))
+    with pytest.raises(DoubleBookingError):
+        with_pod(s2, PodInfo("ns/c", "u3", "h1", (9,)))
+    s3 = without_pod(s2, "ns/a")
+    assert s3.node("h1").used_mask == 0 and without_pod(s3, "ns/a") is s3
+    with pytest.raises(ValueError):
+        snap.arrays.free[0] = 1  # arrays are read-only
+
+
+def test_cache_assume_forget_confirm_expire() -> None:
+    clock = ManualClock()
+    cache = ClusterCache.from_objects([make_node("h1", 8, "h100")], [], P, clock=clock)
+    cache.assume(PodInfo("ns/a", "u", "h1", (0, 1)), ttl=30)
+    cache.assume(PodInfo("ns/b", "u", "h1", (2,)))
+    assert cache.snapshot().node("h1").free_gpus == 5
+    assert cache.expire() == []
+    clock.t += 31
+    assert cache.expire() == ["ns/a"]
+    assert cache.snapshot().node("h1").free_gpus == 7
+    assert cache.confirm("ns/b") and not cache.snapshot().pods["ns/b"].assumed
+    assert cache.forget("ns/b") is False  # bound pods are not forgotten
+    assert cache.forget("ns/zzz") is False  # idempotent on unknown keys
+    cache.delete_pod("ns/b")
+    assert cache.snapshot().node("h1").free_gpus == 8
+
+
+def test_cache_follows_api_events() -> None:
+    node = make_node("h1", 8, "h100")
+    cache = ClusterCache.from_objects([node], [], P)
+    pod = make_pod("w", 4, node="h1", gpu_indices=[4, 5, 6, 7])
+    cache.upsert_pod(pod)
+    assert cache.snapshot().pods["default/w"].gpus == (4, 5, 6, 7)
+    done = copy.deepcopy(pod)
+    done["status"]["phase"] = "Succeeded"
+    cache.upsert_pod(done)
+    assert "default/w" not in cache.snapshot().pods
+    sick = copy.deepcopy(node)
+    sick["status"]["conditions"][0]["status"] = "False"
+    cache.upsert_node(sick)
+    assert cache.snapshot().node("h1").health.reasons == ("node not ready",)
+    cache.upsert_node(make_node("h2", 4, "gb200"))
+    assert cache.snapshot().names == ("h1", "h2")
+    cache.delete_node("h1")
+    assert cache.snapshot().names == ("h2",)
+
+
+def test_filter_reasons_table() -> None:
+    nodes = [
+        make_node("v100-free", 8, "v100", machine="DGX-1"),
+        make_node("v100-busy", 8, "v100", machine="DGX-1"),
+        make_node("gb200", 4, "gb200"),
+        make_node("pcie-unknown", 8, "l40s"),
+        make_node("sick", 8, "h100", conditions=[{"type": "GpuXidError", "status": "True"}]),
+    ]
+    pods = [make_pod("busy", 6, node="v100-busy", gpu_indices=[0, 1, 2, 3, 4, 5])]
+    snap = build_snapshot(nodes, pods, P)
+
+    def req(gpus: int, link: str = "") -> PodRequest:
+        return PodRequest(key="ns/p", gpus=gpus, min_link=link)
+
+    out = filter_nodes(snap, req(8), None, P)
+    assert set(out.feasible) == {"v100-free", "pcie-unknown"}
+    assert out.failed == {"v100-busy": REASON_NOT_ENOUGH_FREE}
+    assert out.unresolvable["gb200"] == REASON_TOO_FEW_HEALTHY
+    assert out.unresolvable["sick"] == "GPU fault condition"
+    # An NVLink ring over 8 GPUs exists on a DGX-1 (hybrid cube-mesh), never on a node
+    # whose topology is unknown.
+    out = filter_nodes(snap, req(8, "nvlink"), None, P)
+    assert out.feasible == ("v100-free",)
+    assert out.unresolvable["pcie-unknown"] == REASON_LINK_NEVER
+    # 2 free GPUs on v100-busy: indices 6 and 7 are NVLinked on a DGX-1 V100.
+    out = filter_nodes(snap, req(2, "nvlink"), ["v100-busy"], P)
+    assert out.feasible == ("v100-busy",)
+    busy2 = build_snapshot(
+        nodes, [make_pod("busy", 6, node="v100-busy", gpu_indices=[0, 1, 2, 3, 5, 7])], P
+    )
+    out = filter_nodes(busy2, req(2, "nvlink"), ["v100-busy"], P)
+    # Free GPUs 4 and 6: on the DGX-1 V100 cube-mesh 4-6 are NVLinked (NV1), so feasible.
+    assert out.feasible == ("v100-busy",)
+    busy3 = build_snapshot(
+        nodes, [make_pod("busy", 6, node="v100-busy", gpu_indices=[1, 2, 3, 4, 5, 6])], P
+    )
+    # Free GPUs 0 and 7: no NVLink between them on a DGX-1 -> not now.
+    out = filter_nodes(busy3, req(2, "nvlink"), ["v100-busy"], P)
+    assert out.failed == {"v100-busy": REASON_LINK_NOW}
+
+
+def test_scores_prefer_better_links_then_exact_fit() -> None:
+    nodes = [
+        make_node("a-h100", 8, "h100", machine="DGX-H100"),
+        make_node("b-pcie", 8, "l40s", topology="pcie-8gpu-2socket"),
+    ]
+    snap = build_snapshot(nodes, [], P)
+    scores = dict(score_nodes(snap, PodRequest(key="x/y", gpus=4), None, P))
+    assert scores["a-h100"] > scores["b-pcie"]
+    assert all(0 <= s <= 10 for s in scores.values())
+    result = place_pod(snap, PodRequest(key="x/y", gpus=4), P)
+    assert result.ok and result.assignments[0].node == "a-h100"
+    assert len(result.assignments[0].gpus) == 4
+
+
+def test_request_parsing_reads_gangs_and_rejects_bad_annotations() -> None:
+    pod = make_pod(
+        "w-0",
+        8,
+        namespace="ml",
+        labels={"scheduling.x-k8s.io/pod-group": "llama"},
+        annotations={
+            "kueue.x-k8s.io/podset-required-topology": "network.topology.nvidia.com/leaf",
+            "topoplace.io/gang-size": "16",
+        },
+    )
+    r = request_from_pod(pod, P.fabric)
+    assert (r.gang, r.gang_size, r.gpus, r.topology.required) == ("ml/llama", 16, 8, "leaf")
+    bad = make_pod(
+        "w-1", 8, annotations={"topoplace.io/gang": "g", "topoplace.io/topology-required": "galaxy"}
+    )
+    with pytest.raises(ObjectError, match="unknown topology level"):
+        request_from_pod(bad, P.fabric)
+    init = make_pod("i", 2)
+    init["spec"]["initContainers"] = [
+        {"name": "x", "resources": {"limits": {"nvidia.com/gpu": "4"}}}
+    ]
+    assert request_from_pod(init, P.fabric).gpus == 4
+
+
+def test_placement_record_validation() -> None:
+    pod = make_pod("p", 2, node="n", gpu_indices=[1, 0])
+    assert placement_of(pod)["gpus"] == [0, 1]
+    pod["metadata"]["annotations"]["topoplace.io/placement"] = '{"v": 99, "gpus": [0]}'
+    assert placement_of(pod) is None
+    pod["metadata"]["annotations"]["topoplace.io/placement"] = "not json"
+    assert placement_of(pod) is None
+
+
+def test_params_reject_unknown_keys() -> None:
+    with pytest.raises(ValueError, match="unknown policy sections"):
+        SchedParams.from_config({"scoring": {}, "turbo": True})
+    with pytest.raises(ValueError, match="unknown scoring weights"):
+        SchedParams.from_config({"scoring": {"weights": {"speed": 1}}})
+    p = SchedParams.from_config(
+        {"scoring": {"weights": {"topology": 1, "health": 0, "packing": 0}}}
+    )
+    assert p.weights.topology == 1.0
+
+
+def test_shipped_policy_loads() -> None:
+    from scheduler.cli.clusterfile import load_policy
+
+    p = SchedParams.from_config(load_policy(None))
+    assert p.selection_policy == "nvidia-best-effort" and p.gang.seed == 7
