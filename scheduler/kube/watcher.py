@@ -146,6 +146,9 @@ class KubeWatcher:
         metrics: adapter metrics (a private registry when None).
         clock: monotonic seconds (injected in tests).
         sleep: interruptible sleep; default waits on the stop event.
+        on_synced: called once after the initial sync, before any watch starts (recovery
+            runs here, on a cache no event changes meanwhile); retried with backoff if it
+            raises.
     """
 
     def __init__(
@@ -156,8 +159,10 @@ class KubeWatcher:
         metrics: KubeMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Any] | None = None,
+        on_synced: Callable[[], Any] | None = None,
     ) -> None:
         self.api = api
+        self.on_synced = on_synced
         self.cache = cache
         self.options = options or WatchOptions()
         self.metrics = metrics or KubeMetrics()
@@ -481,6 +486,14 @@ class KubeWatcher:
             except Exception:
                 delay = self._boot_backoff.next()
                 log.exception("initial sync error; retrying in %.2fs", delay)
+                self._sleep(delay)
+        while self.on_synced is not None and not self._stop.is_set():
+            try:
+                self.on_synced()
+                break
+            except Exception:
+                delay = self._boot_backoff.next()
+                log.exception("post-sync hook (recovery) failed; retrying in %.2fs", delay)
                 self._sleep(delay)
         if self._stop.is_set():
             return

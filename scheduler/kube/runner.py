@@ -1,0 +1,306 @@
+"""Kube mode: the extender wired to a live API server (no leader election here).
+
+:func:`build_kube_extender` returns ``(extender, stop)``; the caller serves
+``create_app(extender)`` with uvicorn and calls ``stop()`` after uvicorn returns.
+
+Life cycle::
+
+    build  -> watcher thread: list nodes, pods, PodGroups -> cache.replace_all
+           -> recovery (placements from annotations, gang plans) -> ready
+           -> one watch thread per resource (relist on 410, backoff on errors)
+    serve  -> filter / bind answer ``Error`` until ready, so kube-scheduler backs the pod
+              off instead of acting on an empty or stale cache
+    stop() -> new binds are refused ("shutting down": kube-scheduler requeues them),
+              in-flight binds finish (up to ``drain_timeout_s``), watches close.
+
+Readiness (``/readyz`` via ``Extender.ready``): initial sync done AND recovery done AND no
+watch broken for longer than ``WatchOptions.broken_after_s``.
+
+HA: several replicas may run this; only the replica whose kube-scheduler holds the Lease
+gets calls, and since every decision is persisted on the Binding, the others' caches stay
+correct from their own watches. No election happens in topoplace itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from scheduler.cache import ClusterCache
+from scheduler.core.params import SchedParams
+from scheduler.core.snapshot import build_snapshot
+from scheduler.kube.binder import KubeBinder
+from scheduler.kube.client import KubeApi, Timeouts
+from scheduler.kube.metrics import KubeMetrics
+from scheduler.kube.recovery import RecoveryReport, recover
+from scheduler.kube.watcher import KubeWatcher, WatchOptions
+from scheduler.server import wire
+from scheduler.server.extender import Extender
+from scheduler.server.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+ERR_NOT_READY = "topoplace is not ready: cluster state is not synced or a watch is broken"
+ERR_SHUTTING_DOWN = "topoplace is shutting down"
+
+
+@dataclass(frozen=True, slots=True)
+class KubeOptions:
+    """Kube-mode settings.
+
+    Attributes:
+        context: kubeconfig context (None: the current one).
+        timeouts: API request timeouts.
+        watch: reflector tuning (broken-watch threshold, backoff, seed).
+        drain_timeout_s: how long ``stop()`` waits for in-flight binds.
+        expire_interval_s: how often expired assumptions (gang reservations with a TTL)
+            are dropped; 0 disables the janitor.
+    """
+
+    context: str | None = None
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    watch: WatchOptions = field(default_factory=WatchOptions)
+    drain_timeout_s: float = 25.0
+    expire_interval_s: float = 1.0
+
+
+class InFlight:
+    """Counts calls in progress; after :meth:`close` refuses new ones. Thread-safe."""
+
+    def __init__(self, gauge: Any = None) -> None:
+        self._cv = threading.Condition()
+        self._n = 0
+        self._closed = False
+        self._gauge = gauge
+
+    def enter(self) -> bool:
+        """Start a call; False (and nothing counted) once closed."""
+        with self._cv:
+            if self._closed:
+                return False
+            self._n += 1
+            if self._gauge is not None:
+                self._gauge.set(self._n)
+            return True
+
+    def exit(self) -> None:
+        """End a call started with a successful :meth:`enter`."""
+        with self._cv:
+            self._n -= 1
+            if self._gauge is not None:
+                self._gauge.set(self._n)
+            self._cv.notify_all()
+
+    def close(self) -> None:
+        """Refuse new calls from now on (idempotent)."""
+        with self._cv:
+            self._closed = True
+
+    @property
+    def count(self) -> int:
+        """Calls in progress."""
+        return self._n
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no call is in progress; False if the timeout passed first."""
+        with self._cv:
+            return self._cv.wait_for(lambda: self._n == 0, timeout)
+
+
+class KubeReadiness:
+    """``Extender.ready`` in kube mode: synced, recovered, and watches healthy."""
+
+    def __init__(self, watcher: KubeWatcher) -> None:
+        self.watcher = watcher
+        self.recovered = threading.Event()
+        self.report: RecoveryReport | None = None
+
+    def __call__(self) -> bool:
+        return self.watcher.synced and self.recovered.is_set() and self.watcher.healthy()
+
+
+class KubeExtender(Extender):
+    """An :class:`Extender` that refuses filter and bind until ready, and counts binds so
+    shutdown can drain them. Prioritize and preempt are never refused (a prioritize error
+    is ignored by kube-scheduler anyway)."""
+
+    def __init__(self, *args: Any, inflight: InFlight | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.inflight = inflight or InFlight()
+
+    def filter(self, body: Any) -> dict[str, Any]:
+        """``ExtenderFilterResult``; ``Error`` while not ready."""
+        if not self.ready():
+            self.metrics.filter_errors.labels(reason="not ready").inc()
+            return wire.filter_result(None, None, {}, {}, ERR_NOT_READY)
+        return super().filter(body)
+
+    def bind(self, body: Any) -> dict[str, str]:
+        """``ExtenderBindingResult``; ``Error`` while not ready or shutting down."""
+        if not self.inflight.enter():
+            self.metrics.binds.labels(result="error").inc()
+            return {"Error": ERR_SHUTTING_DOWN}
+        try:
+            if not self.ready():
+                self.metrics.binds.labels(result="error").inc()
+                return {"Error": ERR_NOT_READY}
+            return super().bind(body)
+        finally:
+            self.inflight.exit()
+
+
+@dataclass(slots=True, eq=False)
+class KubeRuntime:
+    """Everything kube mode runs, for callers that need more than ``(extender, stop)``."""
+
+    api: KubeApi
+    cache: ClusterCache
+    watcher: KubeWatcher
+    binder: KubeBinder
+    extender: KubeExtender
+    readiness: KubeReadiness
+    options: KubeOptions
+    kube_metrics: KubeMetrics
+    _janitor_stop: threading.Event = field(default_factory=threading.Event)
+    _janitor: threading.Thread | None = None
+    _stopped: bool = False
+
+    def start(self) -> None:
+        """Start the reflectors (and recovery after the initial sync) and the janitor."""
+        self.watcher.start()
+        if self.options.expire_interval_s > 0 and self._janitor is None:
+            self._janitor = threading.Thread(
+                target=self._expire_loop, name="kube-expire", daemon=True
+            )
+            self._janitor.start()
+
+    def _expire_loop(self) -> None:
+        while not self._janitor_stop.wait(self.options.expire_interval_s):
+            try:
+                gone = self.cache.expire()
+                if gone:
+                    log.info("dropped %d expired assumption(s)", len(gone))
+            except Exception:
+                log.exception("expiring assumptions failed")
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Refuse new binds, wait for in-flight ones, stop the watches; True if drained."""
+        if self._stopped:
+            return True
+        self._stopped = True
+        wait = self.options.drain_timeout_s if timeout is None else timeout
+        self.extender.inflight.close()
+        drained = self.extender.inflight.wait_idle(wait)
+        if not drained:
+            log.warning(
+                "shutdown: %d bind(s) still in flight after %.1fs",
+                self.extender.inflight.count,
+                wait,
+            )
+        self._janitor_stop.set()
+        self.watcher.stop()
+        self.api.close()
+        log.info("kube mode stopped (binds drained: %s)", drained)
+        return drained
+
+
+def _default_gangs() -> Any:
+    """The gang runtime when the gang layer is installed, else None (pods alone)."""
+    try:
+        from scheduler.gangs import GangRuntime  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return GangRuntime()
+
+
+_AUTO: Any = object()
+
+
+def build_kube_runtime(
+    api: KubeApi,
+    params: SchedParams,
+    *,
+    options: KubeOptions | None = None,
+    metrics: Metrics | None = None,
+    gangs: Any = _AUTO,
+    clock: Callable[[], float] | None = None,
+) -> KubeRuntime:
+    """Wire cache, watcher, binder, recovery and readiness over ``api`` (not started)."""
+    opts = options or KubeOptions()
+    metrics = metrics or Metrics()
+    km = KubeMetrics(metrics.registry)
+    if gangs is _AUTO:
+        gangs = _default_gangs()
+    clock_kw: dict[str, Any] = {} if clock is None else {"clock": clock}
+    cache = ClusterCache(build_snapshot([], [], params), params, **clock_kw)
+    watcher = KubeWatcher(api, cache, opts.watch, km, **clock_kw)
+    binder = KubeBinder(api, km)
+    readiness = KubeReadiness(watcher)
+    ext = KubeExtender(
+        cache,
+        binder,
+        metrics,
+        ready=readiness,
+        gangs=gangs,
+        fetch_pod=binder.fetch_pod,
+        inflight=InFlight(km.binds_in_flight),
+    )
+
+    def after_sync() -> None:
+        readiness.report = recover(cache, gangs)
+        readiness.recovered.set()
+
+    watcher.on_synced = after_sync
+    return KubeRuntime(api, cache, watcher, binder, ext, readiness, opts, km)
+
+
+def build_kube_extender(
+    kubeconfig: str | None,
+    params: SchedParams,
+    *,
+    options: KubeOptions | None = None,
+    metrics: Metrics | None = None,
+    gangs: Any = _AUTO,
+) -> tuple[Extender, Callable[..., bool]]:
+    """Kube mode: an extender fed by list+watch, binding through the API; started.
+
+    Args:
+        kubeconfig: kubeconfig path; None: ``$KUBECONFIG``, in-cluster, ``~/.kube/config``.
+        params: scheduling parameters.
+        options: kube-mode settings.
+        metrics: the extender's metrics (adapter metrics join its registry).
+        gangs: gang handler; default: ``scheduler.gangs.GangRuntime()`` when installed.
+
+    Returns:
+        ``(extender, stop)``. ``stop(timeout=None) -> bool`` refuses new binds, waits for
+        in-flight ones (``options.drain_timeout_s`` by default) and stops the watches;
+        call it after the HTTP server has stopped. It returns True when every bind
+        finished.
+
+    Raises:
+        ApiUnavailable: no usable Kubernetes configuration.
+    """
+    opts = options or KubeOptions()
+    api = KubeApi.from_config(kubeconfig, opts.context, opts.timeouts)
+    rt = build_kube_runtime(api, params, options=opts, metrics=metrics, gangs=gangs)
+    rt.start()
+    return rt.extender, rt.stop
+
+
+def readiness_detail(extender: Extender) -> Mapping[str, Any]:
+    """A small dict describing kube-mode readiness (for logs and debugging)."""
+    r = extender.ready
+    if not isinstance(r, KubeReadiness):
+        return {"ready": bool(r())}
+    w = r.watcher
+    return {
+        "ready": r(),
+        "synced": w.synced,
+        "recovered": r.recovered.is_set(),
+        "watches_healthy": w.healthy(),
+        "resources": [k.name for k in w.kinds],
+        "recovery": None if r.report is None else asdict(r.report),
+    }
