@@ -344,17 +344,21 @@ def _shape_from_dicts(
     )
 
 
-@functools.lru_cache(maxsize=256)
 def assumed_shape(num_gpus: int, generation: str = "unknown") -> GpuShape:
     """The conservative assumption when nothing is known: every pair ``SYS``, no NVLink.
 
-    Memoized: equal arguments return the same object.
+    Memoized: equal (canonical) arguments return the same object.
 
     Args:
         num_gpus: GPU count (>= 0; may exceed :data:`MAX_GPUS`).
-        generation: Known generation (sets the PCIe rate), else ``"unknown"`` (PCIe Gen3).
+        generation: Known generation or product text (sets the PCIe rate), else
+            ``"unknown"`` (PCIe Gen3).
     """
-    gen = _canonical_generation(generation)
+    return _assumed(num_gpus, _canonical_generation(generation))
+
+
+@functools.lru_cache(maxsize=256)
+def _assumed(num_gpus: int, gen: str) -> GpuShape:
     return build_shape(
         f"assumed-sys-{num_gpus}",
         num_gpus,
@@ -641,7 +645,8 @@ def parse_topo_matrix(
 
     Inference rules (all documented in ``source``):
 
-    * **Truncated bodies.** Missing GPU rows are completed from the other rows' columns
+    * **Truncated bodies.** A row with fewer cells than columns, or whose last token is not
+      a label (cut mid-word), loses its last cell and counts as incomplete. Missing GPU rows are completed from the other rows' columns
       (topo -m is symmetric). Pairs still unseen get NVLink **only** if the visible rows prove
       an all-to-all NVSwitch fabric: every visible GPU-GPU cell is the same ``NV<k>``, and some
       complete row shows ``NV<k>`` to all n-1 peers with k*(n-1) > 18 (more bonded links than
@@ -663,7 +668,7 @@ def parse_topo_matrix(
         The shape.
 
     Raises:
-        ValueError: No GPU header, GPU columns not 0..n-1, more than :data:`MAX_GPUS` GPUs,
+        ValueError: No GPU header or no GPU row, GPU columns not 0..n-1, more than :data:`MAX_GPUS` GPUs,
             an unknown label in a GPU-GPU or GPU-NIC cell, or contradicting cells.
     """
     lines = text.splitlines()
@@ -720,7 +725,13 @@ def parse_topo_matrix(
                 continue
             if not row_gpu and not col_gpu:
                 continue  # NIC-NIC cell: no GPU evidence
-            label = normalize_label(raw)  # raises on garbage
+            try:
+                label = normalize_label(raw)
+            except ValueError:
+                if pos == len(tokens) - 2:  # last token of the line: a cell cut mid-word
+                    truncated = True
+                    break
+                raise
             if label == "X":
                 raise ValueError(f"X off the diagonal at {row}/{col}")
             if row_gpu and col_gpu:
@@ -741,6 +752,9 @@ def parse_topo_matrix(
             if not truncated:
                 rest = _split_cells(line)[1 + len(devices) :]
                 trailing[gpu] = dict(zip(trailing_names, rest, strict=False))
+
+    if not any(_GPU_RE.match(r) for r in seen_rows):
+        raise ValueError("topo -m text has a header but no GPU rows")
 
     # Symmetric completion of GPU-GPU cells.
     pair_label: dict[tuple[int, int], str] = {}
