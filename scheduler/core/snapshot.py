@@ -289,7 +289,7 @@ def build_snapshot(
     )
     return ClusterSnapshot(
         nodes=ordered,
-        index=MappingProxyType({n.name: i for i, n in enumerate(ordered)}),
+        index={n.name: i for i, n in enumerate(ordered)},  # read-only by contract (hot path)
         pods=MappingProxyType(pods),
         arrays=_arrays(ordered, params.selection_policy),
         policy=params.selection_policy,
@@ -434,7 +434,7 @@ def _rebuilt(
     ordered = tuple(nodes)
     return ClusterSnapshot(
         nodes=ordered,
-        index=MappingProxyType({n.name: i for i, n in enumerate(ordered)}),
+        index={n.name: i for i, n in enumerate(ordered)},  # read-only by contract (hot path)
         pods=MappingProxyType(dict(pods)),
         arrays=_arrays(ordered, snap.policy),
         policy=snap.policy,

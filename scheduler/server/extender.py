@@ -183,7 +183,7 @@ class Extender:
             scores = self.gangs.prioritize(self, req, use_names)
         if scores is None:
             scores = score_nodes(self.cache.snapshot(), req, use_names, self.params)
-        return [{"Host": n, "Score": int(s)} for n, s in scores]
+        return [{"Host": n, "Score": s} for n, s in scores]
 
     # ---- bind ---------------------------------------------------------------------------
 

@@ -50,9 +50,7 @@ def extender_args(
         if not isinstance(raw_items, list) or not all(isinstance(n, Mapping) for n in raw_items):
             raise WireError("ExtenderArgs.Nodes.items must be a list of Node objects")
         items = raw_items
-    if names is not None and (
-        not isinstance(names, list) or not all(isinstance(n, str) for n in names)
-    ):
+    if names is not None and (not isinstance(names, list) or not set(map(type, names)) <= {str}):
         raise WireError("ExtenderArgs.NodeNames must be a list of strings or null")
     if names is None and items is None:
         names = []
