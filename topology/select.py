@@ -177,6 +177,7 @@ class _ShapeState:
         "uniform",
         "uniform_bw",
         "set_weight",
+        "weight_np",
         "set_bw",
         "levels",
         "adj",
@@ -216,6 +217,7 @@ class _ShapeState:
         else:
             self.set_weight = []
             self.set_bw = []
+        self.weight_np: np.ndarray | None = None
         # Distinct pair bandwidths, best first, and for each the adjacency masks of the graph
         # keeping only pairs at least that fast (the candidate ring bottlenecks).
         self.levels = sorted({self.bw[i][j] for i in range(n) for j in range(n) if i != j})[::-1]
@@ -245,6 +247,12 @@ class _ShapeState:
             return self.set_bw[mask]
         k = mask.bit_count()
         return round(self.bw[0][1] * k * (k - 1) / 2, 6) if self.n > 1 else 0.0
+
+    def weight_array(self) -> np.ndarray:
+        """Set weights as a numpy array (for vectorized scoring); built on first use."""
+        if self.weight_np is None:
+            self.weight_np = np.asarray(self.set_weight, dtype=np.int64)
+        return self.weight_np
 
     def numa_span(self, mask: int) -> int:
         if not self.numa:
@@ -460,6 +468,47 @@ def _be_valid(subset: int, padded: bool, required: int) -> bool:
     return not required or not subset & required or (subset & required == required and not padded)
 
 
+_LOCAL_COMBOS: dict[tuple[int, int], np.ndarray] = {}
+
+
+def _local_combos(k: int, r: int) -> np.ndarray:
+    """Bitmasks over positions 0..k-1 with r bits set (a constant table, cached)."""
+    table = _LOCAL_COMBOS.get((k, r))
+    if table is None:
+        table = np.array([mask_of(c) for c in combinations(range(k), r)], dtype=np.int64)
+        _LOCAL_COMBOS[(k, r)] = table
+    return table
+
+
+def _be_last_split(
+    state: _ShapeState, mask: int, size: int, pads: int, required: int
+) -> int | None:
+    """f(mask) when exactly two sets remain: max over the set S holding the lowest GPU of
+    score(S) + score(mask - S), vectorized with numpy (the bulk of the recursion's work)."""
+    low = mask & -mask
+    others = _bits(mask ^ low)
+    weights = state.weight_array()
+    best: int | None = None
+    kinds = [(size - 1, False)] + ([(size - 1 - pads, True)] if pads else [])
+    for r, padded in kinds:
+        local = _local_combos(len(others), r)
+        subsets = np.zeros_like(local)
+        for position, gpu in enumerate(others):  # deposit local bits onto the GPU indices
+            subsets |= ((local >> position) & 1) << gpu
+        subsets |= low
+        rest = mask ^ subsets
+        totals = weights[subsets] + weights[rest]
+        if required:
+            rest_padded = pads > 0 and not padded
+            ok = (subsets & required == 0) | ((subsets & required == required) & (not padded))
+            ok &= (rest & required == 0) | ((rest & required == required) & (not rest_padded))
+            totals = totals[ok]
+        if totals.size:
+            top = int(totals.max())
+            best = top if best is None else max(best, top)
+    return best
+
+
 def _be_value(state: _ShapeState, mask: int, size: int, required: int) -> int | None:
     """f(mask): best partition score of the remaining GPUs, None if no valid partition."""
     memo = state.be_values.setdefault((size, required), {})
@@ -472,6 +521,8 @@ def _be_value(state: _ShapeState, mask: int, size: int, required: int) -> int | 
         result: int | None
         if count + pads == size:  # the last set: everything left, with any padding
             result = state.weight_of(m) if _be_valid(m, pads > 0, required) else None
+        elif count + pads == 2 * size:  # two sets left: score every split at once
+            result = _be_last_split(state, m, size, pads, required)
         else:
             result = None
             for subset, padded, _ in _be_candidates(state, m, size, pads):
