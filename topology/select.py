@@ -35,6 +35,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import combinations
+from typing import Any
 
 import numpy as np
 
@@ -143,23 +144,24 @@ def _combos(indices: Sequence[int], r: int) -> Iterator[tuple[int, tuple[int, ..
 # --------------------------------------------------------------------------------------------
 
 
-def _subset_sums(matrix: Sequence[Sequence[float]], n: int, dtype: type) -> list[float]:
+def _subset_sums(matrix: Sequence[Sequence[float]], n: int, dtype: type) -> list[Any]:
     """``out[mask]`` = sum of ``matrix[i][j]`` over pairs i < j inside mask, for all 2^n masks.
 
     Built by doubling: masks whose highest bit is h are masks below 2^h plus GPU h, whose
     contribution is the sum of row h over the lower mask, itself built by doubling. O(2^n)
     numpy work (65 536 entries for 16 GPUs).
     """
-    total = np.zeros(1 << n, dtype=dtype)
+    total: np.ndarray = np.zeros(1 << n, dtype=dtype)
     for h in range(n):
         size = 1 << h
-        cross = np.zeros(size, dtype=dtype)
+        cross: np.ndarray = np.zeros(size, dtype=dtype)
         for b in range(h):
             cross[1 << b : 2 << b] = cross[: 1 << b] + matrix[h][b]
         total[size : 2 * size] = total[:size] + cross
     if dtype is float:
         total = np.round(total, 6)
-    return total.tolist()
+    values: list[Any] = total.tolist()
+    return values
 
 
 class _ShapeState:
@@ -212,8 +214,8 @@ class _ShapeState:
                 f"GPU-set selection supports non-uniform shapes up to {MAX_EXACT_GPUS} GPUs"
             )
         if n <= MAX_EXACT_GPUS:
-            self.set_weight = _subset_sums(self.weight, n, int)
-            self.set_bw = _subset_sums(self.bw, n, float)
+            self.set_weight: list[int] = _subset_sums(self.weight, n, int)
+            self.set_bw: list[float] = _subset_sums(self.bw, n, float)
         else:
             self.set_weight = []
             self.set_bw = []

@@ -790,14 +790,14 @@ def parse_topo_matrix(
     derived = 0
     for i in range(n):
         for j in range(i + 1, n):
-            label = pair_label.get((i, j))
-            if label is None:
+            cell = pair_label.get((i, j))
+            if cell is None:
                 if inferred_k:
                     nvlinks[(i, j)] = inferred_k
-            elif is_nvlink_label(label):
-                nvlinks[(i, j)] = nvlink_count(label)
+            elif is_nvlink_label(cell):
+                nvlinks[(i, j)] = nvlink_count(cell)
             else:
-                pcie[(i, j)] = label
+                pcie[(i, j)] = cell
                 continue
             letter = _pcie_via_nic(i, j, gpu_nic, nic_names)
             if letter is not None:
@@ -930,7 +930,7 @@ def parse_topology_spec(text: str) -> GpuShape:
     ):
         return parse_topo_matrix(stripped)
     try:
-        import yaml  # local import: only this branch needs it
+        import yaml  # type: ignore[import-untyped,unused-ignore]  # only this branch needs it
     except ImportError:  # pragma: no cover - pyyaml is a declared dependency
         raise ValueError("YAML link lists need pyyaml") from None
     try:
