@@ -1,0 +1,551 @@
+"""``topoplace`` (alias ``cpsat``): whole-gang placement with OR-Tools CP-SAT.
+
+Formulation (why it solves fast)
+--------------------------------
+Nothing is indexed by pod x node. Candidate nodes are **aggregated into classes** of
+interchangeable nodes: same domain at every fabric level, same per-role slot counts, same
+free GPU count, same untouched flag, same risk and cost (numpy ``unique`` over those
+columns; typically a handful of classes per leaf or NVL72 rack). Members are aggregated by
+role. Variables, for class c with N_c nodes and role r:
+
+* ``y[r,c]`` in 0..min(count_r, N_c * slots[r,c]): members of role r placed in class c;
+* ``n[c]`` in 0..N_c: nodes of class c used;
+* ``u[l,d]`` boolean: domain d of level l used (only levels with more than one candidate
+  domain or with unlabelled candidates, which count as one domain per node used);
+* ``s[l]`` boolean: the whole gang is inside one domain of level l (bandwidth tiers).
+
+Hard constraints: every member placed (``sum_c y[r,c] == count_r``); per-class capacity
+(``y[r,c] <= slots[r,c] * n[c]``, and for gangs with several roles GPU/CPU/memory sums
+against ``n[c]`` times the class's free amount); ``n[c] <= N_c * u[l,d(c)]`` and a per-domain
+capacity cut for the primary role; the **exact lower bound** on domains at every level
+(``D_l >= LB_l``, from :func:`~scheduler.core.policies.common.lower_bounds`), which gives the
+solver the compactness bound immediately, so a placement at the bound is proven optimal for
+that term without search; the required level (``sum_d u[R,d] == 1``; ``node`` = one node);
+members already bound pin their domains. Health and the NVLink rule are applied before
+(unhealthy, cordoned and NVLink-busy nodes have no slots).
+
+Soft objective (minimised; integer, weights from ``params.gang.weights`` over
+:data:`~scheduler.core.policies.common.DEFAULT_WEIGHTS`, recorded with every result):
+
+* compactness: ``compactness * 2**i * D_l`` for the i-th level from the closest, plus
+  ``preferred * D_P`` at a preferred level;
+* bandwidth: ``bandwidth * sum_l (b_l - b_{l+1}) / b_best * (1 - s_l)``: the share of the best
+  achievable tier bandwidth lost (telescoping over tiers);
+* health: ``health * risk`` per member;
+* fragmentation: ``fragmentation`` per untouched domain opened (fill partly used domains
+  first), ``nvl_reserve`` per untouched NVLink domain opened by a gang that does not need
+  one, and ``fragmentation / 8`` per GPU left free on a used node;
+* spares: ``spare`` per node missing from ``params.gang.spare_nodes`` free candidate nodes
+  left in the chosen required (else preferred) domain;
+* cost: ``cost * node cost`` per node used (label ``topoplace.io/cost`` or weight map
+  ``cost.<gpu product>``).
+
+Determinism: one search worker by default (``params.gang.workers``), ``random_seed =
+params.gang.seed``, a deterministic-time limit (``max_deterministic_time``) equal to the
+configured time limit, and a wall-clock cap (``max_time_in_seconds``) of three times it as a
+safety net only. When the wall clock is not the binding limit (the normal case, see the
+benchmark), the same input gives the same placement in every process. The greedy placement
+(:mod:`greedy_topology`) is given as a hint; when the solver returns nothing in time the
+greedy placement is used (status ``fallback``).
+
+Class aggregation is exact for one role; with several roles a class's combined CPU/memory is
+checked when members are placed on concrete nodes, and a class that does not fit is split
+into single nodes and the model solved again (lazy disaggregation, at most a few rounds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from scheduler.core.gang import NVLINK_LEVEL, GangRequest
+from scheduler.core.params import SchedParams
+from scheduler.core.policies.common import (
+    BIG,
+    REQ_NODE,
+    Bounds,
+    Filler,
+    GangView,
+    lower_bounds,
+    nested_bounds,
+    refusal,
+    role_order,
+    success,
+    trivial,
+)
+from scheduler.core.policies.greedy_topology import greedy_fill
+from scheduler.core.policies.registry import register
+from scheduler.core.schedule import PlacementResult
+from scheduler.core.snapshot import ClusterSnapshot
+
+NAME = "topoplace"
+ALIAS = "cpsat"
+SCALE = 100
+WALL_CAP_FACTOR = 3.0
+MAX_ROUNDS = 3
+
+_STATUS = {
+    cp_model.OPTIMAL: "optimal",
+    cp_model.FEASIBLE: "feasible",
+    cp_model.INFEASIBLE: "infeasible",
+    cp_model.MODEL_INVALID: "invalid",
+    cp_model.UNKNOWN: "unknown",
+}
+
+
+@dataclass
+class _Classes:
+    """Aggregated candidate classes."""
+
+    members: list[np.ndarray]  # candidate indices per class, ascending
+    size: np.ndarray  # N_c
+    slots: np.ndarray  # (roles, classes)
+    free: np.ndarray
+    untouched: np.ndarray
+    risk: np.ndarray
+    cost: np.ndarray
+    cpu_min: np.ndarray
+    mem_min: np.ndarray
+    dom: np.ndarray  # (levels, classes), -1 = unlabelled
+    of: np.ndarray = field(
+        default_factory=lambda: np.zeros(0, dtype=np.int64)
+    )  # class per candidate
+
+
+def _classes(view: GangView, split: set[int]) -> _Classes:
+    m = len(view.pos)
+    uniq_split = np.full(m, -1, dtype=np.int64)
+    if split:
+        idx = np.array(sorted(split), dtype=np.int64)
+        uniq_split[idx] = idx
+    cols = [view.dom[i] for i in range(len(view.levels))]
+    cols += [view.slots[r] for r in range(len(view.roles))]
+    cols += [
+        view.free,
+        view.untouched.astype(np.int64),
+        np.round(view.risk * 1000).astype(np.int64),
+        np.round(view.cost * 1000).astype(np.int64),
+        uniq_split,
+    ]
+    key = np.column_stack(cols) if m else np.zeros((0, len(cols)), dtype=np.int64)
+    uniq, inv, counts = np.unique(key, axis=0, return_inverse=True, return_counts=True)
+    inv = inv.reshape(-1)
+    order = np.argsort(inv, kind="stable")
+    bounds = np.cumsum(counts)[:-1]
+    members = np.split(order, bounds) if m else []
+    k = len(uniq)
+    cpu_min = np.full(k, BIG, dtype=np.int64)
+    mem_min = np.full(k, BIG, dtype=np.int64)
+    np.minimum.at(cpu_min, inv, view.cpu_free)
+    np.minimum.at(mem_min, inv, view.mem_free)
+    nl = len(view.levels)
+    nr = len(view.roles)
+    return _Classes(
+        members=[np.sort(x) for x in members],
+        size=counts.astype(np.int64),
+        slots=uniq[:, nl : nl + nr].T.copy(),
+        free=uniq[:, nl + nr].copy(),
+        untouched=uniq[:, nl + nr + 1].astype(bool),
+        risk=view.risk[[int(x[0]) for x in members]] if m else np.zeros(0),
+        cost=view.cost[[int(x[0]) for x in members]] if m else np.zeros(0),
+        cpu_min=cpu_min,
+        mem_min=mem_min,
+        dom=uniq[:, :nl].T.copy() if nl else np.zeros((0, k), dtype=np.int64),
+        of=inv,
+    )
+
+
+class _Model:
+    """The CP-SAT model of one gang over aggregated classes."""
+
+    def __init__(
+        self,
+        view: GangView,
+        bounds: Bounds,
+        nested: dict[str, dict[int, int]],
+        cls: _Classes,
+        hint: Filler | None,
+    ):
+        self.view = view
+        self.cls = cls
+        self.m = cp_model.CpModel()
+        m = self.m
+        roles = view.roles
+        k = len(cls.size)
+        w = view.weights
+        sum_ = cp_model.LinearExpr.Sum
+        wsum = cp_model.LinearExpr.WeightedSum
+
+        # Variables per class.
+        self.n = [m.NewIntVar(0, int(cls.size[c]), f"n{c}") for c in range(k)]
+        self.y: dict[tuple[int, int], Any] = {}
+        for r, role in enumerate(roles):
+            if role.count <= 0:
+                continue
+            for c in range(k):
+                s = int(cls.slots[r, c])
+                if s > 0:
+                    self.y[r, c] = m.NewIntVar(
+                        0, min(role.count, s * int(cls.size[c])), f"y{r}_{c}"
+                    )
+        by_class: dict[int, list[tuple[int, Any]]] = {}
+        for (r, c), v in self.y.items():
+            by_class.setdefault(c, []).append((r, v))
+        for r, role in enumerate(roles):
+            vs = [v for (rr, _), v in self.y.items() if rr == r]
+            if role.count > 0:
+                m.Add(sum_(vs) == role.count)
+        gpu_roles = [r for r, role in enumerate(roles) if role.gpus > 0 and role.count > 0]
+        cpu_roles = [r for r, role in enumerate(roles) if role.cpu_milli > 0 and role.count > 0]
+        mem_roles = [r for r, role in enumerate(roles) if role.memory_bytes > 0 and role.count > 0]
+        for c in range(k):
+            ys = by_class.get(c, [])
+            for r, v in ys:
+                m.Add(v <= int(cls.slots[r, c]) * self.n[c])
+            m.Add(self.n[c] <= sum_([v for _, v in ys]))
+            if len([r for r, _ in ys if r in gpu_roles]) > 1:
+                m.Add(
+                    wsum(
+                        [v for r, v in ys if r in gpu_roles],
+                        [roles[r].gpus for r, _ in ys if r in gpu_roles],
+                    )
+                    <= int(cls.free[c]) * self.n[c]
+                )
+            if len([r for r, _ in ys if r in cpu_roles]) > 1 and cls.cpu_min[c] < BIG:
+                m.Add(
+                    wsum(
+                        [v for r, v in ys if r in cpu_roles],
+                        [roles[r].cpu_milli for r, _ in ys if r in cpu_roles],
+                    )
+                    <= int(cls.cpu_min[c]) * self.n[c]
+                )
+            if len([r for r, _ in ys if r in mem_roles]) > 1 and cls.mem_min[c] < BIG:
+                m.Add(
+                    wsum(
+                        [v for r, v in ys if r in mem_roles],
+                        [roles[r].memory_bytes for r, _ in ys if r in mem_roles],
+                    )
+                    <= int(cls.mem_min[c]) * self.n[c]
+                )
+
+        # Domains per level.
+        p = view.primary
+        nl = len(view.levels)
+        self.u: dict[tuple[int, int], Any] = {}
+        self.d_expr: dict[int, Any] = {}
+        self.d_max: dict[int, int] = {}
+        self.d_const: dict[int, bool] = {}
+        obj_terms: list[Any] = []
+        obj_coefs: list[int] = []
+        offset = 0
+
+        def add_obj(var: Any, coef: float) -> None:
+            ci = int(round(coef))
+            if ci:
+                obj_terms.append(var)
+                obj_coefs.append(ci)
+
+        for li in range(nl):
+            doms = cls.dom[li]
+            labelled = np.unique(doms[doms >= 0])
+            singles = [c for c in range(k) if doms[c] < 0]
+            fixed = view.fixed_dom[li]
+            if (
+                len(labelled) + len(singles) <= 1
+                and not singles
+                and len(fixed - set(labelled.tolist())) == 0
+            ):
+                self.d_const[li] = True
+                continue
+            terms = []
+            for d in labelled.tolist():
+                u = m.NewBoolVar(f"u{li}_{d}")
+                self.u[li, d] = u
+                terms.append(u)
+                in_d = np.flatnonzero(doms == d)
+                for c in in_d.tolist():
+                    m.Add(self.n[c] <= int(cls.size[c]) * u)
+                cap = int(sum(int(cls.slots[p, c]) * int(cls.size[c]) for c in in_d.tolist()))
+                yp = [self.y[p, c] for c in in_d.tolist() if (p, c) in self.y]
+                if yp and cap < roles[p].count:
+                    m.Add(sum_(yp) <= cap * u)
+                if d in fixed:
+                    m.Add(u == 1)
+            const = len([d for d in fixed if d < 0 or d not in set(labelled.tolist())])
+            expr = sum_(terms + [self.n[c] for c in singles]) + const
+            self.d_expr[li] = expr
+            self.d_max[li] = len(terms) + int(sum(int(cls.size[c]) for c in singles)) + const
+            lb = bounds.per_level.get(view.levels[li].name, -1)
+            if lb > 0:
+                m.Add(expr >= lb)
+
+        # Conditional (nested) bounds: at most k parent domains => at least LB_k children,
+        # plus the pair cut  w_c * D_child + w_p * D_parent >= min_k (w_c * LB_k + w_p * k)
+        # that hands the LP the exact compactness bound of the pair.
+        for li in range(nl - 1):
+            table = nested.get(view.levels[li].name)
+            if not table or li in self.d_const:
+                continue
+            parent = li + 1
+            if parent in self.d_const:
+                if 1 in table:
+                    m.Add(self.d_expr[li] >= table[1])
+                continue
+            for kk, lbk in sorted(table.items()):
+                b = m.NewBoolVar(f"nb{li}_{kk}")
+                m.Add(self.d_expr[parent] >= kk + 1).OnlyEnforceIf(b.Not())
+                m.Add(self.d_expr[li] >= lbk).OnlyEnforceIf(b)
+            wc = self._level_weight(li)
+            wp = self._level_weight(parent)
+            lb_c = max(1, bounds.per_level.get(view.levels[li].name, 1))
+            k_hi = max(table) + 1
+            best = min([wc * v + wp * kk for kk, v in table.items()] + [wc * lb_c + wp * k_hi])
+            m.Add(wc * self.d_expr[li] + wp * self.d_expr[parent] >= best)
+
+        # Required level.
+        if view.required == REQ_NODE:
+            m.Add(sum_(self.n) == 1)
+        elif view.required >= 0 and view.required not in self.d_const:
+            li = view.required
+            doms = cls.dom[li]
+            choose = [u for (lv, _), u in self.u.items() if lv == li]
+            for c in range(k):
+                if doms[c] < 0:
+                    b = m.NewBoolVar(f"b{c}")
+                    m.Add(self.n[c] <= b)
+                    choose.append(b)
+            m.Add(sum_(choose) == 1)
+
+        # Objective: compactness (+ preferred level).
+        for li in range(nl):
+            if li in self.d_const:
+                continue
+            add_obj(self.d_expr[li], self._level_weight(li))
+
+        # Bandwidth tiers: s_l = whole gang in one domain of level l.
+        fabric = view.params.fabric
+        bws = [lv.bandwidth_gbps for lv in view.levels] + [float(fabric.cross_cluster_gbps)]
+        best = next(
+            (li for li in range(nl) if bounds.per_level.get(view.levels[li].name, -1) == 1), nl
+        )
+        b_best = bws[best] if best < len(bws) else bws[-1]
+        prev_s = None
+        self.s: dict[int, Any] = {}
+        for li in range(nl - 1, best - 1, -1):
+            delta = (bws[li] - bws[li + 1]) / b_best if b_best > 0 else 0.0
+            if li in self.d_const:
+                s = None
+            else:
+                s = m.NewBoolVar(f"s{li}")
+                self.s[li] = s
+                m.Add(self.d_expr[li] <= 1 + self.d_max[li] * (1 - s))
+                if prev_s is not None:
+                    m.Add(s <= prev_s)
+                coef = w["bandwidth"] * SCALE * delta
+                if int(round(coef)):
+                    offset += int(round(coef))
+                    add_obj(s, -coef)
+            if s is not None:
+                prev_s = s
+
+        # Health, stranded GPUs, cost per class.
+        strand = w["fragmentation"] * SCALE / 8.0
+        for c in range(k):
+            for r, v in by_class.get(c, []):
+                add_obj(v, w["health"] * SCALE * float(cls.risk[c]))
+                if roles[r].gpus > 0:
+                    add_obj(v, -strand * roles[r].gpus)
+            add_obj(self.n[c], strand * int(cls.free[c]) + w["cost"] * SCALE * float(cls.cost[c]))
+
+        # Fragmentation: untouched domains opened; NVL reserve.
+        nvl = next((li for li, lv in enumerate(view.levels) if lv.name == NVLINK_LEVEL), -1)
+        wants_nvl = NVLINK_LEVEL in (view.gang.topology.required, view.gang.topology.preferred)
+        for (li, d), u in self.u.items():
+            if view.dom_untouched[li][d]:
+                add_obj(u, w["fragmentation"] * SCALE)
+                if li == nvl and not wants_nvl:
+                    add_obj(u, w["nvl_reserve"] * SCALE)
+
+        # Spare nodes in the chosen required (else preferred) domain.
+        spare = int(view.params.gang.spare_nodes)
+        sl = view.required if view.required >= 0 else view.preferred
+        if spare > 0 and sl >= 0:
+            doms = cls.dom[sl]
+            for (li, d), u in self.u.items():
+                if li != sl:
+                    continue
+                in_d = [c for c in np.flatnonzero(doms == d).tolist() if cls.slots[p, c] > 0]
+                if not in_d:
+                    continue
+                miss = m.NewIntVar(0, spare, f"miss{d}")
+                total = int(sum(int(cls.size[c]) for c in in_d))
+                m.Add(miss >= spare * u - (total - sum_([self.n[c] for c in in_d])))
+                add_obj(miss, w["spare"] * SCALE)
+
+        m.Minimize(wsum(obj_terms, obj_coefs) + offset)
+        self.offset = offset
+        if hint is not None:
+            self._hint(hint)
+
+    def _level_weight(self, li: int) -> int:
+        """Objective coefficient of one domain at level ``li``."""
+        w = self.view.weights
+        c = w["compactness"] * SCALE * (2**li)
+        if li == self.view.preferred:
+            c += w["preferred"] * SCALE
+        return int(round(c))
+
+    def _hint(self, f: Filler) -> None:
+        cls = self.cls
+        ny = {key: 0 for key in self.y}
+        nn = [0] * len(cls.size)
+        for j, placed in f.placed.items():
+            c = int(cls.of[j])
+            nn[c] += 1
+            for r, _ in placed:
+                if (r, c) in ny:
+                    ny[r, c] += 1
+        for key, v in self.y.items():
+            self.m.AddHint(v, ny[key])
+        for c, v in enumerate(self.n):
+            self.m.AddHint(v, nn[c])
+        for (li, d), u in self.u.items():
+            used = any(nn[c] > 0 for c in np.flatnonzero(cls.dom[li] == d).tolist())
+            self.m.AddHint(u, int(used))
+
+    def solve(self, params: SchedParams) -> tuple[cp_model.CpSolver, int]:
+        solver = cp_model.CpSolver()
+        g = params.gang
+        prm = solver.parameters
+        prm.num_workers = int(g.workers)
+        prm.random_seed = int(g.seed)
+        prm.max_deterministic_time = float(g.solver_time_limit_seconds)
+        prm.max_time_in_seconds = float(g.solver_time_limit_seconds) * WALL_CAP_FACTOR
+        prm.log_search_progress = False
+        status = solver.Solve(self.m)
+        return solver, status
+
+    def materialize(self, solver: cp_model.CpSolver) -> tuple[Filler, set[int]]:
+        """Place the solved counts on concrete nodes; classes that do not fit are returned."""
+        view = self.view
+        cls = self.cls
+        f = Filler(view)
+        bad: set[int] = set()
+        order = role_order(view)
+        for c in range(len(cls.size)):
+            n = solver.Value(self.n[c])
+            if n <= 0:
+                continue
+            nodes = cls.members[c].tolist()
+            for r in order:
+                want = solver.Value(self.y[r, c]) if (r, c) in self.y else 0
+                for j in nodes:
+                    if want <= 0:
+                        break
+                    want -= f.place_many(j, r, min(want, int(cls.slots[r, c])))
+                if want > 0:
+                    bad.add(c)
+        return f, bad
+
+
+def _record(
+    solver: cp_model.CpSolver | None, cp_status: int | None, view: GangView, **kw: Any
+) -> dict[str, Any]:
+    g = view.params.gang
+    rec: dict[str, Any] = {
+        "weights": dict(view.weights),
+        "solver": {
+            "engine": "ortools-cp-sat",
+            "seed": int(g.seed),
+            "workers": int(g.workers),
+            "max_deterministic_time": float(g.solver_time_limit_seconds),
+            "max_time_in_seconds": float(g.solver_time_limit_seconds) * WALL_CAP_FACTOR,
+        },
+    }
+    if view.ignored_weights:
+        rec["ignored_weights"] = list(view.ignored_weights)
+    if solver is not None and cp_status is not None:
+        has = cp_status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+        obj = solver.ObjectiveValue() if has else None
+        bound = solver.BestObjectiveBound() if has else None
+        rec["solver_status"] = _STATUS.get(cp_status, str(cp_status))
+        rec["objective"] = round(obj / SCALE, 4) if obj is not None else None
+        rec["bound"] = round(bound / SCALE, 4) if bound is not None else None
+        rec["gap"] = (
+            round(abs(obj - bound) / max(1.0, abs(obj)), 6)
+            if obj is not None and bound is not None
+            else None
+        )
+        rec["solve_time_ms"] = round(solver.WallTime() * 1000, 3)
+        rec["deterministic_time"] = round(solver.deterministic_time, 6)
+    rec.update(kw)
+    return rec
+
+
+def _plan(snapshot: ClusterSnapshot, gang: GangRequest, params: SchedParams) -> PlacementResult:
+    view = GangView(snapshot, gang, params)
+    done = trivial(view, NAME)
+    if done is not None:
+        return done
+    bounds = lower_bounds(view)
+    if not bounds.scopes or any(v < 0 for v in bounds.per_level.values()):
+        return refusal(
+            view,
+            NAME,
+            bounds,
+            **_record(None, None, view, status="infeasible", proof="capacity bound"),
+        )
+    hint = greedy_fill(view, bounds)
+    nested = nested_bounds(view, bounds)
+    split: set[int] = set()
+    solver = status = None
+    classes = 0
+    for rnd in range(MAX_ROUNDS):
+        cls = _classes(view, split)
+        classes = len(cls.size)
+        model = _Model(view, bounds, nested, cls, hint)
+        solver, status = model.solve(params)
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            break
+        f, bad = model.materialize(solver)
+        if not bad and f.complete():
+            return success(
+                view,
+                f.assignments(),
+                NAME,
+                bounds,
+                **_record(
+                    solver,
+                    status,
+                    view,
+                    status=_STATUS[status],
+                    classes=classes,
+                    candidates=int(len(view.pos)),
+                    rounds=rnd + 1,
+                ),
+            )
+        for c in sorted(bad):
+            split.update(int(j) for j in cls.members[c])
+    if hint is not None:
+        return success(
+            view,
+            hint.assignments(),
+            NAME,
+            bounds,
+            **_record(
+                solver,
+                status,
+                view,
+                status="fallback",
+                classes=classes,
+                candidates=int(len(view.pos)),
+            ),
+        )
+    st = "infeasible" if status == cp_model.INFEASIBLE else "unknown"
+    return refusal(view, NAME, bounds, **_record(solver, status, view, status=st, classes=classes))
+
+
+plan = register(NAME, ALIAS)(_plan)
