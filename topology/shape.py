@@ -151,6 +151,25 @@ class GpuShape:
     def __hash__(self) -> int:
         return self._hash
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuild through the constructor so the cached hash is recomputed in the receiving
+        # process (string hashes differ between interpreters).
+        return (
+            GpuShape,
+            (
+                self.name,
+                self.num_gpus,
+                self.generation,
+                self.links,
+                self.nvlinks,
+                self.pcie,
+                self.bandwidth,
+                self.assumed,
+                self.source,
+                self.numa,
+            ),
+        )
+
     def full_mask(self) -> int:
         """Bitmask with bit i set for every GPU i of the shape (``(1 << n) - 1``)."""
         return (1 << self.num_gpus) - 1

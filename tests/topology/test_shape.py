@@ -590,3 +590,30 @@ def test_resolve_is_memoized_and_fast() -> None:
         resolve_node_shape(labels, annotations, 8)
     per_call = (time.perf_counter() - start) / rounds
     assert per_call < 20e-6, f"{per_call * 1e6:.2f} us per hit"  # ~1 us; loose for CI noise
+
+
+def test_shape_survives_pickling_into_another_interpreter() -> None:
+    """The cached hash is recomputed on unpickling (string hashes differ per process)."""
+    import pickle
+    import subprocess
+    import sys
+
+    from tests.topology._support import REPO
+
+    payload = pickle.dumps(catalog_shape("dgx1-v100"))
+    code = (
+        "import pickle, sys\n"
+        "from topology.shape import CATALOG\n"
+        "w = pickle.loads(sys.stdin.buffer.read())\n"
+        "v = CATALOG['dgx1-v100']\n"
+        "print(w == v, hash(w) == hash(v), len({v, w}))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        input=payload,
+        capture_output=True,
+        cwd=REPO,
+        env={"PYTHONHASHSEED": "4242", "PATH": ""},
+        check=True,
+    )
+    assert proc.stdout.decode().split() == ["True", "True", "1"]
