@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import copy
 import json
+import pickle
+import subprocess
+import sys
 import time
 
 import pytest
 
-from tests.topology._support import TOPOLOGIES, topology_file
+from tests.topology._support import REPO, TOPOLOGIES, topology_file
 from topology.shape import (
     ANNOTATION_KEY,
     CATALOG,
@@ -594,12 +597,6 @@ def test_resolve_is_memoized_and_fast() -> None:
 
 def test_shape_survives_pickling_into_another_interpreter() -> None:
     """The cached hash is recomputed on unpickling (string hashes differ per process)."""
-    import pickle
-    import subprocess
-    import sys
-
-    from tests.topology._support import REPO
-
     payload = pickle.dumps(catalog_shape("dgx1-v100"))
     code = (
         "import pickle, sys\n"
