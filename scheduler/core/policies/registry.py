@@ -40,6 +40,8 @@ class GangPolicy(Protocol):
 GANG_POLICIES: dict[str, GangPolicy] = {}
 """Registered gang policies by name (filled by :func:`register`)."""
 
+_PRIMARY: dict[int, str] = {}
+
 DEFAULT_GANG_POLICY = "topoplace"
 """The CP-SAT policy (also registered as ``cpsat``)."""
 
@@ -69,6 +71,8 @@ def register(*names: str) -> Callable[[GangPolicy], GangPolicy]:
             if old is not None and old is not fn:
                 raise ValueError(f"gang policy {name!r} is registered twice")
             GANG_POLICIES[name] = fn
+        if names:
+            _PRIMARY.setdefault(id(fn), names[0])
         return fn
 
     return deco
@@ -95,17 +99,14 @@ def policy_names() -> list[str]:
 
 
 def distinct_policies() -> dict[str, GangPolicy]:
-    """One entry per distinct policy function (aliases folded onto their first name)."""
+    """One entry per distinct policy, under its primary (first registered) name, sorted."""
     load_builtin()
     out: dict[str, GangPolicy] = {}
-    seen: set[int] = set()
     for name in sorted(GANG_POLICIES):
         fn = GANG_POLICIES[name]
-        if id(fn) in seen:
-            continue
-        seen.add(id(fn))
-        out[name] = fn
-    return out
+        primary = _PRIMARY.get(id(fn), name)
+        out.setdefault(primary, fn)
+    return dict(sorted(out.items()))
 
 
 def get_policy(name: str) -> GangPolicy:

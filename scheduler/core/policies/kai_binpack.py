@@ -1,0 +1,90 @@
+"""``kai-binpack``: KAI-Scheduler-style topology placement with bin-packing.
+
+Modelled on NVIDIA KAI-Scheduler's topology plugin (``pkg/scheduler/plugins/topology``;
+read, not copied): the plugin counts how many of the job's pods each topology domain can
+allocate (per node: how many copies of the largest pod fit), then walks the relevant
+levels from the *preferred* level up to the *required* one (only the required level when
+no preference is given) and stops at the first level where some domain can allocate the
+whole job. Here the domain chosen at that level is the bin-packing one, i.e. the domain
+with the fewest allocatable pods that still fits (ties by name), and inside it nodes are
+filled most-allocated first (KAI's default ``binpack`` node placement). Without any
+topology constraint the whole cluster is bin-packed. If a preference cannot be met at any
+level and nothing is required, the whole cluster is bin-packed too (KAI then spreads the job
+over the fewest child domains; bin-packing approximates that).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from scheduler.core.gang import GangRequest
+from scheduler.core.params import SchedParams
+from scheduler.core.policies.common import (
+    REQ_NODE,
+    REQ_NONE,
+    Filler,
+    GangView,
+    fits,
+    group_capacity,
+    lower_bounds,
+    refusal,
+    success,
+    trivial,
+)
+from scheduler.core.policies.registry import register
+from scheduler.core.schedule import PlacementResult
+from scheduler.core.snapshot import ClusterSnapshot
+
+NAME = "kai-binpack"
+MAX_DOMAINS = 16
+
+
+def binpack_order(view: GangView, idx: np.ndarray) -> list[int]:
+    """Most allocated first (fewest free GPUs), ties by name."""
+    return idx[np.lexsort((idx, view.free[idx]))].tolist()
+
+
+def relevant_levels(view: GangView) -> list[int]:
+    """Level indices from the preferred level up to the required one (KAI's walk)."""
+    req, pref = view.required, view.preferred
+    if req == REQ_NODE:
+        return [REQ_NODE]
+    top = req if req >= 0 else len(view.levels) - 1
+    if pref == REQ_NODE:
+        return [REQ_NODE] + list(range(0, top + 1))
+    if pref >= 0 and (req < 0 or pref <= req):
+        return list(range(pref, top + 1))
+    return [req] if req >= 0 else []
+
+
+@register(NAME)
+def plan(snapshot: ClusterSnapshot, gang: GangRequest, params: SchedParams) -> PlacementResult:
+    """Place the gang the KAI way with bin-packing (pure, deterministic)."""
+    view = GangView(snapshot, gang, params)
+    done = trivial(view, NAME)
+    if done is not None:
+        return done
+    bounds = lower_bounds(view)
+    if not bounds.scopes:
+        return refusal(view, NAME, bounds)
+    need = view.count
+    allidx = np.arange(len(view.pos), dtype=np.int64)
+    p = view.primary
+    for li in relevant_levels(view):
+        gid = view.group_ids(li)
+        uq, caps, first = group_capacity(view, allidx, gid)
+        ok = np.flatnonzero(fits(caps, need))
+        if not len(ok):
+            continue
+        ranked = sorted(ok.tolist(), key=lambda g: (int(caps[p, g]), int(first[g])))
+        for g in ranked[:MAX_DOMAINS]:
+            f = Filler(view)
+            if f.fill(binpack_order(view, allidx[gid == uq[g]])):
+                return success(view, f.assignments(), NAME, bounds, status="heuristic")
+        if view.required != REQ_NONE and li == (view.required if view.required >= 0 else REQ_NODE):
+            return refusal(view, NAME, bounds)
+    if view.required == REQ_NONE:
+        f = Filler(view)
+        if f.fill(binpack_order(view, allidx)):
+            return success(view, f.assignments(), NAME, bounds, status="heuristic")
+    return refusal(view, NAME, bounds)
