@@ -1039,12 +1039,17 @@ def resolve_node_shape(
         ``(shape, how)`` with ``how`` in ``{"annotation", "gfd", "assumed"}``.
     """
     return _resolve(
-        annotations.get(ANNOTATION_KEY),
-        labels.get(_GFD_PRODUCT),
-        labels.get(_GFD_COUNT),
-        labels.get(_GFD_MACHINE),
-        gpu_count,
+        _text(annotations.get(ANNOTATION_KEY)),
+        _text(labels.get(_GFD_PRODUCT)),
+        _text(labels.get(_GFD_COUNT)),
+        _text(labels.get(_GFD_MACHINE)),
+        gpu_count if isinstance(gpu_count, int) else 0,
     )
+
+
+def _text(value: object) -> str | None:
+    """Label/annotation values are strings; anything else (even unhashable) counts as absent."""
+    return value if isinstance(value, str) else None
 
 
 @functools.lru_cache(maxsize=4096)

@@ -572,6 +572,12 @@ def test_resolve_never_raises_on_bad_annotation(value: str) -> None:
         assert check_topology_annotation(value) != ""
 
 
+def test_resolve_ignores_non_string_values() -> None:
+    labels = {P: ["not", "a", "string"], C: None}
+    shape, how = resolve_node_shape(labels, {ANNOTATION_KEY: {"gpus": 2}}, 8)  # type: ignore[dict-item]
+    assert (shape, how) == (assumed_shape(8), "assumed")
+
+
 def test_check_topology_annotation_accepts_good_values() -> None:
     assert check_topology_annotation("dgx-a100") == ""
     assert check_topology_annotation(LINKLIST_2) == ""
