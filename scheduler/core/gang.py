@@ -161,15 +161,22 @@ def parse_reservation_key(key: str) -> tuple[str, str] | None:
     return (gang, slot) if sep else None
 
 
+def _qty(value: int, units: tuple[tuple[int, str], ...]) -> str:
+    for div, suffix in units:
+        if value % div == 0:
+            return f"{value // div}{suffix}"
+    return str(value)
+
+
 def role_name(req: PodRequest) -> str:
-    """The member's role: ``topoplace.io/role`` or its resource shape."""
+    """The member's role: ``topoplace.io/role`` or its resource shape (``8gpu-16cpu-64Gi``)."""
     if req.role:
         return req.role
     sig = f"{req.gpus}gpu"
     if req.cpu_milli:
-        sig += f"-{req.cpu_milli}m"
+        sig += "-" + _qty(req.cpu_milli, ((1000, "cpu"), (1, "mcpu")))
     if req.memory_bytes:
-        sig += f"-{req.memory_bytes}b"
+        sig += "-" + _qty(req.memory_bytes, ((2**30, "Gi"), (2**20, "Mi"), (1, "B")))
     if req.min_link:
         sig += f"-{req.min_link}"
     if req.node_selector:

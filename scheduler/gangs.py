@@ -1,0 +1,569 @@
+"""Gang scheduling in the extender: plan whole gangs, reserve them, hand out planned nodes.
+
+Implements the ``GangHandler`` protocol of :mod:`scheduler.server.extender` on top of the
+pure core (:mod:`scheduler.core.gang`, :mod:`scheduler.core.policies`). Not pure: it keeps
+plans in the cache (``cache.plans``, guarded by ``cache.lock``) and reservation pseudo pods
+in the cache's snapshot.
+
+Life of a gang
+--------------
+1. **First member's filter**: the whole gang is planned (members seen so far plus, when the
+   gang declares a size, placeholders for the members not seen yet, planned with the first
+   member's role and shape; members already bound are kept where they are). Every slot is
+   reserved at once by assuming a pseudo pod ``gang-reservation:<gang>#<slot>`` with the
+   planned GPUs and a TTL of ``params.gang.plan_ttl_seconds`` (coscheduling's
+   scheduleTimeout), so no other pod can take those GPUs. If any reservation conflicts
+   (the cluster changed during the solve) all are rolled back and the gang is planned again.
+2. **Every member's filter** returns exactly its slot's node; all other nodes fail with the
+   constant :data:`REASON_NOT_IN_PLAN`. Prioritize gives that node 10, others 0.
+3. **Bind** (``choose``, called under the cache lock by the extender) releases the member's
+   reservation and returns the planned GPUs, gang and plan id; the extender then assumes the
+   real pod with those GPUs in the same critical section and writes the placement
+   annotation (gang + plan id, enough for :func:`scheduler.core.gang.recover_plans`).
+4. A **refused** gang gets FailedNodes (resolvable) for every candidate with
+   :data:`REASON_GANG_UNPLACEABLE`; nothing is reserved or bound, so no partial gang holds
+   GPUs. The human-readable reason is in :meth:`GangRuntime.describe_plans` and the log.
+5. A plan that **expires** (TTL), or **breaks** (a bind failed, a planned node turned
+   unhealthy or vanished, a member was deleted, a reservation disappeared) is dropped whole
+   (its remaining reservations released) and the gang is planned again whole at the next
+   member's filter, members already bound staying fixed. One planner runs at a time, so a
+   gang is never split across two live plans.
+
+Assumptions: without a declared size (no PodGroup minMember, no ``topoplace.io/gang-size``)
+the gang is the members seen so far; a member arriving later for which the plan has no slot
+of its role makes the gang re-plan (whole, bound members fixed). Refusals are remembered for
+:data:`REFUSAL_HOLD_SECONDS` (or until the snapshot changes) so that the members of a gang
+that does not fit do not each run the solver.
+
+Events (``ext.metrics.gang_events``): planned, refused, replanned, expired, bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler.core.gang import (
+    GangRequest,
+    declared_size,
+    gang_request,
+    plan_id,
+    recover_plans,
+    reservation_key,
+    reservation_pods,
+    role_name,
+    slot_of_assignment,
+)
+from scheduler.core.model import RESERVATION_PREFIX, Health, PodRequest
+from scheduler.core.policies.registry import DEFAULT_GANG_POLICY, GANG_POLICIES, get_policy
+from scheduler.core.schedule import Assignment, FilterOutcome, PlacementResult
+from scheduler.core.snapshot import ClusterSnapshot, DoubleBookingError
+
+log = logging.getLogger(__name__)
+
+REASON_NOT_IN_PLAN = "node is not in this pod's gang plan"
+REASON_GANG_UNPLACEABLE = "the pod's gang cannot be placed as a whole now"
+REASON_PLANNED_NODE_NOT_OFFERED = "the pod's planned node was filtered out by kube-scheduler"
+ERR_NO_PLAN = "no live gang plan for this pod; it will be planned again"
+ERR_PLAN_BROKEN = "the gang plan expired or broke; the gang will be planned again"
+
+REFUSAL_HOLD_SECONDS = 2.0
+RESERVE_RETRIES = 2
+DONE_KEPT = 64
+
+# Slot states.
+RESERVED = "reserved"
+BINDING = "binding"
+BOUND = "bound"
+
+
+@dataclass
+class Slot:
+    """One planned member. Mutable; guarded by the cache lock."""
+
+    slot: str
+    role: str
+    node: str
+    gpus: tuple[int, ...]
+    member: str = ""
+    state: str = RESERVED
+
+
+@dataclass
+class GangPlan:
+    """A live plan of one gang. Mutable; guarded by the cache lock.
+
+    Attributes:
+        gang / plan_id / policy: identity.
+        request: the gang as planned (roles, sizes).
+        slots: slot id -> :class:`Slot`.
+        members: pod key -> slot id for members that have claimed a slot.
+        created / expires: cache clock times.
+        details: the policy's record (status, objective, domains, bandwidth...).
+    """
+
+    gang: str
+    plan_id: str
+    policy: str
+    request: GangRequest
+    slots: dict[str, Slot]
+    members: dict[str, str]
+    created: float
+    expires: float
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def complete(self) -> bool:
+        """Every slot is bound."""
+        return all(s.state == BOUND for s in self.slots.values())
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    reason: str
+    generation: int
+    at: float
+    members: int
+    details: Mapping[str, Any]
+
+
+class GangRuntime:
+    """The extender's gang handler (see module docstring).
+
+    Args:
+        policy: gang policy name; None = ``params.placement_policy`` when it names a gang
+            policy, else the CP-SAT policy.
+    """
+
+    def __init__(self, policy: str | None = None) -> None:
+        self.policy = policy
+        self._plan_lock = threading.RLock()
+        self._members: dict[str, dict[str, PodRequest]] = {}
+        self._refusals: dict[str, _Refusal] = {}
+        self._done: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._planned_before: set[str] = set()
+
+    # ---- helpers --------------------------------------------------------------------------
+
+    def policy_name(self, ext: Any) -> str:
+        """The gang policy in use."""
+        if self.policy:
+            return self.policy
+        name = getattr(ext.params, "placement_policy", "") or ""
+        get_policy(DEFAULT_GANG_POLICY)  # loads the registry
+        return name if name in GANG_POLICIES else DEFAULT_GANG_POLICY
+
+    @staticmethod
+    def _event(ext: Any, event: str) -> None:
+        try:
+            ext.metrics.gang_events.labels(event=event).inc()
+        except Exception:  # metrics must never break scheduling
+            log.debug("gang metric %s not recorded", event)
+
+    def _drop(self, ext: Any, gang: str, event: str | None, why: str = "") -> None:
+        """Drop a plan and release its unbound reservations (cache lock held)."""
+        cache = ext.cache
+        plan = cache.plans.pop(gang, None)
+        if plan is None:
+            return
+        for s in plan.slots.values():
+            if s.state != BOUND:
+                cache.forget(reservation_key(gang, s.slot))
+        if event:
+            self._event(ext, event)
+        log.info("gang %s: plan %s dropped (%s)", gang, plan.plan_id, why or event)
+
+    def _broken(self, ext: Any, plan: GangPlan) -> str:
+        """Why a live plan can no longer be followed ("" if it can)."""
+        cache = ext.cache
+        snap = cache.snapshot()
+        if cache.now() >= plan.expires and not plan.complete():
+            return "expired"
+        for s in plan.slots.values():
+            if s.state == BOUND:
+                held = snap.pods.get(s.member)
+                if held is None or held.node != s.node:
+                    return "member deleted"
+                continue
+            if s.state == RESERVED:
+                res = snap.pods.get(reservation_key(plan.gang, s.slot))
+                if res is None:
+                    return "reservation lost"
+            i = snap.index.get(s.node)
+            if i is None:
+                return "node gone"
+            a = snap.arrays
+            if int(a.state[i]) >= int(Health.UNHEALTHY) or bool(a.unschedulable[i]):
+                return "node unhealthy"
+            if s.member and s.state == RESERVED:
+                req = self._members.get(plan.gang, {}).get(s.member)
+                if (
+                    req is not None
+                    and req.gpus > 0
+                    and cache.pending(s.member) is None
+                    and snap.pods.get(s.member) is None
+                ):
+                    return "member deleted"
+        return ""
+
+    def _live_plan(self, ext: Any, gang: str) -> GangPlan | None:
+        """The gang's plan if it can still be followed; drops it otherwise."""
+        cache = ext.cache
+        with cache.lock:
+            cache.expire()
+            plan = cache.plans.get(gang)
+            if plan is None:
+                return None
+            why = self._broken(ext, plan)
+            if why:
+                self._drop(ext, gang, "expired" if why == "expired" else None, why)
+                return None
+            return plan
+
+    def _claim(self, plan: GangPlan, req: PodRequest) -> Slot | None:
+        """The member's slot, claiming a free one of its role if needed (cache lock held)."""
+        sid = plan.members.get(req.key)
+        if sid is not None:
+            return plan.slots[sid]
+        want = role_name(req)
+        for s in sorted(plan.slots.values(), key=lambda s: _slot_order(s.slot)):
+            if not s.member and s.role == want and s.state == RESERVED:
+                s.member = req.key
+                plan.members[req.key] = s.slot
+                return s
+        return None
+
+    # ---- planning -------------------------------------------------------------------------
+
+    def _request(self, ext: Any, snap: ClusterSnapshot, req: PodRequest) -> GangRequest:
+        gang = req.gang
+        seen = self._members.setdefault(gang, {})
+        seen[req.key] = req
+        fixed = [
+            Assignment(p.key, p.node, tuple(p.gpus))
+            for p in snap.gang_members(gang)
+            if not p.key.startswith(RESERVATION_PREFIX)
+        ]
+        fixed_keys = {f.pod for f in fixed}
+        members = [m for k, m in sorted(seen.items()) if k not in fixed_keys]
+        for k in [k for k in seen if k in fixed_keys]:
+            del seen[k]
+        return gang_request(members, declared_size(req, snap), fixed)
+
+    def _plan(self, ext: Any, req: PodRequest, event: str) -> GangPlan | _Refusal:
+        cache = ext.cache
+        params = ext.params
+        name = self.policy_name(ext)
+        fn = get_policy(name)
+        for _ in range(RESERVE_RETRIES + 1):
+            snap = cache.snapshot()
+            greq = self._request(ext, snap, req)
+            result: PlacementResult = fn(snap, greq, params)
+            if not result.ok:
+                ref = _Refusal(
+                    result.reason, snap.generation, cache.now(), greq.size, dict(result.details)
+                )
+                self._refusals[req.gang] = ref
+                self._event(ext, "refused")
+                log.info("gang %s refused: %s", req.gang, result.reason)
+                return ref
+            plan = self._reserve(ext, greq, result, name)
+            if plan is not None:
+                self._refusals.pop(req.gang, None)
+                self._event(ext, event)
+                log.info(
+                    "gang %s: plan %s (%d members, %s)",
+                    req.gang,
+                    plan.plan_id,
+                    len(plan.slots),
+                    result.details.get("status", ""),
+                )
+                return plan
+        ref = _Refusal(
+            "the cluster kept changing while the gang was being reserved",
+            cache.snapshot().generation,
+            cache.now(),
+            0,
+            {},
+        )
+        self._refusals[req.gang] = ref
+        self._event(ext, "refused")
+        return ref
+
+    def _reserve(
+        self, ext: Any, greq: GangRequest, result: PlacementResult, policy: str
+    ) -> GangPlan | None:
+        """Assume every slot's reservation atomically; None (nothing held) on conflict."""
+        cache = ext.cache
+        ttl = float(ext.params.gang.plan_ttl_seconds)
+        pods = reservation_pods(greq, result)
+        pid = plan_id(greq.key, list(result.assignments) + list(greq.fixed))
+        roles = {key: role.name for _, role, key in greq.slots()}
+        with cache.lock:
+            done: list[str] = []
+            try:
+                for p in pods:
+                    cache.assume(p, ttl)
+                    done.append(p.key)
+            except (DoubleBookingError, KeyError, ValueError) as exc:
+                for k in done:
+                    cache.forget(k)
+                log.info("gang %s: reservation conflict (%s); planning again", greq.key, exc)
+                return None
+            slots: dict[str, Slot] = {}
+            members: dict[str, str] = {}
+            for a in result.assignments:
+                sid = slot_of_assignment(greq, a.pod)
+                member = "" if "#" in a.pod else a.pod
+                slots[sid] = Slot(sid, roles[a.pod], a.node, tuple(a.gpus), member, RESERVED)
+                if member:
+                    members[member] = sid
+            for f in greq.fixed:
+                sid = f"bound-{f.pod}"
+                slots[sid] = Slot(sid, "", f.node, tuple(f.gpus), f.pod, BOUND)
+                members[f.pod] = sid
+            now = cache.now()
+            plan = GangPlan(
+                gang=greq.key,
+                plan_id=pid,
+                policy=policy,
+                request=greq,
+                slots=slots,
+                members=members,
+                created=now,
+                expires=now + ttl,
+                details=dict(result.details),
+            )
+            cache.plans[greq.key] = plan
+            return plan
+
+    # ---- GangHandler ----------------------------------------------------------------------
+
+    def filter(
+        self, ext: Any, pod: Mapping[str, Any], req: PodRequest, names: list[str]
+    ) -> FilterOutcome | None:
+        """Planned node for a gang member; plans (and reserves) the gang when needed."""
+        if not req.gang:
+            return None
+        cache = ext.cache
+        with self._plan_lock:
+            plan = self._live_plan(ext, req.gang)
+            if plan is not None:
+                with cache.lock:
+                    self._members.setdefault(req.gang, {})[req.key] = req
+                    slot = self._claim(plan, req)
+                if slot is None:
+                    # No slot for this member's role: re-plan the gang whole.
+                    with cache.lock:
+                        self._drop(ext, req.gang, None, "member without a slot")
+                else:
+                    return _outcome(names, slot.node)
+            event = "replanned" if req.gang in self._planned_before else "planned"
+            ref = self._refusals.get(req.gang)
+            snap = cache.snapshot()
+            if ref is not None and (
+                ref.generation == snap.generation or cache.now() - ref.at < REFUSAL_HOLD_SECONDS
+            ):
+                self._members.setdefault(req.gang, {})[req.key] = req
+                return _refused(names)
+            out = self._plan(ext, req, event)
+            if isinstance(out, _Refusal):
+                return _refused(names)
+            self._planned_before.add(req.gang)
+            with cache.lock:
+                slot = self._claim(out, req)
+            if slot is None:  # pragma: no cover - the plan covers every member seen
+                return _refused(names)
+            return _outcome(names, slot.node)
+
+    def prioritize(
+        self, ext: Any, req: PodRequest, names: list[str]
+    ) -> list[tuple[str, int]] | None:
+        """10 for the member's planned node, 0 elsewhere."""
+        if not req.gang:
+            return None
+        with ext.cache.lock:
+            plan = ext.cache.plans.get(req.gang)
+            sid = plan.members.get(req.key) if plan is not None else None
+            node = plan.slots[sid].node if plan is not None and sid is not None else None
+        return [(n, 10 if n == node else 0) for n in names]
+
+    def choose(
+        self, ext: Any, snap: ClusterSnapshot, req: PodRequest, node: str
+    ) -> tuple[tuple[int, ...], str, str] | str | None:
+        """Turn the member's reservation into the real pod (called under the cache lock)."""
+        if not req.gang:
+            return None
+        cache = ext.cache
+        with cache.lock:
+            plan = cache.plans.get(req.gang)
+            if plan is None:
+                return ERR_NO_PLAN
+            slot = self._claim(plan, req)
+            if slot is None:
+                return REASON_NOT_IN_PLAN
+            if slot.node != node:
+                return REASON_NOT_IN_PLAN
+            if slot.state == BOUND:
+                return (slot.gpus, plan.gang, plan.plan_id)
+            key = reservation_key(plan.gang, slot.slot)
+            if slot.state == RESERVED:
+                if cache.snapshot().pods.get(key) is None or cache.now() >= plan.expires:
+                    self._drop(ext, plan.gang, "expired", "reservation expired before bind")
+                    return ERR_PLAN_BROKEN
+                cache.forget(key)
+                slot.state = BINDING
+            return (slot.gpus, plan.gang, plan.plan_id)
+
+    def bound(self, ext: Any, req: PodRequest, ok: bool) -> None:
+        """Record a member's bind outcome; a failed bind breaks the plan."""
+        if not req.gang:
+            return
+        cache = ext.cache
+        with cache.lock:
+            plan = cache.plans.get(req.gang)
+            sid = plan.members.get(req.key) if plan is not None else None
+            if plan is None or sid is None:
+                return
+            slot = plan.slots[sid]
+            if ok:
+                if slot.state != BOUND:
+                    slot.state = BOUND
+                    self._event(ext, "bound")
+                self._members.get(req.gang, {}).pop(req.key, None)
+                if plan.complete():
+                    cache.plans.pop(req.gang, None)
+                    self._done[req.gang] = _describe(plan, cache.now(), "complete")
+                    self._done.move_to_end(req.gang)
+                    while len(self._done) > DONE_KEPT:
+                        self._done.popitem(last=False)
+                    self._members.pop(req.gang, None)
+            else:
+                if slot.state == BINDING:
+                    slot.state = RESERVED  # its reservation is gone: the plan is broken
+                self._drop(ext, req.gang, None, "bind failed")
+
+    # ---- inspection and recovery ----------------------------------------------------------
+
+    def describe_plans(self, ext: Any) -> dict[str, Any]:
+        """Live plans, recent complete ones and refusals, for ``/v1/inspect/placements``."""
+        cache = ext.cache
+        out: dict[str, Any] = {}
+        with cache.lock:
+            now = cache.now()
+            for gang, d in self._done.items():
+                out[gang] = d
+            for gang in sorted(cache.plans):
+                out[gang] = _describe(cache.plans[gang], now, "live")
+            for gang, ref in sorted(self._refusals.items()):
+                if gang not in cache.plans:
+                    out[gang] = {
+                        "state": "refused",
+                        "reason": ref.reason,
+                        "members": ref.members,
+                        "refused_s_ago": round(now - ref.at, 3),
+                        "details": _jsonable(ref.details),
+                    }
+        return dict(sorted(out.items()))
+
+    def recover(self, ext: Any) -> int:
+        """Install the plans of bound gang members found in the cache (after a restart):
+        the bound members become bound slots; members not bound yet are planned again when
+        they come. Returns the number of gangs recovered."""
+        cache = ext.cache
+        found = recover_plans(cache.snapshot())
+        with cache.lock:
+            for gang, rp in found.items():
+                if gang in cache.plans:
+                    continue
+                slots = {
+                    f"bound-{m.pod}": Slot(f"bound-{m.pod}", "", m.node, m.gpus, m.pod, BOUND)
+                    for m in rp.members
+                }
+                now = cache.now()
+                cache.plans[gang] = GangPlan(
+                    gang=gang,
+                    plan_id=rp.plan_id,
+                    policy="recovered",
+                    request=GangRequest(key=gang, roles=()),
+                    slots=slots,
+                    members={m.pod: f"bound-{m.pod}" for m in rp.members},
+                    created=now,
+                    expires=now + float(ext.params.gang.plan_ttl_seconds),
+                    details={"status": "recovered", "plan_ids": list(rp.plan_ids)},
+                )
+        return len(found)
+
+
+def _slot_order(slot: str) -> tuple[str, int]:
+    role, _, i = slot.rpartition("-")
+    return (role, int(i)) if i.isdigit() else (slot, 0)
+
+
+def _outcome(names: list[str], node: str) -> FilterOutcome:
+    if node not in names:
+        return FilterOutcome((), {n: REASON_PLANNED_NODE_NOT_OFFERED for n in names}, {})
+    return FilterOutcome((node,), {n: REASON_NOT_IN_PLAN for n in names if n != node}, {})
+
+
+def _refused(names: list[str]) -> FilterOutcome:
+    return FilterOutcome((), {n: REASON_GANG_UNPLACEABLE for n in names}, {})
+
+
+def _jsonable(d: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping):
+            out[k] = _jsonable(v)
+        elif isinstance(v, list | tuple):
+            out[k] = list(v)
+        elif isinstance(v, bool | int | float | str) or v is None:
+            out[k] = v
+        else:
+            out[k] = str(v)
+    return out
+
+
+def _describe(plan: GangPlan, now: float, state: str) -> dict[str, Any]:
+    return {
+        "state": state,
+        "plan": plan.plan_id,
+        "policy": plan.policy,
+        "expires_in_s": round(plan.expires - now, 3) if state == "live" else None,
+        "slots": [
+            {
+                "slot": s.slot,
+                "role": s.role,
+                "node": s.node,
+                "gpus": list(s.gpus),
+                "member": s.member,
+                "state": s.state,
+            }
+            for s in sorted(plan.slots.values(), key=lambda s: _slot_order(s.slot))
+        ],
+        "details": _jsonable(plan.details),
+    }
+
+
+def describe_plans(ext: Any) -> dict[str, Any]:
+    """The extender's gang plans (``{}`` when it has no :class:`GangRuntime`)."""
+    gangs = getattr(ext, "gangs", None)
+    if isinstance(gangs, GangRuntime):
+        return gangs.describe_plans(ext)
+    return {}
+
+
+__all__ = [
+    "ERR_NO_PLAN",
+    "ERR_PLAN_BROKEN",
+    "REASON_GANG_UNPLACEABLE",
+    "REASON_NOT_IN_PLAN",
+    "REASON_PLANNED_NODE_NOT_OFFERED",
+    "GangPlan",
+    "GangRuntime",
+    "Slot",
+    "describe_plans",
+]
