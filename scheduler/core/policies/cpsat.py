@@ -86,6 +86,10 @@ ALIAS = "cpsat"
 SCALE = 100
 WALL_CAP_FACTOR = 3.0
 MAX_ROUNDS = 3
+LINEARIZATION_LEVEL = 2
+"""Put every linear constraint into CP-SAT's LP relaxation: with it the domain-capacity and
+fragmentation terms are bounded at the root (the default level 1 left a 10 % gap open on
+the 2,000-node benchmark after a second; level 2 proves optimality in tens of ms)."""
 
 _STATUS = {
     cp_model.OPTIMAL: "optimal",
@@ -424,6 +428,7 @@ class _Model:
         prm.random_seed = int(g.seed)
         prm.max_deterministic_time = float(g.solver_time_limit_seconds)
         prm.max_time_in_seconds = float(g.solver_time_limit_seconds) * WALL_CAP_FACTOR
+        prm.linearization_level = LINEARIZATION_LEVEL
         prm.log_search_progress = False
         status = solver.Solve(self.m)
         return solver, status
@@ -463,6 +468,7 @@ def _record(
             "workers": int(g.workers),
             "max_deterministic_time": float(g.solver_time_limit_seconds),
             "max_time_in_seconds": float(g.solver_time_limit_seconds) * WALL_CAP_FACTOR,
+            "linearization_level": LINEARIZATION_LEVEL,
         },
     }
     if view.ignored_weights:
