@@ -10,7 +10,7 @@ Pure. A gang (pod group) is placed all or nothing by a gang policy (see
 * :func:`gang_request`: build a request from the members seen so far and the declared
   size. When the gang declares more members than have been seen, the plan still covers the
   whole declared gang: the unseen members are planned **with the role and shape of the
-  first member** (the lowest pod key among the seen members), which is exact for the usual
+  first member** (the first one seen: the first in the sequence given), which is exact for the usual
   homogeneous worker gangs and conservative (it reserves GPUs) for a launcher that has not
   shown up yet; the extender re-plans when a member arrives whose role has no slot.
 * :func:`declared_size`: minMember from the PodGroup object (scheduler-plugins / KAI
@@ -206,7 +206,8 @@ def gang_request(
     """The gang of ``members`` (all of one gang), completed to its declared ``size``.
 
     Args:
-        members: the members seen so far and not yet holding resources (at least one).
+        members: the members seen so far and not yet holding resources (at least one), the
+            first one seen first: its role completes the gang up to ``size``.
         size: declared gang size (0 = unknown: the gang is the members seen plus ``fixed``).
         fixed: members already holding resources.
         fixed_roles: pod key -> role of fixed members (so their count is taken from the
@@ -221,8 +222,8 @@ def gang_request(
     gang = members[0].gang
     if any(m.gang != gang for m in members):
         raise ValueError("members of different gangs")
+    first = members[0]
     ordered = sorted(members, key=lambda m: m.key)
-    first = ordered[0]
     by_role: dict[str, list[PodRequest]] = {}
     for m in ordered:
         by_role.setdefault(role_name(m), []).append(m)
