@@ -631,6 +631,43 @@ class FragmentationModel:
         """``F_n(M)`` per node row (milli-GPU)."""
         return self.per_shape(gpu_free, cpu_free, model_ids) @ self.weights
 
+    def node_frag_artifact_order(
+        self, gpu_free: IntArray, cpu_free: IntArray, model_ids: IntArray
+    ) -> FloatArray:
+        """``F_n(M)`` per node row, rounded exactly like the FGD artifact computes it.
+
+        Same value as ``node_frag`` up to float rounding, but summed in the artifact's order:
+        ``p_m * F_n(m)`` is added, shape by shape in distribution order, to the bucket of its
+        category (a satisfiable shape's stranded part goes to ``q2_lack_gpu``), then the
+        buckets are added in the order q1, q2, q4, xl, xr, no_access. Two states with the same
+        true fragmentation but amounts in different categories can then differ by one ulp,
+        which decides FGD's integer score when the true change is exactly zero (50 vs 49).
+        """
+        total = gpu_free.sum(axis=1)
+        m = self.gpu_milli
+        ge = gpu_free[:, :, None] >= m
+        stranded = total[:, None] - (gpu_free[:, :, None] * ge).sum(axis=1)
+        cpu_ok = cpu_free[:, None] >= self.cpu_milli
+        gpu_ok = ge.sum(axis=1) >= self.num_gpu
+        access = self.access[model_ids]
+        # Bucket ids: 0 q1, 1 q2 (and stranded part of q3), 3 q4, 4 xl, 5 xr, 6 no_access.
+        gpu_cat = np.where(
+            ~access,
+            6,
+            np.where(gpu_ok, np.where(cpu_ok, 1, 3), np.where(cpu_ok, 1, 0)),
+        )
+        cat = np.where(self.needs_gpu, gpu_cat, np.where(cpu_ok, 4, 5))
+        q3 = self.needs_gpu & access & gpu_ok & cpu_ok
+        amount = np.where(q3, stranded, total[:, None]).astype(np.float64)
+        contrib = self.weights * amount  # (k, T): the artifact's freq * float64(amount)
+        buckets = np.zeros((gpu_free.shape[0], 7, len(self.weights)))
+        np.put_along_axis(buckets, cat[:, None, :], contrib[:, None, :], axis=1)
+        sums = np.cumsum(buckets, axis=2)[:, :, -1]  # sequential, in shape order
+        out = np.zeros(gpu_free.shape[0])
+        for c in (0, 1, 3, 4, 5, 6):
+            out = out + sums[:, c]
+        return out
+
     def delta_exclusive(
         self,
         gpu_free: IntArray,

@@ -339,6 +339,15 @@ def test_vectorised_deltas_match_scalar_before_minus_after(task: SharingTask) ->
             assert got[row] == pytest.approx(expected, abs=1e-9)
 
 
+def test_artifact_order_fragmentation_equals_definition() -> None:
+    # Same quantity, different float summation order: equal to rounding.
+    nodes = random_nodes(6)
+    view = SharingClusterView.from_nodes(nodes)
+    fm = FragmentationModel.build(MIXED, view.model_names)
+    got = fm.node_frag_artifact_order(view.gpu_free, view.cpu_free, view.model_ids)
+    assert got == pytest.approx([node_fragmentation(n, MIXED) for n in nodes], abs=1e-9)
+
+
 def test_feasible_mask_matches_fits() -> None:
     nodes = random_nodes(3)
     view = SharingClusterView.from_nodes(nodes)

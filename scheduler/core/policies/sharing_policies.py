@@ -48,6 +48,7 @@ from scheduler.core.sharing import (
     IntArray,
     SharingClusterView,
     SharingTask,
+    whole_gpu_choice,
 )
 
 NO_GPU = -1
@@ -323,25 +324,73 @@ class FgdPolicy(_Base):
     expected fragmentation ``F_n(M)`` before and after the placement; the node score is
     ``int(100 * sigmoid((F_before - F_after) / 1000))`` and the device is the first one with the
     best score. Whole-GPU tasks take the lowest-indexed free devices, as in the artifact.
+
+    Placements that leave the fragmentation exactly unchanged would all score 50; the artifact
+    computes before and after as separate float sums, so such a placement scores 49 or 50
+    depending on the rounding of its summation order. We reproduce that order for exactly
+    those placements (``_artifact_delta``), which makes our runs identical to the published
+    ones; elsewhere the fast, incremental delta is used.
     """
 
     def score(
         self, view: SharingClusterView, task: SharingTask, ctx: SharingContext
     ) -> SharingScores:
         """FGD score (and device) per candidate."""
-        if ctx.frag is None:
+        frag = ctx.frag
+        if frag is None:
             raise ValueError("fgd policy needs ctx.frag")
         idx = ctx.candidates
         free = view.gpu_free[idx]
         cpu = view.cpu_free[idx]
         models = view.model_ids[idx]
         if task.is_sharing:
-            per_dev = sigmoid_score(ctx.frag.delta_sharing(free, cpu, models, task))
+            delta = frag.delta_sharing(free, cpu, models, task)
+            rows, devs = np.nonzero(np.abs(delta) < ZERO_DELTA)
+            if len(rows):
+                after = free[rows].copy()
+                after[np.arange(len(rows)), devs] -= task.gpu_milli
+                delta[rows, devs] = _artifact_delta(
+                    frag, free[rows], cpu[rows], models[rows], after, cpu[rows] - task.cpu_milli
+                )
+            per_dev = sigmoid_score(delta)
             gpus = per_dev.argmax(axis=1)
             scores = per_dev[np.arange(len(idx)), gpus]
             return SharingScores(idx, scores, gpus.astype(np.int64))
-        scores = sigmoid_score(ctx.frag.delta_exclusive(free, cpu, models, task))
-        return SharingScores(idx, scores, _no_gpus(len(idx)))
+        delta = frag.delta_exclusive(free, cpu, models, task)
+        (rows,) = np.nonzero(np.abs(delta) < ZERO_DELTA)
+        if len(rows):
+            after = free[rows]
+            if task.needs_gpu:
+                after = after - whole_gpu_choice(after, task.num_gpu) * MILLI
+            delta[rows] = _artifact_delta(
+                frag, free[rows], cpu[rows], models[rows], after, cpu[rows] - task.cpu_milli
+            )
+        return SharingScores(idx, sigmoid_score(delta), _no_gpus(len(idx)))
+
+
+ZERO_DELTA = 1e-6
+"""Below this |delta| (milli-GPU) the true fragmentation change is exactly zero.
+
+A non-zero change is a sum of integer milli amounts weighted by shape popularity (count /
+covered count), so it is at least 1 / (number of tasks) in magnitude, far above 1e-6.
+"""
+
+
+def _artifact_delta(
+    frag: FragmentationModel,
+    free: IntArray,
+    cpu: IntArray,
+    models: IntArray,
+    free_after: IntArray,
+    cpu_after: IntArray,
+) -> np.ndarray:
+    """``F_before - F_after`` rounded as the artifact rounds it (see
+    ``FragmentationModel.node_frag_artifact_order``). Used only where the exact change is zero:
+    there the sign of the rounding error decides between scores 50 and 49, and the artifact
+    (whose published runs we reproduce) keeps whatever its summation order yields."""
+    before = frag.node_frag_artifact_order(free, cpu, models)
+    after = frag.node_frag_artifact_order(free_after, cpu_after, models)
+    return before - after
 
 
 @register_sharing_policy("least-allocated")
