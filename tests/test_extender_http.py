@@ -412,3 +412,33 @@ def test_invalid_min_link_is_an_error_not_a_crash() -> None:
 
 def test_cluster_list_helper_is_a_list() -> None:
     assert as_list([])["kind"] == "List"
+
+
+def test_fixture_gang_member_keeps_hardware_reasons() -> None:
+    """The fixture pod carries all three pod-group markers: with the gang runtime, its
+    one-member plan decides the node while broken nodes keep their "never" reasons."""
+    from scheduler.gangs import GangRuntime
+
+    ext = Extender(fixture_cache(), gangs=GangRuntime())
+    c = asgi_client(ext)
+    body = c.post(
+        "/scheduler/filter", content=orjson.dumps(fixture("filter_args_nodenames.json"))
+    ).json()
+    assert body["NodeNames"] == ["dgx-h100-01"]
+    assert body["FailedAndUnresolvableNodes"] == {
+        "dgx-h100-02": "node not ready",
+        "dgx-h100-03": REASON_CORDONED,
+    }
+    assert set(body["FailedNodes"]) == {"dgx-h100-04"}
+    assert c.post("/scheduler/bind", content=orjson.dumps(fixture("bind_args.json"))).json() == {
+        "Error": ""
+    }
+    placed = ext.cache.snapshot().pods["ml-train/llama3-70b-ft-worker-0-8kq2w"]
+    assert (
+        placed.gang == "ml-train/llama3-70b-ft"
+        and placed.node == "dgx-h100-01"
+        and len(placed.gpus) == 4
+    )
+    ann = placed.raw["metadata"]["annotations"]["topoplace.io/placement"]
+    rec = orjson.loads(ann)
+    assert rec["v"] == 1 and rec["gang"] == "ml-train/llama3-70b-ft" and rec["plan"]

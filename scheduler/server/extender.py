@@ -91,6 +91,21 @@ def _bound_pod(pod: Mapping[str, Any], node: str, annotation: str) -> dict[str, 
     return {**pod, "metadata": m, "spec": spec}
 
 
+def _merge_gang(base: FilterOutcome, planned: FilterOutcome) -> FilterOutcome:
+    """Combine the gang plan's verdict with the single-pod verdict.
+
+    The plan decides which node a member may use (its own GPUs are reserved, so the
+    single-pod filter would call that node full); broken hardware stays "never"
+    (FailedAndUnresolvableNodes), so kube-scheduler's event names the real cause and
+    preemption does not evict pods for a node that cannot serve anyway.
+    """
+    unres = dict(base.unresolvable)
+    feasible = tuple(n for n in planned.feasible if n not in unres)
+    failed = {n: r for n, r in planned.failed.items() if n not in unres}
+    failed.update((n, r) for n, r in planned.unresolvable.items() if n not in unres)
+    return FilterOutcome(feasible, failed, unres)
+
+
 class Extender:
     """filter / prioritize / bind / preempt over one cache.
 
@@ -141,7 +156,10 @@ class Extender:
             self.cache.remember_pending(pod)
         out: FilterOutcome | None = None
         if self.gangs is not None and req.gang:
-            out = self.gangs.filter(self, pod, req, use_names)
+            planned = self.gangs.filter(self, pod, req, use_names)
+            if planned is not None:
+                base = filter_nodes(self.cache.snapshot(), req, use_names, self.params)
+                out = _merge_gang(base, planned)
         if out is None:
             out = filter_nodes(self.cache.snapshot(), req, use_names, self.params)
         self._count_filter(out)
