@@ -46,6 +46,7 @@ from benchmarks.clusters import dgx_h100_nodes, make_pod, nvl72_racks
 from scheduler.core.gang import GangRequest, simple_gang
 from scheduler.core.params import SchedParams
 from scheduler.core.policies.common import GangView, lower_bounds, nested_bounds
+from scheduler.core.policies.cpsat import LINEARIZATION_LEVEL, wall_cap
 from scheduler.core.policies.registry import distinct_policies
 from scheduler.core.schedule import PlacementResult
 from scheduler.core.snapshot import ClusterSnapshot, build_snapshot
@@ -228,7 +229,8 @@ def conditions(params: SchedParams, runs: int) -> list[str]:
         f"{platform.system()} {platform.release()}",
         f"python {platform.python_version()}, numpy {np.__version__}, ortools {ortools.__version__}",
         f"CP-SAT: workers {g.workers}, seed {g.seed}, max_deterministic_time "
-        f"{g.solver_time_limit_seconds} s, wall cap {3 * g.solver_time_limit_seconds} s",
+        f"{g.solver_time_limit_seconds} s, wall cap {wall_cap(g.solver_time_limit_seconds)} s, "
+        f"linearization level {LINEARIZATION_LEVEL}",
         f"runs per cell: {runs} (p99 over {runs} runs = near max); times are whole plan() calls "
         "in one process, snapshot prebuilt",
     ]

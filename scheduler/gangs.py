@@ -202,7 +202,6 @@ class GangRuntime:
                 req = self._members.get(plan.gang, {}).get(s.member)
                 if (
                     req is not None
-                    and req.gpus > 0
                     and cache.pending(s.member) is None
                     and snap.pods.get(s.member) is None
                 ):
@@ -248,9 +247,13 @@ class GangRuntime:
             if not p.key.startswith(RESERVATION_PREFIX)
         ]
         fixed_keys = {f.pod for f in fixed}
-        members = [m for k, m in sorted(seen.items()) if k not in fixed_keys]
-        for k in [k for k in seen if k in fixed_keys]:
-            del seen[k]
+        cache = ext.cache
+        for k in list(seen):
+            gone = k != req.key and cache.pending(k) is None
+            if k in fixed_keys or gone:
+                del seen[k]  # bound already, or deleted while pending
+        # Insertion order = order seen: the first member's role completes the gang.
+        members = list(seen.values())
         return gang_request(members, declared_size(req, snap), fixed)
 
     def _plan(self, ext: Any, req: PodRequest, event: str) -> GangPlan | _Refusal:
@@ -349,6 +352,10 @@ class GangRuntime:
         if not req.gang:
             return None
         cache = ext.cache
+        if req.gpus <= 0:
+            # The extender remembers only GPU pods for bind; gang members without GPUs
+            # (launchers) must be found at bind too.
+            cache.remember_pending(pod)
         with self._plan_lock:
             plan = self._live_plan(ext, req.gang)
             if plan is not None:
@@ -441,10 +448,13 @@ class GangRuntime:
                     while len(self._done) > DONE_KEPT:
                         self._done.popitem(last=False)
                     self._members.pop(req.gang, None)
-            else:
-                if slot.state == BINDING:
-                    slot.state = RESERVED  # its reservation is gone: the plan is broken
+            elif slot.state == BINDING:
+                # The member's reservation was released for a bind that failed: the plan
+                # cannot be followed any more; drop it whole (re-planned at the next filter).
+                slot.state = RESERVED
                 self._drop(ext, req.gang, None, "bind failed")
+            # A bind refused before its reservation was released (wrong node, unknown
+            # member) leaves the plan intact.
 
     # ---- inspection and recovery ----------------------------------------------------------
 

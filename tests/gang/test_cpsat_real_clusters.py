@@ -86,8 +86,8 @@ def test_nvl72_unhealthy_trays_are_never_used_and_are_reported() -> None:
     res = plan(rack, simple_gang("ml/train", 17, 4, required="nvlink-domain"))
     assert not res.ok
     assert res.reason == (
-        "needs 17 nodes with 4 free healthy GPUs; the cluster has room for 16 now "
-        "(2 nodes unhealthy)"
+        "needs 17 nodes with 4 free healthy GPUs inside one nvlink-domain; "
+        "the whole cluster has room for 16 now (2 nodes unhealthy)"
     )
 
 

@@ -599,8 +599,15 @@ def refusal_message(view: GangView, bounds: Bounds | None = None) -> str:
         total = int(view.slots[r].sum()) if len(view.pos) else 0
         per_node = int(view.slots[r].max()) if len(view.pos) else 0
         if total < role.count:
+            inside = ""
+            if view.required >= 0:
+                inside = f" inside one {view.level_name(view.required)}"
+            elif view.required == REQ_NODE:
+                inside = " on one node"
+            whole = "the whole cluster" if inside else "the cluster"
             return (
-                f"needs {_need_phrase(role, per_node)}; the cluster has room for {total} now" + note
+                f"needs {_need_phrase(role, per_node)}{inside}; {whole} has room for {total} now"
+                + note
             )
     if view.required != REQ_NONE and not bounds.scopes:
         lvl = view.level_name(view.required)

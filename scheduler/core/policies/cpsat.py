@@ -33,8 +33,9 @@ Soft objective (minimised; integer, weights from ``params.gang.weights`` over
   achievable tier bandwidth lost (telescoping over tiers);
 * health: ``health * risk`` per member;
 * fragmentation: ``fragmentation`` per untouched domain opened (fill partly used domains
-  first), ``nvl_reserve`` per untouched NVLink domain opened by a gang that does not need
-  one, and ``fragmentation / 8`` per GPU left free on a used node;
+  first), ``fragmentation / 2`` per untouched node opened, ``nvl_reserve`` per untouched
+  NVLink domain opened by a gang that does not need one, and ``fragmentation / 8`` per GPU
+  left free on a used node;
 * spares: ``spare`` per node missing from ``params.gang.spare_nodes`` free candidate nodes
   left in the chosen required (else preferred) domain;
 * cost: ``cost * node cost`` per node used (label ``topoplace.io/cost`` or weight map
@@ -42,8 +43,8 @@ Soft objective (minimised; integer, weights from ``params.gang.weights`` over
 
 Determinism: one search worker by default (``params.gang.workers``), ``random_seed =
 params.gang.seed``, a deterministic-time limit (``max_deterministic_time``) equal to the
-configured time limit, and a wall-clock cap (``max_time_in_seconds``) of three times it as a
-safety net only. When the wall clock is not the binding limit (the normal case, see the
+configured time limit, and a wall-clock cap (``max_time_in_seconds``) of three times it plus
+one second as a safety net only. When the wall clock is not the binding limit (the normal case, see the
 benchmark), the same input gives the same placement in every process. The greedy placement
 (:mod:`greedy_topology`) is given as a hint; when the solver returns nothing in time the
 greedy placement is used (status ``fallback``).
@@ -85,6 +86,16 @@ NAME = "topoplace"
 ALIAS = "cpsat"
 SCALE = 100
 WALL_CAP_FACTOR = 3.0
+WALL_CAP_FLOOR = 1.0
+
+
+def wall_cap(limit: float) -> float:
+    """Wall-clock safety cap for a deterministic-time limit: generous enough that it never
+    binds before the deterministic limit on a loaded machine (so results stay identical),
+    while still bounding the time a pathological model can take."""
+    return limit * WALL_CAP_FACTOR + WALL_CAP_FLOOR
+
+
 MAX_ROUNDS = 3
 LINEARIZATION_LEVEL = 2
 """Put every linear constraint into CP-SAT's LP relaxation: with it the domain-capacity and
@@ -362,7 +373,11 @@ class _Model:
                 add_obj(v, w["health"] * SCALE * float(cls.risk[c]))
                 if roles[r].gpus > 0:
                     add_obj(v, -strand * roles[r].gpus)
-            add_obj(self.n[c], strand * int(cls.free[c]) + w["cost"] * SCALE * float(cls.cost[c]))
+            opened = w["fragmentation"] * SCALE / 2.0 if cls.untouched[c] else 0.0
+            add_obj(
+                self.n[c],
+                strand * int(cls.free[c]) + opened + w["cost"] * SCALE * float(cls.cost[c]),
+            )
 
         # Fragmentation: untouched domains opened; NVL reserve.
         nvl = next((li for li, lv in enumerate(view.levels) if lv.name == NVLINK_LEVEL), -1)
@@ -427,7 +442,7 @@ class _Model:
         prm.num_workers = int(g.workers)
         prm.random_seed = int(g.seed)
         prm.max_deterministic_time = float(g.solver_time_limit_seconds)
-        prm.max_time_in_seconds = float(g.solver_time_limit_seconds) * WALL_CAP_FACTOR
+        prm.max_time_in_seconds = wall_cap(float(g.solver_time_limit_seconds))
         prm.linearization_level = LINEARIZATION_LEVEL
         prm.log_search_progress = False
         status = solver.Solve(self.m)
@@ -467,7 +482,7 @@ def _record(
             "seed": int(g.seed),
             "workers": int(g.workers),
             "max_deterministic_time": float(g.solver_time_limit_seconds),
-            "max_time_in_seconds": float(g.solver_time_limit_seconds) * WALL_CAP_FACTOR,
+            "max_time_in_seconds": wall_cap(float(g.solver_time_limit_seconds)),
             "linearization_level": LINEARIZATION_LEVEL,
         },
     }
