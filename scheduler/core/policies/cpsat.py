@@ -28,7 +28,8 @@ Soft objective (minimised; integer, weights from ``params.gang.weights`` over
 :data:`~scheduler.core.policies.common.DEFAULT_WEIGHTS`, recorded with every result):
 
 * compactness: ``compactness * 2**i * D_l`` for the i-th level from the closest, plus
-  ``preferred * D_P`` at a preferred level;
+  ``preferred * D_P`` at a preferred level P, where P and the levels above it are made
+  lexicographic (a domain fewer there outweighs any change below);
 * bandwidth: ``bandwidth * sum_l (b_l - b_{l+1}) / b_best * (1 - s_l)``: the share of the best
   achievable tier bandwidth lost (telescoping over tiers);
 * health: ``health * risk`` per member;
@@ -297,6 +298,8 @@ class _Model:
             if lb > 0:
                 m.Add(expr >= lb)
 
+        self.lw = self._level_weights(bounds)
+
         # Conditional (nested) bounds: at most k parent domains => at least LB_k children,
         # plus the pair cut  w_c * D_child + w_p * D_parent >= min_k (w_c * LB_k + w_p * k)
         # that hands the LP the exact compactness bound of the pair.
@@ -313,8 +316,8 @@ class _Model:
                 b = m.NewBoolVar(f"nb{li}_{kk}")
                 m.Add(self.d_expr[parent] >= kk + 1).OnlyEnforceIf(b.Not())
                 m.Add(self.d_expr[li] >= lbk).OnlyEnforceIf(b)
-            wc = self._level_weight(li)
-            wp = self._level_weight(parent)
+            wc = self.lw[li]
+            wp = self.lw[parent]
             lb_c = max(1, bounds.per_level.get(view.levels[li].name, 1))
             k_hi = max(table) + 1
             best = min([wc * v + wp * kk for kk, v in table.items()] + [wc * lb_c + wp * k_hi])
@@ -338,7 +341,7 @@ class _Model:
         for li in range(nl):
             if li in self.d_const:
                 continue
-            add_obj(self.d_expr[li], self._level_weight(li))
+            add_obj(self.d_expr[li], self.lw[li])
 
         # Bandwidth tiers: s_l = whole gang in one domain of level l.
         fabric = view.params.fabric
@@ -409,13 +412,33 @@ class _Model:
         if hint is not None:
             self._hint(hint)
 
-    def _level_weight(self, li: int) -> int:
-        """Objective coefficient of one domain at level ``li``."""
-        w = self.view.weights
-        c = w["compactness"] * SCALE * (2**li)
-        if li == self.view.preferred:
-            c += w["preferred"] * SCALE
-        return int(round(c))
+    def _level_weights(self, bounds: Bounds) -> dict[int, int]:
+        """Objective coefficient of one domain per level.
+
+        ``compactness * 2**i`` (coarser tiers cost more: each one up halves the bandwidth in
+        the default fabric). With a preferred level P, P and every coarser level become
+        lexicographic: one domain fewer there outweighs any change at the finer levels
+        (their widest possible swing), which is what "preferred" means in Kueue and KAI
+        (stay in one P domain if at all possible, else in one domain of the next level up).
+        """
+        view = self.view
+        w = view.weights
+        size = view.gang.size + len(view.gang.fixed)
+        out: dict[int, int] = {}
+        swing = 0
+        for li in range(len(view.levels)):
+            if li in self.d_const:
+                out[li] = 0
+                continue
+            c = w["compactness"] * SCALE * (2**li)
+            if view.preferred >= 0 and li >= view.preferred:
+                if li == view.preferred:
+                    c += w["preferred"] * SCALE
+                c = max(c, swing + 1)
+            out[li] = int(round(c))
+            lb = max(1, bounds.per_level.get(view.levels[li].name, 1))
+            swing += out[li] * max(0, min(self.d_max[li], size) - lb)
+        return out
 
     def _hint(self, f: Filler) -> None:
         cls = self.cls
