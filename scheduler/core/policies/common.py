@@ -308,14 +308,23 @@ class GangView:
             slots[:, busy] = 0
 
         # Fabric domain codes over ALL nodes (needed for whole-free domains and fixed members).
-        paths = [nd.fabric_path for nd in snap.nodes]
+        # Nodes share few distinct paths (one per leaf or rack): code the distinct paths,
+        # then index (one dict lookup per node instead of one per node and level).
+        distinct: dict[tuple[str | None, ...], int] = {}
+        path_of = np.fromiter(
+            (distinct.setdefault(nd.fabric_path, len(distinct)) for nd in snap.nodes),
+            dtype=np.int64,
+            count=n,
+        )
+        upaths = list(distinct)
         codes_all = []
         dom_names = []
         for lv in all_levels:
             arr, nm = _codes(
-                (p[lv.path_index] if lv.path_index < len(p) else None for p in paths), n
+                (p[lv.path_index] if lv.path_index < len(p) else None for p in upaths),
+                len(upaths),
             )
-            codes_all.append(arr)
+            codes_all.append(arr[path_of] if n else np.zeros(0, dtype=np.int64))
             dom_names.append(nm)
 
         # Fixed members pin the required domain.

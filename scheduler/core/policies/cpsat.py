@@ -192,11 +192,11 @@ class _Model:
         roles = view.roles
         k = len(cls.size)
         w = view.weights
-        sum_ = cp_model.LinearExpr.Sum
-        wsum = cp_model.LinearExpr.WeightedSum
+        sum_ = cp_model.LinearExpr.sum
+        wsum = cp_model.LinearExpr.weighted_sum
 
         # Variables per class.
-        self.n = [m.NewIntVar(0, int(cls.size[c]), f"n{c}") for c in range(k)]
+        self.n = [m.new_int_var(0, int(cls.size[c]), f"n{c}") for c in range(k)]
         self.y: dict[tuple[int, int], Any] = {}
         for r, role in enumerate(roles):
             if role.count <= 0:
@@ -204,7 +204,7 @@ class _Model:
             for c in range(k):
                 s = int(cls.slots[r, c])
                 if s > 0:
-                    self.y[r, c] = m.NewIntVar(
+                    self.y[r, c] = m.new_int_var(
                         0, min(role.count, s * int(cls.size[c])), f"y{r}_{c}"
                     )
         by_class: dict[int, list[tuple[int, Any]]] = {}
@@ -213,17 +213,17 @@ class _Model:
         for r, role in enumerate(roles):
             vs = [v for (rr, _), v in self.y.items() if rr == r]
             if role.count > 0:
-                m.Add(sum_(vs) == role.count)
+                m.add(sum_(vs) == role.count)
         gpu_roles = [r for r, role in enumerate(roles) if role.gpus > 0 and role.count > 0]
         cpu_roles = [r for r, role in enumerate(roles) if role.cpu_milli > 0 and role.count > 0]
         mem_roles = [r for r, role in enumerate(roles) if role.memory_bytes > 0 and role.count > 0]
         for c in range(k):
             ys = by_class.get(c, [])
             for r, v in ys:
-                m.Add(v <= int(cls.slots[r, c]) * self.n[c])
-            m.Add(self.n[c] <= sum_([v for _, v in ys]))
+                m.add(v <= int(cls.slots[r, c]) * self.n[c])
+            m.add(self.n[c] <= sum_([v for _, v in ys]))
             if len([r for r, _ in ys if r in gpu_roles]) > 1:
-                m.Add(
+                m.add(
                     wsum(
                         [v for r, v in ys if r in gpu_roles],
                         [roles[r].gpus for r, _ in ys if r in gpu_roles],
@@ -231,7 +231,7 @@ class _Model:
                     <= int(cls.free[c]) * self.n[c]
                 )
             if len([r for r, _ in ys if r in cpu_roles]) > 1 and cls.cpu_min[c] < BIG:
-                m.Add(
+                m.add(
                     wsum(
                         [v for r, v in ys if r in cpu_roles],
                         [roles[r].cpu_milli for r, _ in ys if r in cpu_roles],
@@ -239,7 +239,7 @@ class _Model:
                     <= int(cls.cpu_min[c]) * self.n[c]
                 )
             if len([r for r, _ in ys if r in mem_roles]) > 1 and cls.mem_min[c] < BIG:
-                m.Add(
+                m.add(
                     wsum(
                         [v for r, v in ys if r in mem_roles],
                         [roles[r].memory_bytes for r, _ in ys if r in mem_roles],
@@ -278,25 +278,25 @@ class _Model:
                 continue
             terms = []
             for d in labelled.tolist():
-                u = m.NewBoolVar(f"u{li}_{d}")
+                u = m.new_bool_var(f"u{li}_{d}")
                 self.u[li, d] = u
                 terms.append(u)
                 in_d = np.flatnonzero(doms == d)
                 for c in in_d.tolist():
-                    m.Add(self.n[c] <= int(cls.size[c]) * u)
+                    m.add(self.n[c] <= int(cls.size[c]) * u)
                 cap = int(sum(int(cls.slots[p, c]) * int(cls.size[c]) for c in in_d.tolist()))
                 yp = [self.y[p, c] for c in in_d.tolist() if (p, c) in self.y]
                 if yp and cap < roles[p].count:
-                    m.Add(sum_(yp) <= cap * u)
+                    m.add(sum_(yp) <= cap * u)
                 if d in fixed:
-                    m.Add(u == 1)
+                    m.add(u == 1)
             const = len([d for d in fixed if d < 0 or d not in set(labelled.tolist())])
             expr = sum_(terms + [self.n[c] for c in singles]) + const
             self.d_expr[li] = expr
             self.d_max[li] = len(terms) + int(sum(int(cls.size[c]) for c in singles)) + const
             lb = bounds.per_level.get(view.levels[li].name, -1)
             if lb > 0:
-                m.Add(expr >= lb)
+                m.add(expr >= lb)
 
         self.lw = self._level_weights(bounds)
 
@@ -310,32 +310,32 @@ class _Model:
             parent = li + 1
             if parent in self.d_const:
                 if 1 in table:
-                    m.Add(self.d_expr[li] >= table[1])
+                    m.add(self.d_expr[li] >= table[1])
                 continue
             for kk, lbk in sorted(table.items()):
-                b = m.NewBoolVar(f"nb{li}_{kk}")
-                m.Add(self.d_expr[parent] >= kk + 1).OnlyEnforceIf(b.Not())
-                m.Add(self.d_expr[li] >= lbk).OnlyEnforceIf(b)
+                b = m.new_bool_var(f"nb{li}_{kk}")
+                m.add(self.d_expr[parent] >= kk + 1).only_enforce_if(b.negated())
+                m.add(self.d_expr[li] >= lbk).only_enforce_if(b)
             wc = self.lw[li]
             wp = self.lw[parent]
             lb_c = max(1, bounds.per_level.get(view.levels[li].name, 1))
             k_hi = max(table) + 1
             best = min([wc * v + wp * kk for kk, v in table.items()] + [wc * lb_c + wp * k_hi])
-            m.Add(wc * self.d_expr[li] + wp * self.d_expr[parent] >= best)
+            m.add(wc * self.d_expr[li] + wp * self.d_expr[parent] >= best)
 
         # Required level.
         if view.required == REQ_NODE:
-            m.Add(sum_(self.n) == 1)
+            m.add(sum_(self.n) == 1)
         elif view.required >= 0 and view.required not in self.d_const:
             li = view.required
             doms = cls.dom[li]
             choose = [u for (lv, _), u in self.u.items() if lv == li]
             for c in range(k):
                 if doms[c] < 0:
-                    b = m.NewBoolVar(f"b{c}")
-                    m.Add(self.n[c] <= b)
+                    b = m.new_bool_var(f"b{c}")
+                    m.add(self.n[c] <= b)
                     choose.append(b)
-            m.Add(sum_(choose) == 1)
+            m.add(sum_(choose) == 1)
 
         # Objective: compactness (+ preferred level).
         for li in range(nl):
@@ -357,11 +357,11 @@ class _Model:
             if li in self.d_const:
                 s = None
             else:
-                s = m.NewBoolVar(f"s{li}")
+                s = m.new_bool_var(f"s{li}")
                 self.s[li] = s
-                m.Add(self.d_expr[li] <= 1 + self.d_max[li] * (1 - s))
+                m.add(self.d_expr[li] <= 1 + self.d_max[li] * (1 - s))
                 if prev_s is not None:
-                    m.Add(s <= prev_s)
+                    m.add(s <= prev_s)
                 coef = w["bandwidth"] * SCALE * delta
                 if int(round(coef)):
                     offset += int(round(coef))
@@ -402,12 +402,12 @@ class _Model:
                 in_d = [c for c in np.flatnonzero(doms == d).tolist() if cls.slots[p, c] > 0]
                 if not in_d:
                     continue
-                miss = m.NewIntVar(0, spare, f"miss{d}")
+                miss = m.new_int_var(0, spare, f"miss{d}")
                 total = int(sum(int(cls.size[c]) for c in in_d))
-                m.Add(miss >= spare * u - (total - sum_([self.n[c] for c in in_d])))
+                m.add(miss >= spare * u - (total - sum_([self.n[c] for c in in_d])))
                 add_obj(miss, w["spare"] * SCALE)
 
-        m.Minimize(wsum(obj_terms, obj_coefs) + offset)
+        m.minimize(wsum(obj_terms, obj_coefs) + offset)
         self.offset = offset
         if hint is not None:
             self._hint(hint)
@@ -451,12 +451,12 @@ class _Model:
                 if (r, c) in ny:
                     ny[r, c] += 1
         for key, v in self.y.items():
-            self.m.AddHint(v, ny[key])
+            self.m.add_hint(v, ny[key])
         for c, v in enumerate(self.n):
-            self.m.AddHint(v, nn[c])
+            self.m.add_hint(v, nn[c])
         for (li, d), u in self.u.items():
             used = any(nn[c] > 0 for c in np.flatnonzero(cls.dom[li] == d).tolist())
-            self.m.AddHint(u, int(used))
+            self.m.add_hint(u, int(used))
 
     def solve(self, params: SchedParams) -> tuple[cp_model.CpSolver, int]:
         solver = cp_model.CpSolver()
@@ -468,7 +468,7 @@ class _Model:
         prm.max_time_in_seconds = wall_cap(float(g.solver_time_limit_seconds))
         prm.linearization_level = LINEARIZATION_LEVEL
         prm.log_search_progress = False
-        status = solver.Solve(self.m)
+        status = solver.solve(self.m)
         return solver, status
 
     def materialize(self, solver: cp_model.CpSolver) -> tuple[Filler, set[int]]:
@@ -479,12 +479,12 @@ class _Model:
         bad: set[int] = set()
         order = role_order(view)
         for c in range(len(cls.size)):
-            n = solver.Value(self.n[c])
+            n = solver.value(self.n[c])
             if n <= 0:
                 continue
             nodes = cls.members[c].tolist()
             for r in order:
-                want = solver.Value(self.y[r, c]) if (r, c) in self.y else 0
+                want = solver.value(self.y[r, c]) if (r, c) in self.y else 0
                 for j in nodes:
                     if want <= 0:
                         break
@@ -513,8 +513,8 @@ def _record(
         rec["ignored_weights"] = list(view.ignored_weights)
     if solver is not None and cp_status is not None:
         has = cp_status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-        obj = solver.ObjectiveValue() if has else None
-        bound = solver.BestObjectiveBound() if has else None
+        obj = solver.objective_value if has else None
+        bound = solver.best_objective_bound if has else None
         rec["solver_status"] = _STATUS.get(cp_status, str(cp_status))
         rec["objective"] = round(obj / SCALE, 4) if obj is not None else None
         rec["bound"] = round(bound / SCALE, 4) if bound is not None else None
@@ -523,7 +523,7 @@ def _record(
             if obj is not None and bound is not None
             else None
         )
-        rec["solve_time_ms"] = round(solver.WallTime() * 1000, 3)
+        rec["solve_time_ms"] = round(solver.wall_time * 1000, 3)
         rec["deterministic_time"] = round(solver.deterministic_time, 6)
     rec.update(kw)
     return rec
