@@ -1,0 +1,262 @@
+"""Health history: flapping memory with exponential decay, settle time, XID bursts over time,
+and the mutable tracker wired into the cache."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.clusters import make_node
+from scheduler.cache import ClusterCache
+from scheduler.core.health import (
+    REASON_FAILED_BEFORE,
+    REASON_FLAPPING,
+    REASON_HEARTBEAT_STALE,
+    REASON_NOT_READY,
+    REASON_SETTLING,
+    REASON_XID_BURST,
+    HealthParams,
+)
+from scheduler.core.health_history import (
+    HealthHistory,
+    NodeHistory,
+    adjust,
+    flap_risk,
+    forget_node,
+    observe,
+)
+from scheduler.core.model import Health, NodeHealth, PodRequest
+from scheduler.core.params import SchedParams
+from scheduler.core.schedule import filter_nodes, place_pod, score_nodes
+from scheduler.health_tracker import HealthTracker
+from tests.health.builders import HEARTBEAT, device, dgx, taint
+
+H, D, U = Health.HEALTHY, Health.DEGRADED, Health.UNHEALTHY
+P = HealthParams()
+HL = P.flap_half_life_seconds
+W = P.flap_weight
+OK = NodeHealth()
+DOWN = NodeHealth(U, ("node not ready",), 1.0)
+
+
+def run(seq: list[tuple[float, NodeHealth]], params: HealthParams = P) -> HealthHistory:
+    h = HealthHistory()
+    for t, v in seq:
+        h = observe(h, "n1", v, t, params=params)
+    return h
+
+
+ONE_FAILURE = [(0.0, OK), (100.0, DOWN), (700.0, OK)]  # down 10 min, recovered at t=700
+FLAPPING = [
+    (0.0, OK),
+    (100.0, DOWN),
+    (400.0, OK),
+    (3000.0, DOWN),
+    (3300.0, OK),
+    (6000.0, DOWN),
+    (6300.0, OK),
+]
+
+
+# (description, observations, time of judgement, expected state, reasons, risk)
+HISTORY_ROWS = [
+    ("never failed: trusted", [(0.0, OK)], 10_000.0, H, (), 0.0),
+    (
+        "currently down: unchanged verdict",
+        [(0.0, OK), (100.0, DOWN)],
+        200.0,
+        U,
+        ("node not ready",),
+        1.0,
+    ),
+    (
+        "just recovered: settling, DEGRADED",
+        ONE_FAILURE,
+        800.0,
+        D,
+        (REASON_SETTLING, REASON_FAILED_BEFORE),
+        1 - (1 - P.settle_risk) * (1 - W * 0.5 ** (700 / HL)),
+    ),
+    (
+        "settled after one failure: HEALTHY but carries decayed risk",
+        ONE_FAILURE,
+        700.0 + P.settle_seconds + 1,
+        H,
+        (REASON_FAILED_BEFORE,),
+        W * 0.5 ** ((600 + P.settle_seconds + 1) / HL),
+    ),
+    (
+        "one half-life later the risk has halved",
+        ONE_FAILURE,
+        100.0 + HL,
+        H,
+        (REASON_FAILED_BEFORE,),
+        W / 2,
+    ),
+    (
+        "ten half-lives later almost forgotten",
+        ONE_FAILURE,
+        100.0 + 10 * HL,
+        H,
+        (REASON_FAILED_BEFORE,),
+        W / 1024,
+    ),
+    (
+        "flapping node (3 failures in 2 h) after settling: DEGRADED, failed repeatedly",
+        FLAPPING,
+        6300.0 + P.settle_seconds,
+        D,
+        (REASON_FLAPPING,),
+        sum(W * 0.5 ** ((6300.0 + P.settle_seconds - t) / HL) for t in (100.0, 3000.0, 6000.0)),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "desc,seq,at,state,reasons,risk", HISTORY_ROWS, ids=[r[0] for r in HISTORY_ROWS]
+)
+def test_history_adjusts_verdicts(desc, seq, at, state, reasons, risk) -> None:  # noqa: ANN001
+    h = run(seq)
+    current = seq[-1][1]
+    v = adjust(current, h.of("n1"), at, P)
+    assert v.state == state
+    assert set(v.reasons) == set(reasons) | set(current.reasons)
+    assert v.risk == pytest.approx(risk, abs=1e-5)
+
+
+def test_flap_risk_decays_with_the_configured_half_life() -> None:
+    for half_life in (600.0, 3600.0, 86_400.0):
+        p = HealthParams(flap_half_life_seconds=half_life)
+        node = run(ONE_FAILURE, p).of("n1")
+        r0 = flap_risk(node, 100.0, p)
+        assert r0 == pytest.approx(p.flap_weight)
+        for k in (1, 2, 3):
+            assert flap_risk(node, 100.0 + k * half_life, p) == pytest.approx(r0 / 2**k, rel=1e-4)
+
+
+def test_flapping_node_stays_riskier_than_a_one_off_failure_and_decays_back() -> None:
+    at = 6300.0 + P.settle_seconds
+    once = adjust(OK, run(ONE_FAILURE).of("n1"), at, P)
+    flappy = adjust(OK, run(FLAPPING).of("n1"), at, P)
+    assert flappy.risk > once.risk and flappy.state == D
+    much_later = adjust(OK, run(FLAPPING).of("n1"), at + 3 * HL, P)
+    assert much_later.state == H and much_later.risk < P.flap_degraded_risk
+
+
+def test_settle_time_is_configurable_and_restarts_on_every_recovery() -> None:
+    p = HealthParams(settle_seconds=60.0)
+    node = run(ONE_FAILURE, p).of("n1")
+    assert adjust(OK, node, 750.0, p).state == D
+    assert adjust(OK, node, 761.0, p).state == H
+    again = run([*ONE_FAILURE, (2000.0, DOWN), (2100.0, OK)], p).of("n1")
+    assert adjust(OK, again, 2150.0, p).state == D
+
+
+def test_observe_is_idempotent_bounded_and_pure() -> None:
+    h = run(ONE_FAILURE)
+    assert observe(h, "n1", OK, 800.0) is h  # same state again: nothing changes
+    p = HealthParams(history_max_events=4)
+    many = run([(float(t), DOWN if t % 2 else OK) for t in range(40)], p)
+    assert len(many.of("n1").events) == 4
+    before = dict(h.nodes)
+    observe(h, "n2", DOWN, 900.0)
+    assert dict(h.nodes) == before
+    assert forget_node(h, "n1").of("n1") == NodeHistory()
+    assert forget_node(h, "zz") is h
+
+
+def test_time_never_goes_back() -> None:
+    h = run([(1000.0, OK), (2000.0, DOWN)])
+    h = observe(h, "n1", OK, 1500.0)  # a late, out-of-order event
+    assert [t for t, _ in h.of("n1").events] == [2000.0, 2000.0]
+
+
+def test_history_disabled_returns_the_verdict() -> None:
+    p = HealthParams(history=False)
+    assert adjust(OK, run(FLAPPING, p).of("n1"), 6400.0, p) == OK
+
+
+def test_xid_burst_across_observations() -> None:
+    """No single snapshot shows three XIDs, but three arrive within the window."""
+    h = HealthHistory()
+    for i, t in enumerate((0.0, 600.0, 1200.0)):
+        h = observe(h, "n1", OK, t, xids=[(t, f"dra/gpu-{i}/94/{t}")])
+        v = adjust(OK, h.of("n1"), t, P)
+    assert v.state == D and REASON_XID_BURST in v.reasons
+    # The same signal seen again is not counted twice; old ones leave the window.
+    h2 = observe(h, "n1", OK, 1300.0, xids=[(1200.0, "dra/gpu-2/94/1200.0")])
+    assert len(h2.of("n1").xids) == 3
+    later = observe(h, "n1", OK, 1200.0 + P.xid_window_seconds + 1)
+    assert adjust(OK, later.of("n1"), 1200.0 + P.xid_window_seconds + 1, P).state == H
+
+
+# ---- tracker + cache hook -----------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_cache_without_tracker_keeps_its_behaviour() -> None:
+    sp = SchedParams()
+    cache = ClusterCache.from_objects([dgx("a")], [], sp)
+    cache.upsert_node(dgx("a", ready=False))
+    cache.upsert_node(dgx("a"))
+    assert cache.snapshot().node("a").health == OK
+
+
+def test_cache_with_tracker_remembers_a_flapping_node() -> None:
+    sp = SchedParams()
+    clock = Clock(HEARTBEAT + 10)
+    tracker = HealthTracker(sp.health, clock=clock)
+    cache = ClusterCache.from_objects([dgx("a"), dgx("b")], [], sp)
+    cache.health_tracker = tracker
+    for name in ("a", "b"):
+        cache.upsert_node(dgx(name))
+    for _ in range(3):  # a fails three times in quick succession
+        clock.t += 60
+        cache.upsert_node(dgx("a", ready=False))
+        assert cache.snapshot().node("a").health.reasons[0] == REASON_NOT_READY
+        clock.t += 60
+        cache.upsert_node(dgx("a"))
+    snap = cache.snapshot()
+    a = snap.node("a").health
+    assert a.state == D and REASON_SETTLING in a.reasons and REASON_FLAPPING in a.reasons
+    assert snap.arrays.risk[snap.index["a"]] == pytest.approx(a.risk)
+    req = PodRequest("ns/p", gpus=8)
+    assert set(filter_nodes(snap, req, None, sp).feasible) == {"a", "b"}  # usable, not trusted
+    scores = dict(score_nodes(snap, req, None, sp))
+    assert scores["a"] < scores["b"]
+    assert place_pod(snap, req, sp).assignments[0].node == "b"
+
+
+def test_tracker_flags_a_stale_heartbeat_on_refresh() -> None:
+    sp = SchedParams()
+    clock = Clock(HEARTBEAT + 30)
+    tracker = HealthTracker(sp.health, clock=clock)
+    cache = ClusterCache(
+        ClusterCache.from_objects([dgx("a")], [], sp).snapshot(), sp, health_tracker=tracker
+    )
+    tracker.refresh(cache)
+    assert cache.snapshot().node("a").health == OK
+    clock.t = HEARTBEAT + 900  # no update from the kubelet for 15 minutes
+    tracker.refresh(cache)
+    v = cache.snapshot().node("a").health
+    assert v.state == D and v.reasons == (REASON_HEARTBEAT_STALE,)
+
+
+def test_tracker_counts_dra_xids_across_updates() -> None:
+    p = HealthParams()
+    tracker = HealthTracker(p, clock=Clock(HEARTBEAT + 30))
+    node = make_node("a", 8, "h100", machine="DGX-H100")
+    v = OK
+    for i in range(3):
+        devs = [
+            device(i, taints=[taint("gpu.nvidia.com/xid", "None", "94", f"2026-11-29T19:5{i}:00Z")])
+        ]
+        v = tracker.adjust(node, OK, HEARTBEAT + 60 * (i + 1), devices=devs)
+    assert v.state == D and REASON_XID_BURST in v.reasons
+    assert tracker.adjust({"metadata": {}}, OK) == OK  # nameless objects pass through
