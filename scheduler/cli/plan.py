@@ -43,8 +43,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="place whole gangs on a cluster file (all or nothing)",
         description=__doc__.split("Example::")[0].strip() if __doc__ else None,
     )
-    p.add_argument("--cluster", required=True, help="cluster file (a Kubernetes List)")
-    p.add_argument("--gang", action="append", required=True, metavar="SPEC", help=GANG_HELP)
+    p.add_argument("--cluster", help="cluster file (a Kubernetes List); required")
+    p.add_argument("--gang", action="append", metavar="SPEC", help=GANG_HELP + "; required")
     p.add_argument(
         "--policy",
         default=None,
@@ -192,6 +192,9 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "list_policies", False):
         print("\n".join(policy_names()))
         return 0
+    if not args.cluster or not args.gang:
+        print("topoplace plan: --cluster and at least one --gang are required", file=sys.stderr)
+        return 2
     try:
         params = _load_params(args.config)
         gangs = [parse_gang(s, params) for s in args.gang]
