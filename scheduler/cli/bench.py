@@ -28,10 +28,20 @@ def _run_fgd_openb(args: argparse.Namespace) -> int:
     return run_args(args)
 
 
+def _run_faults(args: argparse.Namespace) -> int:
+    from benchmarks.faults.run import run_args
+
+    return run_args(args)
+
+
 SCENARIOS: dict[str, Scenario] = {
     "fgd-openb": Scenario(
         "FGD paper (ATC '23) policies on the Alibaba openb traces vs the published results",
         _run_fgd_openb,
+    ),
+    "faults": Scenario(
+        "failure injection at Llama 3 failure rates: topoplace health vs Ready-only baselines",
+        _run_faults,
     ),
 }
 """Scenario registry: name -> scenario."""
