@@ -136,7 +136,9 @@ class _OneNode:
         return self._node if name == self._node.name else None
 
 
-def _pick(node: Any, mask: int, gpus: int, min_link: str, policy: str, rank: int = -1) -> tuple:
+def _pick(
+    node: Any, mask: int, gpus: int, min_link: str, policy: str, rank: int = -1
+) -> tuple[int, ...]:
     """GPU indices for one member among ``mask`` (the selection policy's choice)."""
     if rank < 0 and not min_link:
         gs = select_gpus(node.shape, mask, gpus, 0, policy)
@@ -875,14 +877,16 @@ def group_capacity(
 
 def fits(caps: np.ndarray, need: np.ndarray) -> np.ndarray:
     """Bool per group: capacity covers every role's need."""
-    return np.all(caps >= need[:, None], axis=0)
+    out: np.ndarray = np.all(caps >= need[:, None], axis=0)
+    return out
 
 
 def group_untouched(view: GangView, level: int, groups: np.ndarray) -> np.ndarray:
     """Bool per group id at ``level``: no node of the domain holds GPUs (singletons: the
     node itself)."""
     if level == REQ_NODE:
-        return view.untouched[groups]
+        whole: np.ndarray = view.untouched[groups]
+        return whole
     k = len(view.dom_names[level])
     out = np.zeros(len(groups), dtype=bool)
     lab = groups < k
@@ -1039,10 +1043,10 @@ def node_sequence(view: GangView, idx: np.ndarray, need: np.ndarray, how: Descen
     if len(idx) == 0:
         return []
     if how.node_order == "name":
-        return sorted(idx.tolist())
+        return sorted(int(x) for x in idx)
     if how.node_order == "holes":
         order = np.lexsort((idx, view.free[idx], view.risk[idx] > 0))
-        return idx[order].tolist()
+        return [int(x) for x in idx[order]]
     gid = view.group_ids(REQ_NODE)
     uq, caps, first = group_capacity(view, idx, gid)
     chosen = _choose_groups(

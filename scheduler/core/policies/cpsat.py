@@ -103,7 +103,7 @@ LINEARIZATION_LEVEL = 2
 fragmentation terms are bounded at the root (the default level 1 left a 10 % gap open on
 the 2,000-node benchmark after a second; level 2 proves optimality in tens of ms)."""
 
-_STATUS = {
+_STATUS: dict[Any, str] = {
     cp_model.OPTIMAL: "optimal",
     cp_model.FEASIBLE: "feasible",
     cp_model.INFEASIBLE: "infeasible",
@@ -350,24 +350,24 @@ class _Model:
             (li for li in range(nl) if bounds.per_level.get(view.levels[li].name, -1) == 1), nl
         )
         b_best = bws[best] if best < len(bws) else bws[-1]
-        prev_s = None
+        prev_s: Any = None
         self.s: dict[int, Any] = {}
         for li in range(nl - 1, best - 1, -1):
             delta = (bws[li] - bws[li + 1]) / b_best if b_best > 0 else 0.0
             if li in self.d_const:
-                s = None
+                sv = None
             else:
-                s = m.new_bool_var(f"s{li}")
-                self.s[li] = s
-                m.add(self.d_expr[li] <= 1 + self.d_max[li] * (1 - s))
+                sv = m.new_bool_var(f"s{li}")
+                self.s[li] = sv
+                m.add(self.d_expr[li] <= 1 + self.d_max[li] * (1 - sv))
                 if prev_s is not None:
-                    m.add(s <= prev_s)
+                    m.add(sv <= prev_s)
                 coef = w["bandwidth"] * SCALE * delta
                 if int(round(coef)):
                     offset += int(round(coef))
-                    add_obj(s, -coef)
-            if s is not None:
-                prev_s = s
+                    add_obj(sv, -coef)
+            if sv is not None:
+                prev_s = sv
 
         # Health, stranded GPUs, cost per class.
         strand = w["fragmentation"] * SCALE / 8.0
@@ -399,12 +399,12 @@ class _Model:
             for (li, d), u in self.u.items():
                 if li != sl:
                     continue
-                in_d = [c for c in np.flatnonzero(doms == d).tolist() if cls.slots[p, c] > 0]
-                if not in_d:
+                room = [c for c in np.flatnonzero(doms == d).tolist() if cls.slots[p, c] > 0]
+                if not room:
                     continue
                 miss = m.new_int_var(0, spare, f"miss{d}")
-                total = int(sum(int(cls.size[c]) for c in in_d))
-                m.add(miss >= spare * u - (total - sum_([self.n[c] for c in in_d])))
+                total = int(sum(int(cls.size[c]) for c in room))
+                m.add(miss >= spare * u - (total - sum_([self.n[c] for c in room])))
                 add_obj(miss, w["spare"] * SCALE)
 
         m.minimize(wsum(obj_terms, obj_coefs) + offset)
@@ -458,7 +458,7 @@ class _Model:
             used = any(nn[c] > 0 for c in np.flatnonzero(cls.dom[li] == d).tolist())
             self.m.add_hint(u, int(used))
 
-    def solve(self, params: SchedParams) -> tuple[cp_model.CpSolver, int]:
+    def solve(self, params: SchedParams) -> tuple[cp_model.CpSolver, Any]:
         solver = cp_model.CpSolver()
         g = params.gang
         prm = solver.parameters
@@ -495,7 +495,7 @@ class _Model:
 
 
 def _record(
-    solver: cp_model.CpSolver | None, cp_status: int | None, view: GangView, **kw: Any
+    solver: cp_model.CpSolver | None, cp_status: Any, view: GangView, **kw: Any
 ) -> dict[str, Any]:
     g = view.params.gang
     rec: dict[str, Any] = {

@@ -41,7 +41,7 @@ MAX_DOMAINS = 16
 
 def binpack_order(view: GangView, idx: np.ndarray) -> list[int]:
     """Most allocated first (fewest free GPUs), ties by name."""
-    return idx[np.lexsort((idx, view.free[idx]))].tolist()
+    return [int(x) for x in idx[np.lexsort((idx, view.free[idx]))]]
 
 
 def relevant_levels(view: GangView) -> list[int]:

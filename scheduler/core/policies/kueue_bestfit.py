@@ -47,7 +47,7 @@ HOW = Descent(partly_used_first=False, tight=True, node_order="bestfit", exact_s
 def least_free_order(view: GangView, idx: np.ndarray) -> list[int]:
     """Least free capacity first (Kueue LeastFreeCapacity), ties by name."""
     p = view.primary
-    return idx[np.lexsort((idx, view.slots[p][idx]))].tolist()
+    return [int(x) for x in idx[np.lexsort((idx, view.slots[p][idx]))]]
 
 
 def bestfit_order(view: GangView) -> list[int] | None:
