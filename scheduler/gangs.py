@@ -213,7 +213,7 @@ class GangRuntime:
         cache = ext.cache
         with cache.lock:
             cache.expire()
-            plan = cache.plans.get(gang)
+            plan: GangPlan | None = cache.plans.get(gang)
             if plan is None:
                 return None
             why = self._broken(ext, plan)
@@ -352,10 +352,10 @@ class GangRuntime:
         if not req.gang:
             return None
         cache = ext.cache
-        if req.gpus <= 0:
-            # The extender remembers only GPU pods for bind; gang members without GPUs
-            # (launchers) must be found at bind too.
-            cache.remember_pending(pod)
+        # The extender remembers only GPU pods for bind, and only through its own filter:
+        # members without GPUs (launchers) and members planned from elsewhere (restart
+        # recovery) must be found at bind, and their pending state tells a deleted member.
+        cache.remember_pending(pod)
         with self._plan_lock:
             plan = self._live_plan(ext, req.gang)
             if plan is not None:

@@ -38,7 +38,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the ``plan`` sub-command."""
     from scheduler.core.policies.registry import DEFAULT_GANG_POLICY
 
-    p = subparsers.add_parser(
+    p: argparse.ArgumentParser = subparsers.add_parser(
         "plan",
         help="place whole gangs on a cluster file (all or nothing)",
         description=__doc__.split("Example::")[0].strip() if __doc__ else None,

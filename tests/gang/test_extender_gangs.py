@@ -311,3 +311,22 @@ def test_runtime_with_a_baseline_policy(policy: str) -> None:
     node = filt(ext, w[0], names)["NodeNames"][0]
     assert bind(ext, w[0], node) == ""
     assert describe_plans(ext)["default/train"]["policy"] == policy
+
+
+def test_replanning_from_recovery_then_kube_scheduler_calls() -> None:
+    # After a restart, recovery plans gangs with pending members by calling the handler's
+    # filter directly (no Extender.filter before it); kube-scheduler's later calls for the
+    # same and other members must follow that plan, not break it.
+    ext, names = make_ext(dgx_su("su-a", nodes=6))
+    ws = members(3, gpus=8)
+    from scheduler.core.objects import request_from_pod
+
+    req = request_from_pod(ws[0], P.fabric)
+    out = ext.gangs.filter(ext, ws[0], req, names)
+    assert out is not None and len(out.feasible) == 1
+    plan_id = ext.cache.plans["default/train"].plan_id
+    for w in (ws[1], ws[0], ws[2]):
+        node = filt(ext, w, names)["NodeNames"][0]
+        assert bind(ext, w, node) == ""
+    assert describe_plans(ext)["default/train"]["plan"] == plan_id
+    assert events(ext) == {"planned": 1.0, "bound": 3.0}
