@@ -224,3 +224,19 @@ def test_gang_planned_node_fails_before_bind_replanned_elsewhere(name, placer) -
         two, dgx(used[1], labels={"dgxc.nvidia.com/nvsentinel-state": "draining"}), SP
     )
     assert not placer(three, ask, SP).ok
+
+
+@pytest.mark.parametrize("name,placer", _placers(), ids=[p[0] for p in _placers()])
+def test_gang_members_never_get_a_lost_gpu(name, placer) -> None:  # noqa: ANN001
+    """Two DGX-1 nodes each with GPU 3 lost: 2 x 4-GPU members need one node each and
+    must both avoid GPU 3; a third member cannot fit."""
+    nodes = [
+        dgx1(n, annotations={"hami.io/device-cordon": "3"}, leaf="l1", spine="s1")
+        for n in ("v1", "v2")
+    ]
+    snap = build_snapshot(nodes, [], SP)
+    res = placer(snap, GangAsk("ns/g", 2, 4), SP)
+    assert res.ok
+    assert sorted(a.node for a in res.assignments) == ["v1", "v2"]
+    assert all(3 not in a.gpus for a in res.assignments)
+    assert not placer(snap, GangAsk("ns/g3", 3, 4), SP).ok
