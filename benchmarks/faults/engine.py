@@ -17,7 +17,8 @@ Accounting (per policy):
 * a fault on a node or GPU a running gang uses interrupts the whole gang (a "gang
   restart"): the work since its last checkpoint and its restart overhead are lost, and it
   is re-queued ``requeue_delay`` later, ahead of new arrivals;
-* time to re-placement runs from the fault to the next placement that does not crash;
+* time to re-placement runs from the fault to the next placement that does not crash
+  (its GPU-weighted sum is the GPU-hours the interrupted gangs spent waiting);
 * goodput = GPU-hours that advanced training / GPU-hours held by jobs.
 """
 
@@ -91,6 +92,9 @@ class Metrics:
     jobs: int = 0
     completed: int = 0
     outages: int = 0
+    host_outages: int = 0
+    gpu_node_outages: int = 0
+    flaps: int = 0
     gpu_faults: int = 0
     interruptions: int = 0
     gang_restarts: int = 0
@@ -101,6 +105,7 @@ class Metrics:
     placed_on_warned: int = 0
     replace_times: list[float] = field(default_factory=list)
     not_replaced: int = 0
+    replace_gpu_h: float = 0.0
     lost_gpu_h: float = 0.0
     held_gpu_h: float = 0.0
 
@@ -273,6 +278,9 @@ def simulate(
     horizon = sc.days * DAY
     m = Metrics(policy, seed, jobs=len(jobs), outages=len(outages))
     m.gpu_faults = sum(1 for f in gpu_faults if f.end > f.start)
+    m.host_outages = sum(1 for o in outages if o.kind == "host")
+    m.gpu_node_outages = sum(1 for o in outages if o.kind == "gpu-node")
+    m.flaps = sum(1 for o in outages if o.kind == "flap")
 
     def assess_node_at(s: ClusterSnapshot, name: str, t: float) -> ClusterSnapshot:
         nonlocal history
@@ -406,6 +414,7 @@ def simulate(
                 r.doomed = False
                 if r.fail_time is not None:
                     m.replace_times.append(t - r.fail_time)
+                    m.replace_gpu_h += job.gpus * (t - r.fail_time) / HOUR
                     r.fail_time = None
                 left = job.hours * HOUR - r.saved
                 push(t + r.overhead + left, 2, "finish", (name, r.epoch))
@@ -472,6 +481,9 @@ def summarize(results: list[Metrics]) -> Mapping[str, float]:
             "jobs",
             "completed",
             "outages",
+            "host_outages",
+            "gpu_node_outages",
+            "flaps",
             "gpu_faults",
             "interruptions",
             "gang_restarts",
@@ -483,6 +495,7 @@ def summarize(results: list[Metrics]) -> Mapping[str, float]:
             "not_replaced",
         )
     }
+    agg["replace_gpu_h"] = sum(r.replace_gpu_h for r in results)
     agg["lost_gpu_h"] = lost
     agg["held_gpu_h"] = held
     agg["goodput"] = (held - lost) / held if held else 1.0

@@ -31,8 +31,10 @@ COLUMNS = (
     ("bad_silent", "placed before detection", "{:.0f}"),
     ("placed_on_warned", "placed on warned HW", "{:.0f}"),
     ("gang_restarts", "gang restarts", "{:.0f}"),
-    ("replace_p50_min", "fail->re-place p50 min", "{:.1f}"),
-    ("replace_p95_min", "p95 min", "{:.1f}"),
+    ("replace_mean_min", "fail->re-place mean min", "{:.1f}"),
+    ("replace_p50_min", "p50", "{:.1f}"),
+    ("replace_p95_min", "p95", "{:.1f}"),
+    ("replace_gpu_h", "GPU-h waiting", "{:.0f}"),
     ("lost_gpu_h", "GPU-h lost to failures", "{:.0f}"),
     ("goodput", "goodput", "{:.2%}"),
     ("completed", "jobs done", "{:.0f}"),
@@ -78,9 +80,12 @@ def run(
     policies: Sequence[str],
     jobs: int = 1,
     gang_policy: str = "",
+    flap_share: float | None = None,
 ) -> tuple[str, dict[str, object]]:
     """Run every (multiplier, seed, policy); returns (report text, raw results)."""
     base = Scenario(days=days)
+    if flap_share is not None:
+        base = replace(base, flap_share=flap_share)
     tasks = [
         (replace(base, rate_multiplier=m), s, p, gang_policy)
         for m in multipliers
@@ -117,8 +122,9 @@ def run(
             ]
         n = rows[0]
         out += [
-            f"## Failure rate x{m:g} ({n['outages']:.0f} node outages incl. flaps, "
-            f"{n['gpu_faults']:.0f} GPU-local faults, {n['jobs']:.0f} gangs)",
+            f"## Failure rate x{m:g}: {n['host_outages']:.0f} host faults, "
+            f"{n['gpu_node_outages']:.0f} node-level GPU faults, {n['gpu_faults']:.0f} "
+            f"GPU-local faults, {n['flaps']:.0f} flaps; {n['jobs']:.0f} gangs",
             "",
             table(rows),
             "",
@@ -139,6 +145,9 @@ def add_arguments(ap: argparse.ArgumentParser, *, bench_cli: bool = False) -> No
     ap.add_argument("--days", type=float, default=30.0, help="simulated days (default 30)")
     ap.add_argument("--multipliers", default="1,10", help="failure-rate multipliers (default 1,10)")
     ap.add_argument("--gang-policy", default="", help="registered gang policy (default greedy)")
+    ap.add_argument(
+        "--flap-share", type=float, default=None, help="share of flapping nodes (default 0.02)"
+    )
     if not bench_cli:
         ap.add_argument("--seeds", default="1-2", help="seeds, e.g. 1-3 (default 1-2)")
         ap.add_argument("--policies", nargs="+", default=None, help="health policies")
@@ -164,6 +173,7 @@ def run_args(args: argparse.Namespace) -> int:
         policies,
         jobs=int(getattr(args, "jobs", 1) or 1),
         gang_policy=getattr(args, "gang_policy", "") or "",
+        flap_share=getattr(args, "flap_share", None),
     )
     print(text)
     out = getattr(args, "out", "")

@@ -232,7 +232,7 @@ def faults(
     outages: list[Outage] = []
     gpu_faults: list[GpuFault] = []
     names = [n["metadata"]["name"] for n in nodes]
-    flappers = set(rng.sample(names, max(1, round(sc.flap_share * len(names)))))
+    flappers = set(rng.sample(names, round(sc.flap_share * len(names))))
     for node in nodes:
         name = node["metadata"]["name"]
         gpus = int(node["status"]["capacity"]["nvidia.com/gpu"])
