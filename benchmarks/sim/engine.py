@@ -299,6 +299,11 @@ def simulate(
                 if task.needs_gpu:
                     chosen_gpu = int(result.gpus[np.searchsorted(result.nodes, i)])
                     if task.is_sharing and chosen_gpu != NO_GPU:
+                        if view.gpu_free[i, chosen_gpu] < task.gpu_milli:
+                            raise RuntimeError(
+                                f"policy {policy.name} chose GPU {chosen_gpu} of node {i} "
+                                f"without room for {task.name}"
+                            )
                         gpus = (chosen_gpu,)
                     else:
                         snap = view.node(i)
