@@ -309,6 +309,9 @@ def test_initial_sync_from_recorded_lists() -> None:
     assert stored == {"train-a", "train-b", "done-job", "gang-w-0"}
     assert all("managedFields" not in o["metadata"] and o["kind"] == "Pod" for o in w.objects(PODS))
     assert list(snap.extra[PODGROUPS_EXTRA]) == ["rec/llm", "rec/tmp"]
+    # Pending GPU/gang pods are remembered for bind (no filter call needed after restart).
+    assert w.cache.pending("rec/gang-w-0") is not None
+    assert w.cache.pending("rec/train-a") is None and w.cache.pending("rec/done-job") is None
     assert [k.name for k in w.kinds] == ["nodes", "pods", PG.name]
     assert w.streams["pods"].rv == recorded("pod_list.json")["metadata"]["resourceVersion"]
 
@@ -643,6 +646,8 @@ def test_load_api_client_from_kubeconfig_and_env(tmp_path: Path, monkeypatch: An
 
 
 def test_recovery_counts_recorded_placements_and_calls_the_gang_layer() -> None:
+    from scheduler.server.extender import Extender
+
     api = fake_api(podgroups=False)
     cache = empty_cache()
     KubeWatcher(api, cache, WatchOptions(podgroups=False)).sync()
@@ -651,31 +656,106 @@ def test_recovery_counts_recorded_placements_and_calls_the_gang_layer() -> None:
         def __init__(self) -> None:
             self.seen: list[Any] = []
 
-        def recover(self, c: ClusterCache) -> dict[str, Any]:
-            self.seen.append(c)
-            return {"rec/llm": object()}
+        def recover(self, e: Any) -> int:
+            self.seen.append(e)
+            return 1
 
     g = Gangs()
-    report = recover(cache, g)
+    ext = Extender(cache, gangs=g)  # type: ignore[arg-type]
+    report = recover(ext)
     assert (report.pods, report.placements, report.inferred) == (2, 2, 0)
-    assert (report.gangs, report.gang_source) == (1, "Gangs.recover") and g.seen == [cache]
+    assert (report.gangs, report.gang_source) == (1, "Gangs.recover") and g.seen == [ext]
 
 
-def test_gang_plans_rebuilt_from_member_annotations() -> None:
-    pytest.importorskip("scheduler.core.gang")
+def _gang_member_cache() -> ClusterCache:
     api = fake_api(podgroups=False)
-    pods = api.lists[PODS.name]["items"]
-    for p in pods:
+    for p in api.lists[PODS.name]["items"]:
         if p["metadata"]["name"] == "train-a":
             p["metadata"]["annotations"][PLACEMENT_ANNOTATION] = (
                 '{"gang":"rec/llm","gpus":[0,1,2,3],"node":"rec-node-0","plan":"p-1","v":1}'
             )
             p["metadata"]["annotations"]["topoplace.io/gang"] = "llm"
+            p["metadata"]["annotations"]["topoplace.io/gang-size"] = "2"
     cache = empty_cache()
     KubeWatcher(api, cache, WatchOptions(podgroups=False)).sync()
-    n, source = recover_gang_plans(cache, None)
-    assert n == 1 and source == "scheduler.core.gang.recover_plans"
+    return cache
+
+
+def test_gang_plans_rebuilt_from_member_annotations() -> None:
+    gangs_mod = pytest.importorskip("scheduler.gangs")
+    from scheduler.server.extender import Extender
+
+    cache = _gang_member_cache()
+    ext = Extender(cache, gangs=gangs_mod.GangRuntime())
+    n, source = recover_gang_plans(ext)
+    assert (n, source) == (1, "GangRuntime.recover")
     assert list(cache.plans) == ["rec/llm"]
+    # The bound member keeps its GPUs; nothing else may take them.
+    assert cache.snapshot().pods["rec/train-a"].gpus == (0, 1, 2, 3)
+
+
+def test_gang_plans_without_a_gang_handler_are_only_counted() -> None:
+    pytest.importorskip("scheduler.core.gang")
+    from scheduler.server.extender import Extender
+
+    cache = _gang_member_cache()
+    n, source = recover_gang_plans(Extender(cache))
+    assert n == 1 and source.startswith("scheduler.core.gang.recover_plans")
+    assert dict(cache.plans) == {}
+
+
+def _recovered_ext(bound_member: bool, gang_runtime: Any) -> Any:
+    """rec/train-b deleted (and rec/train-a, when it is not the bound member), so the
+    8-GPU members fit."""
+    from scheduler.server.extender import Extender
+
+    cache = _gang_member_cache() if bound_member else empty_cache()
+    if not bound_member:
+        KubeWatcher(fake_api(podgroups=False), cache, WatchOptions(podgroups=False)).sync()
+        cache.delete_pod("rec/train-a")
+    cache.delete_pod("rec/train-b")
+    return Extender(cache, gangs=gang_runtime)
+
+
+@pytest.mark.parametrize(
+    "desc,bound_member,names,replanned",
+    [
+        ("a foreign scheduler's pending gang gets no reservation", False, (), 0),
+        (
+            "pending gang of a profile that calls topoplace is planned",
+            False,
+            ("not-scheduled-by-anyone",),
+            1,
+        ),
+        ("gang with a member bound by topoplace is completed", True, (), 1),
+    ],
+)
+def test_pending_gangs_are_reserved_again_after_restart(
+    desc: str, bound_member: bool, names: tuple[str, ...], replanned: int
+) -> None:
+    gangs_mod = pytest.importorskip("scheduler.gangs")
+    ext = _recovered_ext(bound_member, gangs_mod.GangRuntime())
+    pending = [
+        p for p in fake_api().lists[PODS.name]["items"] if p["metadata"]["name"] == "gang-w-0"
+    ]
+    report = recover(ext, pending, names)
+    assert report.replanned == replanned, desc
+    reserved = [k for k in ext.cache.snapshot().pods if k.startswith("gang-reservation:")]
+    assert bool(reserved) == bool(replanned)
+
+
+def test_options_from_env() -> None:
+    from scheduler.kube.runner import options_from_env
+
+    o = options_from_env(
+        {
+            "TOPOPLACE_SCHEDULER_NAMES": "topoplace, topology-gpu",
+            "TOPOPLACE_WATCH_BROKEN_AFTER_S": "12.5",
+        }
+    )
+    assert o.scheduler_names == ("topoplace", "topology-gpu")
+    assert o.watch.broken_after_s == 12.5
+    assert options_from_env({}) == KubeOptions()
 
 
 # ---- snapshot command -------------------------------------------------------------------

@@ -104,6 +104,7 @@ def start_kube_mode(
     context: str | None = None,
     broken_after_s: float | None = None,
     drain_timeout_s: float | None = None,
+    scheduler_names: tuple[str, ...] = (),
     metrics: Any = None,
 ) -> tuple[Any, Any]:
     """Start kube mode for ``serve``: ``(extender, stop)``, already watching.
@@ -116,7 +117,7 @@ def start_kube_mode(
 
     from scheduler.kube.runner import KubeOptions, build_kube_extender
 
-    opts = KubeOptions(context=context)
+    opts = KubeOptions(context=context, scheduler_names=tuple(scheduler_names))
     if broken_after_s is not None:
         opts = replace(opts, watch=replace(opts.watch, broken_after_s=float(broken_after_s)))
     if drain_timeout_s is not None:

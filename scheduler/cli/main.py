@@ -138,6 +138,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         snap.assumed_topology_nodes,
     )
     app = create_app(extender, args.url_prefix, args.max_body_bytes, what)
+    if stop is not None:
+        from scheduler.kube.runner import on_app_shutdown
+
+        on_app_shutdown(app, stop)  # uvicorn re-raises SIGTERM after serving: drain first
     ssl: dict[str, Any] = {}
     if args.tls_cert or args.tls_key or args.tls_client_ca:
         if not (args.tls_cert and args.tls_key):

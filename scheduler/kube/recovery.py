@@ -11,9 +11,13 @@ cluster keeps it, and replayed from there before serving.
 2. **Gang plans.** Live plans (members planned but not all bound yet) are rebuilt by the
    gang layer from the snapshot (bound members' placement records and the PodGroups in
    ``extra["podgroups"]``). :func:`recover_gang_plans` is the single integration point:
-   it calls the gang handler's ``recover(cache)`` when it has one, else
-   ``scheduler.core.gang.recover_plans(snapshot)`` when that module exists, and stores
-   the result in ``cache.plans`` under the cache lock.
+   it calls the gang handler's ``recover(ext)`` (``scheduler.gangs.GangRuntime``), which
+   installs the plans in ``cache.plans`` under the cache lock.
+3. **Reservations.** Slots reserved for members not bound yet die with the process.
+   :func:`replan_pending_gangs` plans every gang with pending members again (through the
+   gang handler's ``filter``, as kube-scheduler's next call would) so those GPUs are held
+   again before readiness. Members a gang declared but that do not exist yet cannot be
+   re-reserved from here; that needs the gang layer (see ``GangRuntime.recover``).
 
 Readiness must stay false until :func:`recover` has returned (see ``runner.py``): a filter
 served before recovery could hand a planned gang slot to another pod.
@@ -23,13 +27,13 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from scheduler.cache import ClusterCache
 from scheduler.core.model import RESERVATION_PREFIX
-from scheduler.core.objects import placement_of
+from scheduler.core.objects import ObjectError, object_key, placement_of, request_from_pod
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +52,7 @@ class RecoveryReport:
         mismatched: records naming another node than ``spec.nodeName`` (ignored).
         gangs: gang plans recovered.
         gang_source: where gang plans came from (``"none"`` when no gang layer exists).
+        replanned: gangs with pending members planned (reserved) again.
     """
 
     pods: int
@@ -56,6 +61,7 @@ class RecoveryReport:
     mismatched: int
     gangs: int
     gang_source: str
+    replanned: int = 0
 
 
 def _plans_count(plans: Any) -> int:
@@ -65,20 +71,22 @@ def _plans_count(plans: Any) -> int:
         return 0
 
 
-def recover_gang_plans(cache: ClusterCache, gangs: Any = None) -> tuple[int, str]:
-    """Rebuild live gang plans into the cache; returns (number of plans, source).
+def recover_gang_plans(ext: Any) -> tuple[int, str]:
+    """Rebuild live gang plans of ``ext`` (an Extender) after a restart; returns (number of
+    gangs, source).
 
-    Integration point with the gang layer, tried in order:
+    Integration point with the gang layer:
 
-    1. ``gangs.recover(cache)`` if the gang handler has it (it stores plans itself and
-       returns them or their number);
-    2. ``scheduler.core.gang.recover_plans(snapshot) -> {gang key: plan}``, stored into
-       ``cache.plans``;
-    3. nothing (no gang layer): (0, "none").
+    1. ``ext.gangs.recover(ext)`` when the gang handler has it (``scheduler.gangs.
+       GangRuntime``: bound members become bound slots of their plan in ``cache.plans``);
+    2. without a gang handler, ``scheduler.core.gang.recover_plans(snapshot)`` is only
+       counted (nothing would consume the plans): pods are then scheduled one by one;
+    3. no gang layer at all: (0, "none").
     """
+    gangs = getattr(ext, "gangs", None)
     hook = getattr(gangs, "recover", None)
     if callable(hook):
-        out = hook(cache)
+        out = hook(ext)
         n = out if isinstance(out, int) else _plans_count(out)
         return n, f"{type(gangs).__name__}.recover"
     try:
@@ -90,15 +98,80 @@ def recover_gang_plans(cache: ClusterCache, gangs: Any = None) -> tuple[int, str
     fn = getattr(mod, GANG_RECOVERY_FUNCTION, None)
     if not callable(fn):
         return 0, "none"
-    with cache.lock:
-        plans = fn(cache.snapshot())
-        if isinstance(plans, Mapping):
-            cache.plans.update(plans)
-    return _plans_count(plans), f"{GANG_RECOVERY_MODULE}.{GANG_RECOVERY_FUNCTION}"
+    plans = fn(ext.cache.snapshot())
+    return _plans_count(plans), f"{GANG_RECOVERY_MODULE}.{GANG_RECOVERY_FUNCTION} (no gang handler)"
 
 
-def recover(cache: ClusterCache, gangs: Any = None) -> RecoveryReport:
-    """Check recovered placements and rebuild gang plans (call after the initial sync)."""
+def replan_pending_gangs(
+    ext: Any, pending: Iterable[Mapping[str, Any]], scheduler_names: Iterable[str] = ()
+) -> int:
+    """Plan (and so reserve) again every gang that has pending members; returns how many
+    gangs got a plan.
+
+    Reservations of a gang's unbound members live only in memory and die with the
+    process. Without this step, a competitor scheduled between the restart and the next
+    filter call of a member could take GPUs the gang had been promised. For each gang
+    with pending members (the watch knows them even when kube-scheduler has not retried
+    them yet, e.g. gated pods), the gang handler's ``filter`` is called for its first
+    pending member over every node, exactly as kube-scheduler's next filter call would:
+    a recovered plan is completed around the bound members and the other slots are
+    reserved (with the usual plan TTL) before readiness turns true.
+
+    Only gangs topoplace is known to schedule are planned: those with a recovered plan
+    (a member was bound by topoplace), and those whose pods name one of
+    ``scheduler_names`` in ``spec.schedulerName``. A pending gang of another scheduler
+    must not get reservations.
+
+    Args:
+        ext: the Extender (``gangs`` must implement ``filter``).
+        pending: unbound, non-terminated Pod objects.
+        scheduler_names: kube-scheduler profiles that call topoplace.
+    """
+    gangs = getattr(ext, "gangs", None)
+    if gangs is None or not callable(getattr(gangs, "filter", None)):
+        return 0
+    ours = set(scheduler_names)
+    with ext.cache.lock:
+        recovered = set(ext.cache.plans)
+    firsts: dict[str, tuple[Mapping[str, Any], Any]] = {}
+    for pod in sorted(pending, key=object_key):
+        try:
+            req = request_from_pod(pod, ext.params.fabric)
+        except ObjectError:
+            continue
+        if not req.gang or req.gpus <= 0 or req.gang in firsts:
+            continue
+        sched = str((pod.get("spec") or {}).get("schedulerName") or "")
+        if req.gang in recovered or sched in ours:
+            firsts[req.gang] = (pod, req)
+    names = list(ext.cache.snapshot().names)
+    planned = 0
+    for gang in sorted(firsts):
+        pod, req = firsts[gang]
+        try:
+            out = gangs.filter(ext, pod, req, names)
+        except Exception:  # a gang handler bug must not block start-up
+            log.exception("re-planning gang %s after restart failed", gang)
+            continue
+        if out is not None and out.feasible:
+            planned += 1
+        else:
+            log.info("gang %s: no plan after restart (its members will be retried)", gang)
+    return planned
+
+
+def recover(
+    ext: Any, pending: Iterable[Mapping[str, Any]] = (), scheduler_names: Iterable[str] = ()
+) -> RecoveryReport:
+    """Check recovered placements, rebuild gang plans of ``ext`` (an Extender) and reserve
+    again for gangs with pending members; call after the initial sync, before readiness.
+
+    Args:
+        ext: the Extender.
+        pending: unbound Pod objects the watch knows (see :func:`replan_pending_gangs`).
+        scheduler_names: kube-scheduler profiles that call topoplace (see there).
+    """
+    cache: ClusterCache = ext.cache
     snap = cache.snapshot()
     placements = inferred = mismatched = 0
     pods = 0
@@ -121,14 +194,17 @@ def recover(cache: ClusterCache, gangs: Any = None) -> RecoveryReport:
                     rec.get("node"),
                     p.node,
                 )
-    gangs_n, source = recover_gang_plans(cache, gangs)
-    report = RecoveryReport(pods, placements, inferred, mismatched, gangs_n, source)
+    gangs_n, source = recover_gang_plans(ext)
+    replanned = replan_pending_gangs(ext, pending, scheduler_names)
+    report = RecoveryReport(pods, placements, inferred, mismatched, gangs_n, source, replanned)
     log.info(
-        "recovered %d placements from annotations (%d inferred, %d mismatched), %d gang plans (%s)",
+        "recovered %d placements from annotations (%d inferred, %d mismatched), "
+        "%d gang plans (%s); %d gang(s) with pending members planned again",
         placements,
         inferred,
         mismatched,
         gangs_n,
         source,
+        replanned,
     )
     return report

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from scheduler.cache import ClusterCache
@@ -58,6 +58,9 @@ class KubeOptions:
         drain_timeout_s: how long ``stop()`` waits for in-flight binds.
         expire_interval_s: how often expired assumptions (gang reservations with a TTL)
             are dropped; 0 disables the janitor.
+        scheduler_names: kube-scheduler profiles (``schedulerName``) that call topoplace;
+            after a restart, pending gangs of these profiles are planned (reserved) again
+            before readiness. Gangs with a member bound by topoplace always are.
     """
 
     context: str | None = None
@@ -65,6 +68,28 @@ class KubeOptions:
     watch: WatchOptions = field(default_factory=WatchOptions)
     drain_timeout_s: float = 25.0
     expire_interval_s: float = 1.0
+    scheduler_names: tuple[str, ...] = ()
+
+
+ENV_SCHEDULER_NAMES = "TOPOPLACE_SCHEDULER_NAMES"
+ENV_BROKEN_AFTER = "TOPOPLACE_WATCH_BROKEN_AFTER_S"
+
+
+def options_from_env(environ: Mapping[str, str] | None = None) -> KubeOptions:
+    """Defaults overridable without CLI flags (e.g. in the Deployment):
+    ``TOPOPLACE_SCHEDULER_NAMES`` (comma-separated profiles that call topoplace) and
+    ``TOPOPLACE_WATCH_BROKEN_AFTER_S`` (readiness threshold for a broken watch)."""
+    import os
+
+    env = os.environ if environ is None else environ
+    opts = KubeOptions()
+    names = tuple(n.strip() for n in env.get(ENV_SCHEDULER_NAMES, "").split(",") if n.strip())
+    if names:
+        opts = replace(opts, scheduler_names=names)
+    broken = env.get(ENV_BROKEN_AFTER, "").strip()
+    if broken:
+        opts = replace(opts, watch=replace(opts.watch, broken_after_s=float(broken)))
+    return opts
 
 
 class InFlight:
@@ -250,7 +275,7 @@ def build_kube_runtime(
     )
 
     def after_sync() -> None:
-        readiness.report = recover(cache, gangs)
+        readiness.report = recover(ext, watcher.pending_pods(), opts.scheduler_names)
         readiness.recovered.set()
 
     watcher.on_synced = after_sync
@@ -270,7 +295,7 @@ def build_kube_extender(
     Args:
         kubeconfig: kubeconfig path; None: ``$KUBECONFIG``, in-cluster, ``~/.kube/config``.
         params: scheduling parameters.
-        options: kube-mode settings.
+        options: kube-mode settings (default: :func:`options_from_env`).
         metrics: the extender's metrics (adapter metrics join its registry).
         gangs: gang handler; default: ``scheduler.gangs.GangRuntime()`` when installed.
 
@@ -283,11 +308,34 @@ def build_kube_extender(
     Raises:
         ApiUnavailable: no usable Kubernetes configuration.
     """
-    opts = options or KubeOptions()
+    opts = options or options_from_env()
     api = KubeApi.from_config(kubeconfig, opts.context, opts.timeouts)
     rt = build_kube_runtime(api, params, options=opts, metrics=metrics, gangs=gangs)
     rt.start()
     return rt.extender, rt.stop
+
+
+def on_app_shutdown(app: Any, fn: Callable[[], Any]) -> None:
+    """Run ``fn()`` when the ASGI app's lifespan ends.
+
+    uvicorn runs the lifespan shutdown after it stopped accepting connections and waited
+    for in-flight requests, and *before* it re-raises SIGTERM/SIGINT (which would kill the
+    process before a ``finally:`` after ``uvicorn.run`` could run). Use it to call the
+    ``stop`` of :func:`build_kube_extender` on graceful shutdown; ``stop`` is idempotent.
+    """
+    import contextlib
+
+    inner = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(a: Any) -> Any:
+        async with inner(a) as state:
+            try:
+                yield state
+            finally:
+                fn()
+
+    app.router.lifespan_context = lifespan
 
 
 def readiness_detail(extender: Extender) -> Mapping[str, Any]:

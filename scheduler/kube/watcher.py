@@ -14,7 +14,9 @@ What feeds the cache:
 * Nodes: all of them.
 * Pods: those that hold GPUs, are bound to a node, or carry a gang marker
   (:func:`feeds_cache`). Other pending pods are ignored; a pod that is deleted, or stops
-  qualifying, releases what it held.
+  qualifying, releases what it held. Pending pods that qualify are also remembered with
+  :meth:`~scheduler.cache.ClusterCache.remember_pending`, so bind and the gang layer can
+  find them without a prior filter call (e.g. right after a restart).
 * PodGroups of the coscheduling (``scheduling.x-k8s.io/v1alpha1``), Volcano
   (``scheduling.volcano.sh/v1beta1``) and KAI/Run:ai (``scheduling.run.ai/v2alpha2``)
   APIs, when the API server serves them (discovered at start; skipped quietly
@@ -45,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.cache import ClusterCache
-from scheduler.core.objects import gang_of, meta, object_key, pod_gpus
+from scheduler.core.objects import gang_of, meta, object_key, pod_gpus, pod_terminated
 from scheduler.kube.client import (
     NODES,
     PODS,
@@ -221,6 +223,16 @@ class KubeWatcher:
             s = self.streams.get(kind.name)
             return [] if s is None else [s.store[k] for k in sorted(s.store)]
 
+    def pending_pods(self) -> list[dict[str, Any]]:
+        """Stored pods not bound and not finished (GPU or gang pods), sorted by key."""
+        with self._lock:
+            store = self.streams[PODS.name].store
+            return [
+                store[k]
+                for k in sorted(store)
+                if not (store[k].get("spec") or {}).get("nodeName") and not pod_terminated(store[k])
+            ]
+
     def podgroups(self) -> dict[str, Any]:
         """PodGroups of every discovered API by ``namespace/name`` (later APIs win)."""
         with self._lock:
@@ -283,6 +295,9 @@ class KubeWatcher:
                 self.streams[kind.name] = s
                 self._load(s, lists[kind.name])
             self._rebuild()
+            for obj in self.streams[PODS.name].store.values():
+                if not (obj.get("spec") or {}).get("nodeName") and not pod_terminated(obj):
+                    self.cache.remember_pending(obj)
             self._synced.set()
         self.metrics.synced.set(1)
         snap = self.cache.snapshot()
@@ -396,6 +411,10 @@ class KubeWatcher:
         if feeds_cache(obj):
             s.store[key] = obj
             self.cache.upsert_pod(obj)
+            if not (obj.get("spec") or {}).get("nodeName") and not pod_terminated(obj):
+                # Pending GPU / gang pods: bind and the gang layer find them by key even
+                # before (or without) a filter call, e.g. right after a restart.
+                self.cache.remember_pending(obj)
         elif s.store.pop(key, None) is not None:
             self.cache.delete_pod(key)
 

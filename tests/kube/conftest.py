@@ -1,0 +1,283 @@
+"""Fixtures of the live integration suite (marker ``kube``).
+
+Runs only when ``KUBECONFIG`` is set **and** the suite was asked for (``-m kube`` or
+``TOPOPLACE_KUBE_TESTS=1``), and refuses an API server that is not on loopback unless
+``TOPOPLACE_KUBE_ALLOW_REMOTE=1``: the tests create Nodes.
+
+Expected: a control plane from ``../shared/controlplane/up.sh`` (etcd, kube-apiserver,
+kube-scheduler v1.28.7 with the extender profile). Knobs:
+
+* ``SCHEDULER_NAME`` (default ``topology-gpu``): the extender-backed profile;
+* ``TOPOPLACE_KUBE_PORT`` (default 8888): where topoplace listens; must match the
+  control plane's ``EXTENDER_URL``.
+
+Example::
+
+    W=/root/cp-x; bash ../shared/controlplane/up.sh $W
+    KUBECONFIG=$W/kubeconfig pytest tests/kube -m kube -q
+    bash ../shared/controlplane/down.sh $W
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+NODE_LABEL = "topoplace-it"
+NOT_READY_TAINTS = {"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"}
+
+
+def _wanted(config: pytest.Config) -> bool:
+    expr = config.getoption("-m") or ""
+    return (
+        "kube" in expr and "not kube" not in expr or os.environ.get("TOPOPLACE_KUBE_TESTS") == "1"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).resolve().parent
+    skip = None
+    if not os.environ.get("KUBECONFIG"):
+        skip = pytest.mark.skip(reason="live Kubernetes suite: KUBECONFIG is not set")
+    elif not _wanted(config):
+        skip = pytest.mark.skip(reason="live Kubernetes suite: run with -m kube")
+    for item in items:
+        if here in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.kube)
+            if skip is not None:
+                item.add_marker(skip)
+
+
+# ---- API ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def kubeconfig() -> str:
+    return os.environ["KUBECONFIG"].split(os.pathsep)[0]
+
+
+@pytest.fixture(scope="session")
+def core(kubeconfig: str) -> Any:
+    from kubernetes import client
+
+    from scheduler.kube.client import load_api_client
+
+    api = load_api_client(kubeconfig)
+    host = urlsplit(api.configuration.host).hostname
+    if host not in ("127.0.0.1", "localhost", "::1") and not os.environ.get(
+        "TOPOPLACE_KUBE_ALLOW_REMOTE"
+    ):
+        pytest.skip(f"API server {host} is not on loopback (set TOPOPLACE_KUBE_ALLOW_REMOTE=1)")
+    return client.CoreV1Api(api)
+
+
+@pytest.fixture(scope="session")
+def scheduler_name() -> str:
+    return os.environ.get("SCHEDULER_NAME", "topology-gpu")
+
+
+@pytest.fixture(scope="session")
+def port() -> int:
+    return int(os.environ.get("TOPOPLACE_KUBE_PORT", "8888"))
+
+
+@pytest.fixture(scope="session")
+def run_id() -> str:
+    return secrets.token_hex(3)
+
+
+def make_gpu_node(
+    core: Any, name: str, run_id: str, gpus: int = 8, labels: dict[str, str] | None = None
+) -> None:
+    """A Node object with GPU capacity and Ready status (no kubelet), untainted, labelled
+    ``topoplace-it=<run id>`` (the tests' pods select on it)."""
+    from kubernetes.client.exceptions import ApiException
+
+    lab = {
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "nvidia.com/gpu.count": str(gpus),
+        "nvidia.com/gpu.machine": "DGXH100",
+        NODE_LABEL: run_id,
+        **(labels or {}),
+    }
+    try:
+        core.create_node(
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": lab}}
+        )
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        core.patch_node(name, {"metadata": {"labels": lab}, "spec": {"unschedulable": False}})
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    res = {"cpu": "192", "memory": "2048Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
+    core.patch_node_status(
+        name,
+        {
+            "status": {
+                "capacity": res,
+                "allocatable": res,
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "message": "topoplace integration test node",
+                        "lastHeartbeatTime": now,
+                        "lastTransitionTime": now,
+                    }
+                ],
+            }
+        },
+    )
+    for _ in range(20):
+        node = core.read_node(name)
+        taints = node.spec.taints or []
+        keep = [t for t in taints if t.key not in NOT_READY_TAINTS]
+        if len(keep) == len(taints):
+            return
+        node.spec.taints = keep or None
+        try:
+            core.replace_node(name, node)
+            return
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            time.sleep(0.1)
+
+
+@pytest.fixture(scope="session")
+def gpu_nodes(core: Any, run_id: str) -> Iterator[list[str]]:
+    """Four 8-GPU nodes on two leaves, labelled ``topoplace-it=<run id>``; deleted after."""
+    names = [f"tp-it-{run_id}-{i}" for i in range(4)]
+    for i, n in enumerate(names):
+        make_gpu_node(
+            core, n, run_id, labels={"network.topology.nvidia.com/leaf": f"leaf-{i // 2}"}
+        )
+    yield names
+    for n in names:
+        with contextlib.suppress(Exception):
+            core.delete_node(n)
+
+
+@pytest.fixture(scope="session")
+def namespace(core: Any, run_id: str) -> Iterator[str]:
+    ns = f"tp-it-{run_id}"
+    core.create_namespace({"metadata": {"name": ns}})
+    yield ns
+    try:
+        core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+        core.delete_namespace(ns)
+    except Exception:
+        pass
+
+
+# ---- the topoplace process ------------------------------------------------------------------
+
+
+class Topoplace:
+    """``topoplace serve --kubeconfig`` as a subprocess this suite owns (by pid)."""
+
+    def __init__(self, kubeconfig: str, port: int, logdir: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.port = port
+        self.logdir = logdir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self.url = f"http://127.0.0.1:{port}"
+
+    def _port_free(self) -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", self.port)) != 0
+
+    def start(self) -> None:
+        deadline = time.monotonic() + 10
+        while not self._port_free():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"127.0.0.1:{self.port} is busy; another extender is running")
+            time.sleep(0.1)
+        self.starts += 1
+        log = open(self.logdir / f"topoplace-{self.starts}.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "scheduler.cli.main",
+                "--log-level",
+                "INFO",
+                "serve",
+                "--kubeconfig",
+                self.kubeconfig,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+            ],
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout: float = 60) -> float:
+        """Seconds until /readyz answered 200."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            assert self.proc is not None and self.proc.poll() is None, self.log_tail()
+            try:
+                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
+                    return time.monotonic() - t0
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError("topoplace not ready:\n" + self.log_tail())
+
+    def get(self, path: str) -> Any:
+        r = httpx.get(self.url + path, timeout=5)
+        r.raise_for_status()
+        return r.json()
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the process this suite started (by pid) and reap it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(40)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+
+    def log_tail(self, n: int = 60) -> str:
+        p = self.logdir / f"topoplace-{self.starts}.log"
+        return "\n".join(p.read_text(errors="replace").splitlines()[-n:]) if p.exists() else ""
+
+
+@pytest.fixture(scope="session")
+def topoplace(
+    kubeconfig: str, port: int, gpu_nodes: list[str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Topoplace]:
+    tp = Topoplace(kubeconfig, port, tmp_path_factory.mktemp("topoplace"))
+    try:
+        tp.start()
+        tp.wait_ready()
+        yield tp
+    finally:
+        tp.kill(signal.SIGTERM)
