@@ -34,9 +34,9 @@ Soft objective (minimised; integer, weights from ``params.gang.weights`` over
   achievable tier bandwidth lost (telescoping over tiers);
 * health: ``health * risk`` per member;
 * fragmentation: ``fragmentation`` per untouched domain opened (fill partly used domains
-  first), ``fragmentation / 2`` per untouched node opened, ``nvl_reserve`` per untouched
-  NVLink domain opened by a gang that does not need one, and ``fragmentation / 8`` per GPU
-  left free on a used node;
+  first), ``nvl_reserve`` per untouched NVLink domain opened by a gang that does not need
+  one, and ``fragmentation / 8`` per GPU left free on a used node and per GPU a member
+  leaves free on the node it lands on (best fit: holes before whole nodes);
 * spares: ``spare`` per node missing from ``params.gang.spare_nodes`` free candidate nodes
   left in the chosen required (else preferred) domain;
 * cost: ``cost * node cost`` per node used (label ``topoplace.io/cost`` or weight map
@@ -375,12 +375,10 @@ class _Model:
             for r, v in by_class.get(c, []):
                 add_obj(v, w["health"] * SCALE * float(cls.risk[c]))
                 if roles[r].gpus > 0:
-                    add_obj(v, -strand * roles[r].gpus)
-            opened = w["fragmentation"] * SCALE / 2.0 if cls.untouched[c] else 0.0
-            add_obj(
-                self.n[c],
-                strand * int(cls.free[c]) + opened + w["cost"] * SCALE * float(cls.cost[c]),
-            )
+                    # Best fit: GPUs a member leaves free on the node it lands on (holes
+                    # first). A y-term: constant, so harmless to the LP, for whole-node members.
+                    add_obj(v, strand * (int(cls.free[c]) - 2 * roles[r].gpus))
+            add_obj(self.n[c], strand * int(cls.free[c]) + w["cost"] * SCALE * float(cls.cost[c]))
 
         # Fragmentation: untouched domains opened; NVL reserve.
         nvl = next((li for li, lv in enumerate(view.levels) if lv.name == NVLINK_LEVEL), -1)
