@@ -90,7 +90,7 @@ def fgd_arrivals(
         The ordered tasks and the generator, ready for ``node_rank``.
     """
     rng = GoRand(seed)
-    rng.int()  # the artifact evaluates rand.Int() in a debug log right after seeding
+    rng.int_()  # the artifact evaluates rand.Int() in a debug log right after seeding
     by_name = sorted(tasks, key=lambda t: t.name)
     order = list(by_name)
     rng.shuffle_list(order)

@@ -248,7 +248,7 @@ class GoRand:
         """Non-negative 63-bit integer (Go ``Int63``)."""
         return self.uint64() & _MASK63
 
-    def int(self) -> int:
+    def int_(self) -> int:
         """Non-negative int (Go ``Int`` on 64-bit platforms: one ``Int63`` draw)."""
         return self.int63()
 

@@ -476,7 +476,7 @@ class SharingClusterView:
 
     @classmethod
     def from_nodes(
-        cls, nodes: Sequence[SharingNode], rank: Sequence[int] | None = None
+        cls, nodes: Sequence[SharingNode], rank: Sequence[int] | IntArray | None = None
     ) -> SharingClusterView:
         """Build a view (with freshly allocated arrays) from node states.
 
@@ -537,18 +537,20 @@ class SharingClusterView:
 
 def feasible_mask(view: SharingClusterView, task: SharingTask) -> BoolArray:
     """Per node: whether ``task`` fits now (same rule as ``fits``)."""
-    ok = (view.cpu_free >= task.cpu_milli) & (view.memory_free >= task.memory_mib)
+    ok: BoolArray = (view.cpu_free >= task.cpu_milli) & (view.memory_free >= task.memory_mib)
     if not task.needs_gpu:
         return ok
     ok &= view.allowed_models_mask(task.gpu_spec)
     room = (view.gpu_free >= task.gpu_milli).sum(axis=1)
-    return ok & (room >= task.num_gpu)
+    out: BoolArray = ok & (room >= task.num_gpu)
+    return out
 
 
 def whole_gpu_choice(gpu_free: IntArray, num_gpu: int) -> BoolArray:
     """Per row, mask of the ``num_gpu`` lowest-indexed fully free devices (exclusive tasks)."""
     free = gpu_free == MILLI
-    return free & (np.cumsum(free, axis=1) <= num_gpu)
+    out: BoolArray = free & (np.cumsum(free, axis=1) <= num_gpu)
+    return out
 
 
 # --------------------------------------------------------------------------- vectorised frag

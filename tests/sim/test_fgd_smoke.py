@@ -56,7 +56,7 @@ needs_expected = pytest.mark.skipif(
 def test_gorand_matches_go_math_rand() -> None:
     # Reference values printed by Go's math/rand (rand.New(rand.NewSource(seed))).
     r = GoRand(42)
-    assert [r.int63(), r.int(), r.intn(7), r.intn(1000003)] == [
+    assert [r.int63(), r.int_(), r.intn(7), r.intn(1000003)] == [
         3440579354231278675,
         608747136543856411,
         4,

@@ -169,7 +169,8 @@ def _no_gpus(n: int) -> IntArray:
 
 
 def _total_free(view: SharingClusterView, idx: IntArray) -> IntArray:
-    return view.gpu_free[idx].sum(axis=1)
+    out: IntArray = view.gpu_free[idx].sum(axis=1)
+    return out
 
 
 class _Base:
