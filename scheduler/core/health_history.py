@@ -42,7 +42,7 @@ from scheduler.core.health import (
     HealthParams,
     merge,
 )
-from scheduler.core.model import EMPTY_MAP, Health, NodeHealth
+from scheduler.core.model import Health, NodeHealth
 
 UNHEALTHY = "unhealthy"
 RECOVERED = "recovered"
@@ -81,7 +81,7 @@ EMPTY_NODE_HISTORY = NodeHistory()
 class HealthHistory:
     """Histories of all nodes (read-only mapping by node name)."""
 
-    nodes: Mapping[str, NodeHistory] = field(default_factory=lambda: EMPTY_MAP)
+    nodes: Mapping[str, NodeHistory] = field(default_factory=lambda: MappingProxyType({}))
 
     def of(self, name: str) -> NodeHistory:
         """The history of ``name`` (empty when never seen)."""
