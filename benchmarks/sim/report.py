@@ -259,6 +259,7 @@ def render_markdown(
     title: str = "FGD reproduction on the openb traces",
     setup_lines: Sequence[str] = (),
     plot_files: Sequence[str] = (),
+    notes: Sequence[str] = (),
 ) -> str:
     """The Markdown report."""
     cells = aggregate(runs, published)
@@ -350,7 +351,7 @@ def render_markdown(
             out.append("| " + " | ".join(row) + " |")
         out.append("")
 
-    out += ["## Run time per run (seconds, one core)", "", "| policy | mean | max | runs |"]
+    out += ["## Run time (seconds per run, one process each)", "", "| policy | mean | max | runs |"]
     out.append("|---|---|---|---|")
     for pol in policies:
         pc = [c for c in cells if c.policy == pol]
@@ -361,6 +362,8 @@ def render_markdown(
     out.append("")
     for p in plot_files:
         out += [f"![allocation ratio vs arrived demand]({p})", ""]
+    if notes:
+        out += ["## Notes", "", *notes, ""]
     return "\n".join(out)
 
 
@@ -462,6 +465,7 @@ def write_report(
     published: Published | None,
     *,
     setup_lines: Sequence[str] = (),
+    notes: Sequence[str] = (),
     plots: bool = True,
 ) -> Path:
     """Write ``results.csv``, the plots and ``report.md`` into ``out_dir``; return the report."""
@@ -469,7 +473,7 @@ def write_report(
     runs = sorted(runs, key=_run_order)
     write_results_csv(out_dir / "results.csv", runs, published)
     files = plot_curves(runs, published, out_dir) if plots else []
-    md = render_markdown(runs, published, setup_lines=setup_lines, plot_files=files)
+    md = render_markdown(runs, published, setup_lines=setup_lines, plot_files=files, notes=notes)
     path = out_dir / "report.md"
     path.write_text(md + "\n")
     return path
