@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -32,6 +33,7 @@ from typing import Any
 from scheduler.cache import ClusterCache
 from scheduler.core.params import SchedParams
 from scheduler.core.snapshot import build_snapshot
+from scheduler.health_tracker import HealthTracker
 from scheduler.kube.binder import KubeBinder
 from scheduler.kube.client import KubeApi, Timeouts
 from scheduler.kube.metrics import KubeMetrics
@@ -61,6 +63,9 @@ class KubeOptions:
         scheduler_names: kube-scheduler profiles (``schedulerName``) that call topoplace;
             after a restart, pending gangs of these profiles are planned (reserved) again
             before readiness. Gangs with a member bound by topoplace always are.
+        health_refresh_interval_s: how often every node is re-assessed by the health
+            tracker (heartbeats age, settle times and failure memories expire without any
+            watch event); 0 disables it.
     """
 
     context: str | None = None
@@ -69,6 +74,7 @@ class KubeOptions:
     drain_timeout_s: float = 25.0
     expire_interval_s: float = 1.0
     scheduler_names: tuple[str, ...] = ()
+    health_refresh_interval_s: float = 30.0
 
 
 ENV_SCHEDULER_NAMES = "TOPOPLACE_SCHEDULER_NAMES"
@@ -203,6 +209,7 @@ class KubeRuntime:
             self._janitor.start()
 
     def _expire_loop(self) -> None:
+        last_refresh = time.monotonic()
         while not self._janitor_stop.wait(self.options.expire_interval_s):
             try:
                 gone = self.cache.expire()
@@ -210,6 +217,14 @@ class KubeRuntime:
                     log.info("dropped %d expired assumption(s)", len(gone))
             except Exception:
                 log.exception("expiring assumptions failed")
+            every = self.options.health_refresh_interval_s
+            tracker = self.cache.health_tracker
+            if tracker is not None and every > 0 and time.monotonic() - last_refresh >= every:
+                last_refresh = time.monotonic()
+                try:
+                    tracker.refresh(self.cache)
+                except Exception:
+                    log.exception("health refresh failed")
 
     def stop(self, timeout: float | None = None) -> bool:
         """Refuse new binds, wait for in-flight ones, stop the watches; True if drained."""
@@ -260,7 +275,12 @@ def build_kube_runtime(
     if gangs is _AUTO:
         gangs = _default_gangs()
     clock_kw: dict[str, Any] = {} if clock is None else {"clock": clock}
-    cache = ClusterCache(build_snapshot([], [], params), params, **clock_kw)
+    cache = ClusterCache(
+        build_snapshot([], [], params),
+        params,
+        health_tracker=HealthTracker(params.health),
+        **clock_kw,
+    )
     watcher = KubeWatcher(api, cache, opts.watch, km, **clock_kw)
     binder = KubeBinder(api, km)
     readiness = KubeReadiness(watcher)
