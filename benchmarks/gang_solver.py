@@ -6,8 +6,9 @@ realistic partial usage (seeded): every leaf gets a utilisation level (a quarter
 quarter nearly full, the rest 20-70 %), busy nodes run a pod of 8 GPUs (half of them) or
 of 1, 2 or 4 GPUs; 2 % of nodes are degraded (NVSentinel ``GpuThermalWatch``), 1 %
 unhealthy (``GpuXidError``), 0.5 % cordoned. Gangs of 8 to 512 pods x 8 GPUs (no
-constraint, as for the targets; ``--required`` adds a level) are planned by every
-registered gang policy, ``--runs`` times each, on one snapshot.
+constraint, as for the targets; ``--required`` / ``--preferred`` add a level, which is how
+Kueue and KAI users ask for topology) are planned by every registered gang policy,
+``--runs`` times each, on one snapshot.
 
 The ``mixed`` scenario (``--mixed``) adds GB200 NVL72 racks (18 x 4-GPU trays per rack and
 leaf) to a DGX fleet and plans 4-GPU gangs that require or prefer one NVLink domain.
@@ -274,6 +275,7 @@ def run(
     required: str = "",
     seed: int = 1,
     out: Any = sys.stdout,
+    preferred: str = "",
 ) -> list[Row]:
     """Run the benchmark and print conditions and the table; returns the rows."""
     params = SchedParams()
@@ -295,7 +297,10 @@ def run(
             )
             glist: list[GangRequest] = []
             if scen == "dgx":
-                glist = [simple_gang(f"bench/g{k}", k, 8, required=required) for k in gangs]
+                glist = [
+                    simple_gang(f"bench/g{k}", k, 8, required=required, preferred=preferred)
+                    for k in gangs
+                ]
             else:
                 glist = [
                     simple_gang("bench/nvl16", 16, 4, required="nvlink-domain"),
@@ -345,12 +350,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--policies", nargs="+", default=None)
     ap.add_argument("--required", default="", help="a required level for the DGX gangs")
+    ap.add_argument("--preferred", default="", help="a preferred level for the DGX gangs")
     ap.add_argument("--mixed", action="store_true", help="also run the NVL72 + DGX scenario")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", help="also write the rows as JSON to this file")
     args = ap.parse_args(argv)
     rows = run(
-        args.sizes, args.gangs, args.runs, args.policies, args.mixed, args.required, args.seed
+        args.sizes,
+        args.gangs,
+        args.runs,
+        args.policies,
+        args.mixed,
+        args.required,
+        args.seed,
+        preferred=args.preferred,
     )
     if args.json:
         with open(args.json, "wb") as f:

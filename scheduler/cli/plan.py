@@ -152,7 +152,17 @@ def render(gang: GangRequest, res: PlacementResult) -> str:
         lines.append(f"{head}: placed")
         used = d.get("domains_used", {})
         lb = d.get("lower_bound", {})
-        doms = ", ".join(f"{k} {v} (lower bound {lb.get(k, '?')})" for k, v in used.items())
+        nested = d.get("lower_bound_nested", {})
+        levels = list(used)
+        parts = []
+        for i, (k, v) in enumerate(used.items()):
+            note = f"lower bound {lb.get(k, '?')}"
+            parent = levels[i + 1] if i + 1 < len(levels) else None
+            nb = nested.get(k, {}).get(str(lb.get(parent))) if parent else None
+            if nb is not None and nb != lb.get(k):
+                note += f"; {nb} within the fewest {parent} domains"
+            parts.append(f"{k} {v} ({note})")
+        doms = ", ".join(parts)
         lines.append(f"  domains used: {doms}")
         lines.append(
             f"  collective bandwidth estimate: {_fmt_num(d.get('collective_bandwidth_gbps', 0))} GB/s"

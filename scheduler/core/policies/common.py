@@ -1057,6 +1057,34 @@ def node_sequence(view: GangView, idx: np.ndarray, need: np.ndarray, how: Descen
     return picked + rest
 
 
+def _lookahead(
+    view: GangView,
+    idx: np.ndarray,
+    gid: np.ndarray,
+    uq: np.ndarray,
+    caps: np.ndarray,
+    first: np.ndarray,
+    untouched: np.ndarray,
+    ok: np.ndarray,
+    child_level: int,
+    need: np.ndarray,
+) -> list[tuple[int, np.ndarray]]:
+    """Among domains that fit whole, the one needing the fewest child domains (then
+    partly used first, tightest, name order)."""
+    p = view.primary
+    cg = view.group_ids(child_level)
+    g_of = np.searchsorted(uq, gid[idx])
+    best: tuple[int, bool, int, int] | None = None
+    best_g = -1
+    for g in np.flatnonzero(ok).tolist():
+        _, ccaps, _ = group_capacity(view, idx[g_of == g], cg)
+        k = cover(ccaps[p], int(need[p]))
+        key = (k if k >= 0 else BIG, bool(untouched[g]), int(caps[p, g]), int(first[g]))
+        if best is None or key < best:
+            best, best_g = key, g
+    return [(best_g, need.copy())]
+
+
 def descend(
     view: GangView, idx: np.ndarray, levels: Sequence[int], need: np.ndarray, how: Descent
 ) -> list[int]:
@@ -1078,8 +1106,12 @@ def _descend(
     gid = view.group_ids(li)
     uq, caps, first = group_capacity(view, idx, gid)
     chosen = None
-    if how.exact_split and len(levels) >= 2 and not fits(caps, need).any():
+    ok = fits(caps, need)
+    if how.exact_split and len(levels) >= 2 and not ok.any():
         chosen = _dp_split(view, idx, li, levels[1], need)
+    elif how.exact_split and len(levels) >= 2 and int(ok.sum()) > 1:
+        untouched = group_untouched(view, li, uq)
+        chosen = _lookahead(view, idx, gid, uq, caps, first, untouched, ok, levels[1], need)
     if chosen is None:
         chosen = _choose_groups(caps, need, group_untouched(view, li, uq), first, view.primary, how)
     out: list[int] = []

@@ -527,6 +527,11 @@ def _record(
     return rec
 
 
+def _nested_json(nested: dict[str, dict[int, int]]) -> dict[str, dict[str, int]]:
+    """Nested bounds as JSON: level -> {"at most k parent domains": fewest domains}."""
+    return {lvl: {str(k): v for k, v in sorted(t.items())} for lvl, t in sorted(nested.items())}
+
+
 def _plan(snapshot: ClusterSnapshot, gang: GangRequest, params: SchedParams) -> PlacementResult:
     view = GangView(snapshot, gang, params)
     done = trivial(view, NAME)
@@ -567,6 +572,7 @@ def _plan(snapshot: ClusterSnapshot, gang: GangRequest, params: SchedParams) -> 
                     classes=classes,
                     candidates=int(len(view.pos)),
                     rounds=rnd + 1,
+                    lower_bound_nested=_nested_json(nested),
                 ),
             )
         for c in sorted(bad):
@@ -584,6 +590,7 @@ def _plan(snapshot: ClusterSnapshot, gang: GangRequest, params: SchedParams) -> 
                 status="fallback",
                 classes=classes,
                 candidates=int(len(view.pos)),
+                lower_bound_nested=_nested_json(nested),
             ),
         )
     st = "infeasible" if status == cp_model.INFEASIBLE else "unknown"
