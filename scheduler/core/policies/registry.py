@@ -19,7 +19,7 @@ Contracts:
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -122,3 +122,15 @@ def get_policy(name: str) -> GangPolicy:
         raise ValueError(
             f"unknown gang policy {name!r}; registered: {', '.join(sorted(GANG_POLICIES))}"
         ) from None
+
+
+def plan_gangs(
+    snapshot: ClusterSnapshot,
+    gangs: Sequence[GangRequest],
+    params: SchedParams,
+    policy: str | GangPolicy | None = None,
+) -> list[PlacementResult]:
+    """Plan several gangs jointly in priority order (see :func:`scheduler.core.gang.plan_gangs`)."""
+    from scheduler.core.gang import plan_gangs as _plan_gangs
+
+    return _plan_gangs(snapshot, gangs, params, policy)
