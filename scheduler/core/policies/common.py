@@ -16,6 +16,10 @@ Terms:
     * **lower bound** at a level: the fewest domains whose free capacity covers the gang
       (largest domains first), per role and for the GPU total; with a required level, the
       least over the candidate domains of that level. Exact for gangs with one role.
+      Per-level bounds need not hold together (the 6 largest leaves may sit under 3 spines
+      while 2 spines suffice); :func:`nested_bounds` gives the exact fewest child domains
+      when at most k parent domains are used (a max-plus programme over parents), which
+      CP-SAT receives as cuts and the greedy descent uses to split.
 
 NVLink exclusivity (Grove, IMEX): a node serves one multi-node NVLink workload at a time.
 A gang *uses a multi-node NVLink domain* when its members (bound pods, assumed pods or
