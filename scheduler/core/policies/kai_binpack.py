@@ -9,8 +9,8 @@ whole job. Here the domain chosen at that level is the bin-packing one, i.e. the
 with the fewest allocatable pods that still fits (ties by name), and inside it nodes are
 filled most-allocated first (KAI's default ``binpack`` node placement). Without any
 topology constraint the whole cluster is bin-packed. If a preference cannot be met at any
-level and nothing is required, the whole cluster is bin-packed too (KAI then spreads the job
-over the fewest child domains; bin-packing approximates that).
+level below the top and nothing is required, the domain found higher up is narrowed to its
+fewest largest children (KAI's ``improveChoiceForPreference``) and bin-packed.
 """
 
 from __future__ import annotations
@@ -57,6 +57,23 @@ def relevant_levels(view: GangView) -> list[int]:
     return [req] if req >= 0 else []
 
 
+def _children_subset(view: GangView, idx: np.ndarray, child: int, need: np.ndarray) -> np.ndarray:
+    """Candidates of the largest child domains (capacity order) that together fit."""
+    p = view.primary
+    cgid = view.group_ids(child)
+    cuq, ccaps, cfirst = group_capacity(view, idx, cgid)
+    order = sorted(range(len(cuq)), key=lambda g: (-int(ccaps[p, g]), int(cfirst[g])))
+    take: list[int] = []
+    total = np.zeros_like(need)
+    for g in order:
+        take.append(int(cuq[g]))
+        total = total + ccaps[:, g]
+        if np.all(total >= need):
+            break
+    out: np.ndarray = idx[np.isin(cgid[idx], take)]
+    return out
+
+
 @register(NAME)
 def plan(snapshot: ClusterSnapshot, gang: GangRequest, params: SchedParams) -> PlacementResult:
     """Place the gang the KAI way with bin-packing (pure, deterministic)."""
@@ -78,8 +95,13 @@ def plan(snapshot: ClusterSnapshot, gang: GangRequest, params: SchedParams) -> P
             continue
         ranked = sorted(ok.tolist(), key=lambda g: (int(caps[p, g]), int(first[g])))
         for g in ranked[:MAX_DOMAINS]:
+            idx = allidx[gid == uq[g]]
+            if view.preferred >= 0 and li > view.preferred:
+                # KAI's improveChoiceForPreference: the preferred level was not met, so
+                # use the fewest children of the chosen domain, largest first.
+                idx = _children_subset(view, idx, li - 1, need)
             f = Filler(view)
-            if f.fill(binpack_order(view, allidx[gid == uq[g]])):
+            if f.fill(binpack_order(view, idx)):
                 return success(view, f.assignments(), NAME, bounds, status="heuristic")
         if view.required != REQ_NONE and li == (view.required if view.required >= 0 else REQ_NODE):
             return refusal(view, NAME, bounds)
