@@ -136,7 +136,7 @@ NOTES: tuple[str, ...] = (
     "is an extra baseline without published numbers.",
     "- **Run time** in the table above was measured with 2 worker processes on a 2-core host "
     "shared with other jobs. Alone on one core a run takes 1.1-2.9 s for the baselines and "
-    "3.2-5.4 s for FGD (slowest: gpuspec10, whose GPU-type constraints make 74 typical shapes)",
+    "3.2-5.4 s for FGD (slowest: gpuspec10, whose GPU-type constraints make 74 typical shapes).",
 )
 """Analysis notes appended to the report."""
 
