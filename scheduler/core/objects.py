@@ -238,7 +238,13 @@ def request_from_pod(pod: Mapping[str, Any], fabric: Fabric) -> PodRequest:
 
 
 def placement_of(pod: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The pod's topoplace placement record, or None if absent or unreadable."""
+    """The pod's topoplace placement record, or None if absent or unreadable.
+
+    Only ``v``, ``node`` and ``gpus`` are checked here (this runs for every bound pod);
+    a gang plan's optional keys (``slots``, ``created``, ...) are checked by their reader
+    (``scheduler.core.gang.plan_of_record``). Records without them (written before plans
+    were recorded) stay valid.
+    """
     raw = (meta(pod).get("annotations") or {}).get(PLACEMENT_ANNOTATION)
     if not raw:
         return None
@@ -254,11 +260,75 @@ def placement_of(pod: Mapping[str, Any]) -> dict[str, Any] | None:
     return rec
 
 
+PLAN_SLOTS_MAX_BYTES = 128 * 1024
+"""Largest serialized slot table written into a placement record (half of Kubernetes'
+256 KiB limit on all annotations of an object). A 512-member gang takes about 40 KiB; a
+plan whose table is larger is written without it (``slots_omitted`` = its slot count), and
+after a restart its unbound members are planned again when they come instead of being
+re-reserved from the record."""
+
+
+class PlanRecord(str):
+    """A gang plan id that carries the plan it names, for :func:`placement_value`.
+
+    It *is* the plan id (a ``str``), so it passes wherever a plan id is expected (the third
+    element of ``GangHandler.choose``'s answer); :func:`placement_value` writes the whole
+    plan into the record when given one. Read-only.
+
+    Attributes:
+        slots: the plan's complete slot table, ``(role, node, GPU indices)`` per slot,
+            bound members included.
+        policy: the gang policy that made the plan.
+        created: wall-clock epoch seconds the plan was made.
+        ttl: seconds an unbound slot stays reserved.
+    """
+
+    slots: tuple[tuple[str, str, tuple[int, ...]], ...]
+    policy: str
+    created: float
+    ttl: float
+
+    def __new__(
+        cls,
+        plan_id: str,
+        slots: Any = (),
+        policy: str = "",
+        created: float = 0.0,
+        ttl: float = 0.0,
+    ) -> PlanRecord:
+        self = super().__new__(cls, plan_id)
+        table = tuple((str(r), str(n), tuple(int(g) for g in gs)) for r, n, gs in slots)
+        object.__setattr__(self, "slots", table)
+        object.__setattr__(self, "policy", str(policy))
+        object.__setattr__(self, "created", float(created))
+        object.__setattr__(self, "ttl", float(ttl))
+        return self
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"PlanRecord is read-only ({name})")
+
+
 def placement_value(node: str, gpus: tuple[int, ...], gang: str = "", plan: str = "") -> str:
-    """Serialize a placement record (compact JSON, sorted keys) for the annotation."""
+    """Serialize a placement record (compact JSON, sorted keys) for the annotation.
+
+    ``plan`` may be a :class:`PlanRecord`: the record then also carries the whole plan,
+    ``"policy"``, ``"created"``, ``"ttl"`` and ``"slots": [[role, node, [gpus]], ...]``
+    (optional keys of version 1: readers that do not know them ignore them). A slot table
+    above :data:`PLAN_SLOTS_MAX_BYTES` is left out (``"slots_omitted": <count>``).
+    """
     rec: dict[str, Any] = {"v": PLACEMENT_VERSION, "node": node, "gpus": list(gpus)}
     if gang:
         rec["gang"] = gang
     if plan:
-        rec["plan"] = plan
+        rec["plan"] = str(plan)
+    if isinstance(plan, PlanRecord) and plan.slots:
+        if plan.policy:
+            rec["policy"] = plan.policy
+        rec["created"] = round(plan.created, 3)
+        rec["ttl"] = round(plan.ttl, 3)
+        table = [[r, n, list(gs)] for r, n, gs in plan.slots]
+        if len(orjson.dumps(table)) <= PLAN_SLOTS_MAX_BYTES:
+            rec["slots"] = table
+        else:
+            rec["slots_omitted"] = len(table)
     return orjson.dumps(rec, option=orjson.OPT_SORT_KEYS).decode()
