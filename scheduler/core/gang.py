@@ -19,7 +19,9 @@ Pure. A gang (pod group) is placed all or nothing by a gang policy (see
 * :func:`plan_gangs`: several gangs in priority order, each seeing the reservations of the
   ones before it.
 * :func:`recover_plans`: rebuild live plans from bound pods' placement annotations after a
-  restart.
+  restart: the whole plan (every slot, bound or not) when the records carry its slot
+  table (:func:`plan_of_record`), else the bound members only; :func:`recovery_request`
+  builds the gang to plan again when a recorded plan cannot be replayed.
 
 Slots: the members of a gang are numbered per role, ``<role>-<i>``; slot ``i`` of a role
 belongs to the i-th known member of that role (pod keys sorted) or, past the known ones, to
@@ -37,10 +39,12 @@ from typing import TYPE_CHECKING, Any
 from scheduler.core.model import (
     EMPTY_MAP,
     RESERVATION_PREFIX,
+    Health,
     PodInfo,
     PodRequest,
     TopologyConstraint,
     frozen_map,
+    indices_to_mask,
 )
 from scheduler.core.objects import placement_of
 from scheduler.core.quantity import quantity_int
@@ -383,6 +387,83 @@ def plan_gangs(
 
 # ---- recovery ---------------------------------------------------------------------------
 
+PROBLEM_NODE_GONE = "node gone"
+PROBLEM_NODE_UNHEALTHY = "node unhealthy"
+PROBLEM_GPUS_UNHEALTHY = "GPUs unhealthy or missing"
+PROBLEM_GPUS_HELD = "GPUs held by another pod"
+PROBLEM_OUTSIDE_PLAN = "bound member outside the recorded plan"
+
+
+@dataclass(frozen=True, slots=True)
+class PlanTable:
+    """A gang plan as recorded in a member's placement record.
+
+    Attributes:
+        plan_id: the plan's id.
+        policy: the gang policy that made it ("" if not recorded).
+        created: wall-clock epoch seconds it was made (0 if not recorded).
+        ttl: seconds an unbound slot stays reserved (0 if not recorded).
+        slots: ``(role, node, GPU indices)`` of every slot, bound members included.
+    """
+
+    plan_id: str
+    policy: str
+    created: float
+    ttl: float
+    slots: tuple[tuple[str, str, tuple[int, ...]], ...]
+
+
+def plan_of_record(rec: Mapping[str, Any]) -> PlanTable | None:
+    """The plan a placement record carries (see ``objects.placement_value``), or None when
+    the record has no usable slot table (older records, tables left out for size, or
+    malformed ones)."""
+    pid = rec.get("plan")
+    table = rec.get("slots")
+    if not isinstance(pid, str) or not pid or not isinstance(table, list) or not table:
+        return None
+    slots: list[tuple[str, str, tuple[int, ...]]] = []
+    for row in table:
+        if not isinstance(row, list) or len(row) != 3:
+            return None
+        role, node, gpus = row
+        if not isinstance(role, str) or not isinstance(node, str) or not node:
+            return None
+        if not isinstance(gpus, list) or not all(
+            isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus
+        ):
+            return None
+        slots.append((role, node, tuple(sorted(gpus))))
+    created, ttl = rec.get("created", 0), rec.get("ttl", 0)
+    return PlanTable(
+        plan_id=pid,
+        policy=str(rec.get("policy") or ""),
+        created=float(created) if isinstance(created, int | float) else 0.0,
+        ttl=float(ttl) if isinstance(ttl, int | float) and ttl > 0 else 0.0,
+        slots=tuple(slots),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveredSlot:
+    """One slot of a recovered plan.
+
+    Attributes:
+        slot: slot id (``<role>-<i>``, numbered per role in table order).
+        role: the role a member must have to claim it ("" for members bound before the plan
+            was made whose role was not known).
+        node / gpus: where the slot is.
+        member: pod key of the bound member holding it ("" = not bound: to re-reserve).
+        problem: why the slot cannot be reserved again ("" = it can), one of the
+            ``PROBLEM_*`` constants.
+    """
+
+    slot: str
+    role: str
+    node: str
+    gpus: tuple[int, ...]
+    member: str = ""
+    problem: str = ""
+
 
 @dataclass(frozen=True, slots=True)
 class RecoveredPlan:
@@ -393,11 +474,19 @@ class RecoveredPlan:
         members: (pod key, node, GPUs) of every bound member, sorted by pod key.
         member_plans: the plan id each member carries (aligned with ``members``); several
             ids appear after a partial re-plan.
+        table: the recorded plan chosen (None: no member's record carries a slot table;
+            then only the bound members are known).
+        slots: the chosen plan's slots, bound members matched to theirs (empty without a
+            table).
+        outside: bound members that hold no slot of the chosen plan.
     """
 
     gang: str
     members: tuple[Assignment, ...]
     member_plans: tuple[str, ...]
+    table: PlanTable | None = None
+    slots: tuple[RecoveredSlot, ...] = ()
+    outside: tuple[str, ...] = ()
 
     @property
     def plan_ids(self) -> tuple[str, ...]:
@@ -406,11 +495,75 @@ class RecoveredPlan:
 
     @property
     def plan_id(self) -> str:
-        """The id carried by most members (ties: the smallest)."""
+        """The chosen table's id, else the id carried by most members (ties: the smallest)."""
+        if self.table is not None:
+            return self.table.plan_id
         counts: dict[str, int] = {}
         for pid in self.member_plans:
             counts[pid] = counts.get(pid, 0) + 1
         return min(counts, key=lambda p: (-counts[p], p)) if counts else ""
+
+    @property
+    def open_slots(self) -> tuple[RecoveredSlot, ...]:
+        """Slots no bound member holds (to be reserved again)."""
+        return tuple(s for s in self.slots if not s.member)
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        """``<slot>: <problem>`` for every slot that cannot be reserved again, and one entry
+        per bound member outside the plan. Empty: the plan can be replayed as recorded."""
+        out = [f"{s.slot}: {s.problem}" for s in self.slots if s.problem]
+        out += [f"{m}: {PROBLEM_OUTSIDE_PLAN}" for m in self.outside]
+        return tuple(out)
+
+    @property
+    def replayable(self) -> bool:
+        """A slot table was recorded and every open slot can be reserved again."""
+        return self.table is not None and not self.problems
+
+
+def _match(
+    table: PlanTable, members: Sequence[Assignment]
+) -> tuple[list[tuple[str, str, str, tuple[int, ...], str]], list[str]]:
+    """Number the table's slots and match bound members to them by (node, GPU set).
+
+    Returns (slot id, role, node, gpus, member) rows in table order and the members that
+    match no slot.
+    """
+    counts: dict[str, int] = {}
+    rows: list[tuple[str, str, str, tuple[int, ...], str]] = []
+    for role, node, gpus in table.slots:
+        i = counts.get(role, 0)
+        counts[role] = i + 1
+        rows.append((f"{role}-{i}" if role else f"bound-{i}", role, node, gpus, ""))
+    free: dict[tuple[str, tuple[int, ...]], list[int]] = {}
+    for j, (_, _, node, gpus, _) in enumerate(rows):
+        free.setdefault((node, gpus), []).append(j)
+    outside: list[str] = []
+    for m in members:
+        cands = free.get((m.node, tuple(sorted(m.gpus))))
+        if not cands:
+            outside.append(m.pod)
+            continue
+        j = cands.pop(0)
+        sid, role, node, gpus, _ = rows[j]
+        rows[j] = (sid, role, node, gpus, m.pod)
+    return rows, outside
+
+
+def _slot_problem(snapshot: ClusterSnapshot, node: str, gpus: tuple[int, ...]) -> str:
+    """Why an unbound slot cannot be reserved again on ``snapshot`` ("" if it can)."""
+    info = snapshot.node(node)
+    if info is None:
+        return PROBLEM_NODE_GONE
+    if info.health.state >= Health.UNHEALTHY or info.health.unschedulable:
+        return PROBLEM_NODE_UNHEALTHY
+    mask = indices_to_mask(gpus)
+    if mask & ~info.usable_mask:
+        return PROBLEM_GPUS_UNHEALTHY
+    if mask & info.used_mask:
+        return PROBLEM_GPUS_HELD
+    return ""
 
 
 def recover_plans(snapshot: ClusterSnapshot) -> dict[str, RecoveredPlan]:
@@ -418,9 +571,17 @@ def recover_plans(snapshot: ClusterSnapshot) -> dict[str, RecoveredPlan]:
 
     Only pods whose record names a gang and a plan id count (the extender writes both on
     every gang member's Binding). Reservation pseudo pods are ignored: they die with the
-    process, and the members they held are planned again. Pure; sorted output.
+    process; the records are the truth.
+
+    When members' records carry the plan's slot table, the whole plan is rebuilt: among
+    the recorded plans (normally one: every member of a gang carries the same plan id) the
+    one holding the most bound members is chosen (ties: the newest, then the largest id),
+    bound members are matched to their slots by node and GPU set, and every unbound slot
+    is checked against ``snapshot``: its node must exist and be healthy and schedulable,
+    and its GPUs healthy and held by no pod (the API is the truth), else the slot carries a
+    ``PROBLEM_*`` and the plan is not replayable. Pure; sorted output.
     """
-    found: dict[str, tuple[list[Assignment], list[str]]] = {}
+    found: dict[str, tuple[list[Assignment], list[str], dict[str, PlanTable]]] = {}
     for key in sorted(snapshot.pods):
         pod = snapshot.pods[key]
         if key.startswith(RESERVATION_PREFIX) or not pod.raw:
@@ -429,13 +590,99 @@ def recover_plans(snapshot: ClusterSnapshot) -> dict[str, RecoveredPlan]:
         if rec is None or not rec.get("gang") or not rec.get("plan"):
             continue
         gang = str(rec["gang"])
-        members, plans = found.setdefault(gang, ([], []))
+        members, plans, tables = found.setdefault(gang, ([], [], {}))
         members.append(Assignment(key, pod.node, tuple(pod.gpus)))
-        plans.append(str(rec["plan"]))
-    return {
-        gang: RecoveredPlan(gang, tuple(members), tuple(plans))
-        for gang, (members, plans) in sorted(found.items())
-    }
+        pid = str(rec["plan"])
+        plans.append(pid)
+        if pid not in tables:
+            table = plan_of_record(rec)
+            if table is not None:
+                tables[pid] = table
+    out: dict[str, RecoveredPlan] = {}
+    for gang, (members, plans, tables) in sorted(found.items()):
+        best: tuple[tuple[int, float, str], PlanTable, list[Any], list[str]] | None = None
+        for pid in sorted(tables):
+            table = tables[pid]
+            rows, outside = _match(table, members)
+            rank = (len(members) - len(outside), table.created, pid)
+            if best is None or rank > best[0]:
+                best = (rank, table, rows, outside)
+        if best is None:
+            out[gang] = RecoveredPlan(gang, tuple(members), tuple(plans))
+            continue
+        _, table, rows, outside = best
+        slots = tuple(
+            RecoveredSlot(
+                sid, role, node, gpus, member, "" if member else _slot_problem(snapshot, node, gpus)
+            )
+            for sid, role, node, gpus, member in rows
+        )
+        out[gang] = RecoveredPlan(
+            gang, tuple(members), tuple(plans), table, slots, tuple(sorted(outside))
+        )
+    return out
+
+
+def recovery_request(
+    plan: RecoveredPlan,
+    bound: Sequence[PodRequest],
+    size: int = 0,
+    fixed: Sequence[Assignment] | None = None,
+) -> GangRequest | None:
+    """The gang to plan again after a restart when its recorded plan cannot be replayed.
+
+    Bound members stay fixed; the members still to come are planned with the roles of the
+    recorded open slots (completed, or cut, to ``size`` when the gang declares one), each
+    with the shape of a bound member of that role, else the first bound member's shape
+    with the slot's GPU count. Without a recorded table the missing members take the first
+    bound member's role, as :func:`gang_request` does.
+
+    Args:
+        plan: the recovered plan.
+        bound: requests of the gang's bound members (their pod objects), at least one.
+        size: declared gang size (0 = the recorded table's size).
+        fixed: members holding resources now (default: ``plan.members``).
+
+    Returns:
+        The request, or None when no member is left to place (or ``bound`` is empty).
+    """
+    if not bound:
+        return None
+    fixed = tuple(plan.members if fixed is None else fixed)
+    first = sorted(bound, key=lambda r: r.key)[0]
+    by_role: dict[str, PodRequest] = {}
+    for r in sorted(bound, key=lambda r: r.key):
+        by_role.setdefault(role_name(r), r)
+    open_roles = [(s.role, len(s.gpus)) for s in plan.open_slots]
+    total = size if size > 0 else (len(plan.slots) or len(fixed))
+    missing = max(0, total - len(fixed))
+    if missing == 0:
+        return None
+    open_roles = open_roles[:missing]
+    while len(open_roles) < missing:
+        open_roles.append((role_name(first), max(0, first.gpus)))
+    counts: dict[str, int] = {}
+    gpus_of: dict[str, int] = {}
+    for role, g in open_roles:
+        name = role or role_name(first)
+        counts[name] = counts.get(name, 0) + 1
+        gpus_of.setdefault(name, g)
+    roles = []
+    for name in sorted(counts):
+        shape = by_role.get(name)
+        if shape is not None:
+            roles.append(_role_from(shape, name, counts[name], ()))
+        else:
+            roles.append(replace(_role_from(first, name, counts[name], ()), gpus=gpus_of[name]))
+    reqs = sorted(bound, key=lambda r: r.key)
+    topo = next((r.topology for r in reqs if r.topology.required or r.topology.preferred), None)
+    return GangRequest(
+        key=plan.gang,
+        roles=tuple(roles),
+        topology=topo or TopologyConstraint(),
+        priority=max(r.priority for r in reqs),
+        fixed=tuple(sorted(fixed, key=lambda a: a.pod)),
+    )
 
 
 def with_fixed(gang: GangRequest, fixed: Sequence[Assignment]) -> GangRequest:
