@@ -19,7 +19,9 @@ Life of a gang
 3. **Bind** (``choose``, called under the cache lock by the extender) releases the member's
    reservation and returns the planned GPUs, gang and plan id; the extender then assumes the
    real pod with those GPUs in the same critical section and writes the placement
-   annotation (gang + plan id, enough for :func:`scheduler.core.gang.recover_plans`).
+   annotation. The plan id is a :class:`~scheduler.core.objects.PlanRecord`, so the
+   annotation carries the whole plan: every slot's role, node and GPUs, the policy, the
+   plan's creation time and TTL. The cluster keeps the plan from the first bind on.
 4. A **refused** gang gets FailedNodes (resolvable) for every candidate with
    :data:`REASON_GANG_UNPLACEABLE`; nothing is reserved or bound, so no partial gang holds
    GPUs. The human-readable reason is in :meth:`GangRuntime.describe_plans` and the log.
@@ -35,30 +37,49 @@ of its role makes the gang re-plan (whole, bound members fixed). Refusals are re
 :data:`REFUSAL_HOLD_SECONDS` (or until the snapshot changes) so that the members of a gang
 that does not fit do not each run the solver.
 
-Events (``ext.metrics.gang_events``): planned, refused, replanned, expired, bound.
+Restart
+-------
+:meth:`GangRuntime.recover` runs after the initial list, before readiness. It replays every
+gang's plan from its bound members' placement records
+(:func:`scheduler.core.gang.recover_plans`): bound members get their slots back, and
+every unbound slot, including slots of members that do not exist yet, is reserved again
+with a fresh TTL (the recorded one, counted from recovery), so no other pod gets those
+GPUs and a gang whose other members never come releases them after one TTL. A plan that
+cannot be replayed as recorded (a slot's node gone or unhealthy, its GPUs now held by
+another pod, a bound member outside the plan) is planned again whole at once, bound
+members fixed; if that is refused, only the bound members are installed and the gang is
+planned when its members come. Records without a slot table (older records, or plans
+above ``PLAN_SLOTS_MAX_BYTES``) give the bound members only, as before.
+
+Events (``ext.metrics.gang_events``): planned, refused, replanned, expired, bound,
+recovered (a plan replayed from the records after a restart).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.core.gang import (
     GangRequest,
+    RecoveredPlan,
     declared_size,
     gang_request,
     plan_id,
     recover_plans,
+    recovery_request,
     reservation_key,
     reservation_pods,
     role_name,
     slot_of_assignment,
 )
-from scheduler.core.model import RESERVATION_PREFIX, Health, PodRequest
+from scheduler.core.model import RESERVATION_PREFIX, Health, PodInfo, PodRequest
+from scheduler.core.objects import ObjectError, PlanRecord, request_from_pod
 from scheduler.core.policies.registry import DEFAULT_GANG_POLICY, GANG_POLICIES, get_policy
 from scheduler.core.schedule import Assignment, FilterOutcome, PlacementResult
 from scheduler.core.snapshot import ClusterSnapshot, DoubleBookingError
@@ -104,6 +125,9 @@ class GangPlan:
         members: pod key -> slot id for members that have claimed a slot.
         created / expires: cache clock times.
         details: the policy's record (status, objective, domains, bandwidth...).
+        wall_created: wall-clock epoch seconds the plan was made (written in the record).
+        ttl: seconds unbound slots stay reserved.
+        record: the plan as written into members' placement records (built once).
     """
 
     gang: str
@@ -115,6 +139,9 @@ class GangPlan:
     created: float
     expires: float
     details: Mapping[str, Any] = field(default_factory=dict)
+    wall_created: float = 0.0
+    ttl: float = 0.0
+    record: PlanRecord | None = field(default=None, repr=False)
 
     def complete(self) -> bool:
         """Every slot is bound."""
@@ -136,10 +163,15 @@ class GangRuntime:
     Args:
         policy: gang policy name; None = ``params.placement_policy`` when it names a gang
             policy, else the CP-SAT policy.
+        wall_clock: epoch seconds, for the creation time written into plan records (the
+            cache clock is monotonic and does not survive a restart).
     """
 
-    def __init__(self, policy: str | None = None) -> None:
+    def __init__(
+        self, policy: str | None = None, wall_clock: Callable[[], float] = time.time
+    ) -> None:
         self.policy = policy
+        self._wall = wall_clock
         self._plan_lock = threading.RLock()
         self._members: dict[str, dict[str, PodRequest]] = {}
         self._refusals: dict[str, _Refusal] = {}
@@ -257,29 +289,40 @@ class GangRuntime:
         return gang_request(members, declared_size(req, snap), fixed)
 
     def _plan(self, ext: Any, req: PodRequest, event: str) -> GangPlan | _Refusal:
+        return self._solve(ext, req.gang, lambda snap: self._request(ext, snap, req), event)
+
+    def _solve(
+        self,
+        ext: Any,
+        gang: str,
+        build: Callable[[ClusterSnapshot], GangRequest],
+        event: str,
+    ) -> GangPlan | _Refusal:
+        """Plan the gang ``build`` makes from the current snapshot and reserve every slot;
+        retried when the cluster changed during the solve."""
         cache = ext.cache
         params = ext.params
         name = self.policy_name(ext)
         fn = get_policy(name)
         for _ in range(RESERVE_RETRIES + 1):
             snap = cache.snapshot()
-            greq = self._request(ext, snap, req)
+            greq = build(snap)
             result: PlacementResult = fn(snap, greq, params)
             if not result.ok:
                 ref = _Refusal(
                     result.reason, snap.generation, cache.now(), greq.size, dict(result.details)
                 )
-                self._refusals[req.gang] = ref
+                self._refusals[gang] = ref
                 self._event(ext, "refused")
-                log.info("gang %s refused: %s", req.gang, result.reason)
+                log.info("gang %s refused: %s", gang, result.reason)
                 return ref
             plan = self._reserve(ext, greq, result, name)
             if plan is not None:
-                self._refusals.pop(req.gang, None)
+                self._refusals.pop(gang, None)
                 self._event(ext, event)
                 log.info(
                     "gang %s: plan %s (%d members, %s)",
-                    req.gang,
+                    gang,
                     plan.plan_id,
                     len(plan.slots),
                     result.details.get("status", ""),
@@ -292,7 +335,7 @@ class GangRuntime:
             0,
             {},
         )
-        self._refusals[req.gang] = ref
+        self._refusals[gang] = ref
         self._event(ext, "refused")
         return ref
 
@@ -324,9 +367,11 @@ class GangRuntime:
                 slots[sid] = Slot(sid, roles[a.pod], a.node, tuple(a.gpus), member, RESERVED)
                 if member:
                     members[member] = sid
+            snap = cache.snapshot()
             for f in greq.fixed:
                 sid = f"bound-{f.pod}"
-                slots[sid] = Slot(sid, "", f.node, tuple(f.gpus), f.pod, BOUND)
+                role = _role_of(ext, snap.pods.get(f.pod))
+                slots[sid] = Slot(sid, role, f.node, tuple(f.gpus), f.pod, BOUND)
                 members[f.pod] = sid
             now = cache.now()
             plan = GangPlan(
@@ -339,6 +384,8 @@ class GangRuntime:
                 created=now,
                 expires=now + ttl,
                 details=dict(result.details),
+                wall_created=self._wall(),
+                ttl=ttl,
             )
             cache.plans[greq.key] = plan
             return plan
@@ -415,7 +462,7 @@ class GangRuntime:
             if slot.node != node:
                 return REASON_NOT_IN_PLAN
             if slot.state == BOUND:
-                return (slot.gpus, plan.gang, plan.plan_id)
+                return (slot.gpus, plan.gang, _record(plan))
             key = reservation_key(plan.gang, slot.slot)
             if slot.state == RESERVED:
                 if cache.snapshot().pods.get(key) is None or cache.now() >= plan.expires:
@@ -423,7 +470,7 @@ class GangRuntime:
                     return ERR_PLAN_BROKEN
                 cache.forget(key)
                 slot.state = BINDING
-            return (slot.gpus, plan.gang, plan.plan_id)
+            return (slot.gpus, plan.gang, _record(plan))
 
     def bound(self, ext: Any, req: PodRequest, ok: bool) -> None:
         """Record a member's bind outcome; a failed bind breaks the plan."""
@@ -480,32 +527,212 @@ class GangRuntime:
         return dict(sorted(out.items()))
 
     def recover(self, ext: Any) -> int:
-        """Install the plans of bound gang members found in the cache (after a restart):
-        the bound members become bound slots; members not bound yet are planned again when
-        they come. Returns the number of gangs recovered."""
+        """Replay the gang plans recorded in bound members' placement annotations (after a
+        restart, before readiness; see the module docstring). Returns the number of gangs
+        recovered."""
         cache = ext.cache
-        found = recover_plans(cache.snapshot())
-        with cache.lock:
+        with self._plan_lock:
+            found = recover_plans(cache.snapshot())
             for gang, rp in found.items():
-                if gang in cache.plans:
+                with cache.lock:
+                    if gang in cache.plans:
+                        continue
+                if len(rp.plan_ids) > 1:
+                    log.warning(
+                        "gang %s: bound members carry %d plan ids (%s); following plan %s",
+                        gang,
+                        len(rp.plan_ids),
+                        ", ".join(rp.plan_ids),
+                        rp.plan_id,
+                    )
+                if rp.table is None:
+                    self._install_bound(ext, rp, "no plan recorded")
                     continue
-                slots = {
-                    f"bound-{m.pod}": Slot(f"bound-{m.pod}", "", m.node, m.gpus, m.pod, BOUND)
-                    for m in rp.members
-                }
-                now = cache.now()
-                cache.plans[gang] = GangPlan(
-                    gang=gang,
-                    plan_id=rp.plan_id,
-                    policy="recovered",
-                    request=GangRequest(key=gang, roles=()),
-                    slots=slots,
-                    members={m.pod: f"bound-{m.pod}" for m in rp.members},
-                    created=now,
-                    expires=now + float(ext.params.gang.plan_ttl_seconds),
-                    details={"status": "recovered", "plan_ids": list(rp.plan_ids)},
+                why = self._replay(ext, rp) if rp.replayable else "; ".join(rp.problems)
+                if not why:
+                    continue
+                log.warning(
+                    "gang %s: recorded plan %s cannot be replayed (%s); planning it again "
+                    "whole, bound members fixed",
+                    gang,
+                    rp.plan_id,
+                    why,
                 )
+                if not self._replan_recovered(ext, rp):
+                    self._install_bound(ext, rp, f"not replayable: {why}")
         return len(found)
+
+    def _recovery_ttl(self, ext: Any, rp: RecoveredPlan) -> float:
+        recorded = rp.table.ttl if rp.table is not None else 0.0
+        return recorded if recorded > 0 else float(ext.params.gang.plan_ttl_seconds)
+
+    def _replay(self, ext: Any, rp: RecoveredPlan) -> str:
+        """Install a recorded plan and reserve its unbound slots again; "" on success, else
+        why not (nothing is held then)."""
+        assert rp.table is not None
+        cache = ext.cache
+        gang = rp.gang
+        ttl = self._recovery_ttl(ext, rp)
+        snap = cache.snapshot()
+        shapes: dict[str, PodRequest] = {}
+        for m in rp.members:
+            req = _request_of(ext, snap.pods.get(m.pod))
+            if req is not None:
+                shapes.setdefault(role_name(req), req)
+        with cache.lock:
+            done: list[str] = []
+            try:
+                for s in rp.open_slots:
+                    shape = shapes.get(s.role)
+                    key = reservation_key(gang, s.slot)
+                    cache.assume(
+                        PodInfo(
+                            key=key,
+                            uid="",
+                            node=s.node,
+                            gpus=s.gpus,
+                            cpu_milli=shape.cpu_milli if shape is not None else 0,
+                            memory_bytes=shape.memory_bytes if shape is not None else 0,
+                            gang=gang,
+                            assumed=True,
+                        ),
+                        ttl,
+                    )
+                    done.append(key)
+            except (DoubleBookingError, KeyError, ValueError) as exc:
+                for k in done:
+                    cache.forget(k)
+                return f"reservation conflict: {exc}"
+            slots = {
+                s.slot: Slot(
+                    s.slot, s.role, s.node, s.gpus, s.member, BOUND if s.member else RESERVED
+                )
+                for s in rp.slots
+            }
+            now = cache.now()
+            cache.plans[gang] = GangPlan(
+                gang=gang,
+                plan_id=rp.table.plan_id,
+                policy=rp.table.policy or "recovered",
+                request=GangRequest(key=gang, roles=()),
+                slots=slots,
+                members={s.member: s.slot for s in rp.slots if s.member},
+                created=now,
+                expires=now + ttl,
+                details={
+                    "status": "recovered",
+                    "recovery": "replayed",
+                    "plan_ids": list(rp.plan_ids),
+                    "reserved": len(done),
+                },
+                wall_created=rp.table.created or self._wall(),
+                ttl=ttl,
+            )
+        self._planned_before.add(gang)
+        self._event(ext, "recovered")
+        log.info(
+            "gang %s: plan %s replayed (%d bound, %d slots reserved again for %.0fs)",
+            gang,
+            rp.plan_id,
+            len(rp.slots) - len(done),
+            len(done),
+            ttl,
+        )
+        return ""
+
+    def _replan_recovered(self, ext: Any, rp: RecoveredPlan) -> bool:
+        """Plan a recovered gang again whole (bound members fixed) and reserve it; True when
+        a plan is installed."""
+        cache = ext.cache
+        snap = cache.snapshot()
+        bound = [r for r in (_request_of(ext, snap.pods.get(m.pod)) for m in rp.members) if r]
+        if not bound:
+            return False
+        size = declared_size(sorted(bound, key=lambda r: r.key)[0], snap)
+
+        def build(s: ClusterSnapshot) -> GangRequest:
+            fixed = [
+                Assignment(p.key, p.node, tuple(p.gpus))
+                for p in s.gang_members(rp.gang)
+                if not p.key.startswith(RESERVATION_PREFIX)
+            ]
+            greq = recovery_request(rp, bound, size, fixed)
+            return greq if greq is not None else GangRequest(key=rp.gang, roles=(), fixed=())
+
+        if recovery_request(rp, bound, size) is None:
+            return False  # every member is bound: nothing to plan
+        event = "replanned"
+        out = self._solve(ext, rp.gang, build, event)
+        if isinstance(out, _Refusal):
+            log.info("gang %s: not placeable after restart (%s)", rp.gang, out.reason)
+            return False
+        self._planned_before.add(rp.gang)
+        with cache.lock:
+            out.details = {**out.details, "recovery": "replanned", "plan_ids": list(rp.plan_ids)}
+        return True
+
+    def _install_bound(self, ext: Any, rp: RecoveredPlan, why: str) -> None:
+        """Install a plan of the bound members only: members not bound yet are planned
+        again (whole, bound members fixed) when they come."""
+        cache = ext.cache
+        with cache.lock:
+            if rp.gang in cache.plans:
+                return
+            slots = {
+                f"bound-{m.pod}": Slot(f"bound-{m.pod}", "", m.node, m.gpus, m.pod, BOUND)
+                for m in rp.members
+            }
+            now = cache.now()
+            ttl = self._recovery_ttl(ext, rp)
+            cache.plans[rp.gang] = GangPlan(
+                gang=rp.gang,
+                plan_id=rp.plan_id,
+                policy="recovered",
+                request=GangRequest(key=rp.gang, roles=()),
+                slots=slots,
+                members={m.pod: f"bound-{m.pod}" for m in rp.members},
+                created=now,
+                expires=now + ttl,
+                details={
+                    "status": "recovered",
+                    "recovery": "bound only",
+                    "plan_ids": list(rp.plan_ids),
+                },
+                wall_created=rp.table.created if rp.table is not None else 0.0,
+                ttl=ttl,
+            )
+        log.info("gang %s: bound members recovered only (%s)", rp.gang, why)
+
+
+def _request_of(ext: Any, pod: PodInfo | None) -> PodRequest | None:
+    """The request of a bound pod from its object (None without one or when malformed)."""
+    if pod is None or not pod.raw:
+        return None
+    try:
+        return request_from_pod(pod.raw, ext.params.fabric)
+    except ObjectError:
+        return None
+
+
+def _role_of(ext: Any, pod: PodInfo | None) -> str:
+    req = _request_of(ext, pod)
+    return role_name(req) if req is not None else ""
+
+
+def _record(plan: GangPlan) -> PlanRecord:
+    """The plan as members' placement records carry it (built once per plan)."""
+    if plan.record is None:
+        plan.record = PlanRecord(
+            plan.plan_id,
+            [
+                (s.role, s.node, s.gpus)
+                for s in sorted(plan.slots.values(), key=lambda s: _slot_order(s.slot))
+            ],
+            plan.policy,
+            plan.wall_created,
+            plan.ttl,
+        )
+    return plan.record
 
 
 def _slot_order(slot: str) -> tuple[str, int]:
