@@ -694,6 +694,63 @@ def test_gang_plans_rebuilt_from_member_annotations() -> None:
     assert cache.snapshot().pods["rec/train-a"].gpus == (0, 1, 2, 3)
 
 
+def _gang_member_with_plan_cache(other_slot: tuple[str, list[int]]) -> ClusterCache:
+    """rec/train-a bound as the only member of rec/llm (size 2), its record carrying the
+    whole plan: its own slot and ``other_slot`` (node, GPUs) for the member not created."""
+    api = fake_api(podgroups=False)
+    for p in api.lists[PODS.name]["items"]:
+        if p["metadata"]["name"] == "train-a":
+            node, gpus = other_slot
+            rec = {
+                "v": 1,
+                "node": "rec-node-0",
+                "gpus": [0, 1, 2, 3],
+                "gang": "rec/llm",
+                "plan": "p-2",
+                "policy": "topoplace",
+                "created": 1_700_000_000.0,
+                "ttl": 60.0,
+                "slots": [["llm", "rec-node-0", [0, 1, 2, 3]], ["llm", node, gpus]],
+            }
+            ann = p["metadata"]["annotations"]
+            ann[PLACEMENT_ANNOTATION] = json.dumps(rec)
+            ann.update({"topoplace.io/gang": "llm", "topoplace.io/gang-size": "2"})
+            ann["topoplace.io/role"] = "llm"
+    cache = empty_cache(clock=Clock())
+    KubeWatcher(api, cache, WatchOptions(podgroups=False)).sync()
+    return cache
+
+
+def test_recovery_reserves_the_slot_of_a_member_not_created_yet() -> None:
+    gangs_mod = pytest.importorskip("scheduler.gangs")
+    from scheduler.server.extender import Extender
+
+    cache = _gang_member_with_plan_cache(("rec-node-1", [4, 5, 6, 7]))
+    ext = Extender(cache, gangs=gangs_mod.GangRuntime())
+    report = recover(ext)
+    assert (report.gangs, report.gang_source) == (1, "GangRuntime.recover")
+    held = {k: p for k, p in cache.snapshot().pods.items() if k.startswith("gang-reservation:")}
+    assert [(p.node, p.gpus) for p in held.values()] == [("rec-node-1", (4, 5, 6, 7))]
+    assert all(cache.expiry_of(k) == cache.now() + 60.0 for k in held)
+    assert cache.plans["rec/llm"].plan_id == "p-2"
+
+
+def test_recovery_never_reserves_gpus_another_pod_holds() -> None:
+    gangs_mod = pytest.importorskip("scheduler.gangs")
+    from scheduler.server.extender import Extender
+
+    # The recorded slot overlaps rec/train-b (GPUs 0-1 of rec-node-1): the API wins.
+    cache = _gang_member_with_plan_cache(("rec-node-1", [0, 1, 2, 3]))
+    ext = Extender(cache, gangs=gangs_mod.GangRuntime())
+    recover(ext)
+    snap = cache.snapshot()
+    held = [p for k, p in snap.pods.items() if k.startswith("gang-reservation:")]
+    assert len(held) == 1 and held[0].gpus and len(held[0].gpus) == 4
+    train_b = snap.pods["rec/train-b"]
+    assert not (held[0].node == train_b.node and set(held[0].gpus) & set(train_b.gpus))
+    assert cache.plans["rec/llm"].details["recovery"] == "replanned"
+
+
 def test_gang_plans_without_a_gang_handler_are_only_counted() -> None:
     pytest.importorskip("scheduler.core.gang")
     from scheduler.server.extender import Extender

@@ -8,16 +8,23 @@ cluster keeps it, and replayed from there before serving.
    ``spec.nodeName``. The initial list feeds those pods to the cache, whose
    :func:`~scheduler.core.snapshot.build_snapshot` places recorded pods first, so their
    exact GPUs are held again. :func:`recover` only counts and checks them.
-2. **Gang plans.** Live plans (members planned but not all bound yet) are rebuilt by the
-   gang layer from the snapshot (bound members' placement records and the PodGroups in
-   ``extra["podgroups"]``). :func:`recover_gang_plans` is the single integration point:
-   it calls the gang handler's ``recover(ext)`` (``scheduler.gangs.GangRuntime``), which
-   installs the plans in ``cache.plans`` under the cache lock.
-3. **Reservations.** Slots reserved for members not bound yet die with the process.
-   :func:`replan_pending_gangs` plans every gang with pending members again (through the
-   gang handler's ``filter``, as kube-scheduler's next call would) so those GPUs are held
-   again before readiness. Members a gang declared but that do not exist yet cannot be
-   re-reserved from here; that needs the gang layer (see ``GangRuntime.recover``).
+2. **Gang plans.** A gang member's record also carries its gang's whole plan (every
+   slot's role, node and GPUs, plan id, policy, creation time and TTL; see
+   ``scheduler.core.objects.placement_value``). :func:`recover_gang_plans` is the single
+   integration point: it calls the gang handler's ``recover(ext)``
+   (``scheduler.gangs.GangRuntime``), which rebuilds each gang's plan from its bound
+   members' records (:func:`scheduler.core.gang.recover_plans`) and installs it in
+   ``cache.plans`` under the cache lock.
+3. **Reservations.** Reservation pseudo pods live in memory and die with the process;
+   ``GangRuntime.recover`` reserves every unbound slot of a recovered plan again (with a
+   fresh TTL), including slots of members that do not exist yet, so no other pod can take
+   them. A slot that cannot be reserved again (node gone or unhealthy, GPUs now held by
+   another pod: the API is the truth) makes the gang be planned again whole, bound members
+   fixed. Records without a slot table (written by older versions) give the bound members
+   only; then :func:`replan_pending_gangs` plans every gang with pending members again
+   (through the gang handler's ``filter``, as kube-scheduler's next call would) so those
+   GPUs are held again before readiness, and members not created yet are planned when
+   they come.
 
 Readiness must stay false until :func:`recover` has returned (see ``runner.py``): a filter
 served before recovery could hand a planned gang slot to another pod.
@@ -78,7 +85,8 @@ def recover_gang_plans(ext: Any) -> tuple[int, str]:
     Integration point with the gang layer:
 
     1. ``ext.gangs.recover(ext)`` when the gang handler has it (``scheduler.gangs.
-       GangRuntime``: bound members become bound slots of their plan in ``cache.plans``);
+       GangRuntime``: the recorded plans are replayed into ``cache.plans``, bound members
+       in their slots and the other slots reserved again);
     2. without a gang handler, ``scheduler.core.gang.recover_plans(snapshot)`` is only
        counted (nothing would consume the plans): pods are then scheduled one by one;
     3. no gang layer at all: (0, "none").
