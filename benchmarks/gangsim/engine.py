@@ -115,6 +115,8 @@ class RunResult:
         capacity: cluster GPUs.
         outcomes: one per gang, in arrival order.
         alloc_gpu_s: integral of allocated GPUs over [0, ``window``] (GPU-seconds).
+        useful_gpu_s: the same integral with each gang's GPUs divided by its slowdown: the
+            packed-equivalent work the allocation delivered (allocation net of locality loss).
         window: the last arrival time (the cluster is fed until then).
         makespan: last departure.
         calls / refusals: policy calls and refusals (see the module docstring).
@@ -131,6 +133,7 @@ class RunResult:
     capacity: int
     outcomes: tuple[GangOutcome, ...]
     alloc_gpu_s: float
+    useful_gpu_s: float
     window: float
     makespan: float
     calls: int
@@ -252,13 +255,14 @@ def simulate(
     statuses: Counter[str] = Counter()
     calls = refusals = checks = 0
     allocated = 0
-    alloc_gpu_s = 0.0
+    useful = 0.0
+    alloc_gpu_s = useful_gpu_s = 0.0
     window = max((j.arrive for j in jobs), default=0.0)
     now = 0.0
     makespan = 0.0
 
     def attempt(job: GangJob, t: float) -> bool:
-        nonlocal snap, calls, refusals, seq, allocated
+        nonlocal snap, calls, refusals, seq, allocated, useful
         if refused_at.get(job.name) == snap.generation or not may_fit(snap, job, codes):
             return False
         key = gang_key(job)
@@ -286,6 +290,7 @@ def simulate(
         heapq.heappush(events, (finish, _DEPART, seq, job.name))
         seq += 1
         allocated += job.gpus
+        useful += job.gpus / slow
         running[key] = (job, members)
         lb = res.details.get("lower_bound") or {}
         out[job.name] = GangOutcome(
@@ -314,7 +319,9 @@ def simulate(
 
     while events:
         t = events[0][0]
-        alloc_gpu_s += allocated * max(0.0, min(t, window) - min(now, window))
+        span = max(0.0, min(t, window) - min(now, window))
+        alloc_gpu_s += allocated * span
+        useful_gpu_s += useful * span
         now = t
         while events and events[0][0] == t:
             _, kind, _, name = heapq.heappop(events)
@@ -327,6 +334,7 @@ def simulate(
                 for m in members:
                     snap = without_pod(snap, m.pod)
                 allocated -= job.gpus
+                useful -= job.gpus / out[name].slowdown
                 done.append(key)
                 makespan = max(makespan, t)
         serve(t)
@@ -344,6 +352,7 @@ def simulate(
         capacity=capacity,
         outcomes=tuple(out[j.name] for j in jobs),
         alloc_gpu_s=alloc_gpu_s,
+        useful_gpu_s=useful_gpu_s,
         window=window,
         makespan=makespan,
         calls=calls,
@@ -380,6 +389,11 @@ def summarize(run: RunResult, levels: Mapping[str, str]) -> dict[str, float]:
         "never_placed": float(len(run.outcomes) - len(placed)),
         "wait_mean_min": float(np.mean(waits)) if waits else math.nan,
         "wait_p95_min": _q(waits, 0.95),
+        "wait_gpu_mean_min": (
+            sum(o.wait * o.job.gpus for o in placed) / 60.0 / sum(o.job.gpus for o in placed)
+            if placed
+            else math.nan
+        ),
         "jct_mean_h": float(np.mean(jcts)) if jcts else math.nan,
         "jct_p95_h": _q(jcts, 0.95),
         "slowdown_mean": float(np.mean([o.slowdown for o in placed])) if placed else math.nan,
@@ -387,6 +401,9 @@ def summarize(run: RunResult, levels: Mapping[str, str]) -> dict[str, float]:
         "bw_mean_gbps": float(np.mean([o.bandwidth_gbps for o in placed])) if placed else math.nan,
         "bw_p5_gbps": _q([o.bandwidth_gbps for o in placed], 0.05),
         "alloc": run.alloc_gpu_s / (run.capacity * run.window) if run.window > 0 else math.nan,
+        "alloc_useful": (
+            run.useful_gpu_s / (run.capacity * run.window) if run.window > 0 else math.nan
+        ),
         "makespan_h": run.makespan / 3600.0,
         "calls": float(run.calls),
         "refusals": float(run.refusals),

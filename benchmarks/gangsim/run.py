@@ -1,0 +1,351 @@
+"""Gang scenario (issue 6): topoplace's CP-SAT gang placement vs KAI / Kueue / first-fit.
+
+    python -m benchmarks.gangsim.run --out benchmarks/results/gangs       # the full scenario
+    python -m benchmarks.gangsim.run --clusters nvl72 --policies topoplace,first-fit \\
+        --seeds 1 --jobs 200 --backfill on --out /tmp/gangs
+    topoplace bench --scenario gangs --out out/gangs                      # via the bench CLI
+
+Runs every (cluster, queueing mode, seed, policy) with :func:`benchmarks.gangsim.engine.simulate`
+and writes ``results.csv``, ``report.md``, ``locality.png`` and ``wait.png`` to ``--out``
+(see :mod:`benchmarks.gangsim.report`). ``--jobs`` is the number of gangs per run (at most;
+arrivals also stop after ``--hours``); worker processes are ``--workers`` (at most 2). Through
+``topoplace bench`` the shared ``--jobs`` flag keeps its meaning there (worker processes),
+``--workloads`` selects the clusters, and the other knobs take their defaults.
+
+Deterministic for a seed: the workload depends only on (cluster, seed), policies are pure,
+CP-SAT runs with one worker, a fixed seed and a deterministic-time limit
+(``params.gang``; recorded in the report and the CSV). Only wall times vary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.faults.run import parse_seeds
+from benchmarks.gangsim import report
+from benchmarks.gangsim.engine import RunResult, simulate, summarize
+from benchmarks.gangsim.locality import LocalityModel, calibrate
+from benchmarks.gangsim.workload import WorkloadSpec, cluster_spec, derive, describe, generate
+from scheduler.core.params import GangParams, SchedParams
+from scheduler.core.policies.cpsat import wall_cap
+from scheduler.core.policies.registry import policy_names
+
+DEFAULT_POLICIES = (
+    "topoplace",
+    "kai-binpack",
+    "kueue-bestfit",
+    "first-fit",
+    "greedy-topology",
+    "kueue-balanced",
+)
+DEFAULT_CLUSTERS = ("nvl72", "h100")
+DEFAULT_SEEDS = "1-3"
+DEFAULT_TIME_LIMIT = 0.25
+"""CP-SAT deterministic-time limit per gang (s); plans here take milliseconds."""
+MAX_WORKERS = 2
+_SPEC = WorkloadSpec()
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One run."""
+
+    cluster: str
+    units: int
+    spec: WorkloadSpec
+    seed: int
+    policy: str
+    backfill: bool
+    time_limit: float
+    check: bool
+
+
+def params_for(time_limit: float) -> SchedParams:
+    """Scheduler parameters of every run: defaults, CP-SAT pinned (1 worker, seed 7)."""
+    return SchedParams(gang=GangParams(solver_time_limit_seconds=time_limit, seed=7, workers=1))
+
+
+@functools.lru_cache(maxsize=1)
+def _model() -> LocalityModel:
+    return calibrate(SchedParams().fabric)
+
+
+def run_task(task: Task) -> tuple[RunResult, dict[str, float]]:
+    """Run one task; returns the raw result and its summary."""
+    cl = cluster_spec(task.cluster, task.units)
+    jobs = generate(cl, task.spec, task.seed)
+    res = simulate(
+        cl,
+        jobs,
+        task.policy,
+        params_for(task.time_limit),
+        _model(),
+        seed=task.seed,
+        backfill=task.backfill,
+        check=task.check,
+    )
+    levels = dict(zip(("local", "spine", "node"), cl.report_levels, strict=True))
+    return res, summarize(res, levels)
+
+
+def _cost(t: Task) -> float:
+    return (4.0 if t.policy == "topoplace" else 1.0) * (3.0 if t.cluster == "h100" else 1.0)
+
+
+def _git_head() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).resolve().parent,
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _versions() -> str:
+    from importlib.metadata import version
+
+    return (
+        f"Python {platform.python_version()}, numpy {version('numpy')}, "
+        f"OR-Tools {version('ortools')}; {platform.machine()} {platform.system()}, "
+        f"{os.cpu_count()} CPUs"
+    )
+
+
+def run(
+    clusters: Sequence[str],
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    spec: WorkloadSpec,
+    out: Path,
+    *,
+    backfills: Sequence[bool] = (True, False),
+    units: dict[str, int] | None = None,
+    time_limit: float = DEFAULT_TIME_LIMIT,
+    workers: int = MAX_WORKERS,
+    check: bool = False,
+    gang_csv: bool = False,
+    command: str = "",
+    quiet: bool = False,
+) -> str:
+    """Run the scenario and write the outputs; returns the report text."""
+    t0 = time.perf_counter()
+    units = units or {}
+    tasks = [
+        Task(c, units.get(c, 8), spec, s, p, b, time_limit, check)
+        for c in clusters
+        for b in backfills
+        for s in seeds
+        for p in policies
+    ]
+    order = sorted(range(len(tasks)), key=lambda i: -_cost(tasks[i]))
+    results: dict[int, tuple[RunResult, dict[str, float]]] = {}
+    n = min(max(1, workers), MAX_WORKERS)
+
+    def note(i: int, r: tuple[RunResult, dict[str, float]]) -> None:
+        results[i] = r
+        if not quiet:
+            t = tasks[i]
+            m = r[1]
+            print(
+                f"[{len(results)}/{len(tasks)}] {t.cluster} {report.QUEUES[t.backfill]} seed "
+                f"{t.seed} {t.policy}: wait {m['wait_mean_min']:.1f} min, alloc "
+                f"{m['alloc']:.1%}, {r[0].wall_s:.1f} s",
+                flush=True,
+            )
+
+    if n > 1 and len(tasks) > 1:
+        with ProcessPoolExecutor(max_workers=n) as ex:
+            futs = {i: ex.submit(run_task, tasks[i]) for i in order}
+            for i in order:
+                note(i, futs[i].result())
+    else:
+        for i in order:
+            note(i, run_task(tasks[i]))
+    summaries = [results[i] for i in range(len(tasks))]
+    runs = [r for r, _ in summaries]
+    wall = time.perf_counter() - t0
+
+    out.mkdir(parents=True, exist_ok=True)
+    local_levels = {c: cluster_spec(c).locality_level for c in clusters}
+    rows = report.csv_rows(summaries, local_levels)
+    report.write_csv(out / "results.csv", rows)
+    if gang_csv:
+        report.write_gangs(out / "gangs.csv.gz", runs)
+    queues = [report.QUEUES[b] for b in backfills]
+    combos = [(c, q) for c in clusters for q in queues]
+    fabric = params_for(time_limit).fabric
+    report.plot_locality(runs, policies, combos, fabric, out / "locality.png")
+    report.plot_wait(runs, policies, combos, out / "wait.png")
+
+    model = _model()
+    conds = [f"command: `{command}`" if command else "command: (library call)"]
+    for c in clusters:
+        cl = cluster_spec(c, units.get(c, 8))
+        conds.append(cl.describe())
+    for c in clusters:
+        cl = cluster_spec(c, units.get(c, 8))
+        d = derive(cl, spec)
+        lines = describe(cl, spec, d)
+        if c != clusters[0]:
+            lines = [x for x in lines if x.startswith(("arrivals", "constraints", "gang sizes"))]
+        conds += lines
+        gangs = [len(r.outcomes) for r in runs if r.cluster == c]
+        offered = {
+            r.seed: m["offered_load"] for r, m in summaries if r.cluster == c
+        }  # the same for every policy and queue
+        conds.append(
+            f"gangs per run ({c}): {min(gangs)}-{max(gangs)} over seeds; realised offered load "
+            "(packed GPU-seconds arriving / GPUs x window) by seed: "
+            + ", ".join(f"{s}: {v:.2f}" for s, v in sorted(offered.items()))
+        )
+    conds += [
+        "queueing: FIFO by arrival; " + "; ".join(report.QUEUE_TITLES[q] for q in queues)
+        + " (Kueue ClusterQueue queueingStrategy semantics, see engine.py)",
+        f"policies: {', '.join(policies)} (scheduler/core/policies; KAI, Kueue and first-fit "
+        "are modelled on their documented algorithms)",
+        f"CP-SAT (topoplace): params.gang.solver_time_limit_seconds = {time_limit:g} "
+        f"(max_deterministic_time), wall cap {wall_cap(time_limit):g} s, 1 worker, "
+        "random_seed 7; other policies have no parameters",
+        f"seeds: {', '.join(map(str, seeds))}; cells are mean [min, max] over seeds",
+        f"locality model: mean spread factor {model.mean_spread:.3f} under one leaf, per-model "
+        "caps (table below; benchmarks/gangsim/locality.py)",
+        f"benchmark code at commit {_git_head()}; {_versions()}; total wall time "
+        f"{wall:.0f} s with {n} worker process(es)"
+        + (f"; invariants checked after every event ({sum(r.checks for r in runs)} checks)"
+           if check else ""),
+    ]  # fmt: skip
+    conds.append(
+        "analysis of these results (what wins, what loses, why): benchmarks/gangsim/README.md"
+    )
+    text = report.render(
+        "Gang scenario: topoplace vs KAI, Kueue and first-fit on NVL72 and DGX H100 clusters",
+        conds,
+        model.describe(),
+        rows,
+        combos,
+        policies,
+        ["locality.png", "wait.png"],
+    )
+    (out / "report.md").write_text(text)
+    return text
+
+
+def _split(values: Sequence[str] | None) -> list[str]:
+    out: list[str] = []
+    for v in values or ():
+        out += [x.strip() for x in v.split(",") if x.strip()]
+    return out
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The scenario's command-line arguments."""
+    ap.add_argument("--clusters", nargs="+", default=[",".join(DEFAULT_CLUSTERS)],
+                    help="clusters: nvl72, h100 (default both)")  # fmt: skip
+    ap.add_argument("--policies", nargs="+", default=None,
+                    help=f"gang policies (default {','.join(DEFAULT_POLICIES)})")  # fmt: skip
+    ap.add_argument("--seeds", default=DEFAULT_SEEDS, help="seeds, e.g. 1-3 or 1,5")
+    ap.add_argument("--jobs", type=int, default=_SPEC.jobs, help="gangs per run (max)")
+    ap.add_argument("--hours", type=float, default=_SPEC.hours,
+                    help="arrival window in hours (max)")  # fmt: skip
+    ap.add_argument("--load", type=float, default=_SPEC.load, help="offered load")
+    ap.add_argument("--required-share", type=float, default=_SPEC.required_share)
+    ap.add_argument("--preferred-share", type=float, default=_SPEC.preferred_share)
+    ap.add_argument("--backfill", default="on,off", help="queueing modes: on, off or on,off")
+    ap.add_argument("--nvl72-racks", type=int, default=8)
+    ap.add_argument("--h100-sus", type=int, default=8, help="DGX H100 scalable units (32 nodes)")
+    ap.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT,
+                    help="CP-SAT deterministic-time limit per gang (s)")  # fmt: skip
+    ap.add_argument("--workers", type=int, default=MAX_WORKERS, help="processes (max 2)")
+    ap.add_argument("--check", action="store_true", help="check invariants after every event")
+    ap.add_argument("--gang-csv", action="store_true", help="also write gangs.csv.gz")
+    ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def _validate(clusters: Sequence[str], policies: Sequence[str], backfill: str) -> str:
+    known = set(policy_names())
+    bad = [p for p in policies if p not in known]
+    if bad:
+        return f"unknown policies {bad}; registered: {', '.join(sorted(known))}"
+    badc = [c for c in clusters if c not in DEFAULT_CLUSTERS]
+    if badc:
+        return f"unknown clusters {badc}; known: {', '.join(DEFAULT_CLUSTERS)}"
+    if not {x.strip() for x in backfill.split(",")} <= {"on", "off"}:
+        return "--backfill takes on, off or on,off"
+    return ""
+
+
+def run_args(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
+    """Run from parsed arguments (``main`` and ``topoplace bench --scenario gangs``)."""
+    bench = getattr(args, "scenario", None) == "gangs"
+    if bench:  # the bench CLI's shared flags
+        clusters = _split(getattr(args, "workloads", None)) or list(DEFAULT_CLUSTERS)
+        seeds_arg = args.seeds if args.seeds != "42-51" else DEFAULT_SEEDS
+        workers = int(getattr(args, "jobs", 1) or 1)
+        spec = WorkloadSpec()
+    else:
+        clusters = _split(args.clusters)
+        seeds_arg = args.seeds
+        workers = args.workers
+        spec = WorkloadSpec(
+            jobs=args.jobs,
+            hours=args.hours,
+            load=args.load,
+            required_share=args.required_share,
+            preferred_share=args.preferred_share,
+        )
+    policies = _split(getattr(args, "policies", None)) or list(DEFAULT_POLICIES)
+    backfill = getattr(args, "backfill", "on,off")
+    err = _validate(clusters, policies, backfill)
+    if err:
+        print(f"gangsim: {err}", file=sys.stderr)
+        return 2
+    backfills = [x.strip() == "on" for x in backfill.split(",") if x.strip()]
+    cmd = "python -m benchmarks.gangsim.run " + " ".join(argv) if argv is not None else ""
+    if bench:
+        cmd = "topoplace bench --scenario gangs ..."
+    run(
+        clusters,
+        policies,
+        parse_seeds(seeds_arg),
+        spec,
+        Path(args.out),
+        backfills=backfills,
+        units={"nvl72": getattr(args, "nvl72_racks", 8), "h100": getattr(args, "h100_sus", 8)},
+        time_limit=getattr(args, "time_limit", DEFAULT_TIME_LIMIT),
+        workers=workers,
+        check=getattr(args, "check", False),
+        gang_csv=getattr(args, "gang_csv", False),
+        command=cmd,
+        quiet=getattr(args, "quiet", False),
+    )
+    print(f"wrote {Path(args.out) / 'report.md'}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point. Returns the exit code."""
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.gangsim.run", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    add_arguments(ap)
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    return run_args(ap.parse_args(args_list), args_list)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
