@@ -34,6 +34,12 @@ def _run_faults(args: argparse.Namespace) -> int:
     return run_args(args)
 
 
+def _run_gangs(args: argparse.Namespace) -> int:
+    from benchmarks.gangsim.run import run_args
+
+    return run_args(args)
+
+
 SCENARIOS: dict[str, Scenario] = {
     "fgd-openb": Scenario(
         "FGD paper (ATC '23) policies on the Alibaba openb traces vs the published results",
@@ -42,6 +48,12 @@ SCENARIOS: dict[str, Scenario] = {
     "faults": Scenario(
         "failure injection at Llama 3 failure rates: topoplace health vs Ready-only baselines",
         _run_faults,
+    ),
+    "gangs": Scenario(
+        "gang placement on NVL72 and DGX H100 clusters: topoplace CP-SAT vs KAI, Kueue and "
+        "first-fit (Helios-derived gangs, Pollux-calibrated locality; --workloads = clusters, "
+        "--jobs = worker processes)",
+        _run_gangs,
     ),
 }
 """Scenario registry: name -> scenario."""
