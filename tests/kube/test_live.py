@@ -403,11 +403,6 @@ def test_restart_mid_gang_loses_nothing(
 
 
 @needs_gangs
-@pytest.mark.xfail(
-    reason="GangRuntime.recover rebuilds bound slots only: slots of declared members that "
-    "do not exist yet are not reserved again after a restart (scheduler/gangs.py)",
-    strict=False,
-)
 def test_restart_before_the_other_members_exist(
     core: Any,
     topoplace: Topoplace,
@@ -417,17 +412,40 @@ def test_restart_before_the_other_members_exist(
     gpu_nodes: list[str],
 ) -> None:
     """Like the test above, but members 1-3 are created only after the restart: the plan
-    made at member 0 promised them three nodes, which a rival must not get meanwhile."""
+    made at member 0 promised them three nodes, which a rival must not get meanwhile. The
+    plan survives in late-0's placement record; when the members come they get exactly
+    the promised slots, under the same plan id."""
     ann = gang_annotations("late", 4)
+    members = ["late-0", "late-1", "late-2", "late-3"]
     core.create_namespaced_pod(
         namespace, gpu_pod("late-0", 8, scheduler_name, run_id, annotations=ann)
     )
-    wait_for(lambda: bound(core, namespace, ["late-0"]), 60, "late-0 bound")
+    first = wait_for(lambda: bound(core, namespace, ["late-0"]).get("late-0"), 60, "late-0 bound")
+    rec0 = placement(first)
+    promised = {(node, tuple(gpus)) for _, node, gpus in rec0["slots"]}
+    assert len(rec0["slots"]) == 4 and {n for n, _ in promised} == set(gpu_nodes)
     topoplace.kill(signal.SIGKILL)
     topoplace.start()
     topoplace.wait_ready()
+    plan = topoplace.get("/v1/inspect/placements")["gangs"][f"{namespace}/late"]
+    assert plan["plan"] == rec0["plan"] and plan["details"]["recovery"] == "replayed", plan
+    assert sum(s["state"] == "reserved" for s in plan["slots"]) == 3, plan
     core.create_namespaced_pod(namespace, gpu_pod("rival-l", 8, scheduler_name, run_id))
     assert_rivals_wait(core, namespace, ["rival-l"], 8)
+    for m in members[1:]:
+        core.create_namespaced_pod(
+            namespace, gpu_pod(m, 8, scheduler_name, run_id, annotations=ann)
+        )
+    got = wait_for(
+        lambda: (b := bound(core, namespace, members)) and len(b) == 4 and b, 90, "gang bound"
+    )
+    assert placement(got["late-0"]) == rec0, "the bound member's placement changed"
+    recs = {m: placement(p) for m, p in got.items()}
+    assert {(r["node"], tuple(r["gpus"])) for r in recs.values()} == promised
+    assert {r["plan"] for r in recs.values()} == {rec0["plan"]}
+    pod = core.read_namespaced_pod("rival-l", namespace)
+    assert not pod.spec.node_name, f"rival-l took the gang's GPUs on {pod.spec.node_name}"
+    assert_no_double_booking(list(got.values()))
 
 
 # ---- snapshot command ---------------------------------------------------------------------------
