@@ -60,6 +60,7 @@ DEFAULT_WEIGHTS: Mapping[str, float] = {
     "nvl_reserve": 4.0,
     "spare": 3.0,
     "cost": 1.0,
+    "bestfit": 1.0,
 }
 """Soft-objective weights (``params.gang.weights`` overrides any of them; keys
 ``cost.<gpu product>`` give a node cost per GPU product). See ``cpsat.py``."""

@@ -40,7 +40,21 @@ Soft objective (minimised; integer, weights from ``params.gang.weights`` over
 * spares: ``spare`` per node missing from ``params.gang.spare_nodes`` free candidate nodes
   left in the chosen required (else preferred) domain;
 * cost: ``cost * node cost`` per node used (label ``topoplace.io/cost`` or weight map
-  ``cost.<gpu product>``).
+  ``cost.<gpu product>``);
+* domain best fit (tie-break): among placements equal on every term above, the one whose
+  used domains keep the least free capacity (tightest fit, as KAI bin-packing and Kueue
+  BestFit choose). Per level l and labelled domain d, ``F_d`` = the primary role's free
+  slots on d's candidates (free trays on NVL72 with whole-tray members); using d costs
+  ``round(bestfit * BESTFIT_TICKS * F_d / max_d F_d)`` on ``u[l,d]``. The members placed in
+  labelled domains of a level add up to a constant, so this is the capacity left free in
+  the used domains (``F_d - used_d``) up to a constant, and it is linear in existing
+  variables (no new variable). It is **lexicographically last**: every other term is
+  multiplied by one plus the term's largest possible value (the sum of the largest
+  ``min(domains, members)`` coefficients per level), so it never overrides compactness,
+  the preferred / required semantics, health, fragmentation, spares or cost; ``bestfit``
+  only sets its resolution, and 0 turns it off. Levels where every domain has the same
+  free capacity (an empty cluster, the solver benchmark) or with unlabelled candidates get
+  no term, so their model is unchanged.
 
 Determinism: one search worker by default (``params.gang.workers``), ``random_seed =
 params.gang.seed``, a deterministic-time limit (``max_deterministic_time``) equal to the
@@ -98,6 +112,9 @@ def wall_cap(limit: float) -> float:
 
 
 MAX_ROUNDS = 3
+BESTFIT_TICKS = 64
+"""Resolution of the domain best-fit tie-break: coefficient of a domain with the largest
+free capacity at its level when ``weights["bestfit"]`` is 1."""
 LINEARIZATION_LEVEL = 2
 """Put every linear constraint into CP-SAT's LP relaxation: with it the domain-capacity and
 fragmentation terms are bounded at the root (the default level 1 left a 10 % gap open on
@@ -405,10 +422,51 @@ class _Model:
                 m.add(miss >= spare * u - (total - sum_([self.n[c] for c in room])))
                 add_obj(miss, w["spare"] * SCALE)
 
-        m.minimize(wsum(obj_terms, obj_coefs) + offset)
+        # Domain best fit (lexicographically last, see the module docstring).
+        bf_terms, bf_coefs, tie = self._bestfit(w.get("bestfit", 0.0))
+        obj_coefs = [c * tie for c in obj_coefs]
+        offset *= tie
+        m.minimize(wsum(obj_terms + bf_terms, obj_coefs + bf_coefs) + offset)
         self.offset = offset
+        self.tie = tie
         if hint is not None:
             self._hint(hint)
+
+    def _bestfit(self, weight: float) -> tuple[list[Any], list[int], int]:
+        """Domain best-fit terms on ``u`` and the factor (> their largest possible sum) that
+        puts every other objective term lexicographically before them."""
+        view = self.view
+        cls = self.cls
+        p = view.primary
+        size = view.gang.size + len(view.gang.fixed)
+        terms: list[Any] = []
+        coefs: list[int] = []
+        tie = 1
+        if weight <= 0:
+            return terms, coefs, tie
+        for li in range(len(view.levels)):
+            if li in self.d_const:
+                continue
+            doms = cls.dom[li]
+            if (doms < 0).any():
+                continue
+            us = [(d, u) for (lv, d), u in self.u.items() if lv == li]
+            if len(us) < 2:
+                continue
+            cap = np.zeros(int(doms.max()) + 1, dtype=np.int64)
+            np.add.at(cap, doms, cls.slots[p] * cls.size)
+            top = int(cap.max())
+            if top <= 0:
+                continue
+            cs = [int(round(weight * BESTFIT_TICKS * int(cap[d]) / top)) for d, _ in us]
+            if len(set(cs)) < 2:
+                continue
+            for (_, u), c in zip(us, cs, strict=True):
+                if c > 0:
+                    terms.append(u)
+                    coefs.append(c)
+            tie += sum(sorted(cs, reverse=True)[: max(1, min(len(cs), size))])
+        return terms, coefs, tie
 
     def _level_weights(self, bounds: Bounds) -> dict[int, int]:
         """Objective coefficient of one domain per level.
@@ -493,8 +551,11 @@ class _Model:
 
 
 def _record(
-    solver: cp_model.CpSolver | None, cp_status: Any, view: GangView, **kw: Any
+    solver: cp_model.CpSolver | None, cp_status: Any, view: GangView, tie: int = 1, **kw: Any
 ) -> dict[str, Any]:
+    """The solver record. ``objective`` / ``bound`` are the soft objective without the
+    best-fit tie-break (in weight units); ``bestfit_tiebreak`` is the tie-break's value
+    (ticks) and ``tiebreak_factor`` the factor that puts it lexicographically last."""
     g = view.params.gang
     rec: dict[str, Any] = {
         "weights": dict(view.weights),
@@ -514,8 +575,12 @@ def _record(
         obj = solver.objective_value if has else None
         bound = solver.best_objective_bound if has else None
         rec["solver_status"] = _STATUS.get(cp_status, str(cp_status))
-        rec["objective"] = round(obj / SCALE, 4) if obj is not None else None
-        rec["bound"] = round(bound / SCALE, 4) if bound is not None else None
+        main = None if obj is None else int(round(obj)) // tie
+        rec["objective"] = round(main / SCALE, 4) if main is not None else None
+        rec["bound"] = round(bound / tie / SCALE, 4) if bound is not None else None
+        if tie > 1:
+            rec["tiebreak_factor"] = tie
+            rec["bestfit_tiebreak"] = None if main is None else int(round(obj)) - main * tie
         rec["gap"] = (
             round(abs(obj - bound) / max(1.0, abs(obj)), 6)
             if obj is not None and bound is not None
@@ -550,10 +615,12 @@ def _plan(snapshot: ClusterSnapshot, gang: GangRequest, params: SchedParams) -> 
     split: set[int] = set()
     solver = status = None
     classes = 0
+    tie = 1
     for rnd in range(MAX_ROUNDS):
         cls = _classes(view, split)
         classes = len(cls.size)
         model = _Model(view, bounds, nested, cls, hint)
+        tie = model.tie
         solver, status = model.solve(params)
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             break
@@ -568,6 +635,7 @@ def _plan(snapshot: ClusterSnapshot, gang: GangRequest, params: SchedParams) -> 
                     solver,
                     status,
                     view,
+                    model.tie,
                     status=_STATUS[status],
                     classes=classes,
                     candidates=int(len(view.pos)),
@@ -587,6 +655,7 @@ def _plan(snapshot: ClusterSnapshot, gang: GangRequest, params: SchedParams) -> 
                 solver,
                 status,
                 view,
+                tie,
                 status="fallback",
                 classes=classes,
                 candidates=int(len(view.pos)),
@@ -594,7 +663,9 @@ def _plan(snapshot: ClusterSnapshot, gang: GangRequest, params: SchedParams) -> 
             ),
         )
     st = "infeasible" if status == cp_model.INFEASIBLE else "unknown"
-    return refusal(view, NAME, bounds, **_record(solver, status, view, status=st, classes=classes))
+    return refusal(
+        view, NAME, bounds, **_record(solver, status, view, tie, status=st, classes=classes)
+    )
 
 
 plan = register(NAME, ALIAS)(_plan)
