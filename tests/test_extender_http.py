@@ -442,3 +442,19 @@ def test_fixture_gang_member_keeps_hardware_reasons() -> None:
     ann = placed.raw["metadata"]["annotations"]["topoplace.io/placement"]
     rec = orjson.loads(ann)
     assert rec["v"] == 1 and rec["gang"] == "ml-train/llama3-70b-ft" and rec["plan"]
+
+
+def test_prioritize_json_fast_path_equals_general_path() -> None:
+    """The pre-serialized reply matches the dict-per-node reply byte for byte in meaning,
+    including unknown and odd host names (escaped)."""
+    ext = Extender(fixture_cache())
+    args = fixture("prioritize_args_nodenames.json")
+    args["NodeNames"] = [*args["NodeNames"], "ghost", 'we"ird\\name', "dgx-h100-02"]
+    fast = orjson.loads(ext.prioritize_json(args))
+    assert fast == ext.prioritize(args)
+    assert fast[-3:] == [
+        {"Host": "ghost", "Score": 0},
+        {"Host": 'we"ird\\name', "Score": 0},
+        {"Host": "dgx-h100-02", "Score": 0},
+    ]
+    assert orjson.loads(ext.prioritize_json(args)) == fast  # cached prefixes give the same reply

@@ -176,6 +176,21 @@ def score_nodes(
 ) -> list[tuple[str, int]]:
     """Integer scores 0..10 for every node in ``names`` (request order kept).
 
+    See :func:`score_list` for how they are computed.
+    """
+    if names is None:
+        names = snap.names
+    return list(zip(names, score_list(snap, req, names, params), strict=True))
+
+
+def score_list(
+    snap: ClusterSnapshot,
+    req: PodRequest,
+    names: Sequence[str],
+    params: SchedParams,
+) -> list[int]:
+    """Integer scores 0..10, one per name, in the order of ``names``.
+
     Components, each in 0..1, weighted by ``params.weights``:
 
     * topology: ring bottleneck of the best set the node would really give (the selection
@@ -188,17 +203,15 @@ def score_nodes(
     Nodes that cannot take the pod, or are unknown, score 0. Scores are floored, so the
     same input always gives the same output.
     """
-    if names is None:
-        names = snap.names
     if not names:
         return []
+    k = req.gpus
+    if k <= 0:
+        return [0] * len(names)
     pos = _indices(snap, names)
     known = pos >= 0
     p = np.where(known, pos, 0)
     a = snap.arrays
-    k = req.gpus
-    if k <= 0:
-        return [(n, 0) for n in names]
     free = a.free[p]
     ok = known & (free >= k) & (a.state[p] < int(Health.UNHEALTHY)) & ~a.unschedulable[p]
     if req.min_link and k <= a.max_gpus:
@@ -215,7 +228,8 @@ def score_nodes(
     total = w.topology + w.health + w.packing
     raw = (w.topology * topo + w.health * health + w.packing * packing) / total
     scores = np.where(ok, np.floor(raw * MAX_SCORE + 1e-9), 0).clip(0, MAX_SCORE).astype(int)
-    return list(zip(names, scores.tolist(), strict=True))
+    result: list[int] = scores.tolist()
+    return result
 
 
 def choose_gpus(

@@ -110,6 +110,8 @@ def create_app(
                 except Exception:  # a bug: answer through the protocol, never crash
                     log.exception("%s failed", name)
                     result = fallback("internal error in topoplace; see its log")
+                if isinstance(result, bytes):
+                    return Response(result, media_type=JSON)
                 return _json(result)
             except BodyTooLarge:
                 code = 413
@@ -123,7 +125,7 @@ def create_app(
 
     routes = (
         ("filter", extender.filter, lambda e: wire.filter_result(None, None, {}, {}, e), False),
-        ("prioritize", extender.prioritize, lambda e: [], False),
+        ("prioritize", extender.prioritize_json, lambda e: [], False),
         ("bind", extender.bind, lambda e: {"Error": e}, True),
         ("preempt", extender.preempt, lambda e: {"NodeNameToMetaVictims": None}, False),
     )

@@ -18,6 +18,8 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+import orjson
+
 from scheduler.cache import ClusterCache
 from scheduler.core.model import PLACEMENT_ANNOTATION, RESERVATION_PREFIX, PodInfo, PodRequest
 from scheduler.core.objects import (
@@ -29,10 +31,12 @@ from scheduler.core.objects import (
 )
 from scheduler.core.quantity import cpu_milli, quantity_int
 from scheduler.core.schedule import (
+    MAX_SCORE,
     REASON_UNKNOWN_NODE,
     FilterOutcome,
     choose_gpus,
     filter_nodes,
+    score_list,
     score_nodes,
 )
 from scheduler.core.snapshot import ClusterSnapshot
@@ -106,6 +110,9 @@ def _merge_gang(base: FilterOutcome, planned: FilterOutcome) -> FilterOutcome:
     return FilterOutcome(feasible, failed, unres)
 
 
+_SCORE_TAIL = tuple(f"{i}}}".encode() for i in range(MAX_SCORE + 1))
+
+
 class Extender:
     """filter / prioritize / bind / preempt over one cache.
 
@@ -134,6 +141,7 @@ class Extender:
         self.ready = ready
         self.gangs = gangs
         self.fetch_pod = fetch_pod
+        self._host_prefix: dict[str, bytes] = {}
 
     @property
     def params(self) -> Any:
@@ -202,6 +210,37 @@ class Extender:
         if scores is None:
             scores = score_nodes(self.cache.snapshot(), req, use_names, self.params)
         return [{"Host": n, "Score": s} for n, s in scores]
+
+    def prioritize_json(self, body: Any) -> bytes:
+        """:meth:`prioritize` serialized as JSON bytes, built at C speed for large lists.
+
+        Each known host's ``{"Host":"<name>","Score":`` prefix is serialized once and
+        cached; a reply is then a join of prefixes and score suffixes, without creating a
+        dict per node. Gang members and unknown hosts take the general path.
+        """
+        pod, names, items = wire.extender_args(body)
+        use_names = names if items is None else [wire.node_name_of(n) for n in items]
+        assert use_names is not None
+        try:
+            req = request_from_pod(pod, self.params.fabric)
+        except ObjectError:
+            req = None
+        if req is None or (self.gangs is not None and req.gang):
+            return orjson.dumps(self.prioritize(body))
+        scores = score_list(self.cache.snapshot(), req, use_names, self.params)
+        prefix = self._host_prefix
+        try:
+            heads = list(map(prefix.__getitem__, use_names))
+        except KeyError:
+            if len(prefix) > 4 * max(len(self.cache.snapshot().nodes), 1024):
+                prefix.clear()  # unknown names must not grow the cache without bound
+            for n in use_names:
+                if n not in prefix:
+                    prefix[n] = b'{"Host":' + orjson.dumps(n) + b',"Score":'
+            heads = list(map(prefix.__getitem__, use_names))
+        return (
+            b"[" + b",".join(map(bytes.__add__, heads, map(_SCORE_TAIL.__getitem__, scores))) + b"]"
+        )
 
     # ---- bind ---------------------------------------------------------------------------
 
