@@ -253,3 +253,20 @@ def test_shipped_policy_loads() -> None:
 
     p = SchedParams.from_config(load_policy(None))
     assert p.selection_policy == "nvidia-best-effort" and p.gang.seed == 7
+
+
+def test_name_positions_memo_never_returns_stale_positions() -> None:
+    nodes = [make_node(f"n{i}", 8, "h100") for i in range(4)]
+    snap = build_snapshot(nodes, [make_pod("x", 8, node="n1", gpu_indices=range(8))], P)
+    req = PodRequest(key="a/b", gpus=8)
+    names = ["n0", "n1", "n2", "n3"]
+    assert filter_nodes(snap, req, names, P).feasible == ("n0", "n2", "n3")
+    names[0] = "ghost"  # the caller mutates its list after the call
+    out = filter_nodes(snap, req, names, P)
+    assert out.feasible == ("n2", "n3") and out.failed["ghost"] == "node unknown to topoplace"
+    # Same names, a snapshot with one node fewer: positions are recomputed.
+    smaller = build_snapshot(nodes[1:], [], P)
+    out = filter_nodes(smaller, req, ["n1", "n2", "n3"], P)
+    assert out.feasible == ("n1", "n2", "n3")
+    out = filter_nodes(smaller, req, ["n0", "n1", "n2", "n3"], P)
+    assert out.failed == {"n0": "node unknown to topoplace"}

@@ -84,18 +84,36 @@ class PlacementResult:
     details: Mapping[str, Any] = field(default_factory=dict)
 
 
+_POSITIONS_MEMO: list[tuple[Mapping[str, int], list[str], np.ndarray]] = []
+"""Most recent (snapshot index, names, positions) first. kube-scheduler sends the same
+candidate list for pod after pod (and to filter then prioritize), and comparing two lists
+of equal strings is far cheaper than hashing thousands of freshly parsed names. Entries
+keep their index alive, so identity comparison is safe; a rebuilt snapshot index (nodes
+added or removed) never matches an old entry. Results are identical with or without it."""
+
+_POSITIONS_MEMO_SIZE = 4
+
+
 def _indices(snap: ClusterSnapshot, names: Sequence[str]) -> np.ndarray:
-    """Array positions of ``names`` in the snapshot, -1 for unknown names.
+    """Array positions of ``names`` in the snapshot, -1 for unknown names (read-only).
 
     The common case (every name known) runs at C speed through ``map``; only a request
     naming an unknown node pays for a per-name default.
     """
     index = snap.index
+    as_list = names if isinstance(names, list) else list(names)
+    for idx, cached, pos in tuple(_POSITIONS_MEMO):
+        if idx is index and len(cached) == len(as_list) and cached == as_list:
+            return pos
     try:
-        return np.fromiter(map(index.__getitem__, names), dtype=np.int64, count=len(names))
+        pos = np.fromiter(map(index.__getitem__, as_list), dtype=np.int64, count=len(as_list))
     except KeyError:
         get = index.get
-        return np.fromiter((get(n, -1) for n in names), dtype=np.int64, count=len(names))
+        pos = np.fromiter((get(n, -1) for n in as_list), dtype=np.int64, count=len(as_list))
+    pos.flags.writeable = False
+    _POSITIONS_MEMO.insert(0, (index, list(as_list), pos))  # a copy: callers may mutate
+    del _POSITIONS_MEMO[_POSITIONS_MEMO_SIZE:]
+    return pos
 
 
 def filter_nodes(
