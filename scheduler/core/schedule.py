@@ -116,6 +116,14 @@ def _indices(snap: ClusterSnapshot, names: Sequence[str]) -> np.ndarray:
     return pos
 
 
+def name_positions(snap: ClusterSnapshot, names: Sequence[str]) -> np.ndarray:
+    """Positions of ``names`` in the snapshot's node order, -1 for unknown names.
+
+    The array is read-only and may be shared between calls.
+    """
+    return _indices(snap, names)
+
+
 def filter_nodes(
     snap: ClusterSnapshot,
     req: PodRequest,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
+from operator import getitem
 from typing import Any, Protocol
 
 import orjson
@@ -36,6 +37,7 @@ from scheduler.core.schedule import (
     FilterOutcome,
     choose_gpus,
     filter_nodes,
+    name_positions,
     score_list,
     score_nodes,
 )
@@ -111,6 +113,7 @@ def _merge_gang(base: FilterOutcome, planned: FilterOutcome) -> FilterOutcome:
 
 
 _SCORE_TAIL = tuple(f"{i}}}".encode() for i in range(MAX_SCORE + 1))
+"""Serialized endings of a HostPriority entry, by score."""
 
 
 class Extender:
@@ -141,7 +144,7 @@ class Extender:
         self.ready = ready
         self.gangs = gangs
         self.fetch_pod = fetch_pod
-        self._host_prefix: dict[str, bytes] = {}
+        self._host_entries: tuple[Any, list[tuple[bytes, ...]]] | None = None
 
     @property
     def params(self) -> Any:
@@ -214,9 +217,10 @@ class Extender:
     def prioritize_json(self, body: Any) -> bytes:
         """:meth:`prioritize` serialized as JSON bytes, built at C speed for large lists.
 
-        Each known host's ``{"Host":"<name>","Score":`` prefix is serialized once and
-        cached; a reply is then a join of prefixes and score suffixes, without creating a
-        dict per node. Gang members and unknown hosts take the general path.
+        Each node's eleven possible entries (``{"Host":"<name>","Score":0}`` .. ``10}``)
+        are serialized once per snapshot node set; a reply is then one join, without a
+        dict or a bytes object per node. Gang members and unknown hosts take the general
+        path.
         """
         pod, names, items = wire.extender_args(body)
         use_names = names if items is None else [wire.node_name_of(n) for n in items]
@@ -227,19 +231,27 @@ class Extender:
             req = None
         if req is None or (self.gangs is not None and req.gang):
             return orjson.dumps(self.prioritize(body))
-        scores = score_list(self.cache.snapshot(), req, use_names, self.params)
-        prefix = self._host_prefix
-        try:
-            heads = list(map(prefix.__getitem__, use_names))
-        except KeyError:
-            if len(prefix) > 4 * max(len(self.cache.snapshot().nodes), 1024):
-                prefix.clear()  # unknown names must not grow the cache without bound
-            for n in use_names:
-                if n not in prefix:
-                    prefix[n] = b'{"Host":' + orjson.dumps(n) + b',"Score":'
-            heads = list(map(prefix.__getitem__, use_names))
+        snap = self.cache.snapshot()
+        pos = name_positions(snap, use_names)
+        if len(pos) and int(pos.min()) < 0:
+            return orjson.dumps(self.prioritize(body))  # unknown hosts: the general path
+        scores = score_list(snap, req, use_names, self.params)
+        entries = self._host_entries
+        if entries is None or entries[0] is not snap.index:
+            # One tuple per node (snapshot order) of its 11 possible serialized entries.
+            entries = (
+                snap.index,
+                [
+                    tuple(
+                        b'{"Host":' + orjson.dumps(n.name) + b',"Score":' + t for t in _SCORE_TAIL
+                    )
+                    for n in snap.nodes
+                ],
+            )
+            self._host_entries = entries
+        per_node = entries[1]
         return (
-            b"[" + b",".join(map(bytes.__add__, heads, map(_SCORE_TAIL.__getitem__, scores))) + b"]"
+            b"[" + b",".join(map(getitem, map(per_node.__getitem__, pos.tolist()), scores)) + b"]"
         )
 
     # ---- bind ---------------------------------------------------------------------------
