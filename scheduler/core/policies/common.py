@@ -859,6 +859,18 @@ def trivial(view: GangView, policy: str) -> PlacementResult | None:
     return None
 
 
+def prepare(
+    snapshot: ClusterSnapshot, gang: GangRequest, params: SchedParams, policy: str
+) -> tuple[GangView, Bounds] | PlacementResult:
+    """The opening every policy shares: the gang's view of the snapshot and its lower
+    bounds, or the final result when there is nothing to plan (empty gang, request error)."""
+    view = GangView(snapshot, gang, params)
+    done = trivial(view, policy)
+    if done is not None:
+        return done
+    return view, lower_bounds(view)
+
+
 # ---- domain helpers for the heuristics -----------------------------------------------------
 
 

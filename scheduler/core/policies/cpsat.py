@@ -85,12 +85,11 @@ from scheduler.core.policies.common import (
     Bounds,
     Filler,
     GangView,
-    lower_bounds,
     nested_bounds,
+    prepare,
     refusal,
     role_order,
     success,
-    trivial,
 )
 from scheduler.core.policies.greedy_topology import greedy_fill
 from scheduler.core.policies.registry import register
@@ -598,11 +597,10 @@ def _nested_json(nested: dict[str, dict[int, int]]) -> dict[str, dict[str, int]]
 
 
 def _plan(snapshot: ClusterSnapshot, gang: GangRequest, params: SchedParams) -> PlacementResult:
-    view = GangView(snapshot, gang, params)
-    done = trivial(view, NAME)
-    if done is not None:
-        return done
-    bounds = lower_bounds(view)
+    prep = prepare(snapshot, gang, params, NAME)
+    if isinstance(prep, PlacementResult):
+        return prep
+    view, bounds = prep
     if not bounds.scopes or any(v < 0 for v in bounds.per_level.values()):
         return refusal(
             view,

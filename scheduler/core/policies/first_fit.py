@@ -16,11 +16,9 @@ from scheduler.core.params import SchedParams
 from scheduler.core.policies.common import (
     REQ_NONE,
     Filler,
-    GangView,
-    lower_bounds,
+    prepare,
     refusal,
     success,
-    trivial,
 )
 from scheduler.core.policies.registry import register
 from scheduler.core.schedule import PlacementResult
@@ -32,11 +30,10 @@ NAME = "first-fit"
 @register(NAME)
 def plan(snapshot: ClusterSnapshot, gang: GangRequest, params: SchedParams) -> PlacementResult:
     """Place the gang first-fit in node-name order (pure, deterministic)."""
-    view = GangView(snapshot, gang, params)
-    done = trivial(view, NAME)
-    if done is not None:
-        return done
-    bounds = lower_bounds(view)
+    prep = prepare(snapshot, gang, params, NAME)
+    if isinstance(prep, PlacementResult):
+        return prep
+    view, bounds = prep
     scopes = list(bounds.scopes)
     if view.required != REQ_NONE:
         scopes.sort(key=lambda idx: int(idx.min()))

@@ -33,10 +33,9 @@ from scheduler.core.policies.common import (
     GangView,
     descend,
     levels_below,
-    lower_bounds,
+    prepare,
     refusal,
     success,
-    trivial,
 )
 from scheduler.core.policies.registry import register
 from scheduler.core.schedule import PlacementResult
@@ -76,11 +75,10 @@ def greedy_fill(view: GangView, bounds: Bounds, how: Descent = HOW) -> Filler | 
 @register(NAME)
 def plan(snapshot: ClusterSnapshot, gang: GangRequest, params: SchedParams) -> PlacementResult:
     """Place the gang with the greedy topology heuristic (pure, deterministic)."""
-    view = GangView(snapshot, gang, params)
-    done = trivial(view, NAME)
-    if done is not None:
-        return done
-    bounds = lower_bounds(view)
+    prep = prepare(snapshot, gang, params, NAME)
+    if isinstance(prep, PlacementResult):
+        return prep
+    view, bounds = prep
     f = greedy_fill(view, bounds)
     if f is None:
         return refusal(view, NAME, bounds)

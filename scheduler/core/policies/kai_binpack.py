@@ -26,10 +26,9 @@ from scheduler.core.policies.common import (
     GangView,
     fits,
     group_capacity,
-    lower_bounds,
+    prepare,
     refusal,
     success,
-    trivial,
 )
 from scheduler.core.policies.registry import register
 from scheduler.core.schedule import PlacementResult
@@ -77,11 +76,10 @@ def _children_subset(view: GangView, idx: np.ndarray, child: int, need: np.ndarr
 @register(NAME)
 def plan(snapshot: ClusterSnapshot, gang: GangRequest, params: SchedParams) -> PlacementResult:
     """Place the gang the KAI way with bin-packing (pure, deterministic)."""
-    view = GangView(snapshot, gang, params)
-    done = trivial(view, NAME)
-    if done is not None:
-        return done
-    bounds = lower_bounds(view)
+    prep = prepare(snapshot, gang, params, NAME)
+    if isinstance(prep, PlacementResult):
+        return prep
+    view, bounds = prep
     if not bounds.scopes:
         return refusal(view, NAME, bounds)
     need = view.count

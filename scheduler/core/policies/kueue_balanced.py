@@ -27,10 +27,9 @@ from scheduler.core.policies.common import (
     Filler,
     GangView,
     group_capacity,
-    lower_bounds,
+    prepare,
     refusal,
     success,
-    trivial,
 )
 from scheduler.core.policies.kueue_bestfit import bestfit_order
 from scheduler.core.policies.registry import register
@@ -126,11 +125,10 @@ def balanced_shares(view: GangView) -> list[tuple[np.ndarray, int]] | None:
 @register(NAME)
 def plan(snapshot: ClusterSnapshot, gang: GangRequest, params: SchedParams) -> PlacementResult:
     """Place the gang like Kueue TAS BalancedPlacement (pure, deterministic)."""
-    view = GangView(snapshot, gang, params)
-    done = trivial(view, NAME)
-    if done is not None:
-        return done
-    bounds = lower_bounds(view)
+    prep = prepare(snapshot, gang, params, NAME)
+    if isinstance(prep, PlacementResult):
+        return prep
+    view, bounds = prep
     if not bounds.scopes:
         return refusal(view, NAME, bounds)
     shares = balanced_shares(view)

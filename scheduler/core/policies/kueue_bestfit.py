@@ -31,10 +31,9 @@ from scheduler.core.policies.common import (
     fits,
     group_capacity,
     levels_below,
-    lower_bounds,
+    prepare,
     refusal,
     success,
-    trivial,
 )
 from scheduler.core.policies.registry import register
 from scheduler.core.schedule import PlacementResult
@@ -81,11 +80,10 @@ def bestfit_order(view: GangView) -> list[int] | None:
 @register(NAME)
 def plan(snapshot: ClusterSnapshot, gang: GangRequest, params: SchedParams) -> PlacementResult:
     """Place the gang like Kueue TAS BestFit (pure, deterministic)."""
-    view = GangView(snapshot, gang, params)
-    done = trivial(view, NAME)
-    if done is not None:
-        return done
-    bounds = lower_bounds(view)
+    prep = prepare(snapshot, gang, params, NAME)
+    if isinstance(prep, PlacementResult):
+        return prep
+    view, bounds = prep
     if not bounds.scopes:
         return refusal(view, NAME, bounds)
     order = bestfit_order(view)
