@@ -11,9 +11,10 @@ from __future__ import annotations
 import csv
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from benchmarks.sim.metrics import ARRIVAL_POINTS, RunSummary
 from scheduler.core.policies.sharing_policies import PAPER_POLICY_IDS
@@ -312,44 +313,29 @@ def render_markdown(
             out.append(f"| {wl} | {pol} | {ours} | {pub} | {diff} | {ex} |")
     out.append("")
 
-    out += [
-        "## Compact view: ours / published (Δ pp)",
-        "",
-        "| workload | " + " | ".join(policies) + " |",
-        "|---|" + "---|" * len(policies),
-    ]
-    for wl in workloads:
-        row = [wl]
-        for pol in policies:
-            c = by.get((wl, pol))
-            if c is None:
-                row.append("")
-            elif c.pub is None:
-                row.append(f"{c.mean:.2f}")
-            else:
-                row.append(f"{c.mean:.2f} / {c.pub.alloc_mean_130:.2f} ({c.diff:+.2f})")
-        out.append("| " + " | ".join(row) + " |")
-    out.append("")
-
-    if any(c.pub is not None for c in cells):
-        out += [
-            "## Fragmented GPU at 130 % (% of all GPUs), ours / published",
-            "",
-            "| workload | " + " | ".join(policies) + " |",
-            "|---|" + "---|" * len(policies),
-        ]
+    def grid(title: str, ours: Callable[[Any], str], both: Callable[[Any], str]) -> list[str]:
+        """A workload x policy table: ``ours(c)`` alone, or ``both(c)`` with a published value."""
+        lines = [title, "", "| workload | " + " | ".join(policies) + " |"]
+        lines.append("|---|" + "---|" * len(policies))
         for wl in workloads:
             row = [wl]
             for pol in policies:
                 c = by.get((wl, pol))
-                if c is None:
-                    row.append("")
-                elif c.pub is None:
-                    row.append(f"{c.frag:.2f}")
-                else:
-                    row.append(f"{c.frag:.2f} / {c.pub.frag_pct_130:.2f}")
-            out.append("| " + " | ".join(row) + " |")
-        out.append("")
+                row.append("" if c is None else ours(c) if c.pub is None else both(c))
+            lines.append("| " + " | ".join(row) + " |")
+        return [*lines, ""]
+
+    out += grid(
+        "## Compact view: ours / published (Δ pp)",
+        lambda c: f"{c.mean:.2f}",
+        lambda c: f"{c.mean:.2f} / {c.pub.alloc_mean_130:.2f} ({c.diff:+.2f})",
+    )
+    if any(c.pub is not None for c in cells):
+        out += grid(
+            "## Fragmented GPU at 130 % (% of all GPUs), ours / published",
+            lambda c: f"{c.frag:.2f}",
+            lambda c: f"{c.frag:.2f} / {c.pub.frag_pct_130:.2f}",
+        )
 
     out += ["## Run time (seconds per run, one process each)", "", "| policy | mean | max | runs |"]
     out.append("|---|---|---|---|")
