@@ -155,9 +155,7 @@ class Extender:
 
     def filter(self, body: Any) -> dict[str, Any]:
         """``ExtenderArgs`` -> ``ExtenderFilterResult``. Raises WireError on bad input."""
-        pod, names, items = wire.extender_args(body)
-        use_names = names if items is None else [wire.node_name_of(n) for n in items]
-        assert use_names is not None
+        pod, use_names, items = wire.extender_args(body)
         try:
             req = request_from_pod(pod, self.params.fabric)
         except ObjectError as exc:
@@ -200,9 +198,7 @@ class Extender:
 
     def prioritize(self, body: Any) -> list[dict[str, Any]]:
         """``ExtenderArgs`` -> ``HostPriorityList``. Raises WireError on bad input."""
-        pod, names, items = wire.extender_args(body)
-        use_names = names if items is None else [wire.node_name_of(n) for n in items]
-        assert use_names is not None
+        pod, use_names, _ = wire.extender_args(body)
         try:
             req = request_from_pod(pod, self.params.fabric)
         except ObjectError:
@@ -222,9 +218,7 @@ class Extender:
         dict or a bytes object per node. Gang members and unknown hosts take the general
         path.
         """
-        pod, names, items = wire.extender_args(body)
-        use_names = names if items is None else [wire.node_name_of(n) for n in items]
-        assert use_names is not None
+        pod, use_names, _ = wire.extender_args(body)
         try:
             req = request_from_pod(pod, self.params.fabric)
         except ObjectError:

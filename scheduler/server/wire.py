@@ -30,8 +30,12 @@ def fold(obj: Any) -> dict[str, Any]:
 
 def extender_args(
     obj: Any,
-) -> tuple[Mapping[str, Any], list[str] | None, list[Mapping[str, Any]] | None]:
-    """Parse ``ExtenderArgs``: (Pod, NodeNames or None, Nodes.items or None).
+) -> tuple[Mapping[str, Any], list[str], list[Mapping[str, Any]] | None]:
+    """Parse ``ExtenderArgs``: (Pod, candidate node names, Nodes.items or None).
+
+    The names come from ``Nodes.items`` when kube-scheduler sent full objects
+    (``nodeCacheCapable: false``), else from ``NodeNames``; ``items`` is not None exactly
+    when the reply must carry full objects too.
 
     Raises:
         WireError: ``Pod`` missing or not an object, or malformed node fields.
@@ -52,9 +56,9 @@ def extender_args(
         items = raw_items
     if names is not None and (not isinstance(names, list) or not set(map(type, names)) <= {str}):
         raise WireError("ExtenderArgs.NodeNames must be a list of strings or null")
-    if names is None and items is None:
-        names = []
-    return pod, names, items
+    if items is not None:
+        return pod, [node_name_of(n) for n in items], items
+    return pod, names or [], None
 
 
 def node_name_of(node: Mapping[str, Any]) -> str:
