@@ -5,11 +5,15 @@ For each cluster size (default 1,000 / 5,000 / 10,000 GPU nodes, built by
 starts ``topoplace serve --cluster FILE`` (uvicorn) in a subprocess, and times
 sequential ``filter`` and ``prioritize`` calls with ``NodeNames`` payloads naming every
 node, over one keep-alive connection, as kube-scheduler does. At 5,000 nodes it also
-times ``filter`` with full ``Nodes`` objects (``nodeCacheCapable: false``). The floor is
-a bare uvicorn app that reads the same body, parses it with orjson and answers a
-constant: what any Python extender pays before deciding anything.
+times ``filter`` with full ``Nodes`` objects (``nodeCacheCapable: false``).
 
-Run: ``python -m benchmarks.extender_latency [--sizes 1000 5000 10000] [--requests 300]
+The floor is a bare ASGI app on uvicorn that reads the same body, parses it with orjson
+and answers a constant: what any Python extender pays before deciding anything. Server
+and floor run side by side and requests alternate between them one by one, so a noisy
+moment on the machine lands on both; the ratio column is p99 over the floor's p99 for
+the same verb and payload.
+
+Run: ``python -m benchmarks.extender_latency [--sizes 1000 5000 10000] [--requests 1000]
 [--runs 3]``. Prints p50/p99 (ms) and requests/s per verb and size; with several runs,
 the median of the per-run figures.
 """
@@ -17,6 +21,7 @@ the median of the per-run figures.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import socket
 import statistics
@@ -29,25 +34,38 @@ from typing import Any
 
 import httpx
 import orjson
-from fastapi import FastAPI, Request
-from fastapi.responses import Response
 
 from benchmarks.clusters import make_pod, synthetic_cluster
 from scheduler.cli.demo import free_port
 
-floor_app = FastAPI()
 
-
-@floor_app.get("/healthz")
-async def _healthz() -> Response:
-    return Response(b'{"status":"ok"}', media_type="application/json")
-
-
-@floor_app.post("/scheduler/{verb}")
-async def _floor(verb: str, request: Request) -> Response:
-    """Parse the body and answer a constant: the cost floor of any Python extender."""
-    body = orjson.loads(await request.body())
-    return Response(orjson.dumps({"Error": "", "n": len(body)}), media_type="application/json")
+async def floor_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The floor: a bare ASGI app (no framework) that reads the body, parses it with
+    orjson and answers a constant. It is what any Python extender on uvicorn pays before
+    deciding anything, and stricter than a FastAPI endpoint doing the same."""
+    if scope["type"] != "http":
+        return
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    reply = b'{"status":"ok"}'
+    if scope["method"] == "POST":
+        body = orjson.loads(b"".join(chunks))
+        reply = orjson.dumps({"Error": "", "n": len(body)})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(reply)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": reply})
 
 
 def _start(args: list[str], port: int) -> subprocess.Popen[bytes]:
@@ -75,69 +93,99 @@ class RawClient:
 
     kube-scheduler's Go client parses replies at native speed; httpx's pure-Python parser
     would add milliseconds per 100 KB reply and measure the client instead of the server.
-    This client only frames requests and reads ``Content-Length`` bytes, so the figures are
-    the server's cost plus loopback transfer, for the floor and for topoplace alike.
+    This client only frames requests and reads ``Content-Length`` bytes into one buffer
+    it reuses (no allocation per read), so the figures are the server's cost plus
+    loopback transfer, for the floor and for topoplace alike.
     """
 
     def __init__(self, port: int) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.buf = b""
+        self.buf = bytearray(1 << 22)
 
     def post(self, path: str, body: bytes) -> tuple[int, bytes]:
         """POST ``body``; returns (status, reply body)."""
+        status, view = self.post_view(path, body)
+        with view:
+            return status, bytes(view)
+
+    def post_view(self, path: str, body: bytes) -> tuple[int, memoryview]:
+        """:meth:`post` without copying the reply: a view of the client's buffer, to be
+        released before the next call (timed calls use this)."""
         head = (
             f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
         ).encode()
         self.sock.sendall(head + body)
-        while b"\r\n\r\n" not in self.buf:
-            self.buf += self._recv()
-        header, _, rest = self.buf.partition(b"\r\n\r\n")
+        have = 0
+        while (end := self.buf.find(b"\r\n\r\n", 0, have)) < 0:
+            have += self._recv_into(have)
+        header = bytes(self.buf[:end])
         status = int(header.split(b" ", 2)[1])
         length = 0
         for line in header.split(b"\r\n")[1:]:
             k, _, v = line.partition(b":")
             if k.strip().lower() == b"content-length":
                 length = int(v)
-        parts = [rest]
-        have = len(rest)
-        while have < length:
-            chunk = self._recv()
-            parts.append(chunk)
-            have += len(chunk)
-        data = b"".join(parts)
-        self.buf = data[length:]
-        return status, data[:length]
+        total = end + 4 + length
+        if total > len(self.buf):
+            self.buf.extend(bytes(total - len(self.buf)))
+        while have < total:
+            have += self._recv_into(have)
+        if have != total:
+            raise ConnectionError("server sent more than one reply")
+        return status, memoryview(self.buf)[end + 4 : total]
 
-    def _recv(self) -> bytes:
-        chunk = self.sock.recv(1 << 20)
-        if not chunk:
+    def _recv_into(self, at: int) -> int:
+        if at == len(self.buf):
+            self.buf.extend(bytes(len(self.buf)))
+        with memoryview(self.buf) as view:
+            n = self.sock.recv_into(view[at:])
+        if not n:
             raise ConnectionError("server closed the connection")
-        return chunk
+        return n
 
     def close(self) -> None:
         """Close the socket."""
         self.sock.close()
 
 
-def _time(client: RawClient, path: str, body: bytes, n: int, warmup: int = 30) -> dict[str, float]:
-    for _ in range(warmup):
-        assert client.post(path, body)[0] == 200
-    lat = []
-    t0 = time.perf_counter()
-    for _ in range(n):
-        s = time.perf_counter()
-        status, _ = client.post(path, body)
-        lat.append(time.perf_counter() - s)
-        assert status == 200
-    wall = time.perf_counter() - t0
-    lat.sort()
+def _figures(lat: list[float], wall: float) -> dict[str, float]:
+    lat = sorted(lat)
     return {
         "p50_ms": lat[len(lat) // 2] * 1e3,
         "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3,
-        "rps": n / wall,
+        "rps": len(lat) / wall,
     }
+
+
+def _time_pair(
+    server: RawClient, floor: RawClient, path: str, body: bytes, n: int, warmup: int = 30
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Time ``n`` requests to the server and ``n`` to the floor, interleaved one by one so
+    both see the same machine (a noisy neighbour or a frequency change hits both), then
+    (server figures, floor figures)."""
+    for _ in range(warmup):
+        assert server.post(path, body)[0] == 200
+        assert floor.post(path, body)[0] == 200
+    lat: tuple[list[float], list[float]] = ([], [])
+    wall = [0.0, 0.0]
+    for _ in range(n):
+        for i, client in enumerate((server, floor)):
+            s = time.perf_counter()
+            status, view = client.post_view(path, body)
+            took = time.perf_counter() - s
+            view.release()
+            assert status == 200
+            lat[i].append(took)
+            wall[i] += took
+    return _figures(lat[0], wall[0]), _figures(lat[1], wall[1])
+
+
+def _serve(args: list[str]) -> tuple[subprocess.Popen[bytes], RawClient]:
+    port = free_port()
+    proc = _start([sys.executable, *args, "--port", str(port)], port)
+    return proc, RawClient(port)
 
 
 def run_size(size: int, requests: int, full_nodes: bool) -> dict[str, dict[str, float]]:
@@ -156,62 +204,35 @@ def run_size(size: int, requests: int, full_nodes: bool) -> dict[str, dict[str, 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "cluster.json"
         path.write_bytes(orjson.dumps(cluster))
-        port = free_port()
-        proc = _start(
-            [
-                sys.executable,
-                "-m",
-                "scheduler.cli.main",
-                "--log-level",
-                "WARNING",
-                "serve",
-                "--cluster",
-                str(path),
-                "--port",
-                str(port),
-            ],
-            port,
-        )
+        del cluster, nodes
+        gc.collect()
+        gc.freeze()  # the client is the instrument: keep its own GC out of the figures
+        started = [
+            _serve(
+                ["-m", "scheduler.cli.main", "--log-level", "WARNING", "serve"]
+                + ["--cluster", str(path)]
+            ),
+            _serve(
+                ["-m", "uvicorn", "benchmarks.extender_latency:floor_app"]
+                + ["--log-level", "warning"]
+            ),
+        ]
+        (_, server), (_, floor) = started
         try:
-            c = RawClient(port)
-            try:
-                for mode, body in bodies.items():
-                    r = orjson.loads(c.post("/scheduler/filter", body)[1])
-                    assert not r["Error"] and (r["NodeNames"] or r["Nodes"]["items"]), r
-                    out[f"filter/{mode}"] = _time(c, "/scheduler/filter", body, requests)
-                    if mode == "NodeNames":
-                        out[f"prioritize/{mode}"] = _time(
-                            c, "/scheduler/prioritize", body, requests
-                        )
-            finally:
-                c.close()
+            for mode, body in bodies.items():
+                r = orjson.loads(server.post("/scheduler/filter", body)[1])
+                assert not r["Error"] and (r["NodeNames"] or r["Nodes"]["items"]), r
+                verbs = ("filter", "prioritize") if mode == "NodeNames" else ("filter",)
+                for verb in verbs:
+                    mine, base = _time_pair(server, floor, f"/scheduler/{verb}", body, requests)
+                    out[f"{verb}/{mode}"] = mine
+                    out[f"floor-{verb}/{mode}"] = base
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
-        port = free_port()
-        proc = _start(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "benchmarks.extender_latency:floor_app",
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
-            ],
-            port,
-        )
-        try:
-            c = RawClient(port)
-            try:
-                for mode, body in bodies.items():
-                    out[f"floor/{mode}"] = _time(c, "/scheduler/filter", body, requests)
-            finally:
-                c.close()
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            for proc, client in started:
+                client.close()
+                proc.terminate()
+                proc.wait(timeout=30)
+            gc.unfreeze()
     return out
 
 
@@ -219,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print a table."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 5000, 10000])
-    ap.add_argument("--requests", type=int, default=300, help="timed requests per case")
+    ap.add_argument("--requests", type=int, default=1000, help="timed requests per case")
     ap.add_argument("--runs", type=int, default=3, help="runs per size; the median run is shown")
     ap.add_argument("--json", help="also write the raw figures to this file")
     a = ap.parse_args(argv)
@@ -230,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     results: dict[str, Any] = {}
     print(
-        f"{'nodes':>6}  {'case':<22} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}  {'p99 / floor p99':>15}"
+        f"{'nodes':>6}  {'case':<26} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}  {'p99 / floor p99':>15}"
     )
     for size in a.sizes:
         runs = [run_size(size, a.requests, full_nodes=(size == 5000)) for _ in range(a.runs)]
@@ -240,10 +261,11 @@ def main(argv: list[str] | None = None) -> int:
         }
         results[str(size)] = merged
         for case, f in sorted(merged.items()):
-            mode = case.split("/")[1]
-            ratio = f["p99_ms"] / merged[f"floor/{mode}"]["p99_ms"]
+            floor = merged[case if case.startswith("floor") else f"floor-{case}"]
+            ratio = f["p99_ms"] / floor["p99_ms"]
             print(
-                f"{size:>6}  {case:<22} {f['p50_ms']:>8.2f} {f['p99_ms']:>8.2f} {f['rps']:>8.0f}  {ratio:>15.2f}"
+                f"{size:>6}  {case:<26} {f['p50_ms']:>8.2f} {f['p99_ms']:>8.2f} "
+                f"{f['rps']:>8.0f}  {ratio:>15.2f}"
             )
     if a.json:
         Path(a.json).write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))

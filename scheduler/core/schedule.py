@@ -23,7 +23,12 @@ import numpy as np
 from scheduler.core.linkclass import _qualifying_subsets, class_rank, feasible_sizes
 from scheduler.core.model import EMPTY_MAP, Health, PodRequest, mask_to_indices
 from scheduler.core.params import SchedParams
-from scheduler.core.snapshot import ClusterSnapshot
+from scheduler.core.snapshot import (
+    BLOCKED_CORDONED,
+    BLOCKED_NO_GPUS,
+    BLOCKED_UNHEALTHY,
+    ClusterSnapshot,
+)
 from topology.select import GpuSet, ring_bottleneck, select_gpus
 
 REASON_UNKNOWN_NODE = "node unknown to topoplace"
@@ -84,36 +89,40 @@ class PlacementResult:
     details: Mapping[str, Any] = field(default_factory=dict)
 
 
-_POSITIONS_MEMO: list[tuple[Mapping[str, int], list[str], np.ndarray]] = []
-"""Most recent (snapshot index, names, positions) first. kube-scheduler sends the same
-candidate list for pod after pod (and to filter then prioritize), and comparing two lists
-of equal strings is far cheaper than hashing thousands of freshly parsed names. Entries
-keep their index alive, so identity comparison is safe; a rebuilt snapshot index (nodes
-added or removed) never matches an old entry. Results are identical with or without it."""
+_POSITIONS_MEMO: list[tuple[Mapping[str, int], list[str], np.ndarray, bool]] = []
+"""Most recent (snapshot index, names, positions, all known) first. kube-scheduler sends
+the same candidate list for pod after pod (and to filter then prioritize), and comparing
+two lists of equal strings is far cheaper than hashing thousands of freshly parsed names.
+Entries keep their index alive, so identity comparison is safe; a rebuilt snapshot index
+(nodes added or removed) never matches an old entry. Results are identical with or
+without it."""
 
 _POSITIONS_MEMO_SIZE = 4
 
 
-def _indices(snap: ClusterSnapshot, names: Sequence[str]) -> np.ndarray:
-    """Array positions of ``names`` in the snapshot, -1 for unknown names (read-only).
+def _lookup(snap: ClusterSnapshot, names: Sequence[str]) -> tuple[np.ndarray, bool]:
+    """(positions of ``names`` in the snapshot with -1 for unknown names (read-only),
+    whether every name is known).
 
     The common case (every name known) runs at C speed through ``map``; only a request
     naming an unknown node pays for a per-name default.
     """
     index = snap.index
     as_list = names if isinstance(names, list) else list(names)
-    for idx, cached, pos in tuple(_POSITIONS_MEMO):
+    for idx, cached, pos, known in tuple(_POSITIONS_MEMO):
         if idx is index and len(cached) == len(as_list) and cached == as_list:
-            return pos
+            return pos, known
+    known = True
     try:
         pos = np.fromiter(map(index.__getitem__, as_list), dtype=np.int64, count=len(as_list))
     except KeyError:
         get = index.get
         pos = np.fromiter((get(n, -1) for n in as_list), dtype=np.int64, count=len(as_list))
+        known = False
     pos.flags.writeable = False
-    _POSITIONS_MEMO.insert(0, (index, list(as_list), pos))  # a copy: callers may mutate
+    _POSITIONS_MEMO.insert(0, (index, list(as_list), pos, known))  # a copy: callers may mutate
     del _POSITIONS_MEMO[_POSITIONS_MEMO_SIZE:]
-    return pos
+    return pos, known
 
 
 def name_positions(snap: ClusterSnapshot, names: Sequence[str]) -> np.ndarray:
@@ -121,7 +130,92 @@ def name_positions(snap: ClusterSnapshot, names: Sequence[str]) -> np.ndarray:
 
     The array is read-only and may be shared between calls.
     """
-    return _indices(snap, names)
+    return _lookup(snap, names)[0]
+
+
+def known_positions(snap: ClusterSnapshot, names: Sequence[str]) -> np.ndarray | None:
+    """:func:`name_positions` when every name is known, else None."""
+    pos, known = _lookup(snap, names)
+    return pos if known else None
+
+
+# Filter verdict codes, in precedence order: a node gets the first that applies.
+FEASIBLE = 0
+CODE_UNKNOWN = 1
+CODE_UNHEALTHY = BLOCKED_UNHEALTHY
+"""The reason of an unhealthy node is its own first health reason (see :func:`verdict_reason`)."""
+CODE_CORDONED = BLOCKED_CORDONED
+CODE_NO_GPUS = BLOCKED_NO_GPUS
+CODE_TOO_FEW_HEALTHY = 5
+CODE_LINK_NEVER = 6
+CODE_NOT_ENOUGH_FREE = 7
+CODE_LINK_NOW = 8
+CODE_NODE_SELECTOR = 9
+
+FILTER_VERDICTS: Mapping[int, tuple[bool, str]] = MappingProxyType(
+    {
+        CODE_UNKNOWN: (False, REASON_UNKNOWN_NODE),
+        CODE_UNHEALTHY: (True, "node unhealthy"),
+        CODE_CORDONED: (True, REASON_CORDONED),
+        CODE_NO_GPUS: (True, REASON_NO_GPUS),
+        CODE_TOO_FEW_HEALTHY: (True, REASON_TOO_FEW_HEALTHY),
+        CODE_LINK_NEVER: (True, REASON_LINK_NEVER),
+        CODE_NOT_ENOUGH_FREE: (False, REASON_NOT_ENOUGH_FREE),
+        CODE_LINK_NOW: (False, REASON_LINK_NOW),
+        CODE_NODE_SELECTOR: (True, REASON_NODE_SELECTOR),
+    }
+)
+"""Failing code -> (unresolvable, reason). Unresolvable verdicts go to
+FailedAndUnresolvableNodes ("never"), the others to FailedNodes ("not now")."""
+
+
+def verdict_reason(snap: ClusterSnapshot, code: int, position: int) -> str:
+    """The reason string of a failing ``code`` for the node at ``position``."""
+    if code == CODE_UNHEALTHY:
+        reasons = snap.nodes[position].health.reasons
+        return reasons[0] if reasons else FILTER_VERDICTS[code][1]
+    return FILTER_VERDICTS[code][1]
+
+
+def filter_codes(
+    snap: ClusterSnapshot, req: PodRequest, pos: np.ndarray, params: SchedParams
+) -> np.ndarray:
+    """One verdict code per position (``FEASIBLE`` or a key of :data:`FILTER_VERDICTS`).
+
+    ``pos`` are node positions in the snapshot (-1: unknown node), as from
+    :func:`name_positions`. The whole decision is array operations over the snapshot's
+    node arrays. A pod that requests no GPUs is feasible everywhere, unknown nodes
+    included: topoplace has nothing to add for it.
+    """
+    n = len(pos)
+    k = req.gpus
+    if k <= 0 or not n:
+        return np.zeros(n, dtype=np.int8)
+    unknown = pos < 0
+    any_unknown = bool(unknown.any())
+    p = np.where(unknown, 0, pos) if any_unknown else pos
+    a = snap.arrays
+    code = a.blocked.take(p)  # node-level verdicts (codes 2-4) or 0: a fresh array
+    # Request-dependent verdicts, lowest precedence first so that higher ones overwrite.
+    due = np.zeros(n, dtype=np.int8)
+    linked = bool(req.min_link) and k <= a.max_gpus
+    if linked:
+        r = class_rank(req.min_link)
+        due[(a.links_free[:, r].take(p) >> k) & 1 == 0] = CODE_LINK_NOW
+    due[a.free.take(p) < k] = CODE_NOT_ENOUGH_FREE
+    if linked:
+        due[(a.links_usable[:, r].take(p) >> k) & 1 == 0] = CODE_LINK_NEVER
+    due[a.usable.take(p) < k] = CODE_TOO_FEW_HEALTHY
+    np.copyto(code, due, where=code == 0)
+    if any_unknown:
+        code[unknown] = CODE_UNKNOWN
+    if req.node_selector:
+        sel = req.node_selector
+        for j in np.flatnonzero(code == 0).tolist():
+            labels = snap.nodes[p[j]].labels
+            if any(labels.get(kk) != vv for kk, vv in sel.items()):
+                code[j] = CODE_NODE_SELECTOR
+    return code
 
 
 def filter_nodes(
@@ -138,59 +232,22 @@ def filter_nodes(
         names = snap.names
     if req.gpus <= 0:
         return FilterOutcome(tuple(names), EMPTY_MAP, EMPTY_MAP)
-    pos = _indices(snap, names)
-    known = pos >= 0
-    p = np.where(known, pos, 0)
-    a = snap.arrays
-    k = req.gpus
-    code = np.zeros(len(names), dtype=np.int8)  # 0 = feasible
-
-    def mark(cond: np.ndarray, value: int) -> None:
-        code[(code == 0) & cond] = value
-
-    mark(~known, 1)
-    mark(a.state[p] >= int(Health.UNHEALTHY), 2)
-    mark(a.unschedulable[p], 3)
-    mark(a.capacity[p] == 0, 4)
-    mark(a.usable[p] < k, 5)
-    if req.min_link:
-        r = class_rank(req.min_link)
-        if k <= a.max_gpus:
-            mark(((a.links_usable[p, r] >> k) & 1) == 0, 6)
-    mark(a.free[p] < k, 7)
-    if req.min_link and k <= a.max_gpus:
-        mark(((a.links_free[p, r] >> k) & 1) == 0, 8)
-    if req.node_selector:
-        sel = req.node_selector
-        for j in np.flatnonzero(code == 0):
-            labels = snap.nodes[p[j]].labels
-            if any(labels.get(kk) != vv for kk, vv in sel.items()):
-                code[j] = 9
-
+    pos = name_positions(snap, names)
+    code = filter_codes(snap, req, pos, params)
     if not code.any():
         return FilterOutcome(tuple(names), EMPTY_MAP, EMPTY_MAP)
-    feasible = list(compress(names, (code == 0).tolist()))
+    feasible = list(compress(names, (code == FEASIBLE).tolist()))
     failed: dict[str, str] = {}
     unres: dict[str, str] = {}
-    static = {
-        3: (unres, REASON_CORDONED),
-        4: (unres, REASON_NO_GPUS),
-        5: (unres, REASON_TOO_FEW_HEALTHY),
-        6: (unres, REASON_LINK_NEVER),
-        7: (failed, REASON_NOT_ENOUGH_FREE),
-        8: (failed, REASON_LINK_NOW),
-        9: (unres, REASON_NODE_SELECTOR),
-        1: (failed, REASON_UNKNOWN_NODE),
-    }
     for c in np.unique(code[code > 0]).tolist():
-        sel = compress(names, (code == c).tolist())
-        if c == 2:
-            for name in sel:
-                reasons = snap.nodes[snap.index[name]].health.reasons
-                unres[name] = reasons[0] if reasons else "node unhealthy"
+        hit = (code == c).tolist()
+        never, reason = FILTER_VERDICTS[c]
+        target = unres if never else failed
+        if c == CODE_UNHEALTHY:
+            for name, at in zip(compress(names, hit), compress(pos.tolist(), hit), strict=True):
+                target[name] = verdict_reason(snap, c, at)
         else:
-            target, reason = static[c]
-            target.update(dict.fromkeys(sel, reason))
+            target.update(dict.fromkeys(compress(names, hit), reason))
     return FilterOutcome(tuple(feasible), MappingProxyType(failed), MappingProxyType(unres))
 
 
@@ -231,31 +288,46 @@ def score_list(
     """
     if not names:
         return []
-    k = req.gpus
-    if k <= 0:
+    if req.gpus <= 0:
         return [0] * len(names)
-    pos = _indices(snap, names)
-    known = pos >= 0
-    p = np.where(known, pos, 0)
+    result: list[int] = score_positions(snap, req, name_positions(snap, names), params).tolist()
+    return result
+
+
+def score_positions(
+    snap: ClusterSnapshot, req: PodRequest, pos: np.ndarray, params: SchedParams
+) -> np.ndarray:
+    """:func:`score_list` over node positions (-1: unknown) as an int64 array."""
+    k = req.gpus
+    n = len(pos)
+    if k <= 0 or not n:
+        return np.zeros(n, dtype=np.int64)
+    unknown = pos < 0
+    any_unknown = bool(unknown.any())
+    p = np.where(unknown, 0, pos) if any_unknown else pos
     a = snap.arrays
-    free = a.free[p]
-    ok = known & (free >= k) & (a.state[p] < int(Health.UNHEALTHY)) & ~a.unschedulable[p]
+    free = a.free.take(p)
+    ok = (a.blocked.take(p) == 0) & (free >= k)
+    if any_unknown:
+        ok &= ~unknown
     if req.min_link and k <= a.max_gpus:
-        ok &= ((a.links_free[p, class_rank(req.min_link)] >> k) & 1) == 1
+        ok &= (a.links_free[:, class_rank(req.min_link)].take(p) >> k) & 1 == 1
     if k >= 2 and k <= a.max_gpus:
-        bw = np.where(ok, a.best_bw[p, k], 0.0)
-        top = bw.max() if bw.size else 0.0
-        topo = bw / top if top > 0 else np.ones(len(names))
+        bw = a.best_bw[:, k].take(p)
+        bw *= ok
+        top = bw.max()
+        topo = bw / top if top > 0 else 1.0
     else:
-        topo = np.ones(len(names))
-    health = 1.0 - a.risk[p]
-    packing = np.where(free > 0, k / np.maximum(free, 1), 0.0)
+        topo = 1.0
+    health = 1.0 - a.risk.take(p)
+    packing = k / np.maximum(free, 1)  # only read where ok, i.e. where free >= k >= 1
     w = params.weights
     total = w.topology + w.health + w.packing
     raw = (w.topology * topo + w.health * health + w.packing * packing) / total
-    scores = np.where(ok, np.floor(raw * MAX_SCORE + 1e-9), 0).clip(0, MAX_SCORE).astype(int)
-    result: list[int] = scores.tolist()
-    return result
+    scores = np.floor(raw * MAX_SCORE + 1e-9)
+    scores *= ok
+    np.clip(scores, 0, MAX_SCORE, out=scores)
+    return scores.astype(np.int64)
 
 
 def choose_gpus(

@@ -6,6 +6,8 @@ vector operations rather than Python loops:
 
 * ``free`` / ``usable`` / ``capacity``: free healthy, healthy, and physical GPU counts;
 * ``state`` / ``unschedulable`` / ``risk``: health;
+* ``blocked``: why the node can take no GPU pod at all, whatever it asks for
+  (``BLOCKED_*``; 0 when it can), so filter starts from one column;
 * ``best_bw[i, k]``: ring bottleneck (GB/s) of the best k-GPU set node i can give now
   under the configured selection policy (what the device plugin would hand out);
 * ``links_free[i, r]`` / ``links_usable[i, r]``: bitmask of set sizes k for which a ring
@@ -52,6 +54,11 @@ from scheduler.core.params import SchedParams
 from scheduler.core.quantity import cpu_milli, quantity_int
 from topology.select import best_bottlenecks
 
+BLOCKED_UNHEALTHY = 2
+BLOCKED_CORDONED = 3
+BLOCKED_NO_GPUS = 4
+"""Values of ``NodeArrays.blocked``, in precedence order (the filter's verdict codes)."""
+
 
 class DoubleBookingError(ValueError):
     """A placement would give a GPU that another pod already holds."""
@@ -71,6 +78,7 @@ class NodeArrays:
     best_bw: np.ndarray
     links_free: np.ndarray
     links_usable: np.ndarray
+    blocked: np.ndarray
 
     @property
     def max_gpus(self) -> int:
@@ -88,6 +96,14 @@ def _row(node: NodeInfo, policy: str, width: int) -> tuple[Any, ...]:
         if node.gpu_capacity
         else (0,) * len(LINK_CLASSES)
     )
+    if node.health.state >= Health.UNHEALTHY:
+        blocked = BLOCKED_UNHEALTHY
+    elif node.health.unschedulable:
+        blocked = BLOCKED_CORDONED
+    elif not node.gpu_capacity:
+        blocked = BLOCKED_NO_GPUS
+    else:
+        blocked = 0
     return (
         node.gpu_capacity,
         free_mask.bit_count(),
@@ -99,6 +115,7 @@ def _row(node: NodeInfo, policy: str, width: int) -> tuple[Any, ...]:
         bw_row,
         lf,
         lu,
+        blocked,
     )
 
 
@@ -119,9 +136,14 @@ def _arrays(nodes: Sequence[NodeInfo], policy: str) -> NodeArrays:
         unschedulable=col(4, np.bool_),
         risk=col(5, np.float64),
         assumed=col(6, np.bool_),
-        best_bw=np.array([r[7] for r in rows], np.float64).reshape(count, width + 1),
-        links_free=np.array([r[8] for r in rows], np.int64).reshape(count, nl),
-        links_usable=np.array([r[9] for r in rows], np.int64).reshape(count, nl),
+        # Column-major: a request reads one column (its set size or link class) across
+        # many nodes, which is then one contiguous block of memory.
+        best_bw=np.asfortranarray(
+            np.array([r[7] for r in rows], np.float64).reshape(count, width + 1)
+        ),
+        links_free=np.asfortranarray(np.array([r[8] for r in rows], np.int64).reshape(count, nl)),
+        links_usable=np.asfortranarray(np.array([r[9] for r in rows], np.int64).reshape(count, nl)),
+        blocked=col(10, np.int8),
     )
     _freeze(arr)
     return arr
@@ -134,7 +156,7 @@ def _freeze(arr: NodeArrays) -> None:
 
 def _update_rows(arr: NodeArrays, changes: Mapping[int, NodeInfo], policy: str) -> NodeArrays:
     width = arr.max_gpus
-    copies = {f: getattr(arr, f).copy() for f in arr.__dataclass_fields__}
+    copies = {f: getattr(arr, f).copy(order="K") for f in arr.__dataclass_fields__}  # keep layout
     for i, node in changes.items():
         r = _row(node, policy, width)
         for j, f in enumerate(arr.__dataclass_fields__):

@@ -1,7 +1,10 @@
 """FastAPI HTTP edge of the extender.
 
-Bodies are read raw and parsed with orjson (no pydantic on the hot path); replies are
-written with orjson. Status codes follow STYLE.md's "not now / never / broken":
+The verbs are answered by :class:`VerbRoutes` before FastAPI's stack sees them: bodies
+are read raw and parsed with orjson, replies are bytes (no request objects, middleware or
+pydantic on the hot path). FastAPI serves the rest: health, metrics, inspection.
+
+Status codes follow STYLE.md's "not now / never / broken":
 
 * 200 with the verb's result, including ``Error`` for platform faults kube-scheduler
   should see (filter, bind);
@@ -16,11 +19,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import orjson
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
@@ -36,6 +39,7 @@ DEFAULT_MAX_BODY = 64 * 1024 * 1024
 """64 MiB: a full ``Nodes`` payload of 10,000 GPU nodes is about 50 MiB."""
 
 JSON = "application/json"
+JSON_BYTES = JSON.encode()
 
 
 class BodyTooLarge(Exception):
@@ -46,26 +50,136 @@ def _json(obj: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(obj), status_code=status, media_type=JSON)
 
 
-def _error(status: int, message: str) -> Response:
-    return _json({"error": message}, status)
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        try:
-            if int(declared) > limit:
-                raise BodyTooLarge
-        except ValueError:
-            pass
+async def _read_body(scope: Any, receive: Any, limit: int) -> bytes | None:
+    """The request body (None if the client went away). Raises BodyTooLarge."""
+    for key, value in scope["headers"]:
+        if key == b"content-length":
+            try:
+                if int(value) > limit:
+                    raise BodyTooLarge
+            except ValueError:
+                pass
     chunks = []
     size = 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise BodyTooLarge
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _send(send: Any, status: int, body: bytes, extra: tuple = ()) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", JSON_BYTES),
+                (b"content-length", str(len(body)).encode()),
+                *extra,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+Handler = Callable[[Any, bytes], Any]
+"""A verb: (parsed body, raw body) -> result (bytes, or a JSON-serializable value)."""
+
+
+class VerbRoutes:
+    """Answers the extender verbs straight from the ASGI scope.
+
+    The verbs are the hot path (kube-scheduler waits on filter and prioritize for every
+    pod), so :class:`ExtenderApp` hands them here before any of FastAPI's middleware,
+    routing or request objects: raw body in, orjson parse, the verb, bytes out.
+
+    Args:
+        verbs: path -> (verb name, handler, fallback for a crashed handler, run the
+            handler in a worker thread).
+        metrics: the extender's Prometheus metrics.
+        max_body_bytes: larger bodies are refused with 413.
+    """
+
+    def __init__(
+        self,
+        verbs: dict[str, tuple[str, Handler, Callable[[str], Any], bool]],
+        metrics: Any,
+        max_body_bytes: int,
+    ) -> None:
+        self.verbs = verbs
+        self.metrics = metrics
+        self.max_body_bytes = max_body_bytes
+
+    async def handle(self, scope: Any, receive: Any, send: Any) -> bool:
+        """Serve the request if it is for a verb; False if it is not."""
+        verb = self.verbs.get(scope["path"]) if scope["type"] == "http" else None
+        if verb is None:
+            return False
+        if scope["method"] != "POST":
+            await _send(send, 405, _error_body("use POST"), ((b"allow", b"POST"),))
+            return True
+        name, handler, fallback, threaded = verb
+        start = time.perf_counter()
+        status, reply = await self._answer(name, handler, fallback, threaded, scope, receive)
+        if reply is not None:
+            await _send(send, status, reply)
+        m = self.metrics
+        m.child(m.requests, name, str(status)).inc()
+        m.child(m.latency, name).observe(time.perf_counter() - start)
+        return True
+
+    async def _answer(
+        self,
+        name: str,
+        handler: Handler,
+        fallback: Callable[[str], Any],
+        threaded: bool,
+        scope: Any,
+        receive: Any,
+    ) -> tuple[int, bytes | None]:
+        try:
+            body = await _read_body(scope, receive, self.max_body_bytes)
+        except BodyTooLarge:
+            return 413, _error_body(f"request body larger than {self.max_body_bytes} bytes")
+        if body is None:
+            return 499, None  # the client closed the connection: nobody to answer
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            return 400, _error_body(f"malformed JSON: {exc}")
+        try:
+            result = (
+                await run_in_threadpool(handler, payload, body)
+                if threaded
+                else handler(payload, body)
+            )
+        except wire.WireError as exc:
+            return 400, _error_body(str(exc))
+        except Exception:  # a bug: answer through the protocol, never crash
+            log.exception("%s failed", name)
+            result = fallback("internal error in topoplace; see its log")
+        return 200, result if isinstance(result, bytes) else orjson.dumps(result)
+
+
+def _error_body(message: str) -> bytes:
+    return orjson.dumps({"error": message})
+
+
+class ExtenderApp(FastAPI):
+    """FastAPI app whose extender verbs are served by :class:`VerbRoutes` first."""
+
+    verbs: VerbRoutes | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if self.verbs is None or not await self.verbs.handle(scope, receive, send):
+            await super().__call__(scope, receive, send)
 
 
 def create_app(
@@ -83,56 +197,28 @@ def create_app(
         description: where the cluster view comes from, shown by ``/version``.
     """
     prefix = "/" + url_prefix.strip("/") if url_prefix.strip("/") else ""
-    app = FastAPI(title="topoplace", version=__version__, docs_url=None, redoc_url=None)
+    app = ExtenderApp(title="topoplace", version=__version__, docs_url=None, redoc_url=None)
     app.state.extender = extender
     metrics = extender.metrics
 
-    def verb(
-        name: str, handler: Callable[[Any], Any], fallback: Callable[[str], Any], threaded: bool
-    ) -> Callable[[Request], Awaitable[Response]]:
-        async def endpoint(request: Request) -> Response:
-            start = time.perf_counter()
-            code = 200
-            try:
-                body = await _read_body(request, max_body_bytes)
-                try:
-                    payload = orjson.loads(body)
-                except orjson.JSONDecodeError as exc:
-                    code = 400
-                    return _error(400, f"malformed JSON: {exc}")
-                try:
-                    result = (
-                        await run_in_threadpool(handler, payload) if threaded else handler(payload)
-                    )
-                except wire.WireError as exc:
-                    code = 400
-                    return _error(400, str(exc))
-                except Exception:  # a bug: answer through the protocol, never crash
-                    log.exception("%s failed", name)
-                    result = fallback("internal error in topoplace; see its log")
-                if isinstance(result, bytes):
-                    return Response(result, media_type=JSON)
-                return _json(result)
-            except BodyTooLarge:
-                code = 413
-                return _error(413, f"request body larger than {max_body_bytes} bytes")
-            finally:
-                metrics.requests.labels(verb=name, code=str(code)).inc()
-                metrics.latency.labels(verb=name).observe(time.perf_counter() - start)
-
-        endpoint.__name__ = f"{name}_endpoint"
-        return endpoint
-
     routes = (
-        ("filter", extender.filter, lambda e: wire.filter_result(None, None, {}, {}, e), False),
+        (
+            "filter",
+            extender.filter_json,
+            lambda e: wire.filter_result(None, None, {}, {}, e),
+            False,
+        ),
         ("prioritize", extender.prioritize_json, lambda e: [], False),
-        ("bind", extender.bind, lambda e: {"Error": e}, True),
-        ("preempt", extender.preempt, lambda e: {"NodeNameToMetaVictims": None}, False),
+        ("bind", lambda p, _: extender.bind(p), lambda e: {"Error": e}, True),
+        (
+            "preempt",
+            lambda p, _: extender.preempt(p),
+            lambda e: {"NodeNameToMetaVictims": None},
+            False,
+        ),
     )
-    for name, handler, fallback, threaded in routes:
-        app.add_api_route(
-            f"{prefix}/{name}", verb(name, handler, fallback, threaded), methods=["POST"]
-        )
+
+    app.verbs = VerbRoutes({f"{prefix}/{r[0]}": r for r in routes}, metrics, max_body_bytes)
 
     @app.get("/healthz")
     async def healthz() -> Response:

@@ -16,9 +16,9 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
-from operator import getitem
 from typing import Any, Protocol
 
+import numpy as np
 import orjson
 
 from scheduler.cache import ClusterCache
@@ -32,18 +32,23 @@ from scheduler.core.objects import (
 )
 from scheduler.core.quantity import cpu_milli, quantity_int
 from scheduler.core.schedule import (
-    MAX_SCORE,
+    CODE_UNHEALTHY,
+    FEASIBLE,
+    FILTER_VERDICTS,
     REASON_UNKNOWN_NODE,
     FilterOutcome,
     choose_gpus,
+    filter_codes,
     filter_nodes,
-    name_positions,
-    score_list,
+    known_positions,
     score_nodes,
+    score_positions,
+    verdict_reason,
 )
 from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.server import wire
 from scheduler.server.metrics import Metrics
+from scheduler.server.replies import NameTable
 
 log = logging.getLogger(__name__)
 
@@ -112,10 +117,6 @@ def _merge_gang(base: FilterOutcome, planned: FilterOutcome) -> FilterOutcome:
     return FilterOutcome(feasible, failed, unres)
 
 
-_SCORE_TAIL = tuple(f"{i}}}".encode() for i in range(MAX_SCORE + 1))
-"""Serialized endings of a HostPriority entry, by score."""
-
-
 class Extender:
     """filter / prioritize / bind / preempt over one cache.
 
@@ -144,7 +145,8 @@ class Extender:
         self.ready = ready
         self.gangs = gangs
         self.fetch_pod = fetch_pod
-        self._host_entries: tuple[Any, list[tuple[bytes, ...]]] | None = None
+        self._tables: tuple[Any, NameTable | None] | None = None
+        self._names_memo = wire.NamesMemo()
 
     @property
     def params(self) -> Any:
@@ -155,7 +157,44 @@ class Extender:
 
     def filter(self, body: Any) -> dict[str, Any]:
         """``ExtenderArgs`` -> ``ExtenderFilterResult``. Raises WireError on bad input."""
-        pod, use_names, items = wire.extender_args(body)
+        pod, names, items = wire.extender_args(body)
+        req = self._filter_request(pod)
+        if isinstance(req, dict):
+            return req
+        return self._filter(pod, req, names, items)
+
+    def filter_json(self, body: Any, raw: bytes | None = None) -> bytes:
+        """:meth:`filter` serialized as JSON bytes.
+
+        The common case (a single pod, ``NodeNames``, every name known) is decided and
+        serialized from node positions by array operations (see ``replies.py``); gang
+        members, full ``Nodes`` payloads and unknown names take the general path.
+        ``raw``, the request's bytes, lets a candidate list sent before be recognised
+        without reading its names (see ``wire.NamesMemo``).
+        """
+        pod, names, items = wire.extender_args(body, raw, self._names_memo)
+        req = self._filter_request(pod)
+        if isinstance(req, dict):
+            return orjson.dumps(req)
+        if items is None and req.gpus > 0 and not (self.gangs is not None and req.gang):
+            snap = self.cache.snapshot()
+            pos = known_positions(snap, names)
+            table = self._name_table(snap)
+            if table is not None and pos is not None:
+                codes = filter_codes(snap, req, pos, self.params)
+                self._count_codes(snap, pos, codes)
+                return table.filter_result(
+                    pos,
+                    codes,
+                    FILTER_VERDICTS,
+                    lambda code, at: verdict_reason(snap, code, at),
+                    frozenset({CODE_UNHEALTHY}),
+                )
+        return orjson.dumps(self._filter(pod, req, names, items))
+
+    def _filter_request(self, pod: Mapping[str, Any]) -> PodRequest | dict[str, Any]:
+        """The pod's request (remembered for bind when it asks for GPUs), or the error
+        result for an invalid pod."""
         try:
             req = request_from_pod(pod, self.params.fabric)
         except ObjectError as exc:
@@ -163,15 +202,26 @@ class Extender:
             return wire.filter_result(None, None, {}, {}, f"invalid pod: {exc}")
         if req.gpus > 0:
             self.cache.remember_pending(pod)
+        return req
+
+    def _filter(
+        self,
+        pod: Mapping[str, Any],
+        req: PodRequest,
+        names: list[str],
+        items: list[Mapping[str, Any]] | None,
+    ) -> dict[str, Any]:
         out: FilterOutcome | None = None
         if self.gangs is not None and req.gang:
-            planned = self.gangs.filter(self, pod, req, use_names)
+            planned = self.gangs.filter(self, pod, req, names)
             if planned is not None:
-                base = filter_nodes(self.cache.snapshot(), req, use_names, self.params)
+                base = filter_nodes(self.cache.snapshot(), req, names, self.params)
                 out = _merge_gang(base, planned)
         if out is None:
-            out = filter_nodes(self.cache.snapshot(), req, use_names, self.params)
-        self._count_filter(out)
+            out = filter_nodes(self.cache.snapshot(), req, names, self.params)
+        reasons = Counter(out.failed.values())
+        reasons.update(out.unresolvable.values())
+        self._count_filter(len(out.feasible), len(out.failed), len(out.unresolvable), reasons)
         if items is None:
             return wire.filter_result(list(out.feasible), None, out.failed, out.unresolvable)
         keep = set(out.feasible)
@@ -182,17 +232,46 @@ class Extender:
             out.unresolvable,
         )
 
-    def _count_filter(self, out: FilterOutcome) -> None:
+    def _count_codes(self, snap: ClusterSnapshot, pos: Any, codes: Any) -> None:
+        """Count a vector verdict (see :func:`filter_codes`) into the metrics."""
+        tally = np.bincount(codes, minlength=1).tolist()
+        split = [0, 0]  # failed, unresolvable
+        reasons: Counter[str] = Counter()
+        for code in np.flatnonzero(tally).tolist():
+            if code == FEASIBLE:
+                continue
+            never, reason = FILTER_VERDICTS[code]
+            split[never] += tally[code]
+            if code == CODE_UNHEALTHY:
+                reasons.update(verdict_reason(snap, code, p) for p in pos[codes == code].tolist())
+            else:
+                reasons[reason] += tally[code]
+        self._count_filter(tally[FEASIBLE], split[0], split[1], reasons)
+
+    def _count_filter(
+        self, feasible: int, failed: int, unresolvable: int, reasons: Mapping[str, int]
+    ) -> None:
         m = self.metrics
-        m.filter_nodes.labels(result="feasible").inc(len(out.feasible))
-        m.filter_nodes.labels(result="failed").inc(len(out.failed))
-        m.filter_nodes.labels(result="unresolvable").inc(len(out.unresolvable))
-        reasons = Counter(out.failed.values())
-        reasons.update(out.unresolvable.values())
+        m.child(m.filter_nodes, "feasible").inc(feasible)
+        m.child(m.filter_nodes, "failed").inc(failed)
+        m.child(m.filter_nodes, "unresolvable").inc(unresolvable)
         for reason, n in reasons.items():
-            m.filter_reasons.labels(reason=reason).inc(n)
+            m.child(m.filter_reasons, reason).inc(n)
             if reason == REASON_UNKNOWN_NODE:
                 log.warning("filter named %d node(s) unknown to topoplace", n)
+
+    def _name_table(self, snap: ClusterSnapshot) -> NameTable | None:
+        """The serialized-name table of the snapshot's node set (None: names too uneven
+        for fixed-width records), built once per node set."""
+        cached = self._tables
+        if cached is None or cached[0] is not snap.index:
+            try:
+                table: NameTable | None = NameTable(snap.names)
+            except ValueError:
+                table = None
+            cached = (snap.index, table)
+            self._tables = cached
+        return cached[1]
 
     # ---- prioritize ---------------------------------------------------------------------
 
@@ -210,43 +289,25 @@ class Extender:
             scores = score_nodes(self.cache.snapshot(), req, use_names, self.params)
         return [{"Host": n, "Score": s} for n, s in scores]
 
-    def prioritize_json(self, body: Any) -> bytes:
-        """:meth:`prioritize` serialized as JSON bytes, built at C speed for large lists.
+    def prioritize_json(self, body: Any, raw: bytes | None = None) -> bytes:
+        """:meth:`prioritize` serialized as JSON bytes.
 
-        Each node's eleven possible entries (``{"Host":"<name>","Score":0}`` .. ``10}``)
-        are serialized once per snapshot node set; a reply is then one join, without a
-        dict or a bytes object per node. Gang members and unknown hosts take the general
-        path.
+        Single pods with every host known are scored and serialized from node positions
+        by array operations (see ``replies.py``); gang members, invalid pods and unknown
+        hosts take the general path. ``raw`` as for :meth:`filter_json`.
         """
-        pod, use_names, _ = wire.extender_args(body)
+        pod, names, _ = wire.extender_args(body, raw, self._names_memo)
         try:
-            req = request_from_pod(pod, self.params.fabric)
+            req: PodRequest | None = request_from_pod(pod, self.params.fabric)
         except ObjectError:
             req = None
-        if req is None or (self.gangs is not None and req.gang):
-            return orjson.dumps(self.prioritize(body))
-        snap = self.cache.snapshot()
-        pos = name_positions(snap, use_names)
-        if len(pos) and int(pos.min()) < 0:
-            return orjson.dumps(self.prioritize(body))  # unknown hosts: the general path
-        scores = score_list(snap, req, use_names, self.params)
-        entries = self._host_entries
-        if entries is None or entries[0] is not snap.index:
-            # One tuple per node (snapshot order) of its 11 possible serialized entries.
-            entries = (
-                snap.index,
-                [
-                    tuple(
-                        b'{"Host":' + orjson.dumps(n.name) + b',"Score":' + t for t in _SCORE_TAIL
-                    )
-                    for n in snap.nodes
-                ],
-            )
-            self._host_entries = entries
-        per_node = entries[1]
-        return (
-            b"[" + b",".join(map(getitem, map(per_node.__getitem__, pos.tolist()), scores)) + b"]"
-        )
+        if req is not None and not (self.gangs is not None and req.gang):
+            snap = self.cache.snapshot()
+            pos = known_positions(snap, names)
+            table = self._name_table(snap)
+            if table is not None and pos is not None:
+                return table.host_priorities(pos, score_positions(snap, req, pos, self.params))
+        return orjson.dumps(self.prioritize(body))
 
     # ---- bind ---------------------------------------------------------------------------
 
