@@ -7,6 +7,12 @@ sequential ``filter`` and ``prioritize`` calls with ``NodeNames`` payloads namin
 node, over one keep-alive connection, as kube-scheduler does. At 5,000 nodes it also
 times ``filter`` with full ``Nodes`` objects (``nodeCacheCapable: false``).
 
+Two ``NodeNames`` cases: the same list for every request (the issue's benchmark: the
+extender may recognise a list it has seen), and ``NodeNames-shuffled``, a different order
+of all nodes on every request. The second is what a large cluster sends: kube-scheduler
+filters nodes with 16 goroutines and appends the feasible ones as they finish, so the
+order changes from pod to pod and every name must be looked up.
+
 The floor is a bare ASGI app on uvicorn that reads the same body, parses it with orjson
 and answers a constant: what any Python extender pays before deciding anything. Server
 and floor run side by side and requests alternate between them one by one, so a noisy
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -66,6 +73,10 @@ async def floor_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         }
     )
     await send({"type": "http.response.body", "body": reply})
+
+
+SHUFFLED_BODIES = 64
+"""Distinct candidate orders cycled through in the shuffled case."""
 
 
 def _start(args: list[str], port: int) -> subprocess.Popen[bytes]:
@@ -160,17 +171,23 @@ def _figures(lat: list[float], wall: float) -> dict[str, float]:
 
 
 def _time_pair(
-    server: RawClient, floor: RawClient, path: str, body: bytes, n: int, warmup: int = 30
+    server: RawClient,
+    floor: RawClient,
+    path: str,
+    bodies: list[bytes],
+    n: int,
+    warmup: int = 30,
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Time ``n`` requests to the server and ``n`` to the floor, interleaved one by one so
     both see the same machine (a noisy neighbour or a frequency change hits both), then
-    (server figures, floor figures)."""
-    for _ in range(warmup):
-        assert server.post(path, body)[0] == 200
-        assert floor.post(path, body)[0] == 200
+    (server figures, floor figures). Request i sends ``bodies[i % len(bodies)]``."""
+    for i in range(warmup):
+        assert server.post(path, bodies[i % len(bodies)])[0] == 200
+        assert floor.post(path, bodies[i % len(bodies)])[0] == 200
     lat: tuple[list[float], list[float]] = ([], [])
     wall = [0.0, 0.0]
-    for _ in range(n):
+    for r in range(n):
+        body = bodies[r % len(bodies)]
         for i, client in enumerate((server, floor)):
             s = time.perf_counter()
             status, view = client.post_view(path, body)
@@ -195,11 +212,20 @@ def run_size(size: int, requests: int, full_nodes: bool) -> dict[str, dict[str, 
     names = [n["metadata"]["name"] for n in nodes]
     pod = make_pod("bench-pod", 4, namespace="bench")
     pod.pop("kind"), pod.pop("apiVersion")
-    bodies = {"NodeNames": orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": names})}
+    rng = random.Random(size)
+    shuffled = []
+    for _ in range(SHUFFLED_BODIES):
+        order = list(names)
+        rng.shuffle(order)
+        shuffled.append(orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": order}))
+    bodies = {
+        "NodeNames": [orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": names})],
+        "NodeNames-shuffled": shuffled,
+    }
     if full_nodes:
-        bodies["Nodes"] = orjson.dumps(
-            {"Pod": pod, "Nodes": {"metadata": {}, "items": nodes}, "NodeNames": None}
-        )
+        bodies["Nodes"] = [
+            orjson.dumps({"Pod": pod, "Nodes": {"metadata": {}, "items": nodes}, "NodeNames": None})
+        ]
     out: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "cluster.json"
@@ -219,12 +245,12 @@ def run_size(size: int, requests: int, full_nodes: bool) -> dict[str, dict[str, 
         ]
         (_, server), (_, floor) = started
         try:
-            for mode, body in bodies.items():
-                r = orjson.loads(server.post("/scheduler/filter", body)[1])
+            for mode, sent in bodies.items():
+                r = orjson.loads(server.post("/scheduler/filter", sent[0])[1])
                 assert not r["Error"] and (r["NodeNames"] or r["Nodes"]["items"]), r
-                verbs = ("filter", "prioritize") if mode == "NodeNames" else ("filter",)
+                verbs = ("filter",) if mode == "Nodes" else ("filter", "prioritize")
                 for verb in verbs:
-                    mine, base = _time_pair(server, floor, f"/scheduler/{verb}", body, requests)
+                    mine, base = _time_pair(server, floor, f"/scheduler/{verb}", sent, requests)
                     out[f"{verb}/{mode}"] = mine
                     out[f"floor-{verb}/{mode}"] = base
         finally:
