@@ -177,6 +177,15 @@ def verdict_reason(snap: ClusterSnapshot, code: int, position: int) -> str:
     return FILTER_VERDICTS[code][1]
 
 
+def _known(pos: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+    """(mask of unknown positions or None if all are known, positions safe to index with:
+    unknown ones read node 0 and must be masked by the caller)."""
+    unknown = pos < 0
+    if not unknown.any():
+        return None, pos
+    return unknown, np.where(unknown, 0, pos)
+
+
 def filter_codes(
     snap: ClusterSnapshot, req: PodRequest, pos: np.ndarray, params: SchedParams
 ) -> np.ndarray:
@@ -191,9 +200,7 @@ def filter_codes(
     k = req.gpus
     if k <= 0 or not n:
         return np.zeros(n, dtype=np.int8)
-    unknown = pos < 0
-    any_unknown = bool(unknown.any())
-    p = np.where(unknown, 0, pos) if any_unknown else pos
+    unknown, p = _known(pos)
     a = snap.arrays
     code = a.blocked.take(p)  # node-level verdicts (codes 2-4) or 0: a fresh array
     # Request-dependent verdicts, lowest precedence first so that higher ones overwrite.
@@ -207,7 +214,7 @@ def filter_codes(
         due[(a.links_usable[:, r].take(p) >> k) & 1 == 0] = CODE_LINK_NEVER
     due[a.usable.take(p) < k] = CODE_TOO_FEW_HEALTHY
     np.copyto(code, due, where=code == 0)
-    if any_unknown:
+    if unknown is not None:
         code[unknown] = CODE_UNKNOWN
     if req.node_selector:
         sel = req.node_selector
@@ -302,13 +309,11 @@ def score_positions(
     n = len(pos)
     if k <= 0 or not n:
         return np.zeros(n, dtype=np.int64)
-    unknown = pos < 0
-    any_unknown = bool(unknown.any())
-    p = np.where(unknown, 0, pos) if any_unknown else pos
+    unknown, p = _known(pos)
     a = snap.arrays
     free = a.free.take(p)
     ok = (a.blocked.take(p) == 0) & (free >= k)
-    if any_unknown:
+    if unknown is not None:
         ok &= ~unknown
     if req.min_link and k <= a.max_gpus:
         ok &= (a.links_free[:, class_rank(req.min_link)].take(p) >> k) & 1 == 1
