@@ -27,15 +27,17 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
-from scheduler.core.model import PodInfo
+from scheduler.core.model import NodeInfo, PodInfo
 from scheduler.core.objects import ObjectError, object_key, pod_terminated
 from scheduler.core.params import SchedParams
 from scheduler.core.snapshot import (
     ClusterSnapshot,
     build_snapshot,
+    node_from_update,
     pod_info_for,
     with_node_health,
     with_node_object,
+    with_nodes,
     with_pod,
     without_node,
     without_pod,
@@ -203,6 +205,45 @@ class ClusterCache:
                 if node is not None:
                     verdict = self.health_tracker.adjust(obj, node.health)
                     self._snap = with_node_health(self._snap, node.name, verdict)
+
+    def refresh_nodes(self) -> int:
+        """Re-assess every node from its stored object (health ages with time even when no
+        event arrives) and apply what changed in one snapshot transition. Returns how many
+        nodes changed.
+
+        The assessment runs outside the lock (it parses every Node object: about 1.4 s at
+        10,000 nodes), so filter, bind and the watch are not held up; under the lock the
+        changes are rebased on the current snapshot (its pods' usage), and a node the
+        watch updated or deleted meanwhile is left as the watch made it.
+        """
+        snap = self._snap
+        assessed: list[tuple[NodeInfo, NodeInfo]] = []
+        for node in snap.nodes:
+            if not node.raw:
+                continue
+            try:
+                fresh = node_from_update(snap, node.raw, self.params)
+            except ObjectError:
+                continue
+            if self.health_tracker is not None:
+                fresh = replace(fresh, health=self.health_tracker.adjust(node.raw, fresh.health))
+            if fresh != node:
+                assessed.append((node, fresh))
+        with self._lock:
+            current = self._snap
+            changed: dict[str, NodeInfo] = {}
+            for seen, fresh in assessed:
+                now = current.node(seen.name)
+                if now is None or now.raw is not seen.raw:
+                    continue
+                changed[now.name] = replace(
+                    fresh,
+                    used_mask=now.used_mask & fresh.all_mask,
+                    cpu_used_milli=now.cpu_used_milli,
+                    memory_used_bytes=now.memory_used_bytes,
+                )
+            self._snap = with_nodes(current, changed)
+            return len(changed)
 
     def delete_node(self, name: str) -> None:
         """Remove a node and what it held (idempotent)."""

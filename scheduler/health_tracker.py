@@ -91,6 +91,4 @@ class HealthTracker:
     def refresh(self, cache: ClusterCache) -> None:
         """Re-assess every node of the cache at the current time (heartbeats age, settle
         times and failure memories expire without any event)."""
-        for node in cache.snapshot().nodes:
-            if node.raw:
-                cache.upsert_node(node.raw)
+        cache.refresh_nodes()

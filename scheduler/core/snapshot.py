@@ -406,19 +406,41 @@ def with_node_object(
     Raises:
         ObjectError: malformed node.
     """
-    now, devices = _health_inputs(snap.extra, params)
-    fresh = node_from_object(obj, params.fabric, params.health, now=now, devices=devices)
-    old = snap.node(fresh.name)
-    if old is not None:
-        fresh = replace(
-            fresh,
-            used_mask=old.used_mask & fresh.all_mask,
-            cpu_used_milli=old.cpu_used_milli,
-            memory_used_bytes=old.memory_used_bytes,
-        )
+    fresh = node_from_update(snap, obj, params)
+    if fresh.name in snap.index:
         return _with_changes(snap, {fresh.name: fresh}, snap.pods)
     nodes = sorted([*snap.nodes, fresh], key=lambda n: n.name)
     return _rebuilt(snap, nodes, snap.pods)
+
+
+def node_from_update(
+    snap: ClusterSnapshot, obj: Mapping[str, Any], params: SchedParams
+) -> NodeInfo:
+    """The node as ``obj`` describes it, keeping what the snapshot's pods use on it (the
+    update does not touch the snapshot).
+
+    Raises:
+        ObjectError: malformed node.
+    """
+    now, devices = _health_inputs(snap.extra, params)
+    fresh = node_from_object(obj, params.fabric, params.health, now=now, devices=devices)
+    old = snap.node(fresh.name)
+    if old is None:
+        return fresh
+    return replace(
+        fresh,
+        used_mask=old.used_mask & fresh.all_mask,
+        cpu_used_milli=old.cpu_used_milli,
+        memory_used_bytes=old.memory_used_bytes,
+    )
+
+
+def with_nodes(snap: ClusterSnapshot, changed: Mapping[str, NodeInfo]) -> ClusterSnapshot:
+    """Replace many known nodes in one transition (one copy of the arrays, not one per
+    node); names the snapshot does not know raise KeyError."""
+    if not changed:
+        return snap
+    return _with_changes(snap, changed, snap.pods)
 
 
 def _health_inputs(

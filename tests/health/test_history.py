@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.clusters import make_node
+from benchmarks.clusters import make_node, make_pod
 from scheduler.cache import ClusterCache
 from scheduler.core.health import (
     REASON_FAILED_BEFORE,
@@ -25,6 +25,7 @@ from scheduler.core.health_history import (
     observe,
 )
 from scheduler.core.model import Health, NodeHealth, PodRequest
+from scheduler.core.objects import meta
 from scheduler.core.params import SchedParams
 from scheduler.core.schedule import filter_nodes, place_pod, score_nodes
 from scheduler.health_tracker import HealthTracker
@@ -260,3 +261,41 @@ def test_tracker_counts_dra_xids_across_updates() -> None:
         v = tracker.adjust(node, OK, HEARTBEAT + 60 * (i + 1), devices=devs)
     assert v.state == D and REASON_XID_BURST in v.reasons
     assert tracker.adjust({"metadata": {}}, OK) == OK  # nameless objects pass through
+
+
+def test_refresh_is_one_transition_and_keeps_usage() -> None:
+    """Refreshing many nodes copies the snapshot once (not once per node), keeps the GPUs
+    pods hold, and leaves alone a node the watch updated while the refresh assessed."""
+    sp = SchedParams()
+    clock = Clock(HEARTBEAT + 30)
+    tracker = HealthTracker(sp.health, clock=clock)
+    nodes = [dgx(f"n{i}") for i in range(6)]
+    pods = [make_pod("held", 4, node="n0", gpu_indices=[0, 1, 2, 3])]
+    cache = ClusterCache(
+        ClusterCache.from_objects(nodes, pods, sp).snapshot(), sp, health_tracker=tracker
+    )
+    assert cache.refresh_nodes() == 0  # nothing aged yet
+    before = cache.snapshot()
+    clock.t = HEARTBEAT + 900
+    assert cache.refresh_nodes() == 6
+    after = cache.snapshot()
+    assert after.generation == before.generation + 1
+    assert all(n.health.reasons == (REASON_HEARTBEAT_STALE,) for n in after.nodes)
+    assert after.node("n0").used_mask == 0b1111 and after.arrays.free[after.index["n0"]] == 4
+
+    # The watch replaces n1's object while a refresh is assessing: the watch wins.
+    clock.t = HEARTBEAT + 30
+    real_adjust = tracker.adjust
+    newer = dgx("n1", ready=False)
+
+    def adjust_then_watch_event(obj, verdict, now=None, devices=()):
+        out = real_adjust(obj, verdict, now, devices)
+        if meta(obj)["name"] == "n5":  # the last node assessed
+            cache.upsert_node(newer)
+        return out
+
+    tracker.adjust = adjust_then_watch_event  # type: ignore[method-assign]
+    cache.refresh_nodes()
+    snap = cache.snapshot()
+    assert snap.node("n1").raw is newer and snap.node("n1").health.reasons[0] == REASON_NOT_READY
+    assert snap.node("n2").health == OK  # heartbeat fresh again for the others
