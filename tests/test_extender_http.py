@@ -262,6 +262,18 @@ def test_bind_bad_input_400(client) -> None:
     assert r.status_code == 400
 
 
+def test_verbs_answer_post_only_and_other_paths_reach_fastapi(client) -> None:
+    r = client.get("/scheduler/filter")
+    assert r.status_code == 405 and r.headers["allow"] == "POST" and r.json()["error"]
+    assert client.post("/scheduler/nope", content=b"{}").status_code == 404
+    assert client.get("/version").status_code == 200
+    # A custom prefix moves the verbs with it.
+    other = asgi_client(Extender(fixture_cache()), url_prefix="/ext/v1")
+    args = fixture("prioritize_args_nodenames.json")
+    assert other.post("/ext/v1/prioritize", content=orjson.dumps(args)).status_code == 200
+    assert other.post("/scheduler/prioritize", content=orjson.dumps(args)).status_code == 404
+
+
 def test_oversized_body_is_413() -> None:
     ext = Extender(fixture_cache())
     c = asgi_client(ext, max_body_bytes=1024)
