@@ -39,6 +39,7 @@ from scheduler.core.snapshot import (
     with_node_object,
     with_nodes,
     with_pod,
+    with_usage_of,
     without_node,
     without_pod,
 )
@@ -236,12 +237,7 @@ class ClusterCache:
                 now = current.node(seen.name)
                 if now is None or now.raw is not seen.raw:
                     continue
-                changed[now.name] = replace(
-                    fresh,
-                    used_mask=now.used_mask & fresh.all_mask,
-                    cpu_used_milli=now.cpu_used_milli,
-                    memory_used_bytes=now.memory_used_bytes,
-                )
+                changed[now.name] = with_usage_of(fresh, now)
             self._snap = with_nodes(current, changed)
             return len(changed)
 

@@ -246,16 +246,31 @@ def filter_nodes(
     feasible = list(compress(names, (code == FEASIBLE).tolist()))
     failed: dict[str, str] = {}
     unres: dict[str, str] = {}
-    for c in np.unique(code[code > 0]).tolist():
-        hit = (code == c).tolist()
-        never, reason = FILTER_VERDICTS[c]
-        target = unres if never else failed
-        if c == CODE_UNHEALTHY:
-            for name, at in zip(compress(names, hit), compress(pos.tolist(), hit), strict=True):
-                target[name] = verdict_reason(snap, c, at)
-        else:
-            target.update(dict.fromkeys(compress(names, hit), reason))
+    for never, reason, idx in verdict_groups(snap, pos, code):
+        (unres if never else failed).update(dict.fromkeys([names[i] for i in idx.tolist()], reason))
     return FilterOutcome(tuple(feasible), MappingProxyType(failed), MappingProxyType(unres))
+
+
+def verdict_groups(
+    snap: ClusterSnapshot, pos: np.ndarray, codes: np.ndarray
+) -> list[tuple[bool, str, np.ndarray]]:
+    """The failing candidates of a :func:`filter_codes` verdict, grouped by reason:
+    (unresolvable, reason, indices into ``pos``) per group, codes in precedence order.
+    Unhealthy nodes are grouped by their own first health reason."""
+    groups: list[tuple[bool, str, np.ndarray]] = []
+    for c in np.flatnonzero(np.bincount(codes)).tolist():
+        if c == FEASIBLE:
+            continue
+        idx = np.flatnonzero(codes == c)
+        never, reason = FILTER_VERDICTS[c]
+        if c != CODE_UNHEALTHY:
+            groups.append((never, reason, idx))
+            continue
+        by_reason: dict[str, list[int]] = {}
+        for i, at in zip(idx.tolist(), pos[idx].tolist(), strict=True):
+            by_reason.setdefault(verdict_reason(snap, c, at), []).append(i)
+        groups.extend((never, r, np.asarray(ix, dtype=np.int64)) for r, ix in by_reason.items())
+    return groups
 
 
 def score_nodes(

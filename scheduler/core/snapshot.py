@@ -425,13 +425,17 @@ def node_from_update(
     now, devices = _health_inputs(snap.extra, params)
     fresh = node_from_object(obj, params.fabric, params.health, now=now, devices=devices)
     old = snap.node(fresh.name)
-    if old is None:
-        return fresh
+    return fresh if old is None else with_usage_of(fresh, old)
+
+
+def with_usage_of(node: NodeInfo, holder: NodeInfo) -> NodeInfo:
+    """``node`` carrying what pods use on ``holder`` (the same node as the snapshot has
+    it): held GPUs that still exist, CPU and memory requests."""
     return replace(
-        fresh,
-        used_mask=old.used_mask & fresh.all_mask,
-        cpu_used_milli=old.cpu_used_milli,
-        memory_used_bytes=old.memory_used_bytes,
+        node,
+        used_mask=holder.used_mask & node.all_mask,
+        cpu_used_milli=holder.cpu_used_milli,
+        memory_used_bytes=holder.memory_used_bytes,
     )
 
 

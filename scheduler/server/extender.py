@@ -18,7 +18,6 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-import numpy as np
 import orjson
 
 from scheduler.cache import ClusterCache
@@ -32,9 +31,7 @@ from scheduler.core.objects import (
 )
 from scheduler.core.quantity import cpu_milli, quantity_int
 from scheduler.core.schedule import (
-    CODE_UNHEALTHY,
     FEASIBLE,
-    FILTER_VERDICTS,
     REASON_UNKNOWN_NODE,
     FilterOutcome,
     choose_gpus,
@@ -43,7 +40,7 @@ from scheduler.core.schedule import (
     known_positions,
     score_nodes,
     score_positions,
-    verdict_reason,
+    verdict_groups,
 )
 from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.server import wire
@@ -182,14 +179,10 @@ class Extender:
             table = self._name_table(snap)
             if table is not None and pos is not None:
                 codes = filter_codes(snap, req, pos, self.params)
-                self._count_codes(snap, pos, codes)
-                return table.filter_result(
-                    pos,
-                    codes,
-                    FILTER_VERDICTS,
-                    lambda code, at: verdict_reason(snap, code, at),
-                    frozenset({CODE_UNHEALTHY}),
-                )
+                groups = verdict_groups(snap, pos, codes)
+                feasible = pos[codes == FEASIBLE]
+                self._count_groups(len(feasible), groups)
+                return table.filter_result(feasible, [(n, r, pos[i]) for n, r, i in groups])
         return orjson.dumps(self._filter(pod, req, names, items))
 
     def _filter_request(self, pod: Mapping[str, Any]) -> PodRequest | dict[str, Any]:
@@ -232,21 +225,14 @@ class Extender:
             out.unresolvable,
         )
 
-    def _count_codes(self, snap: ClusterSnapshot, pos: Any, codes: Any) -> None:
-        """Count a vector verdict (see :func:`filter_codes`) into the metrics."""
-        tally = np.bincount(codes, minlength=1).tolist()
+    def _count_groups(self, feasible: int, groups: list[tuple[bool, str, Any]]) -> None:
+        """Count a vector verdict (see :func:`verdict_groups`) into the metrics."""
         split = [0, 0]  # failed, unresolvable
         reasons: Counter[str] = Counter()
-        for code in np.flatnonzero(tally).tolist():
-            if code == FEASIBLE:
-                continue
-            never, reason = FILTER_VERDICTS[code]
-            split[never] += tally[code]
-            if code == CODE_UNHEALTHY:
-                reasons.update(verdict_reason(snap, code, p) for p in pos[codes == code].tolist())
-            else:
-                reasons[reason] += tally[code]
-        self._count_filter(tally[FEASIBLE], split[0], split[1], reasons)
+        for never, reason, idx in groups:
+            split[never] += len(idx)
+            reasons[reason] += len(idx)
+        self._count_filter(feasible, split[0], split[1], reasons)
 
     def _count_filter(
         self, feasible: int, failed: int, unresolvable: int, reasons: Mapping[str, int]
@@ -277,17 +263,8 @@ class Extender:
 
     def prioritize(self, body: Any) -> list[dict[str, Any]]:
         """``ExtenderArgs`` -> ``HostPriorityList``. Raises WireError on bad input."""
-        pod, use_names, _ = wire.extender_args(body)
-        try:
-            req = request_from_pod(pod, self.params.fabric)
-        except ObjectError:
-            return [{"Host": n, "Score": 0} for n in use_names]
-        scores = None
-        if self.gangs is not None and req.gang:
-            scores = self.gangs.prioritize(self, req, use_names)
-        if scores is None:
-            scores = score_nodes(self.cache.snapshot(), req, use_names, self.params)
-        return [{"Host": n, "Score": s} for n, s in scores]
+        pod, names, _ = wire.extender_args(body)
+        return self._prioritize(self._score_request(pod), names)
 
     def prioritize_json(self, body: Any, raw: bytes | None = None) -> bytes:
         """:meth:`prioritize` serialized as JSON bytes.
@@ -297,17 +274,31 @@ class Extender:
         hosts take the general path. ``raw`` as for :meth:`filter_json`.
         """
         pod, names, _ = wire.extender_args(body, raw, self._names_memo)
-        try:
-            req: PodRequest | None = request_from_pod(pod, self.params.fabric)
-        except ObjectError:
-            req = None
+        req = self._score_request(pod)
         if req is not None and not (self.gangs is not None and req.gang):
             snap = self.cache.snapshot()
             pos = known_positions(snap, names)
             table = self._name_table(snap)
             if table is not None and pos is not None:
                 return table.host_priorities(pos, score_positions(snap, req, pos, self.params))
-        return orjson.dumps(self.prioritize(body))
+        return orjson.dumps(self._prioritize(req, names))
+
+    def _score_request(self, pod: Mapping[str, Any]) -> PodRequest | None:
+        """The pod's request, or None for an invalid pod (which scores 0 everywhere)."""
+        try:
+            return request_from_pod(pod, self.params.fabric)
+        except ObjectError:
+            return None
+
+    def _prioritize(self, req: PodRequest | None, names: list[str]) -> list[dict[str, Any]]:
+        if req is None:
+            return [{"Host": n, "Score": 0} for n in names]
+        scores = None
+        if self.gangs is not None and req.gang:
+            scores = self.gangs.prioritize(self, req, names)
+        if scores is None:
+            scores = score_nodes(self.cache.snapshot(), req, names, self.params)
+        return [{"Host": n, "Score": s} for n, s in scores]
 
     # ---- bind ---------------------------------------------------------------------------
 

@@ -2,9 +2,9 @@
 
 A reply names thousands of nodes, and building it one Python object per node costs more
 than the decision itself. :class:`NameTable` keeps every snapshot node's JSON-encoded
-name as a fixed-width record of bytes (``,"node-a"`` padded with spaces) in one numpy
-matrix, built once per node set. A reply is then a gather of rows by position plus a few
-constant columns: C-speed work, no per-node Python.
+name as a fixed-width record of bytes (``,"node-a"`` padded with spaces) in numpy arrays,
+built once per node set. A reply is then a gather of records by position: C-speed work,
+no per-node Python.
 
 The padding is JSON whitespace between tokens (``["a"   ,"b"]``, ``{"a"   :"x"}``), so
 every reply is valid JSON that any decoder, Go's included, reads exactly as the compact
@@ -14,12 +14,12 @@ would inflate replies (see :data:`MAX_PADDING`); the caller then serializes per 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import orjson
 
-from scheduler.core.schedule import FEASIBLE, MAX_SCORE
+from scheduler.core.schedule import MAX_SCORE
 
 MAX_PADDING = 1.5
 """Refuse a table whose padded size exceeds this multiple of the compact size."""
@@ -73,42 +73,18 @@ class NameTable:
         return _enclose(self.hosts, scores * len(self.names) + pos, b"[]")
 
     def filter_result(
-        self,
-        pos: np.ndarray,
-        codes: np.ndarray,
-        verdicts: Mapping[int, tuple[bool, str]],
-        reason_of: Callable[[int, int], str],
-        per_node_codes: frozenset[int],
+        self, feasible: np.ndarray, failures: Iterable[tuple[bool, str, np.ndarray]]
     ) -> bytes:
         """``ExtenderFilterResult`` JSON with ``NodeNames`` (every field present).
 
         Args:
-            pos: candidate positions (all known).
-            codes: verdict per candidate (``FEASIBLE`` passes).
-            verdicts: failing code -> (unresolvable, constant reason).
-            reason_of: (code, position) -> reason, for codes in ``per_node_codes``.
-            per_node_codes: codes whose reason depends on the node.
+            feasible: positions of the nodes that pass.
+            failures: (unresolvable, reason, positions) per group of failing nodes.
         """
         failed: list[bytes] = []
         unres: list[bytes] = []
-        if codes.any():
-            feasible = pos[codes == FEASIBLE]
-            for c in np.flatnonzero(np.bincount(codes)).tolist():
-                if c == FEASIBLE:
-                    continue
-                never, reason = verdicts[c]
-                target = unres if never else failed
-                at = pos[codes == c]
-                if c in per_node_codes:
-                    by_reason: dict[str, list[int]] = {}
-                    for p in at.tolist():
-                        by_reason.setdefault(reason_of(c, p), []).append(p)
-                    for r, ps in by_reason.items():
-                        target.append(self.entries(np.asarray(ps), orjson.dumps(r)))
-                else:
-                    target.append(self.entries(at, orjson.dumps(reason)))
-        else:
-            feasible = pos
+        for never, reason, at in failures:
+            (unres if never else failed).append(self.entries(at, orjson.dumps(reason)))
         return b"".join(
             (
                 b'{"Nodes":null,"NodeNames":',

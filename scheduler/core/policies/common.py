@@ -860,15 +860,23 @@ def trivial(view: GangView, policy: str) -> PlacementResult | None:
 
 
 def prepare(
-    snapshot: ClusterSnapshot, gang: GangRequest, params: SchedParams, policy: str
+    snapshot: ClusterSnapshot,
+    gang: GangRequest,
+    params: SchedParams,
+    policy: str,
+    need_scope: bool = False,
 ) -> tuple[GangView, Bounds] | PlacementResult:
     """The opening every policy shares: the gang's view of the snapshot and its lower
-    bounds, or the final result when there is nothing to plan (empty gang, request error)."""
+    bounds, or the final result when there is nothing to plan (empty gang, request error;
+    with ``need_scope``, also the refusal when no domain can hold the gang)."""
     view = GangView(snapshot, gang, params)
     done = trivial(view, policy)
     if done is not None:
         return done
-    return view, lower_bounds(view)
+    bounds = lower_bounds(view)
+    if need_scope and not bounds.scopes:
+        return refusal(view, policy, bounds)
+    return view, bounds
 
 
 # ---- domain helpers for the heuristics -----------------------------------------------------

@@ -76,12 +76,10 @@ def _children_subset(view: GangView, idx: np.ndarray, child: int, need: np.ndarr
 @register(NAME)
 def plan(snapshot: ClusterSnapshot, gang: GangRequest, params: SchedParams) -> PlacementResult:
     """Place the gang the KAI way with bin-packing (pure, deterministic)."""
-    prep = prepare(snapshot, gang, params, NAME)
+    prep = prepare(snapshot, gang, params, NAME, need_scope=True)
     if isinstance(prep, PlacementResult):
         return prep
     view, bounds = prep
-    if not bounds.scopes:
-        return refusal(view, NAME, bounds)
     need = view.count
     allidx = np.arange(len(view.pos), dtype=np.int64)
     p = view.primary

@@ -125,12 +125,10 @@ def balanced_shares(view: GangView) -> list[tuple[np.ndarray, int]] | None:
 @register(NAME)
 def plan(snapshot: ClusterSnapshot, gang: GangRequest, params: SchedParams) -> PlacementResult:
     """Place the gang like Kueue TAS BalancedPlacement (pure, deterministic)."""
-    prep = prepare(snapshot, gang, params, NAME)
+    prep = prepare(snapshot, gang, params, NAME, need_scope=True)
     if isinstance(prep, PlacementResult):
         return prep
     view, bounds = prep
-    if not bounds.scopes:
-        return refusal(view, NAME, bounds)
     shares = balanced_shares(view)
     if shares is not None:
         f = Filler(view)

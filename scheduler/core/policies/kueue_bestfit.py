@@ -80,12 +80,10 @@ def bestfit_order(view: GangView) -> list[int] | None:
 @register(NAME)
 def plan(snapshot: ClusterSnapshot, gang: GangRequest, params: SchedParams) -> PlacementResult:
     """Place the gang like Kueue TAS BestFit (pure, deterministic)."""
-    prep = prepare(snapshot, gang, params, NAME)
+    prep = prepare(snapshot, gang, params, NAME, need_scope=True)
     if isinstance(prep, PlacementResult):
         return prep
     view, bounds = prep
-    if not bounds.scopes:
-        return refusal(view, NAME, bounds)
     order = bestfit_order(view)
     if order is not None:
         f = Filler(view)
