@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
-from scheduler.cache import ClusterCache
 from scheduler.core.params import SchedParams
+from scheduler.runtime.cache import ClusterCache
 from scheduler.server.app import create_app
 from scheduler.server.extender import Extender
 

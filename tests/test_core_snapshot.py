@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from benchmarks.clusters import make_node, make_pod
-from scheduler.cache import ClusterCache
 from scheduler.core.model import PodInfo, PodRequest
 from scheduler.core.objects import ObjectError, placement_of, request_from_pod
 from scheduler.core.params import SchedParams
@@ -23,6 +22,7 @@ from scheduler.core.schedule import (
     score_nodes,
 )
 from scheduler.core.snapshot import DoubleBookingError, build_snapshot, with_pod, without_pod
+from scheduler.runtime.cache import ClusterCache
 
 P = SchedParams()
 

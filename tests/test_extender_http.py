@@ -10,7 +10,6 @@ import orjson
 import pytest
 
 from benchmarks.clusters import as_list, make_node, make_pod
-from scheduler.cache import ClusterCache
 from scheduler.cli.demo import ServerThread
 from scheduler.core.params import SchedParams
 from scheduler.core.schedule import (
@@ -18,6 +17,7 @@ from scheduler.core.schedule import (
     REASON_NOT_ENOUGH_FREE,
     REASON_UNKNOWN_NODE,
 )
+from scheduler.runtime.cache import ClusterCache
 from scheduler.server.app import create_app
 from scheduler.server.extender import ERR_UNKNOWN_POD, Extender
 from tests.helpers import asgi_client, fixture, fixture_cache
@@ -429,7 +429,7 @@ def test_cluster_list_helper_is_a_list() -> None:
 def test_fixture_gang_member_keeps_hardware_reasons() -> None:
     """The fixture pod carries all three pod-group markers: with the gang runtime, its
     one-member plan decides the node while broken nodes keep their "never" reasons."""
-    from scheduler.gangs import GangRuntime
+    from scheduler.runtime.gangs import GangRuntime
 
     ext = Extender(fixture_cache(), gangs=GangRuntime())
     c = asgi_client(ext)

@@ -18,7 +18,6 @@ import orjson
 import pytest
 
 from benchmarks.clusters import demo_cluster, make_pod, synthetic_cluster
-from scheduler.cache import ClusterCache
 from scheduler.core.linkclass import class_rank, feasible_sizes
 from scheduler.core.model import Health
 from scheduler.core.objects import request_from_pod
@@ -40,6 +39,7 @@ from scheduler.core.schedule import (
     score_positions,
 )
 from scheduler.core.snapshot import ClusterSnapshot
+from scheduler.runtime.cache import ClusterCache
 from scheduler.server import wire
 from scheduler.server.extender import Extender
 from scheduler.server.replies import NameTable

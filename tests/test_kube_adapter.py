@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-from scheduler.cache import ClusterCache
 from scheduler.core.model import PLACEMENT_ANNOTATION
 from scheduler.core.params import SchedParams
 from scheduler.core.snapshot import build_snapshot
@@ -50,6 +49,7 @@ from scheduler.kube.watcher import (
     WatchOptions,
     feeds_cache,
 )
+from scheduler.runtime.cache import ClusterCache
 from tests.kube.recorded import (
     SHARED_EXTENDER,
     RecordedApiFake,
@@ -682,7 +682,7 @@ def _gang_member_cache() -> ClusterCache:
 
 
 def test_gang_plans_rebuilt_from_member_annotations() -> None:
-    gangs_mod = pytest.importorskip("scheduler.gangs")
+    gangs_mod = pytest.importorskip("scheduler.runtime.gangs")
     from scheduler.server.extender import Extender
 
     cache = _gang_member_cache()
@@ -722,7 +722,7 @@ def _gang_member_with_plan_cache(other_slot: tuple[str, list[int]]) -> ClusterCa
 
 
 def test_recovery_reserves_the_slot_of_a_member_not_created_yet() -> None:
-    gangs_mod = pytest.importorskip("scheduler.gangs")
+    gangs_mod = pytest.importorskip("scheduler.runtime.gangs")
     from scheduler.server.extender import Extender
 
     cache = _gang_member_with_plan_cache(("rec-node-1", [4, 5, 6, 7]))
@@ -736,7 +736,7 @@ def test_recovery_reserves_the_slot_of_a_member_not_created_yet() -> None:
 
 
 def test_recovery_never_reserves_gpus_another_pod_holds() -> None:
-    gangs_mod = pytest.importorskip("scheduler.gangs")
+    gangs_mod = pytest.importorskip("scheduler.runtime.gangs")
     from scheduler.server.extender import Extender
 
     # The recorded slot overlaps rec/train-b (GPUs 0-1 of rec-node-1): the API wins.
@@ -790,7 +790,7 @@ def _recovered_ext(bound_member: bool, gang_runtime: Any) -> Any:
 def test_pending_gangs_are_reserved_again_after_restart(
     desc: str, bound_member: bool, names: tuple[str, ...], replanned: int
 ) -> None:
-    gangs_mod = pytest.importorskip("scheduler.gangs")
+    gangs_mod = pytest.importorskip("scheduler.runtime.gangs")
     ext = _recovered_ext(bound_member, gangs_mod.GangRuntime())
     pending = [
         p for p in fake_api().lists[PODS.name]["items"] if p["metadata"]["name"] == "gang-w-0"

@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.clusters import make_node, make_pod
-from scheduler.cache import ClusterCache
 from scheduler.core.model import indices_to_mask
 from scheduler.core.params import SchedParams
+from scheduler.runtime.cache import ClusterCache
 from scheduler.server.extender import Extender
 from tests.helpers import asgi_client
 

@@ -88,8 +88,8 @@ def load_params(path: str | None) -> Any:
 
 def build_file_extender(cluster: str | None, params: Any) -> tuple[Any, str]:
     """An Extender over a cluster file (the demo cluster when ``cluster`` is None)."""
-    from scheduler.cache import ClusterCache
     from scheduler.cli.clusterfile import demo_cluster_path, load_cluster
+    from scheduler.runtime.cache import ClusterCache
     from scheduler.server.extender import Extender
 
     path = cluster or str(demo_cluster_path())
@@ -97,7 +97,7 @@ def build_file_extender(cluster: str | None, params: Any) -> tuple[Any, str]:
     cache = ClusterCache.from_objects(nodes, pods, params, extra=extra)
     gangs = None
     try:
-        from scheduler.gangs import GangRuntime  # type: ignore[attr-defined]
+        from scheduler.runtime.gangs import GangRuntime  # type: ignore[attr-defined]
 
         gangs = GangRuntime()
     except ImportError:

@@ -24,7 +24,7 @@ past as a pure value and turns it into risk.
 
   An UNHEALTHY verdict is returned unchanged (it is never placed on anyway).
 
-The mutable owner of a history lives outside the core (``scheduler/health_tracker.py``);
+The mutable owner of a history lives outside the core (``scheduler/runtime/health_tracker.py``);
 the fault-injection benchmark drives these functions directly with simulated time.
 """
 

@@ -12,7 +12,7 @@ cluster keeps it, and replayed from there before serving.
    slot's role, node and GPUs, plan id, policy, creation time and TTL; see
    ``scheduler.core.objects.placement_value``). :func:`recover_gang_plans` is the single
    integration point: it calls the gang handler's ``recover(ext)``
-   (``scheduler.gangs.GangRuntime``), which rebuilds each gang's plan from its bound
+   (``scheduler.runtime.gangs.GangRuntime``), which rebuilds each gang's plan from its bound
    members' records (:func:`scheduler.core.gang.recover_plans`) and installs it in
    ``cache.plans`` under the cache lock.
 3. **Reservations.** Reservation pseudo pods live in memory and die with the process;
@@ -38,9 +38,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from scheduler.cache import ClusterCache
 from scheduler.core.model import RESERVATION_PREFIX
 from scheduler.core.objects import ObjectError, object_key, placement_of, request_from_pod
+from scheduler.runtime.cache import ClusterCache
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def recover_gang_plans(ext: Any) -> tuple[int, str]:
 
     Integration point with the gang layer:
 
-    1. ``ext.gangs.recover(ext)`` when the gang handler has it (``scheduler.gangs.
+    1. ``ext.gangs.recover(ext)`` when the gang handler has it (``scheduler.runtime.gangs.
        GangRuntime``: the recorded plans are replayed into ``cache.plans``, bound members
        in their slots and the other slots reserved again);
     2. without a gang handler, ``scheduler.core.gang.recover_plans(snapshot)`` is only

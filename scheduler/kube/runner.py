@@ -30,15 +30,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from scheduler.cache import ClusterCache
 from scheduler.core.params import SchedParams
 from scheduler.core.snapshot import build_snapshot
-from scheduler.health_tracker import HealthTracker
 from scheduler.kube.binder import KubeBinder
 from scheduler.kube.client import KubeApi, Timeouts
 from scheduler.kube.metrics import KubeMetrics
 from scheduler.kube.recovery import RecoveryReport, recover
 from scheduler.kube.watcher import KubeWatcher, WatchOptions
+from scheduler.runtime.cache import ClusterCache
+from scheduler.runtime.health_tracker import HealthTracker
 from scheduler.server import wire
 from scheduler.server.extender import Extender
 from scheduler.server.metrics import Metrics
@@ -250,7 +250,7 @@ class KubeRuntime:
 def _default_gangs() -> Any:
     """The gang runtime when the gang layer is installed, else None (pods alone)."""
     try:
-        from scheduler.gangs import GangRuntime  # type: ignore[attr-defined]
+        from scheduler.runtime.gangs import GangRuntime  # type: ignore[attr-defined]
     except ImportError:
         return None
     return GangRuntime()
@@ -317,7 +317,7 @@ def build_kube_extender(
         params: scheduling parameters.
         options: kube-mode settings (default: :func:`options_from_env`).
         metrics: the extender's metrics (adapter metrics join its registry).
-        gangs: gang handler; default: ``scheduler.gangs.GangRuntime()`` when installed.
+        gangs: gang handler; default: ``scheduler.runtime.gangs.GangRuntime()`` when installed.
 
     Returns:
         ``(extender, stop)``. ``stop(timeout=None) -> bool`` refuses new binds, waits for

@@ -1,11 +1,11 @@
-"""List+watch of Nodes, Pods and PodGroups into the :class:`~scheduler.cache.ClusterCache`.
+"""List+watch of Nodes, Pods and PodGroups into the :class:`~scheduler.runtime.cache.ClusterCache`.
 
 A small reflector, one per resource, in the manner of client-go's: list, then watch from
 the list's ``resourceVersion`` with bookmarks, apply every event to the cache, and
 
 * relist on ``410 Gone`` (an ``ERROR`` event or a 410 answer to the watch request): the
   store of that resource is replaced and the cache rebuilt with
-  :meth:`~scheduler.cache.ClusterCache.replace_all` (live assumptions survive);
+  :meth:`~scheduler.runtime.cache.ClusterCache.replace_all` (live assumptions survive);
 * reconnect after any other failure from the last seen ``resourceVersion``, with capped
   exponential backoff and jitter drawn from a seeded RNG.
 
@@ -15,7 +15,7 @@ What feeds the cache:
 * Pods: those that hold GPUs, are bound to a node, or carry a gang marker
   (:func:`feeds_cache`). Other pending pods are ignored; a pod that is deleted, or stops
   qualifying, releases what it held. Pending pods that qualify are also remembered with
-  :meth:`~scheduler.cache.ClusterCache.remember_pending`, so bind and the gang layer can
+  :meth:`~scheduler.runtime.cache.ClusterCache.remember_pending`, so bind and the gang layer can
   find them without a prior filter call (e.g. right after a restart).
 * PodGroups of the coscheduling (``scheduling.x-k8s.io/v1alpha1``), Volcano
   (``scheduling.volcano.sh/v1beta1``) and KAI/Run:ai (``scheduling.run.ai/v2alpha2``)
@@ -46,7 +46,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler.cache import ClusterCache
 from scheduler.core.objects import gang_of, meta, object_key, pod_gpus, pod_terminated
 from scheduler.kube.client import (
     NODES,
@@ -57,6 +56,7 @@ from scheduler.kube.client import (
     strip_object,
 )
 from scheduler.kube.metrics import KubeMetrics
+from scheduler.runtime.cache import ClusterCache
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 This layer owns no HTTP (see ``app.py``) and no Kubernetes I/O (a :class:`Binder` does
 the API write). It turns extender payloads into core requests, runs the pure core on one
-snapshot per call, keeps assumptions in the :class:`~scheduler.cache.ClusterCache`, and
+snapshot per call, keeps assumptions in the :class:`~scheduler.runtime.cache.ClusterCache`, and
 records metrics.
 
 Concurrency: kube-scheduler calls filter and prioritize one pod at a time but bind runs
@@ -20,7 +20,6 @@ from typing import Any, Protocol
 
 import orjson
 
-from scheduler.cache import ClusterCache
 from scheduler.core.model import PLACEMENT_ANNOTATION, RESERVATION_PREFIX, PodInfo, PodRequest
 from scheduler.core.objects import (
     ObjectError,
@@ -43,6 +42,7 @@ from scheduler.core.schedule import (
     verdict_groups,
 )
 from scheduler.core.snapshot import ClusterSnapshot
+from scheduler.runtime.cache import ClusterCache
 from scheduler.server import wire
 from scheduler.server.metrics import Metrics
 from scheduler.server.replies import NameTable
@@ -71,7 +71,7 @@ class SnapshotBinder:
 
 
 class GangHandler(Protocol):
-    """Gang-aware hooks (see ``scheduler/gangs.py``). Each returns None for pods it does
+    """Gang-aware hooks (see ``scheduler/runtime/gangs.py``). Each returns None for pods it does
     not handle, so the single-pod path runs."""
 
     def filter(

@@ -9,12 +9,12 @@ from typing import Any
 import orjson
 import pytest
 
-from scheduler.cache import ClusterCache
 from scheduler.core.gang import parse_reservation_key, recover_plans
 from scheduler.core.model import PLACEMENT_ANNOTATION, RESERVATION_PREFIX
 from scheduler.core.params import SchedParams
 from scheduler.core.schedule import REASON_NOT_ENOUGH_FREE
-from scheduler.gangs import (
+from scheduler.runtime.cache import ClusterCache
+from scheduler.runtime.gangs import (
     REASON_GANG_UNPLACEABLE,
     REASON_NOT_IN_PLAN,
     GangRuntime,

@@ -14,7 +14,6 @@ from typing import Any
 import orjson
 import pytest
 
-from scheduler.cache import ClusterCache
 from scheduler.core.gang import (
     PROBLEM_GPUS_HELD,
     PROBLEM_NODE_GONE,
@@ -35,8 +34,9 @@ from scheduler.core.objects import (
     request_from_pod,
 )
 from scheduler.core.schedule import Assignment
-from scheduler.gangs import GangRuntime, describe_plans
 from scheduler.kube.recovery import recover
+from scheduler.runtime.cache import ClusterCache
+from scheduler.runtime.gangs import GangRuntime, describe_plans
 from scheduler.server.extender import Extender
 from tests.builders import cluster, dgx_su, gang_pod, make_pod
 from tests.gang.test_extender_gangs import (
@@ -312,7 +312,7 @@ def test_a_slot_whose_gpus_another_pod_now_holds_makes_the_gang_replan(
     assert [p for p in rp.problems] == [
         f"{s.slot}: {PROBLEM_GPUS_HELD}" for s in rp.slots if s.node == taken.node
     ]
-    with caplog.at_level(logging.WARNING, logger="scheduler.gangs"):
+    with caplog.at_level(logging.WARNING, logger="scheduler.runtime.gangs"):
         assert ext2.gangs.recover(ext2) == 1
     assert "cannot be replayed" in caplog.text
     new = ext2.cache.plans["default/train"]
@@ -421,7 +421,7 @@ def test_records_that_disagree_follow_the_plan_holding_most_members(
     assert rp.plan_ids == tuple(sorted((good, "stale"))) and rp.plan_id == good
     assert rp.replayable and len(rp.open_slots) == 1
     ext2 = Extender(cache, gangs=GangRuntime())
-    with caplog.at_level(logging.WARNING, logger="scheduler.gangs"):
+    with caplog.at_level(logging.WARNING, logger="scheduler.runtime.gangs"):
         ext2.gangs.recover(ext2)
     assert "2 plan ids" in caplog.text
     assert len(reservations(ext2)) == 1

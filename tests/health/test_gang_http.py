@@ -1,5 +1,5 @@
 """HTTP-level: a gang is planned, a planned node fails before bind, the whole gang lands
-elsewhere (extender app over the ASGI transport, gang runtime of ``scheduler/gangs.py``)."""
+elsewhere (extender app over the ASGI transport, gang runtime of ``scheduler/runtime/gangs.py``)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import orjson
 import pytest
 
 from benchmarks.clusters import make_pod
-from scheduler.cache import ClusterCache
 from scheduler.core.model import RESERVATION_PREFIX
 from scheduler.core.params import SchedParams
+from scheduler.runtime.cache import ClusterCache
 from scheduler.server.extender import Extender
 from tests.health.builders import condition, dgx
 from tests.helpers import asgi_client
 
-gangs = pytest.importorskip("scheduler.gangs")
+gangs = pytest.importorskip("scheduler.runtime.gangs")
 
 SP = SchedParams()
 NAMES = [f"h{i}" for i in range(6)]

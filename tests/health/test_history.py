@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.clusters import make_node, make_pod
-from scheduler.cache import ClusterCache
 from scheduler.core.health import (
     REASON_FAILED_BEFORE,
     REASON_FLAPPING,
@@ -28,7 +27,8 @@ from scheduler.core.model import Health, NodeHealth, PodRequest
 from scheduler.core.objects import meta
 from scheduler.core.params import SchedParams
 from scheduler.core.schedule import filter_nodes, place_pod, score_nodes
-from scheduler.health_tracker import HealthTracker
+from scheduler.runtime.cache import ClusterCache
+from scheduler.runtime.health_tracker import HealthTracker
 from tests.health.builders import HEARTBEAT, device, dgx, taint
 
 H, D, U = Health.HEALTHY, Health.DEGRADED, Health.UNHEALTHY

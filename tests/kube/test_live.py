@@ -22,10 +22,10 @@ import pytest
 from scheduler.core.model import PLACEMENT_ANNOTATION
 from tests.kube.conftest import NODE_LABEL, REPO, Topoplace
 
-GANGS_PRESENT = importlib.util.find_spec("scheduler.gangs") is not None
+GANGS_PRESENT = importlib.util.find_spec("scheduler.runtime.gangs") is not None
 needs_gangs = pytest.mark.xfail(
     not GANGS_PRESENT,
-    reason="gang handler (scheduler/gangs.py) not present yet: gangs are scheduled pod by pod",
+    reason="gang handler (scheduler/runtime/gangs.py) not present yet: gangs are scheduled pod by pod",
     strict=False,
 )
 

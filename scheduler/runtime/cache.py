@@ -62,7 +62,7 @@ class ClusterCache:
         snapshot: initial snapshot.
         params: scheduling parameters (used to rebuild nodes from objects).
         clock: monotonic clock in seconds (injected for tests).
-        health_tracker: optional owner of health history (``scheduler.health_tracker``);
+        health_tracker: optional owner of health history (``scheduler.runtime.health_tracker``);
             when set, ``upsert_node`` stores the verdict its ``adjust(node_obj, verdict)``
             returns (flapping risk, settle time, heartbeat staleness).
     """

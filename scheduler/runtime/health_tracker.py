@@ -28,7 +28,7 @@ from scheduler.core.model import NodeHealth
 from scheduler.core.objects import meta, node_gpus
 
 if TYPE_CHECKING:
-    from scheduler.cache import ClusterCache
+    from scheduler.runtime.cache import ClusterCache
 
 
 class HealthTracker:
