@@ -1,0 +1,370 @@
+"""The scheduler configuration topoplace ships, rendered for a loopback run, and the two
+processes of a live run: ``kube-scheduler`` with that configuration and ``topoplace serve``.
+
+:func:`render_shipped_config` reads ``config/deploy/scheduler-config.yaml`` (a ConfigMap
+whose ``data["scheduler-config.yaml"]`` is the KubeSchedulerConfiguration) **at call
+time** and changes only what a loopback run must change:
+
+* ``clientConnection.kubeconfig`` (other clientConnection keys, e.g. ``qps``/``burst``,
+  are kept as shipped; none are added);
+* ``leaderElection.leaderElect: false`` (the other leaderElection keys are kept);
+* the topoplace extender's ``urlPrefix``;
+* optionally the profile's ``schedulerName``.
+
+Everything else (profiles, pluginConfig, plugin weights, percentageOfNodesToScore,
+extender weight, nodeCacheCapable, managedResources, timeouts...) is passed through.
+
+Processes are started and stopped by pid only (SIGTERM, then SIGKILL), with logs in the
+run's work directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+from urllib.parse import urlsplit
+
+import httpx
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED_CONFIG = REPO / "config" / "deploy" / "scheduler-config.yaml"
+CONFIG_KEY = "scheduler-config.yaml"
+DEFAULT_KUBE_BIN = Path(os.environ.get("KUBE_BIN") or Path.home() / "kube-bin")
+
+
+class ConfigError(ValueError):
+    """The shipped configuration does not have the shape a loopback run needs."""
+
+
+def load_shipped(path: str | Path | None = None) -> dict[str, Any]:
+    """The KubeSchedulerConfiguration inside the shipped ConfigMap (read now, not cached).
+
+    Raises:
+        ConfigError: not a ConfigMap with ``data["scheduler-config.yaml"]`` holding a
+            KubeSchedulerConfiguration.
+    """
+    p = Path(path) if path is not None else SHIPPED_CONFIG
+    docs = [d for d in yaml.safe_load_all(p.read_text()) if d]
+    for doc in docs:
+        if doc.get("kind") == "KubeSchedulerConfiguration":
+            return doc
+        if doc.get("kind") == "ConfigMap" and CONFIG_KEY in (doc.get("data") or {}):
+            cfg = yaml.safe_load(doc["data"][CONFIG_KEY])
+            if not isinstance(cfg, dict) or cfg.get("kind") != "KubeSchedulerConfiguration":
+                raise ConfigError(f"{p}: data[{CONFIG_KEY!r}] is not a KubeSchedulerConfiguration")
+            return cfg
+    raise ConfigError(f"{p}: no ConfigMap with data[{CONFIG_KEY!r}]")
+
+
+def profile_names(cfg: Mapping[str, Any]) -> list[str]:
+    """schedulerName of every profile (``default-scheduler`` when none are listed)."""
+    profiles = cfg.get("profiles") or [{}]
+    return [str(p.get("schedulerName") or "default-scheduler") for p in profiles]
+
+
+def _topoplace_extender(extenders: list[dict[str, Any]]) -> dict[str, Any]:
+    """The extender entry topoplace serves: the only one, or the one on loopback with
+    ``/scheduler`` (the sidecar)."""
+    if len(extenders) == 1:
+        return extenders[0]
+    local = [
+        e
+        for e in extenders
+        if urlsplit(str(e.get("urlPrefix", ""))).hostname in ("127.0.0.1", "localhost")
+    ]
+    if len(local) == 1:
+        return local[0]
+    raise ConfigError(f"cannot tell which of {len(extenders)} extenders is topoplace")
+
+
+def render_config(
+    cfg: Mapping[str, Any],
+    kubeconfig: str | Path,
+    extender_url: str,
+    scheduler_name: str | None = None,
+) -> dict[str, Any]:
+    """A copy of ``cfg`` set up for a loopback run (see the module docstring)."""
+    out = copy.deepcopy(dict(cfg))
+    conn = dict(out.get("clientConnection") or {})
+    conn["kubeconfig"] = str(kubeconfig)
+    out["clientConnection"] = conn
+    le = dict(out.get("leaderElection") or {})
+    le["leaderElect"] = False
+    out["leaderElection"] = le
+    extenders = out.get("extenders") or []
+    if not extenders:
+        raise ConfigError("the shipped configuration has no extender")
+    _topoplace_extender(extenders)["urlPrefix"] = extender_url
+    if scheduler_name is not None:
+        profiles = out.get("profiles") or []
+        if len(profiles) != 1:
+            raise ConfigError(f"renaming needs exactly one profile, found {len(profiles)}")
+        profiles[0]["schedulerName"] = scheduler_name
+    return out
+
+
+def render_shipped_config(
+    kubeconfig: str | Path,
+    extender_url: str,
+    scheduler_name: str | None = None,
+    path: str | Path | None = None,
+) -> str:
+    """The shipped KubeSchedulerConfiguration as YAML text for a loopback run.
+
+    Args:
+        kubeconfig: written to ``clientConnection.kubeconfig``.
+        extender_url: the topoplace extender's ``urlPrefix``, e.g.
+            ``http://127.0.0.1:8890/scheduler``.
+        scheduler_name: rename the (single) profile; None keeps the shipped name.
+        path: another file of the same shape (default: the shipped one).
+    """
+    cfg = render_config(load_shipped(path), kubeconfig, extender_url, scheduler_name)
+    return yaml.safe_dump(cfg, sort_keys=False)
+
+
+# ---- processes ------------------------------------------------------------------------------
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Nothing accepts connections on ``host:port``."""
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) != 0
+
+
+def _stop(proc: subprocess.Popen[bytes] | None, grace: float = 10.0) -> None:
+    """SIGTERM the process we started (by pid), SIGKILL after ``grace`` seconds, reap."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def _tail(path: Path, n: int = 40) -> str:
+    if not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+
+
+def binary_version(binary: str | Path) -> str:
+    """``vX.Y.Z`` from ``binary --version`` ("" when it cannot tell)."""
+    try:
+        out = subprocess.run(
+            [str(binary), "--version"], capture_output=True, text=True, timeout=20
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    parts = out.split()
+    return parts[-1] if parts else ""
+
+
+class KubeScheduler:
+    """``kube-scheduler`` with the shipped configuration, as a context manager.
+
+    Writes the rendered configuration to ``workdir/kube-scheduler-<port>.yaml``, logs to
+    ``workdir/kube-scheduler-<port>.log``, waits for ``https://127.0.0.1:<port>/healthz``
+    (and ``/readyz``, informers synced, where served; self-signed, not verified) and stops
+    the process on exit.
+    """
+
+    def __init__(
+        self,
+        kubeconfig: str | Path,
+        extender_url: str,
+        workdir: str | Path,
+        *,
+        port: int = 11259,
+        kube_bin: str | Path | None = None,
+        scheduler_name: str | None = None,
+        config_path: str | Path | None = None,
+        verbosity: int = 2,
+        ready_timeout: float = 120.0,
+    ) -> None:
+        self.kubeconfig = str(kubeconfig)
+        self.extender_url = extender_url
+        self.workdir = Path(workdir)
+        self.port = port
+        self.binary = Path(kube_bin or DEFAULT_KUBE_BIN) / "kube-scheduler"
+        self.scheduler_name = scheduler_name
+        self.config_path = config_path
+        self.verbosity = verbosity
+        self.ready_timeout = ready_timeout
+        self.config_file = self.workdir / f"kube-scheduler-{port}.yaml"
+        self.log_file = self.workdir / f"kube-scheduler-{port}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.config: dict[str, Any] = {}
+
+    @property
+    def profiles(self) -> list[str]:
+        """schedulerName of the rendered profiles."""
+        return profile_names(self.config)
+
+    def start(self) -> float:
+        """Start and wait until healthy; seconds it took."""
+        if not self.binary.is_file():
+            raise FileNotFoundError(f"{self.binary} not found (set KUBE_BIN)")
+        if not port_free(self.port):
+            raise RuntimeError(f"127.0.0.1:{self.port} is busy")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        text = render_shipped_config(
+            self.kubeconfig, self.extender_url, self.scheduler_name, self.config_path
+        )
+        self.config = yaml.safe_load(text)
+        self.config_file.write_text(text)
+        t0 = time.monotonic()
+        with open(self.log_file, "wb") as log:
+            self.proc = subprocess.Popen(
+                [
+                    str(self.binary),
+                    "--config",
+                    str(self.config_file),
+                    "--authentication-kubeconfig",
+                    self.kubeconfig,
+                    "--authorization-kubeconfig",
+                    self.kubeconfig,
+                    "--bind-address",
+                    "127.0.0.1",
+                    "--secure-port",
+                    str(self.port),
+                    "--v",
+                    str(self.verbosity),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        base = f"https://127.0.0.1:{self.port}"
+        while time.monotonic() - t0 < self.ready_timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kube-scheduler exited early:\n{_tail(self.log_file)}")
+            with contextlib.suppress(httpx.HTTPError):
+                # /healthz, then /readyz where served (informers synced; 1.27+)
+                if httpx.get(base + "/healthz", verify=False, timeout=2).text.strip() == "ok":
+                    r = httpx.get(base + "/readyz", verify=False, timeout=2)
+                    if r.status_code == 404 or r.text.strip() == "ok":
+                        return time.monotonic() - t0
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"kube-scheduler not healthy:\n{_tail(self.log_file)}")
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL; idempotent."""
+        _stop(self.proc)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class Topoplace:
+    """``topoplace serve --kubeconfig`` as a subprocess (by pid), as a context manager."""
+
+    def __init__(
+        self,
+        kubeconfig: str | Path,
+        workdir: str | Path,
+        *,
+        port: int = 8890,
+        policy: str | Path | None = None,
+        log_level: str = "INFO",
+        ready_timeout: float = 120.0,
+    ) -> None:
+        self.kubeconfig = str(kubeconfig)
+        self.workdir = Path(workdir)
+        self.port = port
+        self.policy = policy
+        self.log_level = log_level
+        self.ready_timeout = ready_timeout
+        self.url = f"http://127.0.0.1:{port}"
+        self.extender_url = f"{self.url}/scheduler"
+        self.log_file = self.workdir / f"topoplace-{port}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> float:
+        """Start and wait until ``/readyz`` is 200; seconds it took."""
+        if not port_free(self.port):
+            raise RuntimeError(f"127.0.0.1:{self.port} is busy; another extender is running")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "scheduler.cli.main", "--log-level", self.log_level]
+        cmd += ["serve", "--kubeconfig", self.kubeconfig, "--host", "127.0.0.1"]
+        cmd += ["--port", str(self.port)]
+        if self.policy:
+            cmd += ["--config", str(self.policy)]
+        t0 = time.monotonic()
+        with open(self.log_file, "wb") as log:
+            self.proc = subprocess.Popen(
+                cmd,
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        while time.monotonic() - t0 < self.ready_timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"topoplace exited early:\n{_tail(self.log_file)}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                    return time.monotonic() - t0
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"topoplace not ready:\n{_tail(self.log_file)}")
+
+    def get(self, path: str, timeout: float = 30) -> Any:
+        """GET a JSON endpoint (``/v1/inspect/nodes``...)."""
+        r = httpx.get(self.url + path, timeout=timeout)
+        r.raise_for_status()
+        return r.json()
+
+    def metrics(self) -> str:
+        """The Prometheus text of ``/metrics``."""
+        return httpx.get(self.url + "/metrics", timeout=30).text
+
+    def stop(self) -> None:
+        """SIGTERM (topoplace drains in-flight binds), then SIGKILL; idempotent."""
+        _stop(self.proc, grace=40.0)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, n: int = 40) -> str:
+        return _tail(self.log_file, n)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
