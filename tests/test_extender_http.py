@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from dataclasses import replace
 
 import httpx
 import orjson
@@ -11,11 +12,13 @@ import pytest
 
 from benchmarks.clusters import as_list, make_node, make_pod
 from scheduler.cli.demo import ServerThread
-from scheduler.core.params import SchedParams
+from scheduler.core.objects import request_from_pod
+from scheduler.core.params import ExtenderParams, SchedParams
 from scheduler.core.schedule import (
     REASON_CORDONED,
     REASON_NOT_ENOUGH_FREE,
     REASON_UNKNOWN_NODE,
+    place_pod,
 )
 from scheduler.runtime.cache import ClusterCache
 from scheduler.server.app import create_app
@@ -222,11 +225,23 @@ def test_captured_kube_scheduler_bodies() -> None:
     """Bodies a real kube-scheduler v1.28.7 sent (nodeCacheCapable false, 8 H100 nodes)."""
     f = fixture("captured-kube-scheduler-v1.28.7/filter.json")
     nodes = f["Nodes"]["items"]
+    # Every node can take the pod: without decide_in_filter all of them pass ...
+    open_params = replace(SchedParams(), extender=ExtenderParams(decide_in_filter=False))
+    open_ext = Extender(ClusterCache.from_objects(nodes, [], open_params))
+    body = asgi_client(open_ext).post("/scheduler/filter", content=orjson.dumps(f)).json()
+    assert sorted(n["metadata"]["name"] for n in body["Nodes"]["items"]) == sorted(
+        n["metadata"]["name"] for n in nodes
+    )
+    # ... with it (the default), only the engine's choice does, as a whole Node object.
     ext = Extender(ClusterCache.from_objects(nodes, [], SchedParams()))
     c = asgi_client(ext)
     body = c.post("/scheduler/filter", content=orjson.dumps(f)).json()
-    assert sorted(n["metadata"]["name"] for n in body["Nodes"]["items"]) == sorted(
-        n["metadata"]["name"] for n in nodes
+    engine = place_pod(
+        ext.cache.snapshot(), request_from_pod(f["Pod"], SchedParams().fabric), SchedParams()
+    )
+    assert [n["metadata"]["name"] for n in body["Nodes"]["items"]] == [engine.assignments[0].node]
+    assert body["Nodes"]["items"][0] == next(
+        n for n in nodes if n["metadata"]["name"] == engine.assignments[0].node
     )
     p = fixture("captured-kube-scheduler-v1.28.7/prioritize.json")
     scores = c.post("/scheduler/prioritize", content=orjson.dumps(p)).json()

@@ -92,41 +92,50 @@ def oracle_code(snap: ClusterSnapshot, name: str, req) -> int:
 
 
 def oracle_scores(snap: ClusterSnapshot, names: list[str], req, params: SchedParams) -> list[int]:
-    """Scores per node from the node objects: the documented formula, one node at a time."""
+    """Scores per node from the node objects: the documented formula, one node at a time.
+
+    Topology is relative to the best set any schedulable node of the snapshot could give
+    (not only the candidates); the engine's choice (highest value, ties by lowest name)
+    alone scores 10, the others floor(10 * value) capped at 9."""
     k = req.gpus
     width = snap.arrays.max_gpus
-    ok, bw = {}, {}
-    for name in names:
-        node = snap.node(name)
-        good = (
+
+    def usable(node) -> bool:
+        return (
             node is not None
             and node.health.state < Health.UNHEALTHY
             and not node.health.unschedulable
             and node.free_mask.bit_count() >= k
-            and (
-                not req.min_link
-                or k > width
-                or _links_ok(node.shape, node.free_mask, k, req.min_link)
-            )
         )
-        ok[name] = good
-        if good and 2 <= k <= width:
-            table = best_bottlenecks(node.shape, node.free_mask, params.selection_policy)
-            bw[name] = table[k] if k < len(table) else 0.0
-    top = max(bw.values(), default=0.0)
+
+    def bottleneck(node) -> float:
+        table = best_bottlenecks(node.shape, node.free_mask, params.selection_policy)
+        return table[k] if k < len(table) else 0.0
+
+    top = 0.0
+    if 2 <= k <= width:
+        top = max((bottleneck(n) for n in snap.nodes if usable(n) and n.gpu_capacity), default=0.0)
     w = params.weights
     total = w.topology + w.health + w.packing
-    out = []
-    for name in names:
-        if not ok[name]:
-            out.append(0)
-            continue
+    raw: dict[int, float] = {}
+    for i, name in enumerate(names):
         node = snap.node(name)
-        topo = bw[name] / top if (2 <= k <= width and top > 0) else 1.0
+        if not usable(node) or (
+            req.min_link
+            and k <= width
+            and not _links_ok(node.shape, node.free_mask, k, req.min_link)
+        ):
+            continue
+        topo = bottleneck(node) / top if (2 <= k <= width and top > 0) else 1.0
         health = 1.0 - node.health.risk
         packing = k / node.free_mask.bit_count()
-        raw = (w.topology * topo + w.health * health + w.packing * packing) / total
-        out.append(min(MAX_SCORE, max(0, math.floor(raw * MAX_SCORE + 1e-9))))
+        raw[i] = (w.topology * topo + w.health * health + w.packing * packing) / total
+    out = [0] * len(names)
+    for i, r in raw.items():
+        out[i] = min(MAX_SCORE - 1, max(0, math.floor(r * MAX_SCORE + 1e-9)))
+    if raw:
+        best = max(raw.values())
+        out[min((i for i, r in raw.items() if r == best), key=lambda i: names[i])] = MAX_SCORE
     return out
 
 

@@ -9,13 +9,16 @@ a from-scratch rebuild of its own snapshot listing.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import orjson
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.clusters import make_node, make_pod
 from scheduler.core.model import indices_to_mask
-from scheduler.core.params import SchedParams
+from scheduler.core.params import ExtenderParams, SchedParams
 from scheduler.runtime.cache import ClusterCache
 from scheduler.server.extender import Extender
 from tests.helpers import asgi_client
@@ -76,10 +79,14 @@ def _check_invariants(ext: Extender) -> None:
         assert int(snap.arrays.free[snap.index[n.name]]) == n.free_gpus
 
 
+@pytest.mark.parametrize("decide_in_filter", [True, False])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(nodes=clusters(), steps=ops)
-def test_random_sequences_never_double_book(nodes: list[dict], steps: list) -> None:
-    ext = Extender(ClusterCache.from_objects(nodes, [], SchedParams()))
+def test_random_sequences_never_double_book(
+    decide_in_filter: bool, nodes: list[dict], steps: list
+) -> None:
+    params = replace(SchedParams(), extender=ExtenderParams(decide_in_filter=decide_in_filter))
+    ext = Extender(ClusterCache.from_objects(nodes, [], params))
     c = asgi_client(ext)
     names = [n["metadata"]["name"] for n in nodes] + ["ghost"]
     bad_gpus = {n.name: n.health.bad_mask for n in ext.cache.snapshot().nodes}
@@ -109,7 +116,13 @@ def test_random_sequences_never_double_book(nodes: list[dict], steps: list) -> N
             listed = (
                 set(feasible) | set(body["FailedNodes"]) | set(body["FailedAndUnresolvableNodes"])
             )
-            assert listed == set(names), "every node gets a verdict"
+            if decide_in_filter:
+                # Only the engine's choice passes; the other feasible nodes are left out.
+                assert len(feasible) <= 1 and listed <= set(names)
+                if feasible:
+                    assert ext.cache.snapshot().pods[f"default/p{pid}"].node == feasible[0]
+            else:
+                assert listed == set(names), "every node gets a verdict"
             assert not set(feasible) & set(body["FailedNodes"])
             if feasible:
                 node = feasible[pid % len(feasible)]

@@ -38,6 +38,23 @@ class GangParams:
 
 
 @dataclass(frozen=True, slots=True)
+class ExtenderParams:
+    """How the live extender hands its decision to kube-scheduler.
+
+    Attributes:
+        decide_in_filter: filter returns only the engine's choice among the feasible
+            candidates of a single GPU pod, so kube-scheduler (which skips scoring when one
+            node is left) places it exactly where the engine would; False returns every
+            feasible node and leaves the choice to the scores.
+        nomination_ttl_seconds: how long the GPUs chosen in filter stay held for the pod's
+            bind (a retried filter or the bind itself ends the hold earlier).
+    """
+
+    decide_in_filter: bool = True
+    nomination_ttl_seconds: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
 class SchedParams:
     """Everything a decision depends on besides the snapshot and the request."""
 
@@ -47,6 +64,7 @@ class SchedParams:
     fabric: Fabric = Fabric()
     gang: GangParams = GangParams()
     placement_policy: str = "topoplace"
+    extender: ExtenderParams = ExtenderParams()
 
     @classmethod
     def from_config(cls, obj: Mapping[str, Any] | None) -> SchedParams:
@@ -57,7 +75,15 @@ class SchedParams:
         """
         if not obj:
             return cls()
-        known = {"scoring", "health", "fabric", "gang", "selection_policy", "placement_policy"}
+        known = {
+            "scoring",
+            "health",
+            "fabric",
+            "gang",
+            "selection_policy",
+            "placement_policy",
+            "extender",
+        }
         unknown = set(obj) - known
         if unknown:
             raise ValueError(
@@ -97,4 +123,20 @@ class SchedParams:
             raise ValueError(
                 "gang: workers >= 1, solver_time_limit_seconds > 0, plan_ttl_seconds > 0"
             )
-        return replace(p, gang=gp)
+        p = replace(p, gang=gp)
+        e = obj.get("extender") or {}
+        eknown = set(ExtenderParams.__dataclass_fields__)
+        if set(e) - eknown:
+            raise ValueError(f"unknown extender settings: {sorted(set(e) - eknown)}")
+        decide = e.get("decide_in_filter", True)
+        if not isinstance(decide, bool):
+            raise ValueError("extender.decide_in_filter must be true or false")
+        try:
+            ttl = float(e.get("nomination_ttl_seconds", ExtenderParams().nomination_ttl_seconds))
+        except (TypeError, ValueError):
+            raise ValueError("extender.nomination_ttl_seconds must be a number") from None
+        if not 0 < ttl <= 3600:
+            raise ValueError("extender.nomination_ttl_seconds must be in (0, 3600]")
+        return replace(
+            p, extender=ExtenderParams(decide_in_filter=decide, nomination_ttl_seconds=ttl)
+        )

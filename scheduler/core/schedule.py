@@ -40,6 +40,7 @@ REASON_LINK_NOW = "no free GPU set meets the required link"
 REASON_CORDONED = "node cordoned"
 REASON_NODE_SELECTOR = "node does not match the pod's nodeSelector"
 REASON_NO_FEASIBLE_NODE = "no node can take the pod"
+REASON_NOT_CHOSEN = "another node suits the pod better"
 
 MAX_SCORE = 10
 
@@ -151,6 +152,8 @@ CODE_LINK_NEVER = 6
 CODE_NOT_ENOUGH_FREE = 7
 CODE_LINK_NOW = 8
 CODE_NODE_SELECTOR = 9
+CODE_NOT_CHOSEN = 10
+"""Feasible, but the engine chose another candidate (see :func:`narrow_to_choice`)."""
 
 FILTER_VERDICTS: Mapping[int, tuple[bool, str]] = MappingProxyType(
     {
@@ -163,6 +166,7 @@ FILTER_VERDICTS: Mapping[int, tuple[bool, str]] = MappingProxyType(
         CODE_NOT_ENOUGH_FREE: (False, REASON_NOT_ENOUGH_FREE),
         CODE_LINK_NOW: (False, REASON_LINK_NOW),
         CODE_NODE_SELECTOR: (True, REASON_NODE_SELECTOR),
+        CODE_NOT_CHOSEN: (False, REASON_NOT_CHOSEN),
     }
 )
 """Failing code -> (unresolvable, reason). Unresolvable verdicts go to
@@ -296,17 +300,10 @@ def score_list(
 ) -> list[int]:
     """Integer scores 0..10, one per name, in the order of ``names``.
 
-    Components, each in 0..1, weighted by ``params.weights``:
-
-    * topology: ring bottleneck of the best set the node would really give (the selection
-      policy's choice, i.e. what the device plugin hands out) relative to the best such
-      set among the candidates. 1 for single-GPU pods.
-    * health: 1 - risk.
-    * packing: the share of the node's free GPUs the pod would take (an exact fit is 1),
-      so small pods go where they fragment least and whole free nodes stay whole.
-
-    Nodes that cannot take the pod, or are unknown, score 0. Scores are floored, so the
-    same input always gives the same output.
+    The engine's choice among ``names`` alone scores 10; the others score their
+    :func:`rank_positions` value scaled to 0..9 (see :func:`score_positions`). Nodes that
+    cannot take the pod, or are unknown, score 0. The same input always gives the same
+    output.
     """
     if not names:
         return []
@@ -316,14 +313,30 @@ def score_list(
     return result
 
 
-def score_positions(
+def rank_positions(
     snap: ClusterSnapshot, req: PodRequest, pos: np.ndarray, params: SchedParams
 ) -> np.ndarray:
-    """:func:`score_list` over node positions (-1: unknown) as an int64 array."""
+    """The engine's preference for each position: a float64 in 0..1 (higher is better),
+    -1 where the node cannot take the pod (or is unknown).
+
+    Components, each in 0..1, weighted by ``params.weights``:
+
+    * topology: ring bottleneck of the set the node would really give (the selection
+      policy's choice) relative to the best such set anywhere in the snapshot (not among
+      the candidates, so the value of a node does not depend on which other nodes
+      kube-scheduler happened to send). 1 for single-GPU pods.
+    * health: 1 - risk.
+    * packing: the share of the node's free GPUs the pod would take (an exact fit is 1).
+
+    This is the one ranking every single-pod decision uses: :func:`best_position` (the
+    extender's filter and :func:`place_pod`, hence the simulators) and
+    :func:`score_positions` (prioritize). Vectorized; the same input always gives the
+    same floats.
+    """
     k = req.gpus
     n = len(pos)
     if k <= 0 or not n:
-        return np.zeros(n, dtype=np.int64)
+        return np.zeros(n, dtype=np.float64)
     unknown, p = _known(pos)
     a = snap.arrays
     free = a.free.take(p)
@@ -333,20 +346,83 @@ def score_positions(
     if req.min_link and k <= a.max_gpus:
         ok &= (a.links_free[:, class_rank(req.min_link)].take(p) >> k) & 1 == 1
     if k >= 2 and k <= a.max_gpus:
-        bw = a.best_bw[:, k].take(p)
-        bw *= ok
-        top = bw.max()
-        topo = bw / top if top > 0 else 1.0
+        col = a.best_bw[:, k]
+        top = float(np.where((a.blocked == 0) & (a.free >= k), col, 0.0).max())
+        bw = col.take(p).astype(np.float64)
+        topo = bw / top if top > 0 else np.ones(n)
     else:
-        topo = 1.0
+        topo = np.ones(n)
     health = 1.0 - a.risk.take(p)
     packing = k / np.maximum(free, 1)  # only read where ok, i.e. where free >= k >= 1
     w = params.weights
     total = w.topology + w.health + w.packing
     raw = (w.topology * topo + w.health * health + w.packing * packing) / total
-    scores = np.floor(raw * MAX_SCORE + 1e-9)
-    scores *= ok
-    np.clip(scores, 0, MAX_SCORE, out=scores)
+    return np.where(ok, np.clip(raw, 0.0, 1.0), -1.0)
+
+
+def best_position(snap: ClusterSnapshot, pos: np.ndarray, rank: np.ndarray) -> int:
+    """Index into ``pos`` of the engine's choice: the highest ``rank`` (>= 0), ties broken
+    by the lowest node name. -1 when no position can take the pod."""
+    if not len(rank):
+        return -1
+    top = rank.max()
+    if top < 0:
+        return -1
+    tied = np.flatnonzero(rank == top)
+    if len(tied) == 1:
+        return int(tied[0])
+    nodes = snap.nodes
+    return int(min(tied.tolist(), key=lambda i: nodes[int(pos[i])].name))
+
+
+def narrow_to_choice(
+    snap: ClusterSnapshot,
+    req: PodRequest,
+    pos: np.ndarray,
+    codes: np.ndarray,
+    params: SchedParams,
+) -> tuple[np.ndarray, int]:
+    """Keep only the engine's choice among the feasible positions of a filter verdict.
+
+    Returns (codes with every other feasible position turned into
+    :data:`CODE_NOT_CHOSEN`, index of the choice into ``pos`` or -1). When kube-scheduler
+    is left with one feasible node it skips scoring and picks that node, so the live
+    decision is exactly the engine's (see ``docs/deploy.md``).
+    """
+    feas = np.flatnonzero(codes == FEASIBLE)
+    if not len(feas):
+        return codes, -1
+    rank = np.full(len(pos), -1.0)
+    rank[feas] = rank_positions(snap, req, pos[feas], params)
+    i = best_position(snap, pos, rank)
+    if i < 0:
+        return codes, -1
+    out = codes.copy()
+    out[feas] = CODE_NOT_CHOSEN
+    out[i] = FEASIBLE
+    return out, i
+
+
+def score_positions(
+    snap: ClusterSnapshot, req: PodRequest, pos: np.ndarray, params: SchedParams
+) -> np.ndarray:
+    """:func:`score_list` over node positions (-1: unknown) as an int64 array.
+
+    The engine's choice (:func:`best_position` over :func:`rank_positions`) alone scores
+    :data:`MAX_SCORE`; every other node scores ``floor(10 * rank)`` capped at
+    ``MAX_SCORE - 1``, and nodes that cannot take the pod 0. kube-scheduler multiplies
+    the extender's score by its weight (and by 10), so with the shipped weight the
+    engine's choice wins unless an in-tree plugin overrules it by a wide margin.
+    """
+    n = len(pos)
+    if req.gpus <= 0 or not n:
+        return np.zeros(n, dtype=np.int64)
+    rank = rank_positions(snap, req, pos, params)
+    scores = np.floor(np.maximum(rank, 0.0) * MAX_SCORE + 1e-9)
+    np.clip(scores, 0, MAX_SCORE - 1, out=scores)
+    best = best_position(snap, pos, rank)
+    if best >= 0:
+        scores[best] = MAX_SCORE
     return scores.astype(np.int64)
 
 
@@ -397,22 +473,41 @@ def choose_gpus(
 
 
 def place_pod(snap: ClusterSnapshot, req: PodRequest, params: SchedParams) -> PlacementResult:
-    """Place one pod on the whole cluster: filter, score, best node (ties by name), GPUs."""
-    out = filter_nodes(snap, req, None, params)
-    if not out.feasible:
+    """Place one pod on the whole cluster: the decision the extender makes live.
+
+    Filter every node (:func:`filter_codes`), take the engine's choice among the feasible
+    ones (:func:`narrow_to_choice`: highest :func:`rank_positions`, ties by name), and
+    the GPUs :func:`choose_gpus` gives there. The extender's filter narrows
+    kube-scheduler's candidates to this same node, so simulators calling this function
+    replay what the live extender does.
+    """
+    pos = np.arange(len(snap.nodes), dtype=np.int64)
+    codes = filter_codes(snap, req, pos, params)
+    if req.gpus <= 0:
+        # Nothing topoplace decides: the first node by name that passes.
+        ok = np.flatnonzero(codes == FEASIBLE)
+        choice = int(min(ok.tolist(), key=lambda i: snap.nodes[i].name)) if len(ok) else -1
+    else:
+        codes, choice = narrow_to_choice(snap, req, pos, codes, params)
+    if choice < 0:
+        failed: dict[str, str] = {}
+        unres: dict[str, str] = {}
+        for never, reason, idx in verdict_groups(snap, pos, codes):
+            (unres if never else failed).update(
+                dict.fromkeys([snap.nodes[i].name for i in idx.tolist()], reason)
+            )
         return PlacementResult(
             ok=False,
             reason=REASON_NO_FEASIBLE_NODE,
-            failed=out.failed,
-            unresolvable=out.unresolvable,
+            failed=MappingProxyType(failed),
+            unresolvable=MappingProxyType(unres),
         )
-    scores = score_nodes(snap, req, out.feasible, params)
-    best_node = min(scores, key=lambda s: (-s[1], s[0]))[0]
+    best_node = snap.nodes[choice].name
     gs = choose_gpus(snap, req, best_node, params)
     if req.gpus and not gs.gpus:
         return PlacementResult(ok=False, reason=gs.error or REASON_NO_FEASIBLE_NODE)
     return PlacementResult(
         ok=True,
         assignments=(Assignment(req.key, best_node, gs.gpus),),
-        details={"score": dict(scores)[best_node], "bottleneck_gbps": gs.bottleneck_gbps},
+        details={"score": MAX_SCORE, "bottleneck_gbps": gs.bottleneck_gbps},
     )

@@ -81,6 +81,7 @@ class ClusterCache:
         self._clock = clock
         self._expiry: dict[str, float] = {}
         self._pending: dict[str, PendingPod] = {}
+        self._nominated: dict[str, str] = {}
         self.plans: dict[str, Any] = {}
         """Gang plans by gang key; owned by the gang layer, guarded by :attr:`lock`."""
 
@@ -137,9 +138,54 @@ class ClusterCache:
             self.assume(choice, ttl)
             return choice
 
+    # ---- nominations (filter's choice, held for the pod's bind) ---------------------------
+
+    def nominate(self, pod: PodInfo, ttl: float) -> bool:
+        """Hold the GPUs filter chose for ``pod`` until its bind (or ``ttl`` seconds).
+
+        A nomination is an assumption with a TTL, marked so that the pod's bind on the same
+        node takes exactly these GPUs (:meth:`take_nomination`). Replaces an earlier
+        nomination of the same pod. False (nothing held) when the GPUs are taken.
+        """
+        with self._lock:
+            self.release_nomination(pod.key)
+            try:
+                self.assume(pod, ttl)
+            except (KeyError, ValueError):
+                return False
+            self._nominated[pod.key] = pod.node
+            return True
+
+    def release_nomination(self, key: str) -> bool:
+        """Drop ``key``'s nomination, if it has one (idempotent). True if one was dropped."""
+        with self._lock:
+            if self._nominated.pop(key, None) is None:
+                return False
+            return self.forget(key)
+
+    def take_nomination(self, key: str, node: str) -> tuple[int, ...] | None:
+        """At bind: the GPUs nominated for ``key`` on ``node`` (still held, now without a
+        TTL, until the caller assumes the bound pod over them), or None. A nomination on
+        another node is released."""
+        with self._lock:
+            nominated = self._nominated.pop(key, None)
+            if nominated is None:
+                return None
+            pod = self._snap.pods.get(key)
+            if nominated != node or pod is None or not pod.assumed or pod.node != node:
+                self.forget(key)
+                return None
+            self._expiry.pop(key, None)
+            return pod.gpus
+
+    def nominations(self) -> int:
+        """How many nominations are held."""
+        return len(self._nominated)
+
     def forget(self, key: str) -> bool:
         """Release an assumed pod (idempotent). Bound pods are left alone. True if released."""
         with self._lock:
+            self._nominated.pop(key, None)
             pod = self._snap.pods.get(key)
             self._expiry.pop(key, None)
             if pod is None or not pod.assumed:
@@ -154,8 +200,16 @@ class ClusterCache:
             self._expiry.pop(key, None)
             if pod is None:
                 return False
+            self._nominated.pop(key, None)
             if pod.assumed:
-                self._snap = with_pod(self._snap, replace(pod, assumed=False))
+                # Same node, GPUs and requests: only the pod's record changes.
+                pods = dict(self._snap.pods)
+                pods[key] = replace(pod, assumed=False)
+                self._snap = replace(
+                    self._snap,
+                    pods=MappingProxyType(pods),
+                    generation=self._snap.generation + 1,
+                )
             return True
 
     def expire(self) -> list[str]:
@@ -260,6 +314,7 @@ class ClusterCache:
                 if old is not None and (pod_terminated(obj) or not old.assumed):
                     self._snap = without_pod(self._snap, key)
                     self._expiry.pop(key, None)
+                    self._nominated.pop(key, None)
                 return
             self._pending.pop(key, None)
             old = self._snap.pods.get(key)
@@ -270,6 +325,7 @@ class ClusterCache:
                 info = pod_info_for(base, obj, node)
                 self._snap = with_pod(base, info)
                 self._expiry.pop(key, None)
+                self._nominated.pop(key, None)
             except KeyError:
                 log.debug("pod %s bound to unknown node %s", key, node)
             except ValueError as exc:
@@ -288,6 +344,7 @@ class ClusterCache:
         """A pod is gone: release its resources (idempotent)."""
         with self._lock:
             self._pending.pop(key, None)
+            self._nominated.pop(key, None)
             self._expiry.pop(key, None)
             self._snap = without_pod(self._snap, key)
 

@@ -31,12 +31,15 @@ from scheduler.core.objects import (
 from scheduler.core.quantity import cpu_milli, quantity_int
 from scheduler.core.schedule import (
     FEASIBLE,
+    REASON_NOT_CHOSEN,
     REASON_UNKNOWN_NODE,
     FilterOutcome,
     choose_gpus,
     filter_codes,
     filter_nodes,
     known_positions,
+    name_positions,
+    narrow_to_choice,
     score_nodes,
     score_positions,
     verdict_groups,
@@ -114,6 +117,23 @@ def _merge_gang(base: FilterOutcome, planned: FilterOutcome) -> FilterOutcome:
     return FilterOutcome(feasible, failed, unres)
 
 
+def _sent(groups: list[tuple[bool, str, Any]]) -> list[tuple[bool, str, Any]]:
+    """The verdict groups kube-scheduler is told about. Nodes the engine did not choose
+    are left out of the reply (kube-scheduler keeps only the nodes a filter returns and
+    needs no reason for the others); they are counted in the metrics."""
+    return [g for g in groups if g[1] != REASON_NOT_CHOSEN]
+
+
+def _outcome_of(snap: ClusterSnapshot, names: list[str], pos: Any, codes: Any) -> FilterOutcome:
+    """A :class:`FilterOutcome` by name from position verdicts."""
+    feasible = tuple(n for n, c in zip(names, codes.tolist(), strict=True) if c == FEASIBLE)
+    failed: dict[str, str] = {}
+    unres: dict[str, str] = {}
+    for never, reason, idx in verdict_groups(snap, pos, codes):
+        (unres if never else failed).update(dict.fromkeys([names[i] for i in idx.tolist()], reason))
+    return FilterOutcome(feasible, failed, unres)
+
+
 class Extender:
     """filter / prioritize / bind / preempt over one cache.
 
@@ -174,16 +194,55 @@ class Extender:
         if isinstance(req, dict):
             return orjson.dumps(req)
         if items is None and req.gpus > 0 and not (self.gangs is not None and req.gang):
-            snap = self.cache.snapshot()
-            pos = known_positions(snap, names)
-            table = self._name_table(snap)
+            with self.cache.lock:
+                snap = self._decision_snapshot(req)
+                pos = known_positions(snap, names)
+                table = self._name_table(snap)
+                if table is not None and pos is not None:
+                    codes = self._decide(snap, pod, req, pos)
             if table is not None and pos is not None:
-                codes = filter_codes(snap, req, pos, self.params)
                 groups = verdict_groups(snap, pos, codes)
                 feasible = pos[codes == FEASIBLE]
                 self._count_groups(len(feasible), groups)
-                return table.filter_result(feasible, [(n, r, pos[i]) for n, r, i in groups])
+                return table.filter_result(feasible, [(n, r, pos[i]) for n, r, i in _sent(groups)])
         return orjson.dumps(self._filter(pod, req, names, items))
+
+    def _decision_snapshot(self, req: PodRequest) -> ClusterSnapshot:
+        """The snapshot a single pod's filter decides on (cache lock held): expired holds
+        dropped, and the pod's own earlier nomination released (a retried filter decides
+        afresh, as if the pod had never been seen)."""
+        self.cache.expire()
+        self.cache.release_nomination(req.key)
+        return self.cache.snapshot()
+
+    def _decide(
+        self, snap: ClusterSnapshot, pod: Mapping[str, Any], req: PodRequest, pos: Any
+    ) -> Any:
+        """Filter codes for a single GPU pod, narrowed to the engine's choice with its GPUs
+        nominated when ``extender.decide_in_filter`` is on (cache lock held)."""
+        codes = filter_codes(snap, req, pos, self.params)
+        if not self.params.extender.decide_in_filter:
+            return codes
+        narrowed, i = narrow_to_choice(snap, req, pos, codes, self.params)
+        if i < 0:
+            return codes
+        node = snap.nodes[int(pos[i])].name
+        gs = choose_gpus(snap, req, node, self.params)
+        if not gs.gpus:  # pragma: no cover - feasible nodes always have a set
+            return codes
+        info = PodInfo(
+            key=req.key,
+            uid=str(meta(pod).get("uid") or ""),
+            node=node,
+            gpus=gs.gpus,
+            cpu_milli=pod_resource(pod, "cpu", cpu_milli),
+            memory_bytes=pod_resource(pod, "memory", quantity_int),
+            assumed=True,
+            raw=pod,
+        )
+        if not self.cache.nominate(info, self.params.extender.nomination_ttl_seconds):
+            return codes
+        return narrowed
 
     def _filter_request(self, pod: Mapping[str, Any]) -> PodRequest | dict[str, Any]:
         """The pod's request (remembered for bind when it asks for GPUs), or the error
@@ -210,11 +269,19 @@ class Extender:
             if planned is not None:
                 base = filter_nodes(self.cache.snapshot(), req, names, self.params)
                 out = _merge_gang(base, planned)
+        if out is None and req.gpus > 0:
+            with self.cache.lock:
+                snap = self._decision_snapshot(req)
+                pos = name_positions(snap, names)
+                codes = self._decide(snap, pod, req, pos)
+            out = _outcome_of(snap, names, pos, codes)
         if out is None:
             out = filter_nodes(self.cache.snapshot(), req, names, self.params)
         reasons = Counter(out.failed.values())
         reasons.update(out.unresolvable.values())
         self._count_filter(len(out.feasible), len(out.failed), len(out.unresolvable), reasons)
+        failed = {n: r for n, r in out.failed.items() if r != REASON_NOT_CHOSEN}
+        out = FilterOutcome(out.feasible, failed, out.unresolvable)
         if items is None:
             return wire.filter_result(list(out.feasible), None, out.failed, out.unresolvable)
         keep = set(out.feasible)
@@ -343,6 +410,8 @@ class Extender:
                 return picked
             if picked is not None:
                 gpus, gang, plan = picked
+            elif nominated is not None:
+                gpus = nominated
             else:
                 gs = choose_gpus(s, req, node, self.params)
                 if req.gpus and not gs.gpus:
@@ -361,7 +430,11 @@ class Extender:
                 raw=_bound_pod(pod, node, annotation),
             )
 
-        choice = self.cache.assume_chosen(choose)
+        with self.cache.lock:
+            nominated = self.cache.take_nomination(key, node)
+            choice = self.cache.assume_chosen(choose)
+            if isinstance(choice, str) and nominated is not None:
+                self.cache.forget(key)
         if isinstance(choice, str):
             if self.gangs is not None and req.gang:
                 self.gangs.bound(self, req, False)

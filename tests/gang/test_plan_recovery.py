@@ -33,7 +33,7 @@ from scheduler.core.objects import (
     placement_value,
     request_from_pod,
 )
-from scheduler.core.schedule import Assignment
+from scheduler.core.schedule import Assignment, filter_nodes
 from scheduler.kube.recovery import recover
 from scheduler.runtime.cache import ClusterCache
 from scheduler.runtime.gangs import GangRuntime, describe_plans
@@ -272,8 +272,9 @@ def test_recovered_reservations_are_released_after_one_ttl() -> None:
     assert sorted(ext2.cache.expire()) == sorted(held)
     assert not reservations(ext2)
     # The GPUs are free again: a rival fits on the formerly promised nodes.
-    rival = make_pod("rival", 8)
-    assert {p.node for p in held.values()} <= set(filt(ext2, rival, names)["NodeNames"])
+    rival = request_from_pod(make_pod("rival", 8), P.fabric)
+    free = filter_nodes(ext2.cache.snapshot(), rival, names, P).feasible
+    assert {p.node for p in held.values()} <= set(free)
     # A member arriving late finds the plan expired and the gang is planned again whole.
     (node,) = filt(ext2, ws[1], names)["NodeNames"]
     assert events(ext2)["expired"] == 1.0
