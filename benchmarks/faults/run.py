@@ -1,24 +1,30 @@
 """Failure-injection benchmark: topoplace's health model vs Ready-only baselines.
 
     python -m benchmarks.faults.run                       # defaults: 30 days, seeds 1-2, 1x and 10x
-    python -m benchmarks.faults.run --days 60 --seeds 1-5 --multipliers 1 --jobs 2
+    python -m benchmarks.faults.run --days 60 --seeds 1-5 --multipliers 1 --workers 2
     topoplace bench --scenario faults --out out/faults    # the same through the bench CLI
+    topoplace bench --scenario faults --out out/faults --ray local   # runs as Ray tasks
 
 Prints the conditions, then one table per failure-rate multiplier with a row per health
 policy (sums over seeds; re-placement times pooled). Optionally writes the table as
-Markdown and the raw per-seed numbers as JSON (``--out``).
+Markdown, the raw per-seed numbers as JSON and one CSV row per run (``--out``).
+
+The (multiplier, seed, policy) runs are independent and go through :mod:`benchmarks.sweep`:
+``--workers N`` local processes (default all CPUs, ``1`` inline) or ``--ray ADDRESS``. The
+outputs are the same whichever executes them (nothing measured goes into them).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
+from benchmarks import sweep
 from benchmarks.faults.engine import Metrics, health_policies, simulate, summarize
 from benchmarks.faults.placement import greedy_gang, registry_placer
 from benchmarks.faults.scenario import Scenario
@@ -53,7 +59,8 @@ def parse_seeds(text: str) -> list[int]:
     return out
 
 
-def _one(args: tuple[Scenario, int, str, str]) -> Metrics:
+def run_one(args: tuple[Scenario, int, str, str]) -> Metrics:
+    """One run: ``(scenario, seed, health policy, gang policy or "")`` -> its metrics."""
     sc, seed, policy, gang_policy = args
     placer = (registry_placer(gang_policy) if gang_policy else None) or greedy_gang
     return simulate(sc, seed, policy, health_policies()[policy], placer)
@@ -78,11 +85,14 @@ def run(
     seeds: Sequence[int],
     multipliers: Sequence[float],
     policies: Sequence[str],
-    jobs: int = 1,
+    executor: sweep.Executor | None = None,
     gang_policy: str = "",
     flap_share: float | None = None,
 ) -> tuple[str, dict[str, object]]:
-    """Run every (multiplier, seed, policy); returns (report text, raw results)."""
+    """Run every (multiplier, seed, policy); returns (report text, raw results).
+
+    ``executor`` runs the independent runs (default: inline); the outputs do not depend on it.
+    """
     base = Scenario(days=days)
     if flap_share is not None:
         base = replace(base, flap_share=flap_share)
@@ -92,11 +102,7 @@ def run(
         for s in seeds
         for p in policies
     ]
-    if jobs > 1:
-        with ProcessPoolExecutor(max_workers=min(jobs, 2)) as ex:
-            results = list(ex.map(_one, tasks))
-    else:
-        results = [_one(t) for t in tasks]
+    results = (executor or sweep.LocalExecutor(1)).map(run_one, tasks)
     out = ["# Failure injection: health models under published failure rates", ""]
     out += ["Conditions:", ""] + [f"- {line}" for line in base.describe()]
     out += [
@@ -151,8 +157,10 @@ def add_arguments(ap: argparse.ArgumentParser, *, bench_cli: bool = False) -> No
     if not bench_cli:
         ap.add_argument("--seeds", default="1-2", help="seeds, e.g. 1-3 (default 1-2)")
         ap.add_argument("--policies", nargs="+", default=None, help="health policies")
-        ap.add_argument("--jobs", type=int, default=1, help="worker processes (max 2)")
-        ap.add_argument("--out", default="", help="directory for report.md and results.json")
+        ap.add_argument(
+            "--out", default="", help="directory for report.md, results.json and results.csv"
+        )
+        sweep.add_arguments(ap, jobs_alias=True)
 
 
 def run_args(args: argparse.Namespace) -> int:
@@ -166,15 +174,20 @@ def run_args(args: argparse.Namespace) -> int:
     if getattr(args, "scenario", None) == "faults" and seeds_arg == "42-51":
         seeds_arg = "1-2"  # the bench CLI's default seed range is the FGD scenario's
     mults = [float(x) for x in str(getattr(args, "multipliers", "1,10")).split(",") if x.strip()]
-    text, raw = run(
-        float(getattr(args, "days", 30.0)),
-        parse_seeds(seeds_arg),
-        mults,
-        policies,
-        jobs=int(getattr(args, "jobs", 1) or 1),
-        gang_policy=getattr(args, "gang_policy", "") or "",
-        flap_share=getattr(args, "flap_share", None),
-    )
+    try:
+        with sweep.from_args(args) as executor:
+            text, raw = run(
+                float(getattr(args, "days", 30.0)),
+                parse_seeds(seeds_arg),
+                mults,
+                policies,
+                executor=executor,
+                gang_policy=getattr(args, "gang_policy", "") or "",
+                flap_share=getattr(args, "flap_share", None),
+            )
+    except sweep.SweepError as exc:
+        print(f"faults: {exc}")
+        return 2
     print(text)
     out = getattr(args, "out", "")
     if out:
@@ -182,8 +195,41 @@ def run_args(args: argparse.Namespace) -> int:
         d.mkdir(parents=True, exist_ok=True)
         (d / "report.md").write_text(text + "\n")
         (d / "results.json").write_text(json.dumps(raw, indent=1, default=float) + "\n")
+        write_csv(d / "results.csv", raw["runs"])  # type: ignore[arg-type]
     return 0
 
 
+_CSV_METRICS = tuple(f.name for f in fields(Metrics) if f.name not in ("policy", "seed"))
+
+
+def write_csv(path: Path, runs: Sequence[dict[str, object]]) -> None:
+    """One row per run (``raw["runs"]`` of :func:`run`): multiplier, policy, seed, the scalar
+    metrics and goodput; re-placement times as count, mean, p50 and p95 in minutes (empty
+    when there were none). Floats in ``repr`` form, so equal runs give equal bytes."""
+    head = ["multiplier", "policy", "seed"]
+    head += [k for k in _CSV_METRICS if k != "replace_times"]
+    head += ["replacements", "replace_mean_min", "replace_p50_min", "replace_p95_min", "goodput"]
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(head)
+        for r in runs:
+            m = Metrics(**{k: r[k] for k in ("policy", "seed", *_CSV_METRICS)})  # type: ignore[arg-type]
+            times = m.replace_times
+            stats = [
+                sum(times) / len(times) / 60.0 if times else "",
+                m.replace_minutes(0.5) if times else "",
+                m.replace_minutes(0.95) if times else "",
+            ]
+            w.writerow(
+                [r["multiplier"], m.policy, m.seed]
+                + [getattr(m, k) for k in _CSV_METRICS if k != "replace_times"]
+                + [len(times), *stats, m.goodput]
+            )
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # Through the importable module, so runs sent to other processes (Ray workers) refer to
+    # benchmarks.faults.run, not to __main__.
+    from benchmarks.faults.run import main as _main
+
+    raise SystemExit(_main())

@@ -4,17 +4,21 @@
     python -m benchmarks.gangsim.run --clusters nvl72 --policies topoplace,first-fit \\
         --seeds 1 --jobs 200 --backfill on --out /tmp/gangs
     topoplace bench --scenario gangs --out out/gangs                      # via the bench CLI
+    topoplace bench --scenario gangs --out out/gangs --ray local          # runs as Ray tasks
 
 Runs every (cluster, queueing mode, seed, policy) with :func:`benchmarks.gangsim.engine.simulate`
 and writes ``results.csv``, ``report.md``, ``locality.png`` and ``wait.png`` to ``--out``
 (see :mod:`benchmarks.gangsim.report`). ``--jobs`` is the number of gangs per run (at most;
-arrivals also stop after ``--hours``); worker processes are ``--workers`` (at most 2). Through
-``topoplace bench`` the shared ``--jobs`` flag keeps its meaning there (worker processes),
-``--workloads`` selects the clusters, and the other knobs take their defaults.
+arrivals also stop after ``--hours``). The runs are independent and go through
+:mod:`benchmarks.sweep`, costliest first: ``--workers N`` local processes (default all CPUs,
+``1`` inline) or ``--ray ADDRESS``. Through ``topoplace bench``, ``--workloads`` selects the
+clusters, ``--jobs`` is the old spelling of ``--workers``, and the other knobs take their
+defaults.
 
 Deterministic for a seed: the workload depends only on (cluster, seed), policies are pure,
 CP-SAT runs with one worker, a fixed seed and a deterministic-time limit
-(``params.gang``; recorded in the report and the CSV). Only wall times vary.
+(``params.gang``; recorded in the report and the CSV). Only wall times vary (``wall_s``),
+whichever executor ran the runs.
 """
 
 from __future__ import annotations
@@ -27,10 +31,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks import sweep
 from benchmarks.faults.run import parse_seeds
 from benchmarks.gangsim import report
 from benchmarks.gangsim.engine import RunResult, simulate, summarize
@@ -52,7 +56,6 @@ DEFAULT_CLUSTERS = ("nvl72", "h100")
 DEFAULT_SEEDS = "1-3"
 DEFAULT_TIME_LIMIT = 0.25
 """CP-SAT deterministic-time limit per gang (s); plans here take milliseconds."""
-MAX_WORKERS = 2
 _SPEC = WorkloadSpec()
 
 
@@ -81,7 +84,7 @@ def _model() -> LocalityModel:
 
 
 def run_task(task: Task) -> tuple[RunResult, dict[str, float]]:
-    """Run one task; returns the raw result and its summary."""
+    """Run one task (in any process); returns the raw result and its summary."""
     cl = cluster_spec(task.cluster, task.units)
     jobs = generate(cl, task.spec, task.seed)
     res = simulate(
@@ -136,13 +139,17 @@ def run(
     backfills: Sequence[bool] = (True, False),
     units: dict[str, int] | None = None,
     time_limit: float = DEFAULT_TIME_LIMIT,
-    workers: int = MAX_WORKERS,
+    executor: sweep.Executor | None = None,
     check: bool = False,
     gang_csv: bool = False,
     command: str = "",
     quiet: bool = False,
 ) -> str:
-    """Run the scenario and write the outputs; returns the report text."""
+    """Run the scenario and write the outputs; returns the report text.
+
+    ``executor`` runs the independent runs (default: inline); the outputs do not depend on
+    it except the measured wall times.
+    """
     t0 = time.perf_counter()
     units = units or {}
     tasks = [
@@ -153,30 +160,23 @@ def run(
         for p in policies
     ]
     order = sorted(range(len(tasks)), key=lambda i: -_cost(tasks[i]))
-    results: dict[int, tuple[RunResult, dict[str, float]]] = {}
-    n = min(max(1, workers), MAX_WORKERS)
+    executor = executor or sweep.LocalExecutor(1)
+    finished = 0
 
     def note(i: int, r: tuple[RunResult, dict[str, float]]) -> None:
-        results[i] = r
+        nonlocal finished
+        finished += 1
         if not quiet:
             t = tasks[i]
             m = r[1]
             print(
-                f"[{len(results)}/{len(tasks)}] {t.cluster} {report.QUEUES[t.backfill]} seed "
+                f"[{finished}/{len(tasks)}] {t.cluster} {report.QUEUES[t.backfill]} seed "
                 f"{t.seed} {t.policy}: wait {m['wait_mean_min']:.1f} min, alloc "
                 f"{m['alloc']:.1%}, {r[0].wall_s:.1f} s",
                 flush=True,
             )
 
-    if n > 1 and len(tasks) > 1:
-        with ProcessPoolExecutor(max_workers=n) as ex:
-            futs = {i: ex.submit(run_task, tasks[i]) for i in order}
-            for i in order:
-                note(i, futs[i].result())
-    else:
-        for i in order:
-            note(i, run_task(tasks[i]))
-    summaries = [results[i] for i in range(len(tasks))]
+    summaries = executor.map(run_task, tasks, order=order, on_result=note)
     runs = [r for r, _ in summaries]
     wall = time.perf_counter() - t0
 
@@ -225,7 +225,7 @@ def run(
         f"locality model: mean spread factor {model.mean_spread:.3f} under one leaf, per-model "
         "caps (table below; benchmarks/gangsim/locality.py)",
         f"benchmark code at commit {_git_head()}; {_versions()}; total wall time "
-        f"{wall:.0f} s with {n} worker process(es)"
+        f"{wall:.0f} s on {executor.describe()}"
         + (f"; invariants checked after every event ({sum(r.checks for r in runs)} checks)"
            if check else ""),
     ]  # fmt: skip
@@ -270,7 +270,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--h100-sus", type=int, default=8, help="DGX H100 scalable units (32 nodes)")
     ap.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT,
                     help="CP-SAT deterministic-time limit per gang (s)")  # fmt: skip
-    ap.add_argument("--workers", type=int, default=MAX_WORKERS, help="processes (max 2)")
+    sweep.add_arguments(ap)
     ap.add_argument("--check", action="store_true", help="check invariants after every event")
     ap.add_argument("--gang-csv", action="store_true", help="also write gangs.csv.gz")
     ap.add_argument("--out", required=True, help="output directory")
@@ -296,12 +296,10 @@ def run_args(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int
     if bench:  # the bench CLI's shared flags
         clusters = _split(getattr(args, "workloads", None)) or list(DEFAULT_CLUSTERS)
         seeds_arg = args.seeds if args.seeds != "42-51" else DEFAULT_SEEDS
-        workers = int(getattr(args, "jobs", 1) or 1)
         spec = WorkloadSpec()
     else:
         clusters = _split(args.clusters)
         seeds_arg = args.seeds
-        workers = args.workers
         spec = WorkloadSpec(
             jobs=args.jobs,
             hours=args.hours,
@@ -319,21 +317,29 @@ def run_args(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int
     cmd = "python -m benchmarks.gangsim.run " + " ".join(argv) if argv is not None else ""
     if bench:
         cmd = "topoplace bench --scenario gangs ..."
-    run(
-        clusters,
-        policies,
-        parse_seeds(seeds_arg),
-        spec,
-        Path(args.out),
-        backfills=backfills,
-        units={"nvl72": getattr(args, "nvl72_racks", 8), "h100": getattr(args, "h100_sus", 8)},
-        time_limit=getattr(args, "time_limit", DEFAULT_TIME_LIMIT),
-        workers=workers,
-        check=getattr(args, "check", False),
-        gang_csv=getattr(args, "gang_csv", False),
-        command=cmd,
-        quiet=getattr(args, "quiet", False),
-    )
+    try:
+        with sweep.from_args(args) as executor:
+            run(
+                clusters,
+                policies,
+                parse_seeds(seeds_arg),
+                spec,
+                Path(args.out),
+                backfills=backfills,
+                units={
+                    "nvl72": getattr(args, "nvl72_racks", 8),
+                    "h100": getattr(args, "h100_sus", 8),
+                },
+                time_limit=getattr(args, "time_limit", DEFAULT_TIME_LIMIT),
+                executor=executor,
+                check=getattr(args, "check", False),
+                gang_csv=getattr(args, "gang_csv", False),
+                command=cmd,
+                quiet=getattr(args, "quiet", False),
+            )
+    except sweep.SweepError as exc:
+        print(f"gangsim: {exc}", file=sys.stderr)
+        return 2
     print(f"wrote {Path(args.out) / 'report.md'}")
     return 0
 
@@ -348,4 +354,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # Through the importable module, so runs sent to other processes (Ray workers) refer to
+    # benchmarks.gangsim.run, not to __main__.
+    from benchmarks.gangsim.run import main as _main
+
+    raise SystemExit(_main())

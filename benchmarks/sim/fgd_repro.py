@@ -3,24 +3,30 @@
 Usage::
 
     python -m benchmarks.sim.fgd_repro --workloads default,cpu050 --policies fgd,bestfit \\
-        --seeds 42-51 --out benchmarks/results/fgd_openb --jobs 2
+        --seeds 42-51 --out benchmarks/results/fgd_openb
+    topoplace bench --scenario fgd-openb --out out/fgd --ray local   # the same on Ray
 
 For every (workload, policy, seed) it replays the artifact's task order for the seed, places
 tasks until 130 % of the cluster's GPU capacity has arrived, and records the GPU allocation
 ratio and fragmentation per arrived-demand bin. It writes ``results.csv``, ``report.md`` and
 plots into ``--out``, side by side with the published numbers when those are available.
+
+The runs are independent and go through :mod:`benchmarks.sweep`: ``--workers N`` local
+processes (default all CPUs, ``1`` inline) or ``--ray ADDRESS``; ``results.csv`` is the same
+whichever executes them, except the measured ``seconds`` column. With Ray, every worker node
+needs the traces at the ``--data`` path.
 """
 
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks import sweep
 from benchmarks.sim import openb
 from benchmarks.sim.engine import DEFAULT_RANK_SKIP, DEFAULT_TUNE_RATIO, RunSpec, run_openb
 from benchmarks.sim.metrics import RunSummary, summarize
@@ -32,8 +38,6 @@ from scheduler.core.policies.sharing_policies import (
 )
 from scheduler.core.sharing import SharingNode, SharingTask, TypicalDistribution, typical_tasks
 
-MAX_JOBS = 2
-"""Worker processes at most (the benchmark host is shared)."""
 DEFAULT_POLICIES: tuple[str, ...] = tuple(PAPER_POLICY_IDS)
 DEFAULT_SEEDS: tuple[int, ...] = tuple(range(42, 52))
 
@@ -67,7 +71,9 @@ def parse_names(values: Sequence[str] | str | None, default: Sequence[str]) -> t
 
 
 @dataclass(frozen=True, slots=True)
-class _Job:
+class Job:
+    """One run: the (workload, policy, seed) spec and the trace directory to load it from."""
+
     spec: RunSpec
     data_dir: str
 
@@ -89,8 +95,9 @@ def _inputs(
     return _WORKER_DATA[key]
 
 
-def run_one(job: _Job) -> RunSummary:
-    """Simulate one (workload, policy, seed) and summarise it (runs in a worker process)."""
+def run_one(job: Job) -> RunSummary:
+    """Simulate one (workload, policy, seed) and summarise it (in any process: traces are
+    loaded once per process and workload, from ``job.data_dir``)."""
     nodes, tasks, typical = _inputs(job.data_dir, job.spec.workload)
     result = run_openb(job.spec, nodes, tasks, typical, get_sharing_policy(job.spec.policy))
     return summarize(job.spec.workload, result)
@@ -147,7 +154,7 @@ def run_reproduction(
     seeds: Sequence[int],
     out_dir: Path,
     *,
-    jobs: int = 1,
+    executor: sweep.Executor | None = None,
     data_dir: str | Path | None = None,
     expected_dir: str | Path | None = None,
     tune_ratio: float = DEFAULT_TUNE_RATIO,
@@ -156,45 +163,42 @@ def run_reproduction(
 ) -> Path:
     """Run every (workload, policy, seed) and write the report; returns the report path.
 
+    ``executor`` runs the independent runs (default: inline, in this process); the report is
+    the same whichever does, except measured times.
+
     Raises:
         FileNotFoundError: If the traces are absent.
         KeyError: For an unknown policy.
     """
     for p in policies:
         get_sharing_policy(p)
-    data = str(openb.data_dir(data_dir))
+    data = str(openb.data_dir(data_dir).resolve())  # workers may run elsewhere
     for wl in workloads:
         if not openb.pod_file(wl, data).is_file():
             raise FileNotFoundError(f"no pod list for workload {wl!r} in {data}")
     specs = [
-        _Job(RunSpec(wl, pol, seed, tune_ratio, rank_skip), data)
+        Job(RunSpec(wl, pol, seed, tune_ratio, rank_skip), data)
         for wl in workloads
         for pol in policies
         for seed in seeds
     ]
-    jobs = max(1, min(jobs, MAX_JOBS))
+    executor = executor or sweep.LocalExecutor(1)
     t0 = time.perf_counter()
-    results: list[RunSummary] = []
+    finished = 0
 
-    def note(r: RunSummary) -> None:
-        results.append(r)
+    def note(_: int, r: RunSummary) -> None:
+        nonlocal finished
+        finished += 1
         if progress:
             print(
-                f"[{len(results)}/{len(specs)}] {r.workload} {r.policy} seed={r.seed} "
+                f"[{finished}/{len(specs)}] {r.workload} {r.policy} seed={r.seed} "
                 f"alloc@130={r.alloc_pct_at_130:.2f}% ({r.seconds:.1f}s, "
                 f"elapsed {time.perf_counter() - t0:.0f}s)",
                 file=sys.stderr,
                 flush=True,
             )
 
-    if jobs == 1:
-        for job in specs:
-            note(run_one(job))
-    else:
-        with multiprocessing.get_context("fork").Pool(jobs) as pool:
-            for r in pool.imap_unordered(run_one, specs):
-                note(r)
-
+    results = executor.map(run_one, specs, on_result=note)
     published = load_published(expected_dir)
     setup = [
         "Setup: the 1,213-node / 6,212-GPU openb cluster "
@@ -204,11 +208,12 @@ def run_reproduction(
         f"as in the artifact (rank permutation after {rank_skip} extra draws). Published = "
         "FGD artifact cached results (`fgd-artifact-expected-results`).",
         f"Runs: {len(specs)} ({len(workloads)} workloads x {len(policies)} policies x "
-        f"{len(seeds)} seeds: {seeds[0]}..{seeds[-1]}), {jobs} process(es), "
+        f"{len(seeds)} seeds: {seeds[0]}..{seeds[-1]}), {executor.describe()}, "
         f"{time.perf_counter() - t0:.0f} s wall.",
         "Regenerate: `python -m benchmarks.sim.fgd_repro --workloads "
         f"{','.join(workloads)} --policies {','.join(policies)} "
-        f"--seeds {_seed_text(seeds)} --out <dir> --jobs 2`.",
+        f"--seeds {_seed_text(seeds)} --out <dir>` (`--workers N` or `--ray ADDRESS` to "
+        "spread the runs; results do not depend on it).",
     ]
     path = write_report(out_dir, results, published, setup_lines=setup, notes=NOTES)
     if progress:
@@ -240,7 +245,8 @@ def render_only(
         f"{len(seeds)} seeds: {seeds[0]}..{seeds[-1]}); report re-rendered from results.csv.",
         "Regenerate: `python -m benchmarks.sim.fgd_repro --workloads "
         f"{','.join(workloads)} --policies {','.join(policies)} "
-        f"--seeds {_seed_text(seeds)} --out <dir> --jobs 2`.",
+        f"--seeds {_seed_text(seeds)} --out <dir>` (`--workers N` or `--ray ADDRESS` to "
+        "spread the runs; results do not depend on it).",
     ]
     return write_report(out_dir, runs, load_published(expected_dir), setup_lines=setup, notes=NOTES)
 
@@ -269,7 +275,6 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     p.add_argument("--seeds", default="42-51", help="seeds, e.g. 42-51 or 42,43 (default 42-51)")
     p.add_argument("--out", required=parser is None, help="output directory")
-    p.add_argument("--jobs", type=int, default=1, help=f"worker processes (max {MAX_JOBS})")
     p.add_argument("--data", help="trace directory (default: ../shared/data/alibaba-gpu-v2023)")
     p.add_argument("--expected", help="published results directory (default: shared copy)")
     p.add_argument("--tune", type=float, default=DEFAULT_TUNE_RATIO, help="arrived demand ratio")
@@ -277,6 +282,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "--rank-skip", type=int, default=DEFAULT_RANK_SKIP, help="draws before node ranking"
     )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    if parser is None:  # the bench CLI adds its own
+        sweep.add_arguments(p, jobs_alias=True)
     p.add_argument(
         "--render-only",
         action="store_true",
@@ -294,19 +301,23 @@ def run_args(args: argparse.Namespace) -> int:
         if getattr(args, "render_only", False):
             render_only(Path(args.out), args.expected)
             return 0
-        run_reproduction(
-            parse_names(args.workloads, openb.PAPER_WORKLOADS),
-            parse_names(args.policies, DEFAULT_POLICIES),
-            parse_seeds(args.seeds),
-            Path(args.out),
-            jobs=args.jobs,
-            data_dir=args.data,
-            expected_dir=args.expected,
-            tune_ratio=args.tune if args.tune is not None else DEFAULT_TUNE_RATIO,
-            rank_skip=args.rank_skip if args.rank_skip is not None else DEFAULT_RANK_SKIP,
-            progress=not args.quiet,
-        )
-    except (FileNotFoundError, KeyError, ValueError) as exc:
+        workloads = parse_names(args.workloads, openb.PAPER_WORKLOADS)
+        policies = parse_names(args.policies, DEFAULT_POLICIES)
+        seeds = parse_seeds(args.seeds)
+        with sweep.from_args(args) as executor:
+            run_reproduction(
+                workloads,
+                policies,
+                seeds,
+                Path(args.out),
+                executor=executor,
+                data_dir=args.data,
+                expected_dir=args.expected,
+                tune_ratio=args.tune if args.tune is not None else DEFAULT_TUNE_RATIO,
+                rank_skip=args.rank_skip if args.rank_skip is not None else DEFAULT_RANK_SKIP,
+                progress=not args.quiet,
+            )
+    except (FileNotFoundError, KeyError, ValueError, sweep.SweepError) as exc:
         print(f"fgd_repro: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -318,4 +329,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Through the importable module, so runs sent to other processes (Ray workers) refer to
+    # benchmarks.sim.fgd_repro, not to __main__.
+    from benchmarks.sim.fgd_repro import main as _main
+
+    raise SystemExit(_main())

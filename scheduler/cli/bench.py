@@ -3,7 +3,14 @@
 Each scenario adds its own arguments to the ``bench`` parser and runs from the parsed
 namespace. Scenarios import their (heavier) benchmark modules lazily, when run.
 
-    topoplace bench --scenario fgd-openb --seeds 42-51 --out out/fgd --jobs 2
+A scenario's independent runs (workload x policy x seed) go through
+:mod:`benchmarks.sweep`: local processes by default (``--workers N``, default all CPUs,
+``1`` = inline), or a Ray cluster with ``--ray ADDRESS`` (``local`` starts one; ``auto``,
+``host:port`` or ``ray://host:port`` joins one; ``pip install 'topoplace[ray]'``). Results do
+not depend on the executor (only measured times do).
+
+    topoplace bench --scenario fgd-openb --seeds 42-51 --out out/fgd --workers 2
+    topoplace bench --scenario gangs --out out/gangs --ray local
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from benchmarks import sweep  # standard library only; the scenarios' modules load when run
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +60,7 @@ SCENARIOS: dict[str, Scenario] = {
     ),
     "gangs": Scenario(
         "gang placement on NVL72 and DGX H100 clusters: topoplace CP-SAT vs KAI, Kueue and "
-        "first-fit (Helios-derived gangs, Pollux-calibrated locality; --workloads = clusters, "
-        "--jobs = worker processes)",
+        "first-fit (Helios-derived gangs, Pollux-calibrated locality; --workloads = clusters)",
         _run_gangs,
     ),
 }
@@ -73,12 +81,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--seeds", default="42-51", help="seeds, e.g. 42-51 or 42,43")
     parser.add_argument("--workloads", nargs="+", help="workloads (default: scenario's set)")
     parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--jobs", type=int, default=1, help="worker processes (max 2)")
     parser.add_argument("--data", help="input data directory (default: the shared copy)")
     parser.add_argument("--expected", help="published results directory (default: shared copy)")
     parser.add_argument("--tune", type=float, help="arrived demand / capacity (default 1.3)")
     parser.add_argument("--rank-skip", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    sweep.add_arguments(parser, jobs_alias=True)
     parser.set_defaults(func=run)
     return parser
 
