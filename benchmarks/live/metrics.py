@@ -1,0 +1,227 @@
+"""Figures of one arm of a run (live topoplace, live default-scheduler, offline engine).
+
+Placement figures come from where the pods ended up; timing figures (live arms only) from
+when each pod was created and when its binding was seen on a watch; gang integrity from
+the bind times of each gang's members.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from benchmarks.live.scenario import LEAF_LABEL, Scenario
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in 0..100); NaN for no values."""
+    if not values:
+        return math.nan
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, math.ceil(q / 100 * len(s)) - 1))
+    return float(s[k])
+
+
+@dataclass(slots=True)
+class Figures:
+    """One arm of one run. Timing and gang-timing fields are NaN for the offline arm."""
+
+    arm: str
+    run: int
+    pods: int = 0
+    pods_bound: int = 0
+    gpus_requested: int = 0
+    gpus_bound: int = 0
+    allocation_ratio: float = math.nan
+    """GPUs bound / GPUs requested (the scenario only requests what fits)."""
+    nodes_used: int = 0
+    whole_nodes_free: int = 0
+    whole_8gpu_nodes_free: int = 0
+    frag_free_gpus: int = 0
+    """Free GPUs on nodes that are partly used (fragmentation)."""
+    frag_share: float = math.nan
+    """frag_free_gpus / all free GPUs."""
+    best_nodes_used: int = 0
+    best_whole_free: int = 0
+    seconds: float = math.nan
+    """First pod created to last binding seen."""
+    pods_per_s: float = math.nan
+    create_seconds: float = math.nan
+    latency_p50: float = math.nan
+    """Create request sent -> binding seen on the watch, seconds."""
+    latency_p99: float = math.nan
+    gangs: int = 0
+    gangs_complete: int = 0
+    gangs_partial_at_end: int = 0
+    gang_partial_max_s: float = math.nan
+    """Longest time a gang was partly bound (first member bound -> last member bound, or
+    -> end of the arm when it never completed)."""
+    gang_partial_total_s: float = math.nan
+    gangs_partial_max_concurrent: int = 0
+    gang_leaves_max: int = 0
+    """Most distinct leaves one complete gang spans (0: no leaf labels / no gangs)."""
+    same_node_as_offline: int = -1
+    first_divergence: int = -1
+    """Arrival index of the first pod placed on another node than offline (-1: none)."""
+    pending_reasons: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def row(self) -> dict[str, Any]:
+        d = asdict(self)
+        extra = d.pop("extra")
+        d.update({f"x_{k}": v for k, v in sorted(extra.items())})
+        return d
+
+
+def placement_figures(
+    fig: Figures, scenario: Scenario, nodes_of: Mapping[str, str], labels: Mapping[str, Any]
+) -> Figures:
+    """Fill the placement figures of ``fig`` from ``nodes_of`` (pod name -> node name of
+    the pods that were bound / placed) and node labels (name -> labels)."""
+    gpus_of = {p.name: p.gpus for p in scenario.pods}
+    cap = {n.name: n.gpus for n in scenario.nodes}
+    used: dict[str, int] = {}
+    for pod, node in nodes_of.items():
+        used[node] = used.get(node, 0) + gpus_of.get(pod, 0)
+    fig.pods = len(scenario.pods)
+    fig.pods_bound = sum(1 for p in scenario.pods if p.name in nodes_of)
+    fig.gpus_requested = scenario.gpus_requested
+    fig.gpus_bound = sum(gpus_of[p] for p in nodes_of if p in gpus_of)
+    fig.allocation_ratio = fig.gpus_bound / fig.gpus_requested if fig.gpus_requested else math.nan
+    busy = {n for n, u in used.items() if u > 0}
+    fig.nodes_used = len(busy)
+    fig.whole_nodes_free = sum(1 for n, g in cap.items() if g > 0 and n not in busy)
+    fig.whole_8gpu_nodes_free = sum(1 for n, g in cap.items() if g >= 8 and n not in busy)
+    fig.frag_free_gpus = sum(max(0, cap.get(n, 0) - used[n]) for n in busy)
+    free_all = sum(cap.values()) - sum(used.values())
+    fig.frag_share = fig.frag_free_gpus / free_all if free_all > 0 else 0.0
+    fig.best_nodes_used = scenario.best_nodes_used()
+    fig.best_whole_free = scenario.best_whole_free()
+    gangs = scenario.gangs()
+    fig.gangs = len(gangs)
+    leaves = 0
+    for members in gangs.values():
+        if all(m in nodes_of for m in members):
+            fig.gangs_complete += 1
+            ls = {(labels.get(nodes_of[m]) or {}).get(LEAF_LABEL) for m in members}
+            ls.discard(None)
+            leaves = max(leaves, len(ls))
+    fig.gang_leaves_max = leaves
+    return fig
+
+
+def timing_figures(
+    fig: Figures,
+    scenario: Scenario,
+    created: Mapping[str, float],
+    bound: Mapping[str, float],
+    t_created_all: float,
+    t_end: float,
+) -> Figures:
+    """Throughput, latency and gang timing (monotonic seconds) of a live arm.
+
+    Args:
+        created: pod -> when its create request was sent.
+        bound: pod -> when its binding was first seen on the watch.
+        t_created_all: when the last create request returned.
+        t_end: when the arm stopped waiting.
+    """
+    if created:
+        t0 = min(created.values())
+        fig.create_seconds = t_created_all - t0
+        if bound:
+            fig.seconds = max(bound.values()) - t0
+            fig.pods_per_s = len(bound) / fig.seconds if fig.seconds > 0 else math.nan
+        lat = [bound[p] - created[p] for p in bound if p in created]
+        fig.latency_p50 = percentile(lat, 50)
+        fig.latency_p99 = percentile(lat, 99)
+    windows: list[tuple[float, float]] = []
+    for members in scenario.gangs().values():
+        times = [bound[m] for m in members if m in bound]
+        if not times:
+            continue
+        complete = len(times) == len(members)
+        if not complete:
+            fig.gangs_partial_at_end += 1
+        end = max(times) if complete else t_end
+        if end > min(times) or not complete:
+            windows.append((min(times), end))
+    if scenario.gangs():
+        durations = [b - a for a, b in windows]
+        fig.gang_partial_max_s = max(durations, default=0.0)
+        fig.gang_partial_total_s = sum(durations)
+        events = sorted([(a, 1) for a, _ in windows] + [(b, -1) for _, b in windows])
+        cur = peak = 0
+        for _, d in events:
+            cur += d
+            peak = max(peak, cur)
+        fig.gangs_partial_max_concurrent = peak
+    return fig
+
+
+def compare_with_offline(
+    fig: Figures, scenario: Scenario, nodes_of: Mapping[str, str], offline: Mapping[str, str]
+) -> Figures:
+    """Pods on the same node as offline, and the arrival index of the first that is not."""
+    same = 0
+    first = -1
+    for i, p in enumerate(scenario.pods):
+        a, b = nodes_of.get(p.name), offline.get(p.name)
+        if a == b:
+            same += 1
+        elif first < 0:
+            first = i
+    fig.same_node_as_offline = same
+    fig.first_divergence = first
+    return fig
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """``name{labels}`` -> value of every sample line."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if m:
+            try:
+                out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+            except ValueError:
+                continue
+    return out
+
+
+def metric_deltas(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    """Topoplace's request counts, mean latency per verb, binds and gang events during an
+    arm (differences of counters)."""
+    d = {k: after[k] - before.get(k, 0.0) for k in after}
+    out: dict[str, float] = {}
+    for k, v in d.items():
+        if not v:
+            continue
+        if k.startswith("topoplace_request_seconds_count"):
+            verb = re.search(r'verb="([^"]+)"', k)
+            if verb:
+                name = verb.group(1)
+                out[f"{name}_calls"] = out.get(f"{name}_calls", 0.0) + v
+                s = d.get(k.replace("_count", "_sum"), 0.0)
+                out[f"{name}_sum_s"] = out.get(f"{name}_sum_s", 0.0) + s
+        elif k.startswith(("topoplace_binds_total", "topoplace_gang_events_total")):
+            lab = re.search(r'(?:result|event)="([^"]+)"', k)
+            base = "binds" if k.startswith("topoplace_binds") else "gang"
+            out[f"{base}_{lab.group(1) if lab else ''}"] = v
+        elif k.startswith("topoplace_filter_errors_total"):
+            out["filter_errors"] = out.get("filter_errors", 0.0) + v
+    for verb in ("filter", "prioritize", "bind"):
+        n = out.pop(f"{verb}_calls", 0.0)
+        s = out.pop(f"{verb}_sum_s", 0.0)
+        if n:
+            out[f"{verb}_calls"] = n
+            out[f"{verb}_mean_ms"] = round(1000 * s / n, 3)
+    return out
