@@ -860,13 +860,24 @@ def test_scheduler_configuration_values(scheduler_config: dict[str, Any]) -> Non
     }
     assert scheduler_config["percentageOfNodesToScore"] == 100
     assert [p["schedulerName"] for p in scheduler_config["profiles"]] == ["topoplace"]
+    assert scheduler_config["clientConnection"] == {"qps": 500, "burst": 1000}
+    profile = scheduler_config["profiles"][0]
+    # In-tree scores that fight packing are off or turned around (docs/deploy.md).
+    assert profile["plugins"] == {
+        "score": {
+            "disabled": [{"name": "NodeResourcesBalancedAllocation"}, {"name": "ImageLocality"}]
+        }
+    }
+    args = {c["name"]: c["args"] for c in profile["pluginConfig"]}
+    assert args["NodeResourcesFit"]["scoringStrategy"]["type"] == "MostAllocated"
+    assert args["PodTopologySpread"] == {"defaultingType": "List"}
     (extender,) = scheduler_config["extenders"]
     assert extender == {
         "urlPrefix": "http://127.0.0.1:8888/scheduler",
         "filterVerb": "filter",
         "prioritizeVerb": "prioritize",
         "bindVerb": "bind",
-        "weight": 5,
+        "weight": 20,
         "enableHTTPS": False,
         "httpTimeout": "5s",
         "nodeCacheCapable": True,
@@ -1174,8 +1185,10 @@ def test_rbac_grants_what_the_scheduler_and_sidecar_need(
     # ...and no other Lease, and nowhere else
     assert not grants.allows("update", "coordination.k8s.io", "leases", lease_ns, "kube-scheduler")
     assert not grants.allows("update", "coordination.k8s.io", "leases", "kube-system", lease)
+    # waking parked gang members (scheduler/kube/waker.py) patches one pod annotation
+    assert grants.allows("patch", "", "pods", anywhere)
+    assert not grants.allows("update", "", "pods", anywhere)
     # nothing the extender does not need
-    assert not grants.allows("patch", "", "pods", anywhere)
     assert not grants.allows("update", "", "nodes", "")
     assert not grants.allows("get", "", "secrets", anywhere)
 

@@ -390,6 +390,13 @@ class KubeApi:
         """POST ``pods/{name}/binding``; returns the server's answer (a ``Status``)."""
         return self._json(self._core.create_namespaced_pod_binding, name, namespace, dict(body))
 
+    def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str]
+    ) -> dict[str, Any]:
+        """Merge ``annotations`` into a pod's metadata (strategic merge patch)."""
+        body = {"metadata": {"annotations": dict(annotations)}}
+        return self._json(self._core.patch_namespaced_pod, name, namespace, body)
+
     def api_resources(self, group: str, version: str) -> dict[str, Any] | None:
         """The ``APIResourceList`` of ``group/version``, or None when it is not served."""
         try:

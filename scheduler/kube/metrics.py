@@ -42,6 +42,13 @@ class KubeMetrics:
             "1 while no watch has been broken for longer than the threshold",
             registry=r,
         )
+        self.wakes = Counter(
+            "topoplace_kube_pod_wakes",
+            "Parked gang members touched so kube-scheduler retries them, by outcome "
+            "(ok, gone, error)",
+            ["outcome"],
+            registry=r,
+        )
         self.bind_api = Counter(
             "topoplace_kube_bind_api",
             "Binding subresource calls by outcome (ok, idempotent, conflict, not_found, "

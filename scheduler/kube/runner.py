@@ -36,6 +36,7 @@ from scheduler.kube.binder import KubeBinder
 from scheduler.kube.client import KubeApi, Timeouts
 from scheduler.kube.metrics import KubeMetrics
 from scheduler.kube.recovery import RecoveryReport, recover
+from scheduler.kube.waker import PodWaker
 from scheduler.kube.watcher import KubeWatcher, WatchOptions
 from scheduler.runtime.cache import ClusterCache
 from scheduler.runtime.health_tracker import HealthTracker
@@ -195,6 +196,7 @@ class KubeRuntime:
     readiness: KubeReadiness
     options: KubeOptions
     kube_metrics: KubeMetrics
+    waker: PodWaker | None = None
     _janitor_stop: threading.Event = field(default_factory=threading.Event)
     _janitor: threading.Thread | None = None
     _stopped: bool = False
@@ -217,6 +219,12 @@ class KubeRuntime:
                     log.info("dropped %d expired assumption(s)", len(gone))
             except Exception:
                 log.exception("expiring assumptions failed")
+            poll = getattr(self.extender.gangs, "poll", None)
+            if callable(poll):
+                try:
+                    poll(self.extender)
+                except Exception:
+                    log.exception("waking parked gang members failed")
             every = self.options.health_refresh_interval_s
             tracker = self.cache.health_tracker
             if tracker is not None and every > 0 and time.monotonic() - last_refresh >= every:
@@ -241,6 +249,8 @@ class KubeRuntime:
                 wait,
             )
         self._janitor_stop.set()
+        if self.waker is not None:
+            self.waker.close()
         self.watcher.stop()
         self.api.close()
         log.info("kube mode stopped (binds drained: %s)", drained)
@@ -299,7 +309,11 @@ def build_kube_runtime(
         readiness.recovered.set()
 
     watcher.on_synced = after_sync
-    return KubeRuntime(api, cache, watcher, binder, ext, readiness, opts, km)
+    waker = None
+    if gangs is not None and hasattr(gangs, "waker"):
+        waker = PodWaker(api, km)
+        gangs.waker = waker.wake
+    return KubeRuntime(api, cache, watcher, binder, ext, readiness, opts, km, waker)
 
 
 def build_kube_extender(

@@ -93,6 +93,8 @@ ERR_NO_PLAN = "no live gang plan for this pod; it will be planned again"
 ERR_PLAN_BROKEN = "the gang plan expired or broke; the gang will be planned again"
 
 REFUSAL_HOLD_SECONDS = 2.0
+WAKE_BACKOFF_SECONDS = (2.0, 4.0, 8.0, 16.0, 30.0)
+"""Delays between two wakes of the parked members of a gang that is still refused."""
 RESERVE_RETRIES = 2
 DONE_KEPT = 64
 
@@ -177,6 +179,11 @@ class GangRuntime:
         self._refusals: dict[str, _Refusal] = {}
         self._done: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._planned_before: set[str] = set()
+        self._parked: dict[str, set[str]] = {}
+        self._wakes: dict[str, tuple[float, int, int]] = {}  # gang -> (at, count, generation)
+        self.waker: Callable[[list[str], str], None] | None = None
+        """Makes kube-scheduler retry pods it parked (kube mode: patches an annotation, which
+        moves a pod out of the unschedulable queue). None: nothing to wake (snapshot mode)."""
 
     # ---- helpers --------------------------------------------------------------------------
 
@@ -414,6 +421,7 @@ class GangRuntime:
                     with cache.lock:
                         self._drop(ext, req.gang, None, "member without a slot")
                 else:
+                    self._parked.get(req.gang, set()).discard(req.key)
                     return _outcome(names, slot.node)
             event = "replanned" if req.gang in self._planned_before else "planned"
             ref = self._refusals.get(req.gang)
@@ -422,16 +430,80 @@ class GangRuntime:
                 ref.generation == snap.generation or cache.now() - ref.at < REFUSAL_HOLD_SECONDS
             ):
                 self._members.setdefault(req.gang, {})[req.key] = req
+                self._park(req)
                 return _refused(names)
             out = self._plan(ext, req, event)
             if isinstance(out, _Refusal):
+                self._park(req)
                 return _refused(names)
             self._planned_before.add(req.gang)
+            self._wake_parked(ext, req.gang, f"planned {out.plan_id}", besides=req.key)
             with cache.lock:
                 slot = self._claim(out, req)
             if slot is None:  # pragma: no cover - the plan covers every member seen
                 return _refused(names)
             return _outcome(names, slot.node)
+
+    # ---- waking parked members -------------------------------------------------------------
+
+    def _park(self, req: PodRequest) -> None:
+        """Remember a member whose filter was refused: kube-scheduler parks it (no in-tree
+        plugin rejected it, so without QueueingHints no cluster event brings it back; only
+        an update of the pod itself or the 5-minute flush does)."""
+        self._parked.setdefault(req.gang, set()).add(req.key)
+
+    def _wake_parked(self, ext: Any, gang: str, why: str, besides: str = "") -> list[str]:
+        """Ask kube-scheduler to retry the gang's parked members now."""
+        keys = sorted(k for k in self._parked.pop(gang, set()) if k != besides)
+        cache = ext.cache
+        snap = cache.snapshot()
+        keys = [k for k in keys if k not in snap.pods and cache.pending(k) is not None]
+        if not keys or self.waker is None:
+            return []
+        at, count, _ = self._wakes.get(gang, (0.0, 0, -1))
+        self._wakes[gang] = (cache.now(), count + 1, snap.generation)
+        self._event(ext, "woken")
+        log.info("gang %s: waking %d parked member(s) (%s)", gang, len(keys), why)
+        try:
+            self.waker(keys, why)
+        except Exception:  # the waker is an I/O edge: never let it break a filter
+            log.exception("gang %s: waking parked members failed", gang)
+        return keys
+
+    def poll(self, ext: Any) -> list[str]:
+        """Periodic check (kube mode's janitor): wake the parked members of a refused gang
+        when the cluster changed since the refusal and now has enough free healthy GPUs for
+        the gang's requests, with backoff (:data:`WAKE_BACKOFF_SECONDS`) while it stays
+        refused. A woken member's filter plans the gang, and the plan wakes the others.
+        Returns the keys woken."""
+        woken: list[str] = []
+        cache = ext.cache
+        with self._plan_lock:
+            snap = cache.snapshot()
+            free = int(snap.arrays.free.sum()) if len(snap.nodes) else 0
+            now = cache.now()
+            for gang in sorted(self._parked):
+                if not self._parked[gang]:
+                    del self._parked[gang]
+                    continue
+                if gang in cache.plans:
+                    # A live plan: its members come back when their slot is theirs to claim.
+                    woken += self._wake_parked(ext, gang, "plan is live")
+                    continue
+                ref = self._refusals.get(gang)
+                at, count, gen = self._wakes.get(gang, (0.0, 0, -1))
+                changed = ref is None or ref.generation != snap.generation
+                if not changed or gen == snap.generation:
+                    continue
+                delay = WAKE_BACKOFF_SECONDS[min(count, len(WAKE_BACKOFF_SECONDS) - 1)]
+                if count and now - at < delay:
+                    continue
+                members = self._members.get(gang, {})
+                need = sum(r.gpus for r in members.values())
+                if need > free:
+                    continue
+                woken += self._wake_parked(ext, gang, "the cluster changed since the refusal")
+        return woken
 
     def prioritize(
         self, ext: Any, req: PodRequest, names: list[str]
@@ -495,6 +567,8 @@ class GangRuntime:
                     while len(self._done) > DONE_KEPT:
                         self._done.popitem(last=False)
                     self._members.pop(req.gang, None)
+                    self._parked.pop(req.gang, None)
+                    self._wakes.pop(req.gang, None)
             elif slot.state == BINDING:
                 # The member's reservation was released for a bind that failed: the plan
                 # cannot be followed any more; drop it whole (re-planned at the next filter).
