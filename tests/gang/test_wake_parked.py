@@ -108,7 +108,7 @@ class FakeApiRecordingPatches:
 
     def patch_pod_annotations(self, namespace: str, name: str, annotations: dict) -> dict:
         if name in self.missing:
-            raise ApiError(404, "NotFound", "pods \"gone\" not found")
+            raise ApiError(404, "NotFound", 'pods "gone" not found')
         self.patches.append((namespace, name, dict(annotations)))
         return {}
 
