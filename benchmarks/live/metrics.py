@@ -50,6 +50,9 @@ class Figures:
     """First pod created to last binding seen."""
     pods_per_s: float = math.nan
     create_seconds: float = math.nan
+    drain_s: float = math.nan
+    """Last binding seen - last create returned. Near 0: the scheduler kept up with the
+    creator, and pods/s measures the creator (a lower bound on the scheduler's rate)."""
     latency_p50: float = math.nan
     """Create request sent -> binding seen on the watch, seconds."""
     latency_p99: float = math.nan
@@ -134,6 +137,7 @@ def timing_figures(
         fig.create_seconds = t_created_all - t0
         if bound:
             fig.seconds = max(bound.values()) - t0
+            fig.drain_s = max(bound.values()) - t_created_all
             fig.pods_per_s = len(bound) / fig.seconds if fig.seconds > 0 else math.nan
         lat = [bound[p] - created[p] for p in bound if p in created]
         fig.latency_p50 = percentile(lat, 50)

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.live.kubeapi import Api
+from benchmarks.live.kubeapi import Api, parallel
 from benchmarks.live.kubesched import (
     DEFAULT_KUBE_BIN,
     REPO,
@@ -147,8 +147,13 @@ def run_arm(
     idle_timeout: float,
     rate: float,
     topoplace: Topoplace | None,
+    create_workers: int = 1,
 ) -> ArmResult:
-    """Create the scenario's pods in order for ``scheduler_name``, watch them bind."""
+    """Create the scenario's pods in order for ``scheduler_name``, watch them bind.
+
+    With ``create_workers`` > 1, pods are handed out in arrival order to that many
+    concurrent clients, so two pods less than ``create_workers`` apart may reach the API
+    server in either order."""
     phase = f"{arm}-{run}"
     selector = f"{PHASE_LABEL}={phase}"
     pods = [p.to_object(namespace, scheduler_name, run_id, phase) for p in scenario.pods]
@@ -184,13 +189,24 @@ def run_arm(
     th.start()
     time.sleep(0.2)  # let the watch connect
     t_start = time.monotonic()
-    for i, pod in enumerate(pods):
-        if rate > 0:
-            wait = t_start + i / rate - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)
-        res.created[pod["metadata"]["name"]] = time.monotonic()
-        api.create_pod(namespace, pod)
+    nxt = iter(enumerate(pods))
+    take = threading.Lock()
+
+    def creator() -> None:
+        while True:
+            with take:  # hand pods out in arrival order
+                item = next(nxt, None)
+                if item is None:
+                    return
+                i, pod = item
+                if rate > 0:
+                    wait = t_start + i / rate - time.monotonic()
+                    if wait > 0:
+                        time.sleep(wait)
+                res.created[pod["metadata"]["name"]] = time.monotonic()
+            api.create_pod(namespace, pod)
+
+    parallel(lambda _: creator(), list(range(create_workers)), create_workers)
     t_created = time.monotonic()
     last[0] = max(last[0], t_created)
     log(f"{phase}: {len(pods)} pods created in {t_created - t_start:.1f}s")
@@ -296,6 +312,7 @@ ROWS: tuple[tuple[str, str, bool], ...] = (
     ("fragmentation share of free GPUs", "frag_share", True),
     ("pods/s (first create -> last bind)", "pods_per_s", False),
     ("creating the pods took, s", "create_seconds", False),
+    ("last bind after the last create, s", "drain_s", False),
     ("bind latency p50, s", "latency_p50", False),
     ("bind latency p99, s", "latency_p99", False),
     ("gangs complete", "gangs_complete", True),
@@ -303,7 +320,7 @@ ROWS: tuple[tuple[str, str, bool], ...] = (
     ("longest partly-bound window, s", "gang_partial_max_s", False),
     ("gangs partly bound at one instant (max)", "gangs_partial_max_concurrent", False),
     ("most leaves one gang spans", "gang_leaves_max", True),
-    ("pods on the same node as offline", "same_node_as_offline", False),
+    ("pods placed as offline (same node, or unplaced in both)", "same_node_as_offline", False),
     ("first pod placed elsewhere than offline (arrival index)", "first_divergence", False),
 )
 
@@ -385,6 +402,8 @@ def render_summary(
         "gang_partial_max_s",
         "first_divergence",
     ]
+    if not scenario.gangs():
+        cols = [c for c in cols if not c.startswith("gang")]
     lines.append("| " + " | ".join(cols) + " |")
     lines.append("|" + "---|" * len(cols))
     for figs in live.values():
@@ -476,6 +495,32 @@ def build_scenario(args: argparse.Namespace) -> Scenario:
     )
 
 
+def _config_line(cfg: Mapping[str, Any]) -> str:
+    """The knobs of the rendered scheduler configuration that matter for the figures."""
+    conn = cfg.get("clientConnection") or {}
+    ext = (cfg.get("extenders") or [{}])[0]
+    prof = (cfg.get("profiles") or [{}])[0]
+    disabled = [
+        d.get("name")
+        for d in ((prof.get("plugins") or {}).get("score") or {}).get("disabled") or []
+    ]
+    strategy = next(
+        (
+            ((pc.get("args") or {}).get("scoringStrategy") or {}).get("type")
+            for pc in prof.get("pluginConfig") or []
+            if pc.get("name") == "NodeResourcesFit"
+        ),
+        None,
+    )
+    return (
+        f"extender weight {ext.get('weight')}, nodeCacheCapable {ext.get('nodeCacheCapable')}, "
+        f"percentageOfNodesToScore {cfg.get('percentageOfNodesToScore')}, client qps "
+        f"{conn.get('qps', 'default (50)')} / burst {conn.get('burst', 'default (100)')}, "
+        f"NodeResourcesFit {strategy or 'default (LeastAllocated)'}, score plugins disabled: "
+        f"{', '.join(map(str, disabled)) or 'none'}"
+    )
+
+
 def _git_rev() -> str:
     try:
         rev = subprocess.run(
@@ -528,6 +573,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     g.add_argument("--idle-timeout", type=float, default=20, help="stop when no bind for S s")
     g.add_argument(
         "--rate", type=float, default=0, help="pods/s to create (0: as fast as possible)"
+    )
+    g.add_argument(
+        "--create-workers",
+        type=int,
+        default=1,
+        help="concurrent pod creators (1: strict arrival order; more: faster, order kept "
+        "to within that many pods)",
     )
     g.add_argument("--namespace", default="livebench")
     g.add_argument("--policy", default=None, help="topoplace policy file (default shipped)")
@@ -644,7 +696,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         conditions = {
             "nodes": f"{len(scenario.nodes)} ({scenario.gpu_capacity} GPUs)",
             "pods": f"{len(scenario.pods)} ({scenario.gpus_requested} GPUs), arrival order, "
-            + (f"paced at {args.rate:g}/s" if args.rate else "created back to back, one client"),
+            + (f"paced at {args.rate:g}/s" if args.rate else "created back to back")
+            + (
+                f", {args.create_workers} concurrent clients"
+                if args.create_workers > 1
+                else ", one client (strict order)"
+            ),
             "runs": f"{args.runs} (arms alternate order per run; figures are medians)",
             "Kubernetes": f"{api.version()} (kube-scheduler {binary_version(Path(args.kube_bin) / 'kube-scheduler')})",
             "topoplace": f"{__version__} at {_git_rev()}",
@@ -652,7 +709,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "config/deploy/scheduler-config.yaml (rendered copy: scheduler-config.yaml)"
             if ks
             else "not run",
-            "default arm": "up.sh's kube-scheduler, profile default-scheduler, no extender",
+            "shipped scheduler config": _config_line(ks.config) if ks else "not used",
+            "topoplace policy": args.policy or "shipped config/policy.yaml",
+            "default arm": "up.sh's kube-scheduler, profile default-scheduler, no extender, "
+            "client-go default QPS 50 / burst 100 (the shipped config sets its own)",
             "host": f"{platform.machine()}, {cores} cores, load average at start "
             f"{load[0]:.2f}, Python {platform.python_version()}",
             "wait": f"until all bound or no bind for {args.idle_timeout:g}s "
@@ -677,6 +737,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     idle_timeout=args.idle_timeout,
                     rate=args.rate,
                     topoplace=tp if arm == "topoplace" else None,
+                    create_workers=args.create_workers,
                 )
                 if offline_nodes is not None:
                     compare_with_offline(res.figures, scenario, res.nodes_of, offline_nodes)
