@@ -563,7 +563,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     g.add_argument("--workload", default="default")
     g.add_argument("--data", default=None, help="trace dir (default ../shared/data/...)")
     g.add_argument("--max-pods", type=int, default=None)
-    g.add_argument("--max-nodes", type=int, default=None, help="first N nodes only")
+    g.add_argument("--max-nodes", type=int, default=None, help="an evenly spaced sample of N nodes")
     g.add_argument("--resources", choices=("trace", "minimal"), default="trace")
     g = p.add_argument_group("run")
     g.add_argument("--runs", type=int, default=1)

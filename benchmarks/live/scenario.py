@@ -302,8 +302,9 @@ def openb_scenario(
         data: the trace directory (default ``../shared/data/alibaba-gpu-v2023``).
         max_pods: keep at most this many pods.
         resources: ``trace`` (the tasks' CPU and memory) or ``minimal`` (100m, 128Mi).
-        max_nodes: keep only the first nodes of the list (by name; a smaller cluster for
-            development). Pods are still capped at what fits.
+        max_nodes: keep this many nodes, evenly spaced over the list sorted by name (a
+            smaller cluster with roughly the same model mix, for development). Pods are
+            still capped at what fits.
 
     Raises:
         FileNotFoundError: the trace is absent.
@@ -314,8 +315,9 @@ def openb_scenario(
     if resources not in ("trace", "minimal"):
         raise ValueError("resources must be 'trace' or 'minimal'")
     raw_nodes = openb.load_nodes(data)
-    if max_nodes is not None:
-        raw_nodes = raw_nodes[:max_nodes]
+    if max_nodes is not None and max_nodes < len(raw_nodes):
+        step = len(raw_nodes) / max(1, max_nodes)
+        raw_nodes = [raw_nodes[int(i * step)] for i in range(max_nodes)]
     nodes = tuple(
         NodeSpec(
             name=_dns_name(n.name),
