@@ -194,7 +194,9 @@ class KubeScheduler:
         config_path: str | Path | None = None,
         verbosity: int = 2,
         ready_timeout: float = 120.0,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
+        self.extra_args = tuple(extra_args)
         self.kubeconfig = str(kubeconfig)
         self.extender_url = extender_url
         self.workdir = Path(workdir)
@@ -243,6 +245,7 @@ class KubeScheduler:
                     str(self.port),
                     "--v",
                     str(self.verbosity),
+                    *self.extra_args,
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,

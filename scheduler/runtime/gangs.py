@@ -34,8 +34,16 @@ Life of a gang
 Assumptions: without a declared size (no PodGroup minMember, no ``topoplace.io/gang-size``)
 the gang is the members seen so far; a member arriving later for which the plan has no slot
 of its role makes the gang re-plan (whole, bound members fixed). Refusals are remembered for
-:data:`REFUSAL_HOLD_SECONDS` (or until the snapshot changes) so that the members of a gang
-that does not fit do not each run the solver.
+:data:`REFUSAL_HOLD_SECONDS` (ended early when GPUs are freed) and for as long as the
+snapshot does not change, so that the members of a gang that does not fit do not each run
+the solver.
+
+Waking: kube-scheduler parks a member topoplace refused (only an update of the pod brings it
+back before a 5-minute flush when QueueingHints are off, as in kube-scheduler <= 1.31).
+When another member's filter plans the gang, the parked members are woken at once through
+:attr:`GangRuntime.waker` (kube mode patches ``topoplace.io/requeue``); :meth:`GangRuntime.poll`
+(kube mode's janitor, every second) wakes the parked members of a refused gang when the
+cluster changed and has enough free GPUs for it, with backoff while it stays refused.
 
 Restart
 -------
@@ -157,6 +165,14 @@ class _Refusal:
     at: float
     members: int
     details: Mapping[str, Any]
+    free: int = 0
+    """Free healthy GPUs in the cluster when the gang was refused."""
+
+
+def _free_gpus(snap: ClusterSnapshot) -> int:
+    """Free GPUs on schedulable nodes (the capacity a refused gang waits for)."""
+    a = snap.arrays
+    return int(a.free[a.blocked == 0].sum()) if len(snap.nodes) else 0
 
 
 class GangRuntime:
@@ -317,7 +333,12 @@ class GangRuntime:
             result: PlacementResult = fn(snap, greq, params)
             if not result.ok:
                 ref = _Refusal(
-                    result.reason, snap.generation, cache.now(), greq.size, dict(result.details)
+                    result.reason,
+                    snap.generation,
+                    cache.now(),
+                    greq.size,
+                    dict(result.details),
+                    _free_gpus(snap),
                 )
                 self._refusals[gang] = ref
                 self._event(ext, "refused")
@@ -426,8 +447,15 @@ class GangRuntime:
             event = "replanned" if req.gang in self._planned_before else "planned"
             ref = self._refusals.get(req.gang)
             snap = cache.snapshot()
+            # A refusal stands while nothing changed, and for a short hold while nothing was
+            # freed (so the members of a gang that does not fit do not each run the solver);
+            # a deletion the refusal did not see (the watch lagged) ends the hold at once.
             if ref is not None and (
-                ref.generation == snap.generation or cache.now() - ref.at < REFUSAL_HOLD_SECONDS
+                ref.generation == snap.generation
+                or (
+                    cache.now() - ref.at < REFUSAL_HOLD_SECONDS
+                    and _free_gpus(snap) <= ref.free
+                )
             ):
                 self._members.setdefault(req.gang, {})[req.key] = req
                 self._park(req)
@@ -480,7 +508,7 @@ class GangRuntime:
         cache = ext.cache
         with self._plan_lock:
             snap = cache.snapshot()
-            free = int(snap.arrays.free.sum()) if len(snap.nodes) else 0
+            free = _free_gpus(snap)
             now = cache.now()
             for gang in sorted(self._parked):
                 if not self._parked[gang]:

@@ -51,7 +51,7 @@ def test_plan_made_by_a_later_member_wakes_the_refused_one() -> None:
     }
     # The deletion topoplace had not seen when a was tried: room for the whole gang now.
     ext.cache.delete_pod("default/blocker")
-    clock.t += 3  # past the refusal hold
+    # Within the refusal hold, but GPUs were freed since: b's filter solves again and plans.
     (nb,) = filt(ext, b, names)["NodeNames"]
     assert waker.woken == ["default/m-0"] and waker.calls[0][1].startswith("planned ")
     assert bind(ext, b, nb) == ""

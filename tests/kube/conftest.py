@@ -7,7 +7,12 @@ Runs only when ``KUBECONFIG`` is set **and** the suite was asked for (``-m kube`
 Expected: a control plane from ``../shared/controlplane/up.sh`` (etcd, kube-apiserver,
 kube-scheduler v1.28.7 with the extender profile). Knobs:
 
-* ``SCHEDULER_NAME`` (default ``topology-gpu``): the extender-backed profile;
+* ``KUBE_BIN``: a folder with kube-scheduler; the suite then runs its own kube-scheduler
+  with the configuration topoplace ships (``config/deploy/scheduler-config.yaml``, profile
+  ``topoplace``, port ``TOPOPLACE_KUBE_SCHED_PORT``, default 10269) and every test goes
+  through it (start up.sh with ``EXTENDER_URL=none``). ``TOPOPLACE_KUBE_SHIPPED=0`` opts out;
+* ``SCHEDULER_NAME`` (default ``topology-gpu``): the extender-backed profile of up.sh's
+  scheduler, used without ``KUBE_BIN``;
 * ``TOPOPLACE_KUBE_PORT`` (default 8888): where topoplace listens; must match the
   control plane's ``EXTENDER_URL``.
 
@@ -86,8 +91,56 @@ def core(kubeconfig: str) -> Any:
     return client.CoreV1Api(api)
 
 
+SHIPPED_SCHED_PORT = int(os.environ.get("TOPOPLACE_KUBE_SCHED_PORT", "10269"))
+
+
+def shipped_scheduler_wanted() -> bool:
+    """True when ``KUBE_BIN`` holds kube-scheduler (and ``TOPOPLACE_KUBE_SHIPPED`` is not
+    0): the suite then runs its own kube-scheduler with the configuration topoplace ships."""
+    kube_bin = os.environ.get("KUBE_BIN", "")
+    return (
+        bool(kube_bin)
+        and (Path(kube_bin) / "kube-scheduler").is_file()
+        and os.environ.get("TOPOPLACE_KUBE_SHIPPED", "1") != "0"
+    )
+
+
 @pytest.fixture(scope="session")
-def scheduler_name() -> str:
+def shipped_scheduler(
+    kubeconfig: str, port: int, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
+    """kube-scheduler with ``config/deploy/scheduler-config.yaml`` (rendered for loopback:
+    kubeconfig, no leader election, the extender on ``port``), started by this suite.
+
+    QueueingHints are switched off (``TOPOPLACE_KUBE_QUEUEING_HINTS=1`` keeps them), as in
+    kube-scheduler <= 1.31: a pod refused only by the extender then stays parked until the
+    pod itself is updated, which is the condition topoplace's gang wake-up must handle.
+    """
+    if not shipped_scheduler_wanted():
+        pytest.skip("needs KUBE_BIN with kube-scheduler (the shipped configuration is run)")
+    from benchmarks.live.kubesched import KubeScheduler
+
+    extra: tuple[str, ...] = ()
+    if os.environ.get("TOPOPLACE_KUBE_QUEUEING_HINTS") != "1":
+        extra = ("--feature-gates", "SchedulerQueueingHints=false")
+    ks = KubeScheduler(
+        kubeconfig,
+        f"http://127.0.0.1:{port}/scheduler",
+        tmp_path_factory.mktemp("kube-scheduler"),
+        port=SHIPPED_SCHED_PORT,
+        kube_bin=os.environ["KUBE_BIN"],
+        extra_args=extra,
+    )
+    with ks:
+        yield ks
+
+
+@pytest.fixture(scope="session")
+def scheduler_name(request: pytest.FixtureRequest) -> str:
+    """The profile the suite's pods name: the shipped configuration's (``topoplace``) when
+    this suite runs its own kube-scheduler, else ``$SCHEDULER_NAME`` (up.sh's profile)."""
+    if shipped_scheduler_wanted():
+        return str(request.getfixturevalue("shipped_scheduler").profiles[0])
     return os.environ.get("SCHEDULER_NAME", "topology-gpu")
 
 
