@@ -287,7 +287,10 @@ class KubeScheduler:
 
 
 class Topoplace:
-    """``topoplace serve --kubeconfig`` as a subprocess (by pid), as a context manager."""
+    """``topoplace serve --kubeconfig`` as a subprocess (by pid), as a context manager.
+
+    ``source`` runs the ``scheduler`` package of another checkout (an A/B of two
+    versions; default: this repository)."""
 
     def __init__(
         self,
@@ -298,11 +301,13 @@ class Topoplace:
         policy: str | Path | None = None,
         log_level: str = "INFO",
         ready_timeout: float = 120.0,
+        source: str | Path | None = None,
     ) -> None:
         self.kubeconfig = str(kubeconfig)
         self.workdir = Path(workdir)
         self.port = port
         self.policy = policy
+        self.source = Path(source) if source is not None else REPO
         self.log_level = log_level
         self.ready_timeout = ready_timeout
         self.url = f"http://127.0.0.1:{port}"
@@ -324,7 +329,8 @@ class Topoplace:
         with open(self.log_file, "wb") as log:
             self.proc = subprocess.Popen(
                 cmd,
-                cwd=REPO,
+                cwd=self.source,
+                env={**os.environ, "PYTHONPATH": str(self.source)},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -583,6 +583,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     g.add_argument("--namespace", default="livebench")
     g.add_argument("--policy", default=None, help="topoplace policy file (default shipped)")
+    g.add_argument(
+        "--topoplace-src",
+        default=None,
+        help="run topoplace from another checkout (e.g. `git archive REV | tar -x -C DIR`); "
+        "the offline arm still uses this one",
+    )
     g.add_argument("--node-workers", type=int, default=8)
     g = p.add_argument_group("control plane")
     g.add_argument("--kubeconfig", default=None, help="use this running plane (no up/down)")
@@ -659,7 +665,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise RuntimeError(f"nodes not ready: {len(nodes)}/{len(node_objs)}, tainted {bad[:5]}")
         logs = work / "bench-logs"
         if "topoplace" in args.arm_list:
-            tp = Topoplace(kc, logs, port=args.extender_port, policy=args.policy)
+            tp = Topoplace(
+                kc, logs, port=args.extender_port, policy=args.policy, source=args.topoplace_src
+            )
             secs = tp.start()
             log(f"topoplace ready in {secs:.1f}s (log {tp.log_file})")
             ks = KubeScheduler(
@@ -704,7 +712,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             ),
             "runs": f"{args.runs} (arms alternate order per run; figures are medians)",
             "Kubernetes": f"{api.version()} (kube-scheduler {binary_version(Path(args.kube_bin) / 'kube-scheduler')})",
-            "topoplace": f"{__version__} at {_git_rev()}",
+            "topoplace": f"{__version__} at {_git_rev()}"
+            + (
+                f"; live arm runs the checkout in {args.topoplace_src}"
+                if args.topoplace_src
+                else ""
+            ),
             "topoplace arm": f"kube-scheduler profile `{profile}` with the shipped "
             "config/deploy/scheduler-config.yaml (rendered copy: scheduler-config.yaml)"
             if ks
