@@ -330,7 +330,12 @@ class Topoplace:
             self.proc = subprocess.Popen(
                 cmd,
                 cwd=self.source,
-                env={**os.environ, "PYTHONPATH": str(self.source)},
+                env={
+                    **os.environ,
+                    "PYTHONPATH": os.pathsep.join(
+                        x for x in (str(self.source), os.environ.get("PYTHONPATH")) if x
+                    ),
+                },
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
