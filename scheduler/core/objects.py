@@ -7,6 +7,7 @@ json`` List, from kube-scheduler's extender payloads (no kind/apiVersion), or fr
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -268,27 +269,27 @@ after a restart its unbound members are planned again when they come instead of 
 re-reserved from the record."""
 
 
-class PlanRecord(str):
-    """A gang plan id that carries the plan it names, for :func:`placement_value`.
-
-    It *is* the plan id (a ``str``), so it passes wherever a plan id is expected (the third
-    element of ``GangHandler.choose``'s answer); :func:`placement_value` writes the whole
-    plan into the record when given one. Read-only.
+@dataclass(frozen=True, slots=True)
+class PlanRecord:
+    """A gang plan as a member's placement record carries it (see :func:`placement_value`).
 
     Attributes:
+        plan_id: the plan's id.
         slots: the plan's complete slot table, ``(role, node, GPU indices)`` per slot,
-            bound members included.
+            bound members included (empty: only the id is written).
         policy: the gang policy that made the plan.
         created: wall-clock epoch seconds the plan was made.
         ttl: seconds an unbound slot stays reserved.
     """
 
-    slots: tuple[tuple[str, str, tuple[int, ...]], ...]
-    policy: str
-    created: float
-    ttl: float
+    plan_id: str
+    slots: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
+    policy: str = ""
+    created: float = 0.0
+    ttl: float = 0.0
 
-    def __new__(
+    @classmethod
+    def of(
         cls,
         plan_id: str,
         slots: Any = (),
@@ -296,32 +297,28 @@ class PlanRecord(str):
         created: float = 0.0,
         ttl: float = 0.0,
     ) -> PlanRecord:
-        self = super().__new__(cls, plan_id)
+        """A record with its slot table normalized to tuples of str, str, ints."""
         table = tuple((str(r), str(n), tuple(int(g) for g in gs)) for r, n, gs in slots)
-        object.__setattr__(self, "slots", table)
-        object.__setattr__(self, "policy", str(policy))
-        object.__setattr__(self, "created", float(created))
-        object.__setattr__(self, "ttl", float(ttl))
-        return self
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"PlanRecord is read-only ({name})")
+        return cls(str(plan_id), table, str(policy), float(created), float(ttl))
 
 
-def placement_value(node: str, gpus: tuple[int, ...], gang: str = "", plan: str = "") -> str:
+def placement_value(
+    node: str, gpus: tuple[int, ...], gang: str = "", plan: PlanRecord | None = None
+) -> str:
     """Serialize a placement record (compact JSON, sorted keys) for the annotation.
 
-    ``plan`` may be a :class:`PlanRecord`: the record then also carries the whole plan,
-    ``"policy"``, ``"created"``, ``"ttl"`` and ``"slots": [[role, node, [gpus]], ...]``
-    (optional keys of version 1: readers that do not know them ignore them). A slot table
-    above :data:`PLAN_SLOTS_MAX_BYTES` is left out (``"slots_omitted": <count>``).
+    With a ``plan`` the record names it (``"plan"``) and, when the plan has a slot table,
+    carries the whole plan: ``"policy"``, ``"created"``, ``"ttl"`` and
+    ``"slots": [[role, node, [gpus]], ...]`` (optional keys of version 1: readers that do
+    not know them ignore them). A slot table above :data:`PLAN_SLOTS_MAX_BYTES` is left
+    out (``"slots_omitted": <count>``).
     """
     rec: dict[str, Any] = {"v": PLACEMENT_VERSION, "node": node, "gpus": list(gpus)}
     if gang:
         rec["gang"] = gang
-    if plan:
-        rec["plan"] = str(plan)
-    if isinstance(plan, PlanRecord) and plan.slots:
+    if plan is not None and plan.plan_id:
+        rec["plan"] = plan.plan_id
+    if plan is not None and plan.slots:
         if plan.policy:
             rec["policy"] = plan.policy
         rec["created"] = round(plan.created, 3)

@@ -19,7 +19,8 @@ Life of a gang
 3. **Bind** (``choose``, called under the cache lock by the extender) releases the member's
    reservation and returns the planned GPUs, gang and plan id; the extender then assumes the
    real pod with those GPUs in the same critical section and writes the placement
-   annotation. The plan id is a :class:`~scheduler.core.objects.PlanRecord`, so the
+   annotation. The plan travels to bind as an explicit
+   :class:`~scheduler.core.objects.PlanRecord` (in a :class:`MemberPlacement`), so the
    annotation carries the whole plan: every slot's role, node and GPUs, the policy, the
    plan's creation time and TTL. The cluster keeps the plan from the first bind on.
 4. A **refused** gang gets FailedNodes (resolvable) for every candidate with
@@ -110,6 +111,15 @@ DONE_KEPT = 64
 RESERVED = "reserved"
 BINDING = "binding"
 BOUND = "bound"
+
+
+@dataclass(frozen=True, slots=True)
+class MemberPlacement:
+    """What bind writes for a planned gang member: its GPUs, its gang and the whole plan."""
+
+    gpus: tuple[int, ...]
+    gang: str
+    plan: PlanRecord
 
 
 @dataclass
@@ -452,10 +462,7 @@ class GangRuntime:
             # a deletion the refusal did not see (the watch lagged) ends the hold at once.
             if ref is not None and (
                 ref.generation == snap.generation
-                or (
-                    cache.now() - ref.at < REFUSAL_HOLD_SECONDS
-                    and _free_gpus(snap) <= ref.free
-                )
+                or (cache.now() - ref.at < REFUSAL_HOLD_SECONDS and _free_gpus(snap) <= ref.free)
             ):
                 self._members.setdefault(req.gang, {})[req.key] = req
                 self._park(req)
@@ -547,7 +554,7 @@ class GangRuntime:
 
     def choose(
         self, ext: Any, snap: ClusterSnapshot, req: PodRequest, node: str
-    ) -> tuple[tuple[int, ...], str, str] | str | None:
+    ) -> MemberPlacement | str | None:
         """Turn the member's reservation into the real pod (called under the cache lock)."""
         if not req.gang:
             return None
@@ -562,7 +569,7 @@ class GangRuntime:
             if slot.node != node:
                 return REASON_NOT_IN_PLAN
             if slot.state == BOUND:
-                return (slot.gpus, plan.gang, _record(plan))
+                return MemberPlacement(slot.gpus, plan.gang, _record(plan))
             key = reservation_key(plan.gang, slot.slot)
             if slot.state == RESERVED:
                 if cache.snapshot().pods.get(key) is None or cache.now() >= plan.expires:
@@ -570,7 +577,7 @@ class GangRuntime:
                     return ERR_PLAN_BROKEN
                 cache.forget(key)
                 slot.state = BINDING
-            return (slot.gpus, plan.gang, _record(plan))
+            return MemberPlacement(slot.gpus, plan.gang, _record(plan))
 
     def bound(self, ext: Any, req: PodRequest, ok: bool) -> None:
         """Record a member's bind outcome; a failed bind breaks the plan."""
@@ -824,7 +831,7 @@ def _role_of(ext: Any, pod: PodInfo | None) -> str:
 def _record(plan: GangPlan) -> PlanRecord:
     """The plan as members' placement records carry it (built once per plan)."""
     if plan.record is None:
-        plan.record = PlanRecord(
+        plan.record = PlanRecord.of(
             plan.plan_id,
             [
                 (s.role, s.node, s.gpus)

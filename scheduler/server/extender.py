@@ -85,10 +85,9 @@ class GangHandler(Protocol):
         self, ext: Extender, req: PodRequest, names: list[str]
     ) -> list[tuple[str, int]] | None: ...
 
-    def choose(
-        self, ext: Extender, snap: ClusterSnapshot, req: PodRequest, node: str
-    ) -> tuple[tuple[int, ...], str, str] | str | None:
-        """(gpus, gang, plan id) for a planned member, an error string, or None."""
+    def choose(self, ext: Extender, snap: ClusterSnapshot, req: PodRequest, node: str) -> Any:
+        """A ``MemberPlacement`` (gpus, gang, plan record) for a planned member, an error
+        string, or None for pods it does not handle."""
         ...
 
     def bound(self, ext: Extender, req: PodRequest, ok: bool) -> None: ...
@@ -402,14 +401,14 @@ class Extender:
             return f"invalid pod: {exc}"
 
         def choose(s: ClusterSnapshot) -> PodInfo | str:
-            gang, plan = "", ""
-            picked: tuple[tuple[int, ...], str, str] | str | None = None
+            gang, plan = "", None
+            picked: Any = None
             if self.gangs is not None and req.gang:
                 picked = self.gangs.choose(self, s, req, node)
             if isinstance(picked, str):
                 return picked
             if picked is not None:
-                gpus, gang, plan = picked
+                gpus, gang, plan = picked.gpus, picked.gang, picked.plan
             elif nominated is not None:
                 gpus = nominated
             else:

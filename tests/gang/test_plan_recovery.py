@@ -62,8 +62,8 @@ def record_of(pod: dict[str, Any]) -> dict[str, Any]:
 
 def test_plan_record_round_trip() -> None:
     slots = [("worker", "n1", (0, 1, 2, 3)), ("worker", "n2", (4, 5, 6, 7)), ("launcher", "n3", ())]
-    plan = PlanRecord("abc123", slots, "topoplace", WALL, 60.0)
-    assert plan == "abc123" and isinstance(plan, str)
+    plan = PlanRecord.of("abc123", slots, "topoplace", WALL, 60.0)
+    assert plan.plan_id == "abc123" and plan.slots[2] == ("launcher", "n3", ())
     with pytest.raises(AttributeError):
         plan.ttl = 1.0  # type: ignore[misc]
     raw = placement_value("n1", (0, 1, 2, 3), "ns/g", plan)
@@ -96,7 +96,7 @@ def test_plan_record_round_trip() -> None:
     )
     assert table.slots == tuple(slots)
     # A plain plan id writes the record as before: no plan table.
-    plain = orjson.loads(placement_value("n1", (0,), "ns/g", "abc123"))
+    plain = orjson.loads(placement_value("n1", (0,), "ns/g", PlanRecord("abc123")))
     assert set(plain) == {"v", "node", "gpus", "gang", "plan"}
     assert plan_of_record(plain) is None
 
@@ -135,7 +135,7 @@ def test_record_of_a_512_member_gang_stays_well_under_the_annotation_limit() -> 
         slots[0][1],
         tuple(range(8)),
         "ml-team/llm-pretrain-512",
-        PlanRecord("0123456789ab", slots, "topoplace", WALL, 60),
+        PlanRecord.of("0123456789ab", slots, "topoplace", WALL, 60),
     )
     size = len(raw.encode())
     assert size < 64 * 1024 < ANNOTATION_LIMIT  # ~48 KiB
@@ -143,14 +143,16 @@ def test_record_of_a_512_member_gang_stays_well_under_the_annotation_limit() -> 
     assert table is not None and len(table.slots) == 512
     # 512 x 1-GPU members packed 8 per node: smaller still.
     small = [("1gpu", f"node-{i // 8:04d}", (i % 8,)) for i in range(512)]
-    assert len(placement_value("node-0000", (0,), "g", PlanRecord("p", small)).encode()) < 32 * 1024
+    assert (
+        len(placement_value("node-0000", (0,), "g", PlanRecord.of("p", small)).encode()) < 32 * 1024
+    )
 
 
 def test_a_plan_too_large_for_the_record_is_left_out() -> None:
     slots = [
         ("worker", f"node-with-a-rather-long-name-{i:06d}", tuple(range(8))) for i in range(4096)
     ]
-    rec = orjson.loads(placement_value("n", (0,), "g", PlanRecord("p", slots, "x", WALL, 60)))
+    rec = orjson.loads(placement_value("n", (0,), "g", PlanRecord.of("p", slots, "x", WALL, 60)))
     assert "slots" not in rec and rec["slots_omitted"] == 4096
     assert len(orjson.dumps(rec)) < PLAN_SLOTS_MAX_BYTES
     assert plan_of_record(rec) is None
@@ -436,7 +438,7 @@ def test_a_bound_member_outside_the_recorded_plan_makes_the_gang_replan() -> Non
     # w-1 was bound elsewhere (by hand, or by an older plan whose records were lost).
     stray = gang_pod("w-1", 8, "train", 4, node=other, gpu_indices=range(8))
     stray["metadata"]["annotations"][PLACEMENT_ANNOTATION] = placement_value(
-        other, tuple(range(8)), "default/train", plan.plan_id
+        other, tuple(range(8)), "default/train", PlanRecord(plan.plan_id)
     )
     ext2 = restart(ext, extra_pods=[stray])
     rp = recover_plans(ext2.cache.snapshot())["default/train"]
