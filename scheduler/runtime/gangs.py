@@ -604,6 +604,7 @@ class GangRuntime:
                     self._members.pop(req.gang, None)
                     self._parked.pop(req.gang, None)
                     self._wakes.pop(req.gang, None)
+                    self._planned_before.discard(req.gang)  # a reused name plans afresh
             elif slot.state == BINDING:
                 # The member's reservation was released for a bind that failed: the plan
                 # cannot be followed any more; drop it whole (re-planned at the next filter).

@@ -330,3 +330,16 @@ def test_replanning_from_recovery_then_kube_scheduler_calls() -> None:
         assert bind(ext, w, node) == ""
     assert describe_plans(ext)["default/train"]["plan"] == plan_id
     assert events(ext) == {"planned": 1.0, "bound": 3.0}
+
+
+def test_a_gang_name_reused_after_completion_is_planned_not_replanned() -> None:
+    ext, names = make_ext(dgx_su("su-r", nodes=4))
+    for round_ in range(2):
+        ws = members(2, gpus=8)
+        for w in ws:
+            (node,) = filt(ext, w, names)["NodeNames"]
+            assert bind(ext, w, node) == ""
+        for w in ws:
+            ext.cache.delete_pod(f"default/{w['metadata']['name']}")
+        assert events(ext).get("planned") == round_ + 1.0
+    assert "replanned" not in events(ext)
