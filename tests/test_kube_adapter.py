@@ -511,7 +511,12 @@ def test_stop_refuses_new_binds_and_waits_for_in_flight_ones() -> None:
     api = fake_api(podgroups=False)
     api.lists[PODS.name]["items"] = []
     api.pods["rec/train-a"] = pending_train_a()
-    opts = KubeOptions(watch=WatchOptions(podgroups=False), expire_interval_s=0)
+    # The recorded pod names this scheduler; topoplace binds only for its own profiles.
+    opts = KubeOptions(
+        watch=WatchOptions(podgroups=False),
+        expire_interval_s=0,
+        scheduler_names=("not-scheduled-by-anyone",),
+    )
     rt = build_kube_runtime(api, SchedParams(), options=opts, gangs=None)
     rt.watcher.sync()
     rt.watcher.on_synced()

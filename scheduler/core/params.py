@@ -35,6 +35,10 @@ class GangParams:
     workers: int = 1
     spare_nodes: int = 0
     weights: Mapping[str, float] = field(default_factory=dict)
+    max_reserved_gpus_per_namespace: int = 1024
+    """GPUs the unbound slots of one namespace's gang plans may hold at once (a filter
+    call plans and reserves a whole gang; this bounds what any caller can lock up for a
+    TTL). 0: no bound."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +127,10 @@ class SchedParams:
             raise ValueError(
                 "gang: workers >= 1, solver_time_limit_seconds > 0, plan_ttl_seconds > 0"
             )
+        if not isinstance(gp.max_reserved_gpus_per_namespace, int) or (
+            gp.max_reserved_gpus_per_namespace < 0
+        ):
+            raise ValueError("gang: max_reserved_gpus_per_namespace must be an integer >= 0")
         p = replace(p, gang=gp)
         e = obj.get("extender") or {}
         eknown = set(ExtenderParams.__dataclass_fields__)

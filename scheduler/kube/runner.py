@@ -62,6 +62,7 @@ class KubeOptions:
         expire_interval_s: how often expired assumptions (gang reservations with a TTL)
             are dropped; 0 disables the janitor.
         scheduler_names: kube-scheduler profiles (``schedulerName``) that call topoplace;
+            bind refuses pods of any other profile (empty: :data:`DEFAULT_PROFILES`), and
             after a restart, pending gangs of these profiles are planned (reserved) again
             before readiness. Gangs with a member bound by topoplace always are.
         health_refresh_interval_s: how often every node is re-assessed by the health
@@ -79,6 +80,9 @@ class KubeOptions:
 
 
 ENV_SCHEDULER_NAMES = "TOPOPLACE_SCHEDULER_NAMES"
+DEFAULT_PROFILES = ("topoplace",)
+"""Profiles topoplace binds for when ``TOPOPLACE_SCHEDULER_NAMES`` names none (the
+profile of the shipped scheduler configuration)."""
 ENV_BROKEN_AFTER = "TOPOPLACE_WATCH_BROKEN_AFTER_S"
 
 
@@ -302,6 +306,7 @@ def build_kube_runtime(
         gangs=gangs,
         fetch_pod=binder.fetch_pod,
         inflight=InFlight(km.binds_in_flight),
+        profiles=opts.scheduler_names or DEFAULT_PROFILES,
     )
 
     def after_sync() -> None:

@@ -79,6 +79,7 @@ from scheduler.core.gang import (
     RecoveredPlan,
     declared_size,
     gang_request,
+    parse_reservation_key,
     plan_id,
     recover_plans,
     recovery_request,
@@ -177,6 +178,29 @@ class _Refusal:
     details: Mapping[str, Any]
     free: int = 0
     """Free healthy GPUs in the cluster when the gang was refused."""
+
+
+def _over_namespace_cap(
+    snap: ClusterSnapshot, greq: GangRequest, result: PlacementResult, gp: Any
+) -> str:
+    """Why reserving this plan would exceed its namespace's bound on reserved GPUs ("" if
+    it would not). Counts the unbound slots of the namespace's other live plans."""
+    cap = int(getattr(gp, "max_reserved_gpus_per_namespace", 0) or 0)
+    if cap <= 0:
+        return ""
+    ns = greq.key.split("/", 1)[0]
+    held = 0
+    for key, pod in snap.pods.items():
+        parsed = parse_reservation_key(key)
+        if parsed is not None and parsed[0] != greq.key and parsed[0].split("/", 1)[0] == ns:
+            held += len(pod.gpus)
+    new = sum(len(p.gpus) for p in reservation_pods(greq, result))
+    if held + new > cap:
+        return (
+            f"namespace {ns} would hold {held + new} GPUs in unbound gang reservations "
+            f"(bound: {cap})"
+        )
+    return ""
 
 
 def _free_gpus(snap: ClusterSnapshot) -> int:
@@ -353,6 +377,13 @@ class GangRuntime:
                 self._refusals[gang] = ref
                 self._event(ext, "refused")
                 log.info("gang %s refused: %s", gang, result.reason)
+                return ref
+            over = _over_namespace_cap(snap, greq, result, params.gang)
+            if over:
+                ref = _Refusal(over, snap.generation, cache.now(), greq.size, {}, _free_gpus(snap))
+                self._refusals[gang] = ref
+                self._event(ext, "refused")
+                log.warning("gang %s refused: %s", gang, over)
                 return ref
             plan = self._reserve(ext, greq, result, name)
             if plan is not None:

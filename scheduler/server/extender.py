@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol
 
+import numpy as np
 import orjson
 
 from scheduler.core.model import PLACEMENT_ANNOTATION, RESERVATION_PREFIX, PodInfo, PodRequest
@@ -30,6 +31,7 @@ from scheduler.core.objects import (
 )
 from scheduler.core.quantity import cpu_milli, quantity_int
 from scheduler.core.schedule import (
+    CODE_NODE_SELECTOR,
     FEASIBLE,
     REASON_NOT_CHOSEN,
     REASON_UNKNOWN_NODE,
@@ -43,6 +45,7 @@ from scheduler.core.schedule import (
     score_nodes,
     score_positions,
     verdict_groups,
+    verdict_reason,
 )
 from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.runtime.cache import ClusterCache
@@ -51,10 +54,15 @@ from scheduler.server.metrics import Metrics
 from scheduler.server.replies import NameTable
 
 log = logging.getLogger(__name__)
+audit = logging.getLogger("topoplace.bind")
+"""One JSON line per bind and per refused bind (pod, node, GPUs, result, reason, caller)."""
 
 ERR_UNKNOWN_POD = "unknown pod: it was never seen in a filter call"
 ERR_UID_MISMATCH = "pod UID does not match the pod seen in filter"
 ERR_OTHER_NODE = "pod is already bound to another node"
+ERR_NOT_OUR_PROFILE = "pod's schedulerName is not one of topoplace's profiles"
+ERR_ALREADY_BOUND = "pod is already bound"
+ERR_NO_ROOM_CPU_MEMORY = "node lacks the CPU or memory the pod requests"
 
 
 class Binder(Protocol):
@@ -116,6 +124,40 @@ def _merge_gang(base: FilterOutcome, planned: FilterOutcome) -> FilterOutcome:
     return FilterOutcome(feasible, failed, unres)
 
 
+def _node_refuses(
+    snap: ClusterSnapshot,
+    req: PodRequest,
+    node: str,
+    cpu: int,
+    memory: int,
+    check_gpus: bool,
+    params: Any,
+) -> str:
+    """Why ``node`` cannot take the pod at bind time ("" if it can): topoplace's own
+    filter for the pod on that node now (health, cordon, nodeSelector, and, unless the
+    GPUs are already held for it by a nomination or a gang slot, room and link class),
+    plus CPU and memory against what is bound there."""
+    i = snap.index.get(node)
+    if i is None:
+        return REASON_UNKNOWN_NODE
+    pos = np.array([i], dtype=np.int64)
+    code = int(snap.arrays.blocked[i])
+    if req.gpus > 0 and check_gpus:
+        code = int(filter_codes(snap, req, pos, params)[0])
+    elif code == FEASIBLE and req.node_selector:
+        labels = snap.nodes[i].labels
+        if any(labels.get(k) != v for k, v in req.node_selector.items()):
+            code = CODE_NODE_SELECTOR
+    if code != FEASIBLE:
+        return verdict_reason(snap, code, i)
+    n = snap.nodes[i]
+    if (n.cpu_milli and n.cpu_used_milli + cpu > n.cpu_milli) or (
+        n.memory_bytes and n.memory_used_bytes + memory > n.memory_bytes
+    ):
+        return ERR_NO_ROOM_CPU_MEMORY
+    return ""
+
+
 def _sent(groups: list[tuple[bool, str, Any]]) -> list[tuple[bool, str, Any]]:
     """The verdict groups kube-scheduler is told about. Nodes the engine did not choose
     are left out of the reply (kube-scheduler keeps only the nodes a filter returns and
@@ -144,6 +186,9 @@ class Extender:
         gangs: gang-aware hooks, or None to treat every pod alone.
         fetch_pod: looks up a Pod object by key when bind meets a pod it has not seen in
             filter (kube mode: a GET from the API); None in snapshot mode.
+        profiles: the kube-scheduler profiles (``spec.schedulerName``) topoplace binds
+            for; a bind for a pod of any other scheduler is refused. None: any (snapshot
+            mode, where a bind writes nothing).
     """
 
     def __init__(
@@ -154,7 +199,9 @@ class Extender:
         ready: Callable[[], bool] = lambda: True,
         gangs: GangHandler | None = None,
         fetch_pod: Callable[[str, str], Mapping[str, Any] | None] | None = None,
+        profiles: Collection[str] | None = None,
     ) -> None:
+        self.profiles = None if profiles is None else frozenset(profiles)
         self.cache = cache
         self.binder = binder or SnapshotBinder()
         self.metrics = metrics or Metrics()
@@ -220,7 +267,7 @@ class Extender:
         """Filter codes for a single GPU pod, narrowed to the engine's choice with its GPUs
         nominated when ``extender.decide_in_filter`` is on (cache lock held)."""
         codes = filter_codes(snap, req, pos, self.params)
-        if not self.params.extender.decide_in_filter:
+        if not self.params.extender.decide_in_filter or not self._ours(pod):
             return codes
         narrowed, i = narrow_to_choice(snap, req, pos, codes, self.params)
         if i < 0:
@@ -368,15 +415,53 @@ class Extender:
 
     # ---- bind ---------------------------------------------------------------------------
 
-    def bind(self, body: Any) -> dict[str, str]:
-        """``ExtenderBindingArgs`` -> ``ExtenderBindingResult``. Raises WireError on bad input."""
+    def bind(self, body: Any, caller: str = "") -> dict[str, str]:
+        """``ExtenderBindingArgs`` -> ``ExtenderBindingResult``. Raises WireError on bad input.
+
+        Every bind and every refusal is logged as one JSON line (logger
+        ``topoplace.bind``): pod, node, GPUs, result, reason and ``caller`` (the client
+        address the HTTP layer saw).
+        """
         name, ns, uid, node = wire.binding_args(body)
         key = f"{ns}/{name}"
         err = self._bind(key, uid, node)
         self.metrics.binds.labels(result="ok" if not err else "error").inc()
-        if err:
-            log.info("bind %s -> %s refused: %s", key, node, err)
+        held = self.cache.snapshot().pods.get(key) if not err else None
+        audit.info(
+            orjson.dumps(
+                {
+                    "event": "bind",
+                    "pod": key,
+                    "uid": uid,
+                    "node": node,
+                    "gpus": list(held.gpus) if held is not None else [],
+                    "result": "refused" if err else "bound",
+                    "reason": err,
+                    "caller": caller,
+                }
+            ).decode()
+        )
         return {"Error": err.replace("%", "%%")}
+
+    def _ours(self, pod: Mapping[str, Any]) -> bool:
+        """Whether topoplace binds this pod (its schedulerName is one of the profiles)."""
+        if self.profiles is None:
+            return True
+        spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
+        return str(spec.get("schedulerName") or "default-scheduler") in self.profiles
+
+    def _authorize(self, pod: Mapping[str, Any], node: str) -> str:
+        """Why topoplace will not bind ``pod`` to ``node`` at all ("" if it may): only pods
+        of its own profiles, not bound yet. Anyone who reaches the port can call bind; this
+        and the node check in :meth:`_bind` keep it from binding what kube-scheduler did not
+        ask for."""
+        if not self._ours(pod):
+            return ERR_NOT_OUR_PROFILE
+        spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
+        bound_to = spec.get("nodeName")
+        if bound_to:
+            return ERR_ALREADY_BOUND if bound_to == node else ERR_OTHER_NODE
+        return ""
 
     def _bind(self, key: str, uid: str, node: str) -> str:
         snap = self.cache.snapshot()
@@ -393,14 +478,23 @@ class Extender:
         pod_uid = str(meta(pod).get("uid") or "")
         if uid and pod_uid and uid != pod_uid:
             return ERR_UID_MISMATCH
+        why = self._authorize(pod, node)
+        if why:
+            return why
         if snap.node(node) is None:
             return REASON_UNKNOWN_NODE
         try:
             req = request_from_pod(pod, self.params.fabric)
         except ObjectError as exc:
             return f"invalid pod: {exc}"
+        cpu = pod_resource(pod, "cpu", cpu_milli)
+        memory = pod_resource(pod, "memory", quantity_int)
 
         def choose(s: ClusterSnapshot) -> PodInfo | str:
+            held_for_it = nominated is not None or (self.gangs is not None and bool(req.gang))
+            why = _node_refuses(s, req, node, cpu, memory, not held_for_it, self.params)
+            if why:
+                return why
             gang, plan = "", None
             picked: Any = None
             if self.gangs is not None and req.gang:
@@ -422,8 +516,8 @@ class Extender:
                 uid=pod_uid,
                 node=node,
                 gpus=gpus,
-                cpu_milli=pod_resource(pod, "cpu", cpu_milli),
-                memory_bytes=pod_resource(pod, "memory", quantity_int),
+                cpu_milli=cpu,
+                memory_bytes=memory,
                 gang=gang or req.gang,
                 assumed=True,
                 raw=_bound_pod(pod, node, annotation),

@@ -287,6 +287,13 @@ class Topoplace:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env={
+                **os.environ,
+                # bind acts only for these profiles: the shipped one and up.sh's
+                "TOPOPLACE_SCHEDULER_NAMES": ",".join(
+                    {"topoplace", os.environ.get("SCHEDULER_NAME", "topology-gpu")}
+                ),
+            },
         )
 
     def wait_ready(self, timeout: float = 60) -> float:
