@@ -20,6 +20,8 @@ from benchmarks.live import kubesched
 from benchmarks.live.metrics import (
     Figures,
     compare_with_offline,
+    histogram_ms,
+    histogram_quantile,
     metric_deltas,
     parse_prometheus,
     percentile,
@@ -27,10 +29,11 @@ from benchmarks.live.metrics import (
     timing_figures,
 )
 from benchmarks.live.offline import replay
-from benchmarks.live.run import render_summary
+from benchmarks.live.run import profile_top, render_summary
 from benchmarks.live.scenario import (
     GANG_ANNOTATION,
     GANG_SIZE_ANNOTATION,
+    HOLD_GATE,
     LEAF_LABEL,
     SPINE_LABEL,
     mix_scenario,
@@ -111,6 +114,34 @@ def test_render_refuses_a_config_without_extender(tmp_path: Path) -> None:
     f.write_text("apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n")
     with pytest.raises(kubesched.ConfigError):
         kubesched.render_shipped_config(KC, URL, path=f)
+
+
+def test_default_arm_config_is_plain_with_the_shipped_client_limits() -> None:
+    shipped = kubesched.load_shipped()
+    cfg = kubesched.render_default_config(KC, "bench-default-100")
+    assert cfg["kind"] == "KubeSchedulerConfiguration"
+    assert cfg["profiles"] == [{"schedulerName": "bench-default-100"}]  # default plugins
+    assert "extenders" not in cfg
+    assert cfg["percentageOfNodesToScore"] == 100
+    assert cfg["leaderElection"] == {"leaderElect": False}
+    conn = cfg["clientConnection"]
+    assert conn["kubeconfig"] == KC
+    # the same API client limits as topoplace's shipped configuration
+    assert (conn["qps"], conn["burst"]) == (
+        shipped["clientConnection"]["qps"],
+        shipped["clientConnection"]["burst"],
+    )
+    adaptive = kubesched.render_default_config(KC, "x", percentage_of_nodes_to_score=None)
+    assert "percentageOfNodesToScore" not in adaptive
+
+
+def test_cpu_seconds_of_this_process() -> None:
+    t0 = kubesched.cpu_seconds(os.getpid())
+    sum(i * i for i in range(200_000))
+    assert kubesched.cpu_seconds(os.getpid()) >= t0 > 0
+    assert kubesched.cpu_seconds(None) != kubesched.cpu_seconds(None)  # NaN
+    busy, total = kubesched.host_cpu_busy()
+    assert 0 <= busy <= total
 
 
 # ---- scenarios and the offline replay ------------------------------------------------------
@@ -252,6 +283,44 @@ def test_topoplace_metric_deltas() -> None:
     }
 
 
+def test_histogram_quantiles_from_scrapes() -> None:
+    before = parse_prometheus(
+        'x_bucket{verb="bind",le="0.01"} 1\n'
+        'x_bucket{verb="bind",le="0.1"} 1\n'
+        'x_bucket{verb="bind",le="+Inf"} 1\n'
+        'x_count{verb="bind"} 1\nx_sum{verb="bind"} 0.005\n'
+    )
+    after = parse_prometheus(
+        'x_bucket{verb="bind",le="0.01"} 51\n'
+        'x_bucket{verb="bind",le="0.1"} 101\n'
+        'x_bucket{verb="bind",le="+Inf"} 101\n'
+        'x_count{verb="bind"} 101\nx_sum{verb="bind"} 2.505\n'
+        'x_bucket{verb="filter",le="0.01"} 7\n'
+    )
+    h = histogram_ms(before, after, "x", verb="bind")
+    assert h["count"] == 100 and h["mean_ms"] == pytest.approx(25.0)
+    assert h["p50_ms"] == pytest.approx(10.0) and h["p99_ms"] == pytest.approx(98.2)
+    assert histogram_quantile([], 0.5) != histogram_quantile([], 0.5)  # NaN
+
+
+def test_pod_objects_can_be_held_by_a_scheduling_gate() -> None:
+    sc = mix_scenario(4, 1, 2)
+    pod = sc.pods[0].to_object("ns", "s", "t", gate=HOLD_GATE)
+    assert pod["spec"]["schedulingGates"] == [{"name": HOLD_GATE}]
+    assert "schedulingGates" not in sc.pods[0].to_object("ns", "s", "t")
+
+
+def test_profile_top_counts_own_and_inclusive_time() -> None:
+    raw = (
+        "main (/x/scheduler/cli/main.py:10);filter (/x/scheduler/core/schedule.py:5) 3\n"
+        "main (/x/scheduler/cli/main.py:10);bind (/x/scheduler/server/binder.py:7) 1\n"
+    )
+    top = profile_top(raw)
+    assert "samples: 4" in top
+    assert "75.0%  /x/scheduler/core/schedule.py:filter" in top
+    assert "100.0%  /x/scheduler/cli/main.py:main" in top
+
+
 def test_summary_renders_medians_and_gaps() -> None:
     sc = mix_scenario(50, 10, 200)
     nodes, pods = _objects(sc)
@@ -320,3 +389,4 @@ def test_live_benchmark_tiny(tmp_path: Path) -> None:
     assert "live topoplace" in text and "live default-scheduler" in text
     rows = (out / "runs.csv").read_text().splitlines()
     assert len(rows) == 4  # header, topoplace, default, offline
+    assert "pods placed as offline" in text and (out / "bind-floor.csv").exists()

@@ -24,6 +24,7 @@ import orjson
 import yaml
 
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 NOT_READY_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
 
 
@@ -198,6 +199,37 @@ class Api:
 
     def create_pod(self, ns: str, pod: Mapping[str, Any]) -> dict[str, Any]:
         return self.call("POST", f"/api/v1/namespaces/{ns}/pods", pod)  # type: ignore[no-any-return]
+
+    def ungate_pod(self, ns: str, name: str) -> None:
+        """Remove every scheduling gate of a pod (``spec.schedulingGates``): from then on
+        the scheduler may try it."""
+        self.call(
+            "PATCH",
+            f"/api/v1/namespaces/{ns}/pods/{name}",
+            [{"op": "remove", "path": "/spec/schedulingGates"}],
+            content_type=JSON_PATCH,
+        )
+
+    def bind_pod(self, ns: str, name: str, node: str) -> None:
+        """POST the pod's ``binding`` subresource (what a scheduler's bind writes)."""
+        self.call(
+            "POST",
+            f"/api/v1/namespaces/{ns}/pods/{name}/binding",
+            {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {"name": name, "namespace": ns},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+            },
+        )
+
+    def get_text(self, url: str, timeout: float = 30.0) -> str:
+        """GET another loopback server that authenticates with this kubeconfig's token
+        (kube-scheduler's ``/metrics``; its self-signed certificate is not verified)."""
+        r = httpx.get(url, headers=self._headers, verify=False, timeout=timeout)
+        if r.status_code >= 300:
+            raise ApiError(r.status_code, r.content, f"GET {url}")
+        return r.text
 
     def list_pods(self, ns: str, label_selector: str = "") -> dict[str, Any]:
         """The PodList (items and ``metadata.resourceVersion``)."""

@@ -14,14 +14,21 @@ time** and changes only what a loopback run must change:
 Everything else (profiles, pluginConfig, plugin weights, percentageOfNodesToScore,
 extender weight, nodeCacheCapable, managedResources, timeouts...) is passed through.
 
+:func:`render_default_config` writes the comparison arm's configuration: one plain
+profile (kube-scheduler's default plugins, no extender) under its own name, with
+``percentageOfNodesToScore`` 100 or unset (adaptive) and the API client limits topoplace's
+shipped configuration sets (``clientConnection`` qps 500 / burst 1000).
+
 Processes are started and stopped by pid only (SIGTERM, then SIGKILL), with logs in the
-run's work directory.
+run's work directory. :func:`cpu_seconds` reads a process's user + system CPU time from
+``/proc/<pid>/stat``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import os
 import signal
 import socket
@@ -133,6 +140,39 @@ def render_shipped_config(
     return yaml.safe_dump(cfg, sort_keys=False)
 
 
+def render_default_config(
+    kubeconfig: str | Path,
+    scheduler_name: str = "default-scheduler",
+    *,
+    percentage_of_nodes_to_score: int | None = 100,
+    qps: float | None = 500,
+    burst: int | None = 1000,
+) -> dict[str, Any]:
+    """A KubeSchedulerConfiguration with one plain profile named ``scheduler_name``
+    (kube-scheduler's default plugins and scoring), no extender, leader election off.
+
+    Args:
+        percentage_of_nodes_to_score: written as is; None leaves it unset (kube-scheduler's
+            adaptive default: 50 % minus nodes/125, at least 5 %, once 100 nodes are feasible).
+        qps, burst: ``clientConnection`` limits (None: client-go's default, 50 / 100).
+    """
+    conn: dict[str, Any] = {"kubeconfig": str(kubeconfig)}
+    if qps is not None:
+        conn["qps"] = qps
+    if burst is not None:
+        conn["burst"] = burst
+    cfg: dict[str, Any] = {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": conn,
+        "leaderElection": {"leaderElect": False},
+        "profiles": [{"schedulerName": scheduler_name}],
+    }
+    if percentage_of_nodes_to_score is not None:
+        cfg["percentageOfNodesToScore"] = percentage_of_nodes_to_score
+    return cfg
+
+
 # ---- processes ------------------------------------------------------------------------------
 
 
@@ -161,6 +201,32 @@ def _tail(path: Path, n: int = 40) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
 
 
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/<pid>/stat``); NaN when
+    it cannot be read."""
+    if pid is None:
+        return math.nan
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return math.nan
+    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+    # fields[0] is field 3 (state); utime and stime are fields 14 and 15
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def host_cpu_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole host from ``/proc/stat`` (busy = all but idle and
+    iowait): the share of the machine in use between two readings is d(busy) / d(total)."""
+    try:
+        parts = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return (math.nan, math.nan)
+    vals = [int(x) for x in parts[:8]]
+    total = float(sum(vals))
+    return (total - vals[3] - vals[4], total)
+
+
 def binary_version(binary: str | Path) -> str:
     """``vX.Y.Z`` from ``binary --version`` ("" when it cannot tell)."""
     try:
@@ -174,7 +240,9 @@ def binary_version(binary: str | Path) -> str:
 
 
 class KubeScheduler:
-    """``kube-scheduler`` with the shipped configuration, as a context manager.
+    """``kube-scheduler`` with the shipped configuration (or ``config``: a
+    KubeSchedulerConfiguration used as given, e.g. :func:`render_default_config`), as a
+    context manager.
 
     Writes the rendered configuration to ``workdir/kube-scheduler-<port>.yaml``, logs to
     ``workdir/kube-scheduler-<port>.log``, waits for ``https://127.0.0.1:<port>/healthz``
@@ -195,8 +263,10 @@ class KubeScheduler:
         verbosity: int = 2,
         ready_timeout: float = 120.0,
         extra_args: tuple[str, ...] = (),
+        config: Mapping[str, Any] | None = None,
     ) -> None:
         self.extra_args = tuple(extra_args)
+        self.explicit_config = copy.deepcopy(dict(config)) if config is not None else None
         self.kubeconfig = str(kubeconfig)
         self.extender_url = extender_url
         self.workdir = Path(workdir)
@@ -223,9 +293,12 @@ class KubeScheduler:
         if not port_free(self.port):
             raise RuntimeError(f"127.0.0.1:{self.port} is busy")
         self.workdir.mkdir(parents=True, exist_ok=True)
-        text = render_shipped_config(
-            self.kubeconfig, self.extender_url, self.scheduler_name, self.config_path
-        )
+        if self.explicit_config is not None:
+            text = yaml.safe_dump(self.explicit_config, sort_keys=False)
+        else:
+            text = render_shipped_config(
+                self.kubeconfig, self.extender_url, self.scheduler_name, self.config_path
+            )
         self.config = yaml.safe_load(text)
         self.config_file.write_text(text)
         t0 = time.monotonic()
@@ -269,6 +342,10 @@ class KubeScheduler:
     def stop(self) -> None:
         """SIGTERM, then SIGKILL; idempotent."""
         _stop(self.proc)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -364,6 +441,10 @@ class Topoplace:
     def stop(self) -> None:
         """SIGTERM (topoplace drains in-flight binds), then SIGKILL; idempotent."""
         _stop(self.proc, grace=40.0)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

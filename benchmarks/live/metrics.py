@@ -46,16 +46,53 @@ class Figures:
     """frag_free_gpus / all free GPUs."""
     best_nodes_used: int = 0
     best_whole_free: int = 0
+    release: str = ""
+    """How pods reached the scheduler (``cold``, ``ungate`` or ``create``: see
+    ``benchmarks.live.run.RELEASES``)."""
     seconds: float = math.nan
-    """First pod created to last binding seen."""
+    """First pod released (create or ungate request sent) to last binding seen; ``cold``:
+    first binding to last."""
     pods_per_s: float = math.nan
+    """Bound pods / ``seconds`` (``cold``: bound pods - 1, the pods scheduled between the
+    first binding and the last)."""
+    startup_s: float = math.nan
+    """``cold``: kube-scheduler launched -> first binding (start-up and informer sync)."""
     create_seconds: float = math.nan
+    """First release sent -> last release returned (creating, or ungating, every pod)."""
+    release_per_s: float = math.nan
     drain_s: float = math.nan
-    """Last binding seen - last create returned. Near 0: the scheduler kept up with the
-    creator, and pods/s measures the creator (a lower bound on the scheduler's rate)."""
+    """Last binding seen - last release returned. Near 0: the scheduler kept up with the
+    releases, and pods/s measures the client (a lower bound on the scheduler's rate)."""
     latency_p50: float = math.nan
-    """Create request sent -> binding seen on the watch, seconds."""
+    """Release request sent -> binding seen on the watch, seconds (in a backlog, mostly
+    the time spent queued behind the pods released before)."""
     latency_p99: float = math.nan
+    cpu_topoplace_s: float = math.nan
+    """CPU seconds (user + system) of the process during the arm, from ``/proc/<pid>/stat``."""
+    cpu_kube_scheduler_s: float = math.nan
+    cpu_apiserver_s: float = math.nan
+    cpu_etcd_s: float = math.nan
+    cpu_ms_per_pod_topoplace: float = math.nan
+    cpu_ms_per_pod_kube_scheduler: float = math.nan
+    host_busy_share: float = math.nan
+    """Share of the host's CPU time in use during the arm (all processes, /proc/stat)."""
+    load1_start: float = math.nan
+    load1_end: float = math.nan
+    sched_attempt_mean_ms: float = math.nan
+    """kube-scheduler's ``scheduling_attempt_duration_seconds`` (result scheduled): from
+    the start of the pod's scheduling cycle to the end of its binding (extender calls and
+    the bind included; binding cycles run concurrently, so this is not the cost of a pod
+    in the serial scheduling loop)."""
+    sched_attempt_p99_ms: float = math.nan
+    sched_bind_mean_ms: float = math.nan
+    """kube-scheduler's Bind extension point (DefaultBinder's API write; default arms only,
+    a 10 % sample as kube-scheduler records framework metrics)."""
+    tp_filter_mean_ms: float = math.nan
+    """topoplace's own latency per verb (server side, ``topoplace_request_seconds``)."""
+    tp_filter_p99_ms: float = math.nan
+    tp_bind_mean_ms: float = math.nan
+    tp_bind_p50_ms: float = math.nan
+    tp_bind_p99_ms: float = math.nan
     gangs: int = 0
     gangs_complete: int = 0
     gangs_partial_at_end: int = 0
@@ -127,14 +164,17 @@ def timing_figures(
     """Throughput, latency and gang timing (monotonic seconds) of a live arm.
 
     Args:
-        created: pod -> when its create request was sent.
+        created: pod -> when it was released to the scheduler (create or ungate request
+            sent).
         bound: pod -> when its binding was first seen on the watch.
-        t_created_all: when the last create request returned.
+        t_created_all: when the last release request returned.
         t_end: when the arm stopped waiting.
     """
     if created:
         t0 = min(created.values())
         fig.create_seconds = t_created_all - t0
+        if fig.create_seconds > 0:
+            fig.release_per_s = len(created) / fig.create_seconds
         if bound:
             fig.seconds = max(bound.values()) - t0
             fig.drain_s = max(bound.values()) - t_created_all
@@ -181,6 +221,70 @@ def compare_with_offline(
     fig.same_node_as_offline = same
     fig.first_divergence = first
     return fig
+
+
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def _labels(key: str) -> tuple[str, dict[str, str]]:
+    name, _, rest = key.partition("{")
+    return name, dict(_LABEL.findall(rest))
+
+
+def histogram_delta(
+    before: Mapping[str, float], after: Mapping[str, float], name: str, **match: str
+) -> tuple[list[tuple[float, float]], float, float]:
+    """The growth of histogram ``name`` between two scrapes, summed over the series whose
+    labels include ``match``: (cumulative buckets as (le, count) sorted by le, count, sum)."""
+    buckets: dict[float, float] = {}
+    count = total = 0.0
+    for key, v in after.items():
+        base, labels = _labels(key)
+        if not base.startswith(name) or any(labels.get(k) != w for k, w in match.items()):
+            continue
+        d = v - before.get(key, 0.0)
+        if base == f"{name}_bucket":
+            le = labels.get("le", "+Inf")
+            b = math.inf if le == "+Inf" else float(le)
+            buckets[b] = buckets.get(b, 0.0) + d
+        elif base == f"{name}_count":
+            count += d
+        elif base == f"{name}_sum":
+            total += d
+    return sorted(buckets.items()), count, total
+
+
+def histogram_quantile(buckets: Sequence[tuple[float, float]], q: float) -> float:
+    """Prometheus' ``histogram_quantile`` (linear within a bucket) over cumulative
+    ``(le, count)`` buckets; ``q`` in 0..1. NaN without observations."""
+    if not buckets or buckets[-1][1] <= 0:
+        return math.nan
+    rank = q * buckets[-1][1]
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in buckets:
+        if c >= rank:
+            if math.isinf(le):
+                return prev_le
+            if c == prev_c:
+                return le
+            return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
+        prev_le, prev_c = le, c
+    return prev_le
+
+
+def histogram_ms(
+    before: Mapping[str, float], after: Mapping[str, float], name: str, **match: str
+) -> dict[str, float]:
+    """count, mean_ms, p50_ms and p99_ms of a histogram's growth between two scrapes."""
+    buckets, count, total = histogram_delta(before, after, name, **match)
+    if count <= 0:
+        return {"count": 0.0, "mean_ms": math.nan, "p50_ms": math.nan, "p99_ms": math.nan}
+    return {
+        "count": count,
+        "mean_ms": 1000 * total / count,
+        "p50_ms": 1000 * histogram_quantile(buckets, 0.5),
+        "p99_ms": 1000 * histogram_quantile(buckets, 0.99),
+    }
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")

@@ -1,14 +1,28 @@
 """Live benchmark runner: one arrival sequence through the real kube-scheduler with topoplace
-as extender, through default-scheduler alone, and through the offline engine.
+as extender, through default-scheduler alone (its own kube-scheduler process, with the
+same API client limits and ``percentageOfNodesToScore: 100``, and optionally the adaptive
+default), and through the offline engine.
 
 Steps: start a loopback control plane (``../shared/controlplane/up.sh`` with
-``EXTENDER_URL=none``: its kube-scheduler serves ``default-scheduler`` without extender),
-create the scenario's nodes (parallel raw REST), start ``topoplace serve --kubeconfig``
-and kube-scheduler with the configuration topoplace ships (profile ``topoplace``), replay
-the sequence offline on the very Node objects the API server holds, then per run and arm
-create the pods in arrival order, watch their bindings until all are bound or nothing
-moves for ``--idle-timeout`` seconds, record the figures, and delete the pods. Arms
-alternate their order from one run to the next. Everything started is stopped by pid;
+``EXTENDER_URL=none``) and stop the kube-scheduler it starts (by its pid file: every arm
+runs its own), create the scenario's nodes (parallel raw REST), measure the bind floor
+(``POST pods/<name>/binding`` with no scheduler running), replay the sequence offline on
+the very Node objects the API server holds, then per run and arm:
+
+* start only that arm's processes: ``topoplace serve --kubeconfig`` and kube-scheduler with
+  the configuration topoplace ships (profile ``topoplace``) for the ``topoplace`` arm; a
+  kube-scheduler with one plain profile and no extender (:func:`render_default_config`)
+  for ``default`` (``percentageOfNodesToScore: 100``) and ``default-adaptive`` (unset);
+  both with ``clientConnection`` qps 500 / burst 1000;
+* hand it the pods in arrival order as a backlog (``--release``, see :data:`RELEASES`):
+  by default every pod is created before the arm's kube-scheduler starts, so that it
+  finds them all queued, in arrival order, and no client competes with it;
+* watch the bindings until all are bound or nothing moves for ``--idle-timeout`` seconds;
+  read CPU seconds of topoplace, kube-scheduler, kube-apiserver and etcd
+  (``/proc/<pid>/stat``), the host's CPU share and load, and both schedulers' metrics;
+* stop the arm's processes and delete the pods.
+
+Arms alternate their order from one run to the next. Everything started is stopped by pid;
 the plane is removed (``down.sh --purge``) unless ``--keep-work``.
 
 Example (small; the acceptance scale is ``--nodes 500 --big 100 --small 2000``)::
@@ -16,9 +30,10 @@ Example (small; the acceptance scale is ``--nodes 500 --big 100 --small 2000``):
     python -m benchmarks.live.run --scenario mix --nodes 50 --big 10 --small 200 \\
         --out /tmp/livebench-out
 
-Results: ``summary.md`` (conditions, medians over runs, gaps), ``runs.csv`` (one row per
-run and arm), ``pods-<arm>-<run>.csv`` (node and latency of every pod), and the rendered
-``scheduler-config.yaml``.
+Results: ``summary.md`` (conditions, medians over runs, gaps, costs, bind floor),
+``runs.csv`` (one row per run and arm), ``pods-<arm>-<run>.csv`` (node and latency of every
+pod), ``bind-floor.csv``, the rendered ``scheduler-config*.yaml``, and with ``--py-spy``
+``pyspy-topoplace-<run>.txt`` (raw stacks) and ``pyspy-top-<run>.txt`` (hot spots).
 """
 
 from __future__ import annotations
@@ -29,6 +44,7 @@ import csv
 import math
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -36,10 +52,12 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from benchmarks.live.kubeapi import Api, parallel
 from benchmarks.live.kubesched import (
@@ -48,27 +66,48 @@ from benchmarks.live.kubesched import (
     KubeScheduler,
     Topoplace,
     binary_version,
+    cpu_seconds,
+    host_cpu_busy,
+    profile_names,
+    render_default_config,
+    render_shipped_config,
 )
 from benchmarks.live.metrics import (
     Figures,
     compare_with_offline,
+    histogram_ms,
     metric_deltas,
     parse_prometheus,
+    percentile,
     placement_figures,
     timing_figures,
 )
 from benchmarks.live.offline import OfflineResult, replay
 from benchmarks.live.scenario import (
+    HOLD_GATE,
     PHASE_LABEL,
     RUN_LABEL,
+    PodSpec,
     Scenario,
     mix_scenario,
     openb_scenario,
 )
 
 CONTROLPLANE = REPO.parent / "shared" / "controlplane"
-DEFAULT_SCHEDULER = "default-scheduler"
-ARMS = ("topoplace", "default")
+ARMS = ("topoplace", "default", "default-adaptive")
+DEFAULT_ARMS: dict[str, tuple[str, int | None]] = {
+    # arm -> (profile name, percentageOfNodesToScore); a plain default profile under its
+    # own name, so that no other scheduler of a shared plane takes its pods
+    "default": ("bench-default-100", 100),
+    "default-adaptive": ("bench-default-adaptive", None),
+}
+ARM_TITLES = {
+    "topoplace": "live topoplace",
+    "default": "live default-scheduler (100 %)",
+    "default-adaptive": "live default-scheduler (adaptive %)",
+}
+CLIENT_QPS, CLIENT_BURST = 500, 1000
+"""The comparison arms' API client limits: those topoplace's shipped configuration sets."""
 
 
 def log(msg: str) -> None:
@@ -115,6 +154,30 @@ class Plane:
         self.kubeconfig = out.stdout.decode().strip().splitlines()[-1]
         return self.kubeconfig
 
+    def pid(self, name: str) -> int | None:
+        """The pid up.sh recorded for ``name`` (``etcd``, ``kube-apiserver``,
+        ``kube-scheduler``), if that process still runs that program."""
+        try:
+            pid = int((self.work / "pids" / f"{name}.pid").read_text().strip())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except (OSError, ValueError):
+            return None
+        return pid if name.encode() in cmdline and str(self.work).encode() in cmdline else None
+
+    def stop_scheduler(self, timeout: float = 15.0) -> bool:
+        """Stop the kube-scheduler up.sh started (by its pid file): each arm runs its own.
+        True if it was running."""
+        pid = self.pid("kube-scheduler")
+        if pid is None:
+            return False
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.pid("kube-scheduler") is not None:
+            time.sleep(0.2)
+        if self.pid("kube-scheduler") is not None:
+            os.kill(pid, signal.SIGKILL)
+        return True
+
     def down(self, purge: bool) -> None:
         cmd = ["bash", str(self.scripts / "down.sh"), str(self.work)]
         if purge:
@@ -130,7 +193,117 @@ class ArmResult:
     figures: Figures
     nodes_of: dict[str, str] = field(default_factory=dict)
     created: dict[str, float] = field(default_factory=dict)
+    """Pod -> when it was released to the scheduler (create, or ungate, request sent)."""
     bound: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Probes:
+    """What an arm reads just before the first release and just after the last bind: CPU
+    time of the processes that take part, the host's CPU and load, topoplace's and
+    kube-scheduler's metrics."""
+
+    pids: dict[str, int | None] = field(default_factory=dict)
+    """Other processes (``apiserver``, ``etcd``) -> pid (None: absent)."""
+    topoplace: Topoplace | None = None
+    kube_scheduler: KubeScheduler | None = None
+    scheduler_metrics: Callable[[], str] | None = None
+
+    def snap(self, metrics_first: bool, scrape: bool = True) -> dict[str, Any]:
+        """One reading. Metrics are scraped before the CPU times at the start and after
+        them at the end (``metrics_first``), so no scrape is counted in the arm's CPU;
+        ``scrape=False`` reads only CPU and load."""
+        out: dict[str, Any] = {"tp": {}, "ks": {}}
+
+        def do_scrape() -> None:
+            if not scrape:
+                return
+            out["tp"] = parse_prometheus(self.topoplace.metrics()) if self.topoplace else {}
+            sm: dict[str, float] = {}
+            if self.scheduler_metrics is not None:
+                with contextlib.suppress(Exception):
+                    sm = parse_prometheus(self.scheduler_metrics())
+            out["ks"] = sm
+
+        if metrics_first:
+            do_scrape()
+        pids = {
+            "topoplace": self.topoplace.pid if self.topoplace else None,
+            "kube_scheduler": self.kube_scheduler.pid if self.kube_scheduler else None,
+            **self.pids,
+        }
+        out["cpu"] = {k: cpu_seconds(p) for k, p in pids.items()}
+        out["host"] = host_cpu_busy()
+        out["load1"] = os.getloadavg()[0]
+        if not metrics_first:
+            do_scrape()
+        return out
+
+
+def cost_figures(
+    fig: Figures,
+    before: Mapping[str, Any],
+    after: Mapping[str, Any],
+    profile: str,
+    before_metrics: Mapping[str, Any] | None = None,
+) -> Figures:
+    """CPU, load and the schedulers' own latency figures of an arm from two readings
+    (metrics from ``before_metrics`` when given: the CPU reading may be a later one)."""
+    d = {k: after["cpu"].get(k, math.nan) - v for k, v in before["cpu"].items()}
+    fig.cpu_topoplace_s = d.get("topoplace", math.nan)
+    fig.cpu_kube_scheduler_s = d.get("kube_scheduler", math.nan)
+    fig.cpu_apiserver_s = d.get("apiserver", math.nan)
+    fig.cpu_etcd_s = d.get("etcd", math.nan)
+    if fig.pods_bound:
+        fig.cpu_ms_per_pod_topoplace = 1000 * fig.cpu_topoplace_s / fig.pods_bound
+        fig.cpu_ms_per_pod_kube_scheduler = 1000 * fig.cpu_kube_scheduler_s / fig.pods_bound
+    (b0, t0), (b1, t1) = before["host"], after["host"]
+    fig.host_busy_share = (b1 - b0) / (t1 - t0) if t1 > t0 else math.nan
+    fig.load1_start, fig.load1_end = before["load1"], after["load1"]
+    mb = before_metrics if before_metrics is not None else before
+    ks0, ks1 = mb.get("ks") or {}, after.get("ks") or {}
+    if ks1:
+        att = histogram_ms(
+            ks0,
+            ks1,
+            "scheduler_scheduling_attempt_duration_seconds",
+            profile=profile,
+            result="scheduled",
+        )
+        fig.sched_attempt_mean_ms = att["mean_ms"]
+        fig.sched_attempt_p99_ms = att["p99_ms"]
+        bind = histogram_ms(
+            ks0,
+            ks1,
+            "scheduler_framework_extension_point_duration_seconds",
+            extension_point="Bind",
+            profile=profile,
+        )
+        fig.sched_bind_mean_ms = bind["mean_ms"]
+    tp0, tp1 = mb.get("tp") or {}, after.get("tp") or {}
+    if tp1:
+        flt = histogram_ms(tp0, tp1, "topoplace_request_seconds", verb="filter")
+        bnd = histogram_ms(tp0, tp1, "topoplace_request_seconds", verb="bind")
+        fig.tp_filter_mean_ms, fig.tp_filter_p99_ms = flt["mean_ms"], flt["p99_ms"]
+        fig.tp_bind_mean_ms = bnd["mean_ms"]
+        fig.tp_bind_p50_ms, fig.tp_bind_p99_ms = bnd["p50_ms"], bnd["p99_ms"]
+        fig.extra.update(metric_deltas(tp0, tp1))
+    return fig
+
+
+RELEASES = ("cold", "ungate", "create")
+"""How an arm hands its pods to the scheduler (``--release``):
+
+* ``cold``: a backlog the scheduler finds at start. Every pod is created (one client, arrival
+  order) while the arm's kube-scheduler is not running yet, under a name that sorts in
+  arrival order (``aNNNNN-<name>``), then kube-scheduler starts: its informer lists them
+  in that order and queues them all before its first scheduling cycle (it waits for its
+  caches), so it schedules them strictly in arrival order, and no client competes with it
+  for the CPU. Throughput and CPU are taken from the first bind to the last.
+* ``ungate``: a backlog released by clients. Every pod is created held by a scheduling
+  gate while the scheduler runs, then the gates are removed in arrival order by
+  ``ungate_workers`` concurrent clients (order kept to within that many pods).
+* ``create``: the pods are created one after another (``create_workers`` clients)."""
 
 
 def run_arm(
@@ -145,33 +318,53 @@ def run_arm(
     labels: Mapping[str, Any],
     timeout: float,
     idle_timeout: float,
-    rate: float,
-    topoplace: Topoplace | None,
+    rate: float = 0.0,
+    probes: Probes | None = None,
     create_workers: int = 1,
+    release: str = "cold",
+    ungate_workers: int = 4,
+    settle: float = 2.0,
+    launch: Callable[[], Any] | None = None,
+    on_release: Callable[[], None] | None = None,
 ) -> ArmResult:
-    """Create the scenario's pods in order for ``scheduler_name``, watch them bind.
+    """Release the scenario's pods to ``scheduler_name`` in arrival order (see
+    :data:`RELEASES`), watch them bind, take the figures.
 
-    With ``create_workers`` > 1, pods are handed out in arrival order to that many
-    concurrent clients, so two pods less than ``create_workers`` apart may reach the API
-    server in either order."""
+    ``launch`` starts the scheduler (``cold`` only: it must not be running before).
+    ``on_release`` is called just before the release (e.g. to start a profiler)."""
+    if release not in RELEASES:
+        raise ValueError(f"release must be one of {RELEASES}")
+    cold = release == "cold"
+    if cold and launch is None:
+        raise ValueError("release 'cold' needs launch (the scheduler starts after the pods)")
     phase = f"{arm}-{run}"
     selector = f"{PHASE_LABEL}={phase}"
-    pods = [p.to_object(namespace, scheduler_name, run_id, phase) for p in scenario.pods]
+    gate = HOLD_GATE if release == "ungate" else ""
+    pods = [p.to_object(namespace, scheduler_name, run_id, phase, gate) for p in scenario.pods]
+    live_name = {p.name: p.name for p in scenario.pods}
+    if cold:
+        width = max(5, len(str(len(pods))))
+        for i, (sp, obj) in enumerate(zip(scenario.pods, pods, strict=True)):
+            live_name[sp.name] = obj["metadata"]["name"] = f"a{i:0{width}d}-{sp.name}"
+    scenario_name = {v: k for k, v in live_name.items()}
     path = f"/api/v1/namespaces/{namespace}/pods"
     rv = api.list_pods(namespace, selector)["metadata"]["resourceVersion"]
-    res = ArmResult(Figures(arm=arm, run=run))
+    res = ArmResult(Figures(arm=arm, run=run, release=release))
     lock = threading.Lock()
     last = [time.monotonic()]
     errors: list[BaseException] = []
+    first: dict[str, Any] = {}
 
     def on_event(kind: str, obj: dict[str, Any], t: float) -> None:
         if kind not in ("ADDED", "MODIFIED"):
             return
         node = (obj.get("spec") or {}).get("nodeName")
-        name = obj["metadata"]["name"]
+        name = scenario_name.get(obj["metadata"]["name"], obj["metadata"]["name"])
         if node:
             with lock:
                 if name not in res.bound:
+                    if not res.bound and cold and probes is not None:
+                        first.update(probes.snap(metrics_first=False, scrape=False))
                     res.bound[name] = t
                     res.nodes_of[name] = node
                     last[0] = t
@@ -184,32 +377,75 @@ def run_arm(
         except BaseException as exc:  # reported after the arm
             errors.append(exc)
 
-    before = parse_prometheus(topoplace.metrics()) if topoplace else {}
     th = threading.Thread(target=watch, name=f"watch-{phase}", daemon=True)
     th.start()
     time.sleep(0.2)  # let the watch connect
+
+    def create_all(workers: int) -> float:
+        t = time.monotonic()
+        order = iter(enumerate(pods))
+        take = threading.Lock()
+
+        def creator() -> None:
+            while True:
+                with take:  # hand pods out in arrival order
+                    item = next(order, None)
+                    if item is None:
+                        return
+                    i, pod = item
+                    if rate > 0 and release == "create":
+                        wait = t + i / rate - time.monotonic()
+                        if wait > 0:
+                            time.sleep(wait)
+                    if release != "ungate":
+                        res.created[scenario.pods[i].name] = time.monotonic()
+                api.create_pod(namespace, pod)
+
+        parallel(lambda _: creator(), list(range(workers)), workers)
+        return time.monotonic() - t
+
+    if release != "create":
+        secs = create_all(1 if cold else create_workers)
+        what = "ready for the scheduler to start" if cold else f"held by gate {HOLD_GATE}"
+        log(f"{phase}: {len(pods)} pods created ({what}) in {secs:.1f}s; settling {settle:g}s")
+        time.sleep(settle)
+    before = probes.snap(metrics_first=True) if probes else {}
+    if on_release is not None:
+        on_release()
     t_start = time.monotonic()
-    nxt = iter(enumerate(pods))
-    take = threading.Lock()
+    if cold:
+        assert launch is not None
+        res.created.clear()
+        launch()
+        t_created = t_start
+        log(f"{phase}: scheduler started {time.monotonic() - t_start:.1f}s after launch")
+    elif release == "ungate":
+        nxt = iter(enumerate(pods))
+        take = threading.Lock()
 
-    def creator() -> None:
-        while True:
-            with take:  # hand pods out in arrival order
-                item = next(nxt, None)
-                if item is None:
-                    return
-                i, pod = item
-                if rate > 0:
-                    wait = t_start + i / rate - time.monotonic()
-                    if wait > 0:
-                        time.sleep(wait)
-                res.created[pod["metadata"]["name"]] = time.monotonic()
-            api.create_pod(namespace, pod)
+        def ungater() -> None:
+            while True:
+                with take:  # hand pods out in arrival order
+                    item = next(nxt, None)
+                    if item is None:
+                        return
+                    i, pod = item
+                    if rate > 0:
+                        wait = t_start + i / rate - time.monotonic()
+                        if wait > 0:
+                            time.sleep(wait)
+                    res.created[scenario.pods[i].name] = time.monotonic()
+                api.ungate_pod(namespace, pod["metadata"]["name"])
 
-    parallel(lambda _: creator(), list(range(create_workers)), create_workers)
-    t_created = time.monotonic()
-    last[0] = max(last[0], t_created)
-    log(f"{phase}: {len(pods)} pods created in {t_created - t_start:.1f}s")
+        parallel(lambda _: ungater(), list(range(ungate_workers)), ungate_workers)
+        t_created = time.monotonic()
+        log(f"{phase}: {len(pods)} pods ungated in {t_created - t_start:.1f}s")
+    else:
+        create_all(create_workers)
+        t_created = time.monotonic()
+        log(f"{phase}: {len(pods)} pods created in {t_created - t_start:.1f}s")
+    with lock:
+        last[0] = max(last[0], t_created)
     n = len(pods)
     reported = 0.0
     while True:
@@ -224,15 +460,15 @@ def run_arm(
             reported = now
         time.sleep(0.05)
     t_end = time.monotonic()
+    after = probes.snap(metrics_first=False) if probes else {}
     stop.set()
     th.join(1.0)  # a daemon; its stream ends within server_timeout
-    after = parse_prometheus(topoplace.metrics()) if topoplace else {}
     if errors:
         log(f"{phase}: watch failed: {errors[0]}")
     # Reconcile with a list (a binding the watch missed still counts, without a time).
     pending: Counter[str] = Counter()
     for obj in api.list_pods(namespace, selector).get("items") or []:
-        name = obj["metadata"]["name"]
+        name = scenario_name.get(obj["metadata"]["name"], obj["metadata"]["name"])
         node = (obj.get("spec") or {}).get("nodeName")
         if node:
             res.nodes_of.setdefault(name, node)
@@ -247,14 +483,31 @@ def run_arm(
             )
             pending[msg[:160]] += 1
     fig = placement_figures(res.figures, scenario, res.nodes_of, labels)
-    timing_figures(fig, scenario, res.created, res.bound, t_created, t_end)
+    if cold:
+        # the backlog is there from the start: time from the first bind to the last
+        t0 = min(res.bound.values(), default=t_start)
+        res.created = dict.fromkeys((p.name for p in scenario.pods), t_start)
+        timing_figures(fig, scenario, res.created, res.bound, t_start, t_end)
+        if len(res.bound) > 1:
+            span = max(res.bound.values()) - t0
+            fig.seconds = span
+            fig.pods_per_s = (len(res.bound) - 1) / span if span > 0 else math.nan
+        fig.create_seconds = fig.release_per_s = fig.drain_s = math.nan
+        fig.startup_s = t0 - t_start
+    else:
+        timing_figures(fig, scenario, res.created, res.bound, t_created, t_end)
     fig.pending_reasons = "; ".join(f"{k} (x{v})" for k, v in pending.most_common(3))
-    if topoplace is not None:
-        fig.extra.update(metric_deltas(before, after))
+    if probes is not None:
+        cost_figures(fig, first or before, after, scheduler_name, before_metrics=before)
+        if cold and fig.pods_bound > 1:
+            per = fig.pods_bound - 1  # pods scheduled between the two readings
+            fig.cpu_ms_per_pod_topoplace = 1000 * fig.cpu_topoplace_s / per
+            fig.cpu_ms_per_pod_kube_scheduler = 1000 * fig.cpu_kube_scheduler_s / per
     log(
         f"{phase}: {fig.pods_bound}/{fig.pods} bound in {fig.seconds:.1f}s "
         f"({fig.pods_per_s:.1f} pods/s), nodes used {fig.nodes_used}, "
-        f"whole nodes free {fig.whole_nodes_free}"
+        f"whole nodes free {fig.whole_nodes_free}, CPU topoplace {fig.cpu_topoplace_s:.1f}s "
+        f"kube-scheduler {fig.cpu_kube_scheduler_s:.1f}s, host busy {fig.host_busy_share:.0%}"
     )
     return res
 
@@ -271,6 +524,133 @@ def wait_topoplace_free(tp: Topoplace, scenario: Scenario, timeout: float = 120)
             busy = [k for k, v in want.items() if got.get(k) != v][:5]
             raise RuntimeError(f"topoplace still shows GPUs in use after {timeout}s: {busy}")
         time.sleep(0.5)
+
+
+# ---- the bind floor -------------------------------------------------------------------------
+
+NOBODY = "livebench-nobody"
+"""schedulerName of the bind-floor pods: no scheduler serves it, the benchmark binds them."""
+
+
+def measure_bind_floor(
+    api: Api,
+    scenario: Scenario,
+    *,
+    namespace: str,
+    run_id: str,
+    pods: int = 400,
+    workers: Sequence[int] = (1, 8),
+) -> list[dict[str, Any]]:
+    """The raw cost of the API write every bind ends in: ``pods`` one-GPU pods (the
+    scenario's first one-GPU pod's shape) for a scheduler that does not exist, then
+    ``POST pods/<name>/binding`` for each, one share sequentially and the others with more
+    concurrent clients (``workers``), nodes round robin. One row per setting: requests,
+    seconds, binds/s, latency p50/p99/mean (ms)."""
+    shape = next((p for p in scenario.pods if p.gpus == 1), scenario.pods[0])
+    names = [n.name for n in scenario.nodes]
+    share = max(1, pods // len(workers))
+    rows: list[dict[str, Any]] = []
+    for k, w in enumerate(workers):
+        phase = f"bindfloor-{w}"
+        objs = [
+            PodSpec(
+                f"bindfloor-{w}-{i:04d}", shape.gpus, shape.cpu_milli, shape.memory_mib
+            ).to_object(namespace, NOBODY, run_id, phase)
+            for i in range(share)
+        ]
+        parallel(lambda o: api.create_pod(namespace, o), objs, 8)
+
+        def bind(item: tuple[int, dict[str, Any]], k: int = k) -> float:
+            i, obj = item
+            t = time.perf_counter()
+            api.bind_pod(namespace, obj["metadata"]["name"], names[(i + k) % len(names)])
+            return time.perf_counter() - t
+
+        t0 = time.perf_counter()
+        lat: list[float] = parallel(bind, list(enumerate(objs)), w)
+        secs = time.perf_counter() - t0
+        rows.append(
+            {
+                "clients": w,
+                "binds": len(lat),
+                "seconds": round(secs, 3),
+                "binds_per_s": round(len(lat) / secs, 1),
+                "p50_ms": round(1000 * percentile(lat, 50), 2),
+                "p99_ms": round(1000 * percentile(lat, 99), 2),
+                "mean_ms": round(1000 * statistics.fmean(lat), 2),
+            }
+        )
+        log(f"bind floor, {w} client(s): {rows[-1]}")
+    api.delete_pods(namespace)
+    return rows
+
+
+# ---- profiling --------------------------------------------------------------------------
+
+
+class PySpy:
+    """``py-spy record`` of one process (raw collapsed stacks), stopped with SIGINT."""
+
+    def __init__(self, binary: str, pid: int, out: Path, rate: int = 100) -> None:
+        self.cmd = [binary, "record", "--pid", str(pid), "--rate", str(rate)]
+        self.cmd += ["--format", "raw", "--gil", "--output", str(out)]
+        self.out = out
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            self.cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.out.with_suffix(".log"), "wb"),  # noqa: SIM115
+            stdin=subprocess.DEVNULL,
+        )
+        time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+def _frame(f: str) -> str:
+    """``func (path/file.py:123)`` -> ``file.py:func`` (the path shortened to the repo)."""
+    name, _, loc = f.partition(" (")
+    path = loc.rstrip(")").rsplit(":", 1)[0]
+    for marker in ("/site-packages/", "/lib/python3", str(REPO) + "/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+            break
+    return f"{path}:{name}"
+
+
+def profile_top(raw: str, n: int = 25) -> str:
+    """Top functions of a py-spy raw (collapsed) profile: by own samples and inclusive."""
+    own: Counter[str] = Counter()
+    incl: Counter[str] = Counter()
+    total = 0
+    for line in raw.splitlines():
+        stack, _, cnt = line.rpartition(" ")
+        if not stack or not cnt.isdigit():
+            continue
+        c = int(cnt)
+        frames = [_frame(f) for f in stack.split(";") if f and not f.startswith("process ")]
+        frames = [f for f in frames if not f.startswith("thread ")]
+        if not frames:
+            continue
+        total += c
+        own[frames[-1]] += c
+        for f in set(frames):
+            incl[f] += c
+    out = [f"samples: {total}", "", "own time (the function itself):"]
+    out += [f"{100 * c / total:6.1f}%  {f}" for f, c in own.most_common(n)] if total else []
+    out += ["", "inclusive (the function and what it calls):"]
+    out += [f"{100 * c / total:6.1f}%  {f}" for f, c in incl.most_common(n)] if total else []
+    return "\n".join(out)
 
 
 # ---- report ---------------------------------------------------------------------------------
@@ -310,11 +690,29 @@ ROWS: tuple[tuple[str, str, bool], ...] = (
     ("whole 8-GPU nodes free", "whole_8gpu_nodes_free", True),
     ("free GPUs on partly used nodes (fragmentation)", "frag_free_gpus", True),
     ("fragmentation share of free GPUs", "frag_share", True),
-    ("pods/s (first create -> last bind)", "pods_per_s", False),
-    ("creating the pods took, s", "create_seconds", False),
-    ("last bind after the last create, s", "drain_s", False),
-    ("bind latency p50, s", "latency_p50", False),
-    ("bind latency p99, s", "latency_p99", False),
+    ("pods/s (first release -> last bind; cold: first bind -> last)", "pods_per_s", False),
+    ("cold: kube-scheduler launch -> first bind, s", "startup_s", False),
+    ("releasing the pods took, s", "create_seconds", False),
+    ("releases/s (client)", "release_per_s", False),
+    ("last bind after the last release, s", "drain_s", False),
+    ("latency release -> bind p50, s", "latency_p50", False),
+    ("latency release -> bind p99, s", "latency_p99", False),
+    ("kube-scheduler cycle start -> bound, mean ms", "sched_attempt_mean_ms", False),
+    ("kube-scheduler cycle start -> bound, p99 ms", "sched_attempt_p99_ms", False),
+    ("kube-scheduler Bind plugin mean, ms (10 % sample)", "sched_bind_mean_ms", False),
+    ("topoplace filter mean, ms (server side)", "tp_filter_mean_ms", False),
+    ("topoplace filter p99, ms", "tp_filter_p99_ms", False),
+    ("topoplace bind mean, ms (server side, API write included)", "tp_bind_mean_ms", False),
+    ("topoplace bind p50, ms", "tp_bind_p50_ms", False),
+    ("topoplace bind p99, ms", "tp_bind_p99_ms", False),
+    ("CPU s topoplace", "cpu_topoplace_s", False),
+    ("CPU ms per pod topoplace", "cpu_ms_per_pod_topoplace", False),
+    ("CPU s kube-scheduler", "cpu_kube_scheduler_s", False),
+    ("CPU ms per pod kube-scheduler", "cpu_ms_per_pod_kube_scheduler", False),
+    ("CPU s kube-apiserver", "cpu_apiserver_s", False),
+    ("CPU s etcd", "cpu_etcd_s", False),
+    ("host CPU busy during the arm (2 cores = 100 %)", "host_busy_share", False),
+    ("load average (1 min) at the end", "load1_end", False),
     ("gangs complete", "gangs_complete", True),
     ("gangs partly bound at the end", "gangs_partial_at_end", True),
     ("longest partly-bound window, s", "gang_partial_max_s", False),
@@ -325,12 +723,23 @@ ROWS: tuple[tuple[str, str, bool], ...] = (
 )
 
 
+def speed_ratios(med: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """topoplace's median pods/s over each default arm's."""
+    tp = (med.get("topoplace") or {}).get("pods_per_s", math.nan)
+    return {
+        arm: tp / m["pods_per_s"]
+        for arm, m in med.items()
+        if arm != "topoplace" and m.get("pods_per_s") and not math.isnan(tp)
+    }
+
+
 def render_summary(
     scenario: Scenario,
     conditions: Mapping[str, Any],
     live: Mapping[str, Sequence[Figures]],
     offline_fig: Figures | None,
     offline: OfflineResult | None,
+    bind_floor: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     med = {arm: median_figures(figs) for arm, figs in live.items() if figs}
     off = offline_fig.row() if offline_fig else {}
@@ -348,10 +757,16 @@ def render_summary(
         "first, whose GPUs cover the request)."
     )
     lines.append("")
+    ratios = speed_ratios(med)
+    if ratios:
+        lines.append(
+            "Throughput, topoplace / default-scheduler (median pods/s): "
+            + ", ".join(f"{ratio:.2f}x vs {ARM_TITLES[a][5:]}" for a, ratio in ratios.items())
+            + "."
+        )
+        lines.append("")
     arms = [a for a in ARMS if a in med]
-    head = ["figure"]
-    names = {"topoplace": "live topoplace", "default": "live default-scheduler"}
-    head += [names[a] for a in arms]
+    head = ["figure"] + [ARM_TITLES[a] for a in arms]
     if offline_fig:
         head += ["offline (topoplace engine)", "gap live topoplace - offline"]
     lines.append("Medians over runs (latency: median of each run's p50 / p99):")
@@ -361,9 +776,12 @@ def render_summary(
     for label, key, gap in ROWS:
         if key.startswith("gang") and not scenario.gangs():
             continue
-        if key == "gang_leaves_max" and not any(med.get(a, {}).get(key) for a in arms):
+        vals = [med[a].get(key) for a in arms]
+        if all(v is None or (isinstance(v, float) and math.isnan(v)) for v in vals) and not gap:
             continue
-        row = [label] + [_fmt(med[a].get(key)) for a in arms]
+        if key == "gang_leaves_max" and not any(vals):
+            continue
+        row = [label] + [_fmt(v) for v in vals]
         if offline_fig:
             ov = off.get(key)
             row.append(_fmt(ov) if gap else "")
@@ -374,6 +792,20 @@ def render_summary(
                 row.append("")
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
+    if bind_floor:
+        lines.append(
+            "Bind floor: `POST pods/<name>/binding` sent by this benchmark's own client "
+            "(Python, httpx) with no scheduler running, one-GPU pods, nodes round robin:"
+        )
+        lines.append("")
+        lines.append("| clients | binds | binds/s | p50 ms | p99 ms | mean ms |")
+        lines.append("|---|---|---|---|---|---|")
+        for r in bind_floor:
+            lines.append(
+                f"| {r['clients']} | {r['binds']} | {r['binds_per_s']} | {r['p50_ms']} | "
+                f"{r['p99_ms']} | {r['mean_ms']} |"
+            )
+        lines.append("")
     if offline is not None:
         lines.append(
             f"Offline: {len(offline.placements)} placed, {len(offline.refused)} refused in "
@@ -398,8 +830,13 @@ def render_summary(
         "pods_per_s",
         "latency_p50",
         "latency_p99",
+        "cpu_ms_per_pod_topoplace",
+        "cpu_ms_per_pod_kube_scheduler",
+        "host_busy_share",
+        "load1_start",
         "gangs_partial_at_end",
         "gang_partial_max_s",
+        "same_node_as_offline",
         "first_divergence",
     ]
     if not scenario.gangs():
@@ -567,12 +1004,32 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     g.add_argument("--resources", choices=("trace", "minimal"), default="trace")
     g = p.add_argument_group("run")
     g.add_argument("--runs", type=int, default=1)
-    g.add_argument("--arms", default="topoplace,default", help="live arms, comma-separated")
+    g.add_argument(
+        "--arms",
+        default="topoplace,default",
+        help=f"live arms, comma-separated, of {', '.join(ARMS)}",
+    )
     g.add_argument("--no-offline", action="store_true")
     g.add_argument("--timeout", type=float, default=900, help="per arm, seconds")
     g.add_argument("--idle-timeout", type=float, default=20, help="stop when no bind for S s")
     g.add_argument(
-        "--rate", type=float, default=0, help="pods/s to create (0: as fast as possible)"
+        "--release",
+        choices=RELEASES,
+        default="cold",
+        help="cold: a backlog kube-scheduler finds at start (default); ungate: a backlog of "
+        "gated pods released by clients; create: pods created one after another",
+    )
+    g.add_argument(
+        "--ungate-workers",
+        type=int,
+        default=4,
+        help="backlog: concurrent clients removing the gates in arrival order",
+    )
+    g.add_argument(
+        "--settle", type=float, default=2.0, help="seconds between creating and releasing"
+    )
+    g.add_argument(
+        "--rate", type=float, default=0, help="pods/s to release (0: as fast as possible)"
     )
     g.add_argument(
         "--create-workers",
@@ -580,6 +1037,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=1,
         help="concurrent pod creators (1: strict arrival order; more: faster, order kept "
         "to within that many pods)",
+    )
+    g.add_argument("--bind-floor", type=int, default=400, help="pods bound raw (0: skip)")
+    g.add_argument(
+        "--py-spy",
+        default=None,
+        metavar="BINARY",
+        help="record topoplace with py-spy during each topoplace arm (e.g. `py-spy`)",
     )
     g.add_argument("--namespace", default="livebench")
     g.add_argument("--policy", default=None, help="topoplace policy file (default shipped)")
@@ -599,8 +1063,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     g.add_argument("--api-port", type=int, default=17443)
     g.add_argument("--etcd-port", type=int, default=24790)
     g.add_argument("--etcd-peer-port", type=int, default=24800)
-    g.add_argument("--sched-port", type=int, default=11259, help="up.sh's default-scheduler")
+    g.add_argument("--sched-port", type=int, default=11259, help="up.sh's (stopped at once)")
     g.add_argument("--topoplace-sched-port", type=int, default=11260, help="shipped config's")
+    g.add_argument(
+        "--default-sched-port",
+        type=int,
+        default=11261,
+        help="the default arms' kube-scheduler (default-adaptive: this + 1)",
+    )
     g.add_argument("--extender-port", type=int, default=8890)
     g.add_argument("--shipped-config", default=None, help="another scheduler-config.yaml")
     args = p.parse_args(argv)
@@ -610,6 +1080,80 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error(f"unknown arms {bad}; choose from {list(ARMS)}")
     args.arm_list = arms
     return args
+
+
+def shipped_profile(args: argparse.Namespace) -> str:
+    """The profile name of the shipped scheduler configuration (``--shipped-config``)."""
+    from benchmarks.live.kubesched import load_shipped
+
+    return profile_names(load_shipped(args.shipped_config))[0]
+
+
+@dataclass
+class ArmProcesses:
+    """The processes one arm runs: topoplace (topoplace arm) and one kube-scheduler."""
+
+    tp: Topoplace | None = None
+    ks: KubeScheduler | None = None
+    profile: str = ""
+
+    def stop(self) -> None:
+        if self.ks is not None:
+            self.ks.stop()
+        if self.tp is not None:
+            self.tp.stop()
+
+
+@contextlib.contextmanager
+def arm_processes(
+    arm: str,
+    args: argparse.Namespace,
+    kc: str,
+    logs: Path,
+    scenario: Scenario,
+    start_scheduler: bool = True,
+) -> Iterator[ArmProcesses]:
+    """Start ``arm``'s processes, yield them ready, stop them (by pid) on exit. Without
+    ``start_scheduler`` the kube-scheduler is set up but left for the caller to start
+    (``procs.ks.start()``, release ``cold``)."""
+    procs = ArmProcesses()
+    try:
+        if arm == "topoplace":
+            procs.tp = Topoplace(
+                kc, logs, port=args.extender_port, policy=args.policy, source=args.topoplace_src
+            )
+            secs = procs.tp.start()
+            log(f"topoplace ready in {secs:.1f}s (log {procs.tp.log_file})")
+            procs.ks = KubeScheduler(
+                kc,
+                procs.tp.extender_url,
+                logs,
+                port=args.topoplace_sched_port,
+                kube_bin=args.kube_bin,
+                config_path=args.shipped_config,
+            )
+        else:
+            name, pct = DEFAULT_ARMS[arm]
+            port = args.default_sched_port + list(DEFAULT_ARMS).index(arm)
+            cfg = render_default_config(
+                kc,
+                name,
+                percentage_of_nodes_to_score=pct,
+                qps=CLIENT_QPS,
+                burst=CLIENT_BURST,
+            )
+            procs.ks = KubeScheduler(kc, "", logs, port=port, kube_bin=args.kube_bin, config=cfg)
+        if procs.tp is not None:
+            wait_topoplace_free(procs.tp, scenario)
+        if start_scheduler:
+            secs = procs.ks.start()
+            log(f"{arm}: kube-scheduler ready in {secs:.1f}s")
+        procs.profile = (
+            procs.ks.scheduler_name or DEFAULT_ARMS.get(arm, ("",))[0] or shipped_profile(args)
+        )
+        yield procs
+    finally:
+        procs.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -634,8 +1178,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     own_plane = args.kubeconfig is None
     api: Api | None = None
-    tp: Topoplace | None = None
-    ks: KubeScheduler | None = None
     live: dict[str, list[Figures]] = {a: [] for a in args.arm_list}
     offline_res: OfflineResult | None = None
     offline_fig: Figures | None = None
@@ -646,6 +1188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         kc = plane.up() if own_plane else args.kubeconfig
         if own_plane:
             log(f"control plane up in {time.monotonic() - t:.1f}s ({work})")
+            if plane.stop_scheduler():
+                log("stopped up.sh's kube-scheduler (each arm runs its own)")
         api = Api(kc)
         api.ensure_namespace(args.namespace)
         node_objs = [n.to_object(run_id) for n in scenario.nodes]
@@ -664,25 +1208,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         if bad or len(nodes) != len(node_objs):
             raise RuntimeError(f"nodes not ready: {len(nodes)}/{len(node_objs)}, tainted {bad[:5]}")
         logs = work / "bench-logs"
-        if "topoplace" in args.arm_list:
-            tp = Topoplace(
-                kc, logs, port=args.extender_port, policy=args.policy, source=args.topoplace_src
+        plane_pids = {
+            "apiserver": plane.pid("kube-apiserver") if own_plane else None,
+            "etcd": plane.pid("etcd") if own_plane else None,
+        }
+        floor: list[dict[str, Any]] = []
+        if args.bind_floor > 0:
+            floor = measure_bind_floor(
+                api, scenario, namespace=args.namespace, run_id=run_id, pods=args.bind_floor
             )
-            secs = tp.start()
-            log(f"topoplace ready in {secs:.1f}s (log {tp.log_file})")
-            ks = KubeScheduler(
-                kc,
-                tp.extender_url,
-                logs,
-                port=args.topoplace_sched_port,
-                kube_bin=args.kube_bin,
-                config_path=args.shipped_config,
-            )
-            secs = ks.start()
-            (out / "scheduler-config.yaml").write_text(ks.config_file.read_text())
-            log(f"kube-scheduler (shipped config, profiles {ks.profiles}) ready in {secs:.1f}s")
-            wait_topoplace_free(tp, scenario)
-        profile = ks.profiles[0] if ks else ""
+            write_csv(out / "bind-floor.csv", floor)
+        extender_url = f"http://127.0.0.1:{args.extender_port}/scheduler"
+        shipped_text = render_shipped_config(kc, extender_url, None, args.shipped_config)
+        (out / "scheduler-config.yaml").write_text(shipped_text)
+        shipped_dict = yaml.safe_load(shipped_text)
+        profile = profile_names(shipped_dict)[0]
+        for arm in args.arm_list:
+            if arm in DEFAULT_ARMS:
+                name, pct = DEFAULT_ARMS[arm]
+                cfg = render_default_config(
+                    kc, name, percentage_of_nodes_to_score=pct, qps=CLIENT_QPS, burst=CLIENT_BURST
+                )
+                (out / f"scheduler-config-{arm}.yaml").write_text(
+                    yaml.safe_dump(cfg, sort_keys=False)
+                )
         params = load_params(args.policy)
         pod_objs = [p.to_object(args.namespace, profile, run_id) for p in scenario.pods]
         offline_nodes: dict[str, str] | None = None
@@ -701,17 +1250,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         cores = os.cpu_count()
         load = os.getloadavg()
+        release = {
+            "cold": "a backlog kube-scheduler finds at start: every pod created (one client, "
+            "arrival order, names that sort in arrival order) before the arm's kube-scheduler "
+            "starts; pods/s and CPU from its first bind to its last",
+            "ungate": "a backlog: all created held by a scheduling gate (one client, arrival "
+            f"order), then the gates removed in arrival order by {args.ungate_workers} "
+            "concurrent clients as fast as they go",
+            "create": f"created back to back by {args.create_workers} client(s)"
+            + (f", paced at {args.rate:g}/s" if args.rate else ""),
+        }[args.release]
         conditions = {
             "nodes": f"{len(scenario.nodes)} ({scenario.gpu_capacity} GPUs)",
-            "pods": f"{len(scenario.pods)} ({scenario.gpus_requested} GPUs), arrival order, "
-            + (f"paced at {args.rate:g}/s" if args.rate else "created back to back")
-            + (
-                f", {args.create_workers} concurrent clients"
-                if args.create_workers > 1
-                else ", one client (strict order)"
-            ),
+            "pods": f"{len(scenario.pods)} ({scenario.gpus_requested} GPUs), arrival order; "
+            + release,
             "runs": f"{args.runs} (arms alternate order per run; figures are medians)",
-            "Kubernetes": f"{api.version()} (kube-scheduler {binary_version(Path(args.kube_bin) / 'kube-scheduler')})",
+            "Kubernetes": f"{api.version()} (kube-scheduler "
+            f"{binary_version(Path(args.kube_bin) / 'kube-scheduler')})",
             "topoplace": f"{__version__} at {_git_rev()}"
             + (
                 f"; live arm runs the checkout in {args.topoplace_src}"
@@ -719,39 +1274,69 @@ def main(argv: Sequence[str] | None = None) -> int:
                 else ""
             ),
             "topoplace arm": f"kube-scheduler profile `{profile}` with the shipped "
-            "config/deploy/scheduler-config.yaml (rendered copy: scheduler-config.yaml)"
-            if ks
-            else "not run",
-            "shipped scheduler config": _config_line(ks.config) if ks else "not used",
+            "config/deploy/scheduler-config.yaml (rendered copy: scheduler-config.yaml): "
+            + _config_line(shipped_dict),
             "topoplace policy": args.policy or "shipped config/policy.yaml",
-            "default arm": "up.sh's kube-scheduler, profile default-scheduler, no extender, "
-            "client-go default QPS 50 / burst 100 (the shipped config sets its own)",
+            "default arms": "each its own kube-scheduler process, one plain profile "
+            "(kube-scheduler's default plugins and scoring, no extender), client qps "
+            f"{CLIENT_QPS} / burst {CLIENT_BURST}; `default`: percentageOfNodesToScore 100; "
+            "`default-adaptive`: unset (adaptive); copies: scheduler-config-<arm>.yaml",
+            "processes": "only the arm's own scheduler processes run during an arm (started "
+            "before it, stopped after it); up.sh's kube-scheduler is stopped",
             "host": f"{platform.machine()}, {cores} cores, load average at start "
-            f"{load[0]:.2f}, Python {platform.python_version()}",
+            f"{load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (another engineer's control "
+            f"plane may share the machine), Python {platform.python_version()}",
             "wait": f"until all bound or no bind for {args.idle_timeout:g}s "
             f"(cap {args.timeout:g}s per arm)",
         }
         for r in range(1, args.runs + 1):
             order = list(args.arm_list) if r % 2 else list(reversed(args.arm_list))
             for arm in order:
-                if arm == "topoplace":
-                    assert tp is not None
-                    wait_topoplace_free(tp, scenario)
-                res = run_arm(
-                    api,
-                    scenario,
-                    arm=arm,
-                    scheduler_name=profile if arm == "topoplace" else DEFAULT_SCHEDULER,
-                    run=r,
-                    run_id=run_id,
-                    namespace=args.namespace,
-                    labels=labels,
-                    timeout=args.timeout,
-                    idle_timeout=args.idle_timeout,
-                    rate=args.rate,
-                    topoplace=tp if arm == "topoplace" else None,
-                    create_workers=args.create_workers,
-                )
+                cold = args.release == "cold"
+                with arm_processes(arm, args, kc, logs, scenario, not cold) as procs:
+                    probes = Probes(
+                        pids=plane_pids,
+                        topoplace=procs.tp,
+                        kube_scheduler=procs.ks,
+                        scheduler_metrics=(
+                            lambda port=procs.ks.port: api.get_text(  # type: ignore[union-attr]
+                                f"https://127.0.0.1:{port}/metrics"
+                            )
+                        )
+                        if procs.ks
+                        else None,
+                    )
+                    spy: PySpy | None = None
+                    if args.py_spy and procs.tp is not None and procs.tp.pid:
+                        spy = PySpy(args.py_spy, procs.tp.pid, out / f"pyspy-topoplace-{r}.txt")
+                    try:
+                        res = run_arm(
+                            api,
+                            scenario,
+                            arm=arm,
+                            scheduler_name=procs.profile,
+                            run=r,
+                            run_id=run_id,
+                            namespace=args.namespace,
+                            labels=labels,
+                            timeout=args.timeout,
+                            idle_timeout=args.idle_timeout,
+                            rate=args.rate,
+                            probes=probes,
+                            create_workers=args.create_workers,
+                            release=args.release,
+                            ungate_workers=args.ungate_workers,
+                            settle=args.settle,
+                            launch=procs.ks.start if cold and procs.ks else None,
+                            on_release=spy.start if spy else None,
+                        )
+                    finally:
+                        if spy is not None:
+                            spy.stop()
+                    if spy is not None and spy.out.exists():
+                        top = profile_top(spy.out.read_text())
+                        (out / f"pyspy-top-{r}.txt").write_text(top + "\n")
+                        log(f"py-spy: {spy.out}\n{top[:2000]}")
                 if offline_nodes is not None:
                     compare_with_offline(res.figures, scenario, res.nodes_of, offline_nodes)
                 live[arm].append(res.figures)
@@ -762,17 +1347,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if offline_fig:
             rows.append(offline_fig.row())
         write_csv(out / "runs.csv", rows)
-        text = render_summary(scenario, conditions, live, offline_fig, offline_res)
+        text = render_summary(scenario, conditions, live, offline_fig, offline_res, floor)
         (out / "summary.md").write_text(text + "\n")
         print(text)
         log(f"results in {out}")
         ok = True
         return 0
     finally:
-        if ks is not None:
-            ks.stop()
-        if tp is not None:
-            tp.stop()
         if api is not None:
             with contextlib.suppress(Exception):
                 api.delete_pods(args.namespace, timeout=30)

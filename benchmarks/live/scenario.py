@@ -34,6 +34,8 @@ SPINE_LABEL = "network.topology.nvidia.com/spine"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU = "nvidia.com/gpu"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.9"
+HOLD_GATE = "livebench.topoplace.io/hold"
+"""The scheduling gate a backlog run creates its pods with (removed in arrival order)."""
 
 H100 = {
     PRODUCT_LABEL: "NVIDIA-H100-80GB-HBM3",
@@ -119,9 +121,10 @@ class PodSpec:
     """Allowed ``nvidia.com/gpu.product`` values (required node affinity); empty = any."""
 
     def to_object(
-        self, namespace: str, scheduler_name: str, run: str, phase: str = ""
+        self, namespace: str, scheduler_name: str, run: str, phase: str = "", gate: str = ""
     ) -> dict[str, Any]:
-        """The Pod to create (requests = limits; never runs: no kubelet)."""
+        """The Pod to create (requests = limits; never runs: no kubelet); with ``gate``, held
+        by that scheduling gate (``spec.schedulingGates``) until it is removed."""
         res = {"cpu": f"{self.cpu_milli}m", "memory": f"{self.memory_mib}Mi", GPU: str(self.gpus)}
         ann: dict[str, str] = {}
         if self.gang:
@@ -143,6 +146,8 @@ class PodSpec:
                 }
             ],
         }
+        if gate:
+            spec["schedulingGates"] = [{"name": gate}]
         if self.gpu_models:
             spec["affinity"] = {
                 "nodeAffinity": {
