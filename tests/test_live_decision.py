@@ -215,3 +215,33 @@ def test_extender_policy_section_is_validated(section: dict, error: str) -> None
         {"extender": {"decide_in_filter": False, "nomination_ttl_seconds": 12}}
     )
     assert ok.extender == ExtenderParams(decide_in_filter=False, nomination_ttl_seconds=12.0)
+
+
+def test_ties_go_to_the_lowest_name_whatever_the_snapshot_order() -> None:
+    nodes = list(reversed(dgx_h100_nodes(5)))  # snapshot positions in reverse name order
+    snap = build_snapshot(nodes, [], P)
+    req = request_from_pod(make_pod("t", 2), P.fabric)
+    (a,) = place_pod(snap, req, P).assignments
+    assert a.node == "dgx-h100-00000"
+    pos = name_positions(snap, ["dgx-h100-00003", "dgx-h100-00001", "dgx-h100-00004"])
+    scores = score_positions(snap, req, pos, P).tolist()
+    assert scores[1] == MAX_SCORE and scores[0] < MAX_SCORE and scores[2] < MAX_SCORE
+
+
+def test_bind_and_watch_confirmation_reuse_the_node_arrays() -> None:
+    """A nomination turning into a bind, and the watch confirming that bind, change only
+    the pod's record: no copy of the node arrays (the per-pod cost at 5,000 nodes)."""
+    nodes = dgx_h100_nodes(3)
+    names = [n["metadata"]["name"] for n in nodes]
+    ext = _ext(nodes)
+    c = asgi_client(ext)
+    pod = make_pod("r", 2)
+    (node,) = _filter(c, pod, names)["NodeNames"]
+    arrays = ext.cache.snapshot().arrays
+    assert _bind(c, pod, node) == ""
+    assert ext.cache.snapshot().arrays is arrays
+    bound = dict(ext.cache.snapshot().pods["default/r"].raw)
+    ext.cache.upsert_pod(bound)  # the watch's MODIFIED event with spec.nodeName set
+    snap = ext.cache.snapshot()
+    assert snap.arrays is arrays and not snap.pods["default/r"].assumed
+    assert snap.node(node).free_gpus == 6

@@ -371,8 +371,30 @@ def best_position(snap: ClusterSnapshot, pos: np.ndarray, rank: np.ndarray) -> i
     tied = np.flatnonzero(rank == top)
     if len(tied) == 1:
         return int(tied[0])
-    nodes = snap.nodes
-    return int(min(tied.tolist(), key=lambda i: nodes[int(pos[i])].name))
+    order = name_order(snap)
+    return int(tied[np.argmin(order.take(pos.take(tied)))])
+
+
+_NAME_ORDER: list[tuple[Mapping[str, int], np.ndarray]] = []
+"""(snapshot index, name order) of the most recent node set: see :func:`name_order`."""
+
+
+def name_order(snap: ClusterSnapshot) -> np.ndarray:
+    """Rank of each node's name in sorted order, by snapshot position (read-only).
+
+    Built once per node set (snapshots share their ``index`` until nodes are added or
+    removed), so ties among thousands of equal nodes are broken by name without a Python
+    comparison per node."""
+    index = snap.index
+    for idx, order in _NAME_ORDER:
+        if idx is index:
+            return order
+    names = [n.name for n in snap.nodes]
+    order = np.empty(len(names), dtype=np.int64)
+    order[np.argsort(np.array(names, dtype=object), kind="stable")] = np.arange(len(names))
+    order.flags.writeable = False
+    _NAME_ORDER[:] = [(index, order)]
+    return order
 
 
 def narrow_to_choice(

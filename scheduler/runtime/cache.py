@@ -47,6 +47,29 @@ from scheduler.core.snapshot import (
 log = logging.getLogger(__name__)
 
 
+def _with_record(snap: ClusterSnapshot, pod: PodInfo) -> ClusterSnapshot:
+    """``snap`` with ``pod``'s record replaced; its usage (node, GPUs, requests) must be the
+    held pod's: the node arrays are shared, not copied."""
+    pods = dict(snap.pods)
+    pods[pod.key] = pod
+    return replace(snap, pods=MappingProxyType(pods), generation=snap.generation + 1)
+
+
+def _holding(snap: ClusterSnapshot, pod: PodInfo) -> ClusterSnapshot:
+    """``snap`` with ``pod`` holding its resources: a record swap when the same key already
+    holds exactly that usage (a nomination turning into a bind, a bind the watch confirms),
+    else :func:`with_pod` (which may raise DoubleBookingError / KeyError)."""
+    old = snap.pods.get(pod.key)
+    if old is not None and (old.node, old.gpus, old.cpu_milli, old.memory_bytes) == (
+        pod.node,
+        pod.gpus,
+        pod.cpu_milli,
+        pod.memory_bytes,
+    ):
+        return _with_record(snap, pod)
+    return with_pod(snap, pod)
+
+
 @dataclass(frozen=True, slots=True)
 class PendingPod:
     """A pod seen in a filter call and not yet bound (needed to bind it later)."""
@@ -115,7 +138,7 @@ class ClusterCache:
     def assume(self, pod: PodInfo, ttl: float | None = None) -> ClusterSnapshot:
         """Hold ``pod``'s resources. Raises DoubleBookingError / KeyError on conflict."""
         with self._lock:
-            self._snap = with_pod(self._snap, replace(pod, assumed=True))
+            self._snap = _holding(self._snap, replace(pod, assumed=True))
             if ttl is None:
                 self._expiry.pop(pod.key, None)
             else:
@@ -202,14 +225,7 @@ class ClusterCache:
                 return False
             self._nominated.pop(key, None)
             if pod.assumed:
-                # Same node, GPUs and requests: only the pod's record changes.
-                pods = dict(self._snap.pods)
-                pods[key] = replace(pod, assumed=False)
-                self._snap = replace(
-                    self._snap,
-                    pods=MappingProxyType(pods),
-                    generation=self._snap.generation + 1,
-                )
+                self._snap = _with_record(self._snap, replace(pod, assumed=False))
             return True
 
     def expire(self) -> list[str]:
@@ -321,9 +337,8 @@ class ClusterCache:
             if old is not None and old.node == node and not old.assumed:
                 return
             try:
-                base = without_pod(self._snap, key)
-                info = pod_info_for(base, obj, node)
-                self._snap = with_pod(base, info)
+                info = pod_info_for(self._snap, obj, node)
+                self._snap = _holding(self._snap, info)
                 self._expiry.pop(key, None)
                 self._nominated.pop(key, None)
             except KeyError:
