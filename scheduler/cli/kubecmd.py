@@ -11,13 +11,71 @@ every pod.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import orjson
+import yaml
 
 from scheduler.core.objects import meta, object_key
+
+
+class KubeconfigError(ValueError):
+    """The kubeconfig that would be read is missing, not YAML, or not a usable kubeconfig."""
+
+
+def kubeconfig_path(kubeconfig: str | None) -> str | None:
+    """The file :func:`scheduler.kube.client.load_api_client` will read: ``kubeconfig``,
+    else the first entry of ``$KUBECONFIG``; None when it will use the in-cluster
+    configuration or ``~/.kube/config``."""
+    return kubeconfig or (os.environ.get("KUBECONFIG") or "").split(os.pathsep)[0] or None
+
+
+def check_kubeconfig(kubeconfig: str | None, context: str | None = None) -> None:
+    """Fail early, in one line, on a kubeconfig that cannot work.
+
+    Checks the file (``kubeconfig`` or ``$KUBECONFIG``) exists, is YAML, is a mapping, and
+    that its current (or the given) context names a cluster and user it defines. No
+    network, and no credential plugin is run.
+
+    Raises:
+        KubeconfigError: what is wrong, with the path.
+    """
+    path = kubeconfig_path(kubeconfig)
+    if path is None:
+        return
+    where = f"kubeconfig {path}" + ("" if kubeconfig else " (from $KUBECONFIG)")
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise KubeconfigError(f"{where}: no such file")
+    if not p.is_file():
+        raise KubeconfigError(f"{where}: not a file")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise KubeconfigError(f"{where}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise KubeconfigError(f"{where}: not a text file") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "parse error"
+        raise KubeconfigError(f"{where}: not valid YAML ({problem}{at})") from None
+    if not isinstance(data, dict) or not data:
+        raise KubeconfigError(
+            f"{where}: not a kubeconfig (expected a mapping with clusters, contexts, users)"
+        )
+    from kubernetes.config.config_exception import ConfigException
+    from kubernetes.config.kube_config import KubeConfigLoader
+
+    try:
+        KubeConfigLoader(config_dict=data, active_context=context)
+    except ConfigException as exc:
+        raise KubeconfigError(f"{where}: {exc}") from None
+    except (TypeError, KeyError, AttributeError, ValueError) as exc:
+        raise KubeconfigError(f"{where}: malformed ({type(exc).__name__}: {exc})") from None
 
 
 def snapshot_list(api: Any, all_pods: bool = False, podgroups: bool = True) -> dict[str, Any]:
@@ -55,6 +113,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     """``topoplace snapshot``: write the live cluster as a cluster file."""
     from scheduler.kube.client import ApiError, KubeApi, Timeouts
 
+    check_kubeconfig(args.kubeconfig, args.context)
     try:
         api = KubeApi.from_config(
             args.kubeconfig, args.context, Timeouts(read=float(args.request_timeout))
@@ -64,7 +123,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         finally:
             api.close()
     except ApiError as exc:
-        print(f"topoplace snapshot: {exc}", file=sys.stderr)
+        print(f"topoplace snapshot: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
     data = orjson.dumps(lst, option=orjson.OPT_INDENT_2) + b"\n"
     if args.output in (None, "-"):
@@ -80,6 +139,16 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds")
+    return value
+
+
 def add_snapshot_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``topoplace snapshot`` on the top-level sub-parsers."""
     p = subparsers.add_parser(
@@ -92,7 +161,7 @@ def add_snapshot_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default="-", help="output file ('-' = stdout)")
     p.add_argument("--all-pods", action="store_true", help="keep every pod, not only relevant ones")
     p.add_argument("--no-podgroups", action="store_true", help="leave PodGroups out")
-    p.add_argument("--request-timeout", type=float, default=60.0, help="seconds per list call")
+    p.add_argument("--request-timeout", type=_seconds, default=60.0, help="seconds per list call")
     p.set_defaults(func=cmd_snapshot)
     return p
 

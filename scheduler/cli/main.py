@@ -1,19 +1,28 @@
 """The ``topoplace`` console script.
 
 Sub-commands: ``serve`` (the extender), ``demo`` (a scripted kube-scheduler conversation
-against the embedded demo cluster), and, when their modules are present, ``topo``,
-``plan``, ``bench`` and ``snapshot``.
+against the embedded demo cluster), ``certs`` (a CA and the key pairs for mTLS between
+kube-scheduler and the extender), and, when their modules are present, ``topo``, ``plan``,
+``bench`` and ``snapshot``.
+
+Errors the user can fix (a bad flag value, a missing or malformed file, an unusable
+kubeconfig, TLS files that do not load) end in one line on stderr, ``topoplace: error:
+...`` (argument errors: ``topoplace COMMAND: error: ...``), and exit status 2. Output cut
+short by a closed pipe (``topoplace topo show ... | head``) ends quietly with status 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
+import re
+import socket
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from scheduler import __version__
 
@@ -26,6 +35,58 @@ _OPTIONAL_COMMANDS = (
     ("scheduler.cli.kubecmd", "add_snapshot_parser"),
 )
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+HEALTH_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/version"})
+"""What ``serve --health-port`` serves over plain HTTP: read-only, no verbs, no inspection."""
+EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 1
+
+
+class CliError(Exception):
+    """A problem the user can fix: printed as ``topoplace: error: ...``, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (``PROG: error: MESSAGE``) instead of usage + error.
+
+    Sub-parsers made with ``add_subparsers().add_parser`` are of the same class.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def port_type(text: str) -> int:
+    """A TCP port, 1..65535 (argparse ``type``)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number (1..65535)")
+    return port
+
+
+def positive_int(text: str) -> int:
+    """A whole number >= 1 (argparse ``type``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def log_level(text: str) -> str:
+    """A logging level name, any case (argparse ``type``)."""
+    level = text.strip().upper()
+    if level not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a log level (one of {', '.join(LOG_LEVELS)})"
+        )
+    return level
+
 
 def _kube_configured(args: argparse.Namespace) -> bool:
     return bool(
@@ -37,26 +98,41 @@ def _kube_configured(args: argparse.Namespace) -> bool:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every available sub-command."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="topoplace",
         description="Topology- and health-aware kube-scheduler extender for GPU workloads.",
     )
     parser.add_argument("--version", action="version", version=f"topoplace {__version__}")
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    parser.add_argument("--log-level", type=log_level, default="INFO", help=", ".join(LOG_LEVELS))
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run the extender HTTP server")
     serve.add_argument("--cluster", help="serve a cluster snapshot file (a Kubernetes List)")
     serve.add_argument("--config", help="policy YAML (default: the shipped config/policy.yaml)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8888)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=port_type, default=8888, help="port (1..65535)")
     serve.add_argument("--url-prefix", default="/scheduler", help="path prefix of the verbs")
     serve.add_argument("--kubeconfig", help="learn the cluster from this Kubernetes API")
-    serve.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024)
+    serve.add_argument(
+        "--max-body-bytes",
+        type=positive_int,
+        default=64 * 1024 * 1024,
+        help="larger request bodies are refused with 413",
+    )
     serve.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
-    serve.add_argument("--tls-key", help="private key of --tls-cert (PEM)")
+    serve.add_argument("--tls-key", help="private key of --tls-cert (PEM, not encrypted)")
     serve.add_argument(
         "--tls-client-ca", help="require client certificates signed by this CA (mTLS)"
+    )
+    serve.add_argument(
+        "--health-port",
+        type=port_type,
+        help="also serve GET " + ", ".join(sorted(HEALTH_PATHS)) + " (and nothing else) over "
+        "plain HTTP on this port: for kubelet probes and Prometheus when the main port "
+        "requires client certificates",
+    )
+    serve.add_argument(
+        "--health-host", help="address of --health-port (default: the same as --host)"
     )
     serve.set_defaults(func=cmd_serve)
 
@@ -66,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--cluster", help="use this cluster file instead of the demo cluster")
     demo.add_argument("--json", action="store_true", help="print the decisions as JSON")
     demo.set_defaults(func=cmd_demo)
+
+    from scheduler.cli.certs import add_parser as add_certs_parser
+
+    add_certs_parser(sub)
 
     for module, fn in _OPTIONAL_COMMANDS:
         try:
@@ -106,17 +186,156 @@ def build_file_extender(cluster: str | None, params: Any) -> tuple[Any, str]:
     return Extender(cache, gangs=gangs), what
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    """Run the extender until interrupted."""
+def _tls_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """uvicorn's TLS keyword arguments from the --tls-* flags (checked now, not at the
+    first handshake)."""
+    if not (args.tls_cert or args.tls_key or args.tls_client_ca):
+        return {}
+    if not (args.tls_cert and args.tls_key):
+        what = "--tls-client-ca needs" if args.tls_client_ca else "HTTPS needs both"
+        raise CliError(f"{what} --tls-cert and --tls-key")
+    from scheduler.kube.tls import uvicorn_ssl_kwargs
+
+    return uvicorn_ssl_kwargs(args.tls_cert, args.tls_key, args.tls_client_ca)
+
+
+def listen(host: str, port: int, what: str = "--host/--port") -> socket.socket:
+    """A listening TCP socket on ``host:port`` (bound now, so a busy port or an unknown
+    address is reported before anything else starts).
+
+    Raises:
+        CliError: the address does not resolve or cannot be bound.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise CliError(f"{what}: cannot resolve {host!r}: {exc.strerror}") from None
+    family, _, _, _, address = infos[0]
+    try:
+        return socket.create_server(address, family=family, backlog=2048)
+    except OSError as exc:
+        raise CliError(f"{what}: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def health_only(app: Any) -> Any:
+    """An ASGI app that passes ``GET`` of :data:`HEALTH_PATHS` to ``app`` and answers
+    everything else with 404 (405 for other methods): the verbs and ``/v1/inspect`` are
+    never reachable through it."""
+    body = b'{"error":"not served on this port"}'
+
+    async def health_app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"] in HEALTH_PATHS and scope["method"] == "GET":
+            await app(scope, receive, send)
+            return
+        status = 405 if scope["path"] in HEALTH_PATHS else 404
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        if status == 405:
+            headers.append((b"allow", b"GET"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return health_app
+
+
+def run_servers(
+    app: Any,
+    sock: socket.socket,
+    ssl: dict[str, Any],
+    health_sock: socket.socket | None = None,
+) -> bool:
+    """Serve ``app`` on ``sock`` (with ``ssl``) and, when given, the health paths on
+    ``health_sock`` (plain HTTP, no lifespan) in the same event loop, until SIGTERM/SIGINT.
+
+    The main server owns the signals, the lifespan (drain on shutdown) and the graceful
+    timeout; the health server stops with it. Returns whether the main server started.
+    """
+    import asyncio
+
     import uvicorn
 
+    host, port = sock.getsockname()[:2]
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30, **ssl
+    )
+    server = uvicorn.Server(config)
+    if health_sock is None:
+        server.run(sockets=[sock])
+        return bool(server.started)
+
+    class _Follower(uvicorn.Server):
+        """A server that leaves the signals to the main one."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:  # uvicorn >= 0.29
+            yield
+
+        def install_signal_handlers(self) -> None:  # older uvicorn
+            pass
+
+    h_host, h_port = health_sock.getsockname()[:2]
+    follower = _Follower(
+        uvicorn.Config(
+            health_only(app),
+            host=h_host,
+            port=h_port,
+            log_level="warning",
+            lifespan="off",
+            ws="none",
+        )
+    )
+
+    async def both() -> None:
+        task = asyncio.create_task(follower.serve(sockets=[health_sock]))
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            follower.should_exit = True
+            await task
+
+    get_factory = getattr(config, "get_loop_factory", None)
+    if get_factory is None:  # older uvicorn
+        config.setup_event_loop()
+        factory = None
+    else:
+        factory = get_factory()
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(both())
+    return bool(server.started)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run the extender until interrupted.
+
+    Everything the user can get wrong is checked before the cluster is loaded or watched:
+    TLS files, the policy, the kubeconfig, and both listening addresses.
+    """
     from scheduler.server.app import create_app
 
+    ssl = _tls_kwargs(args)
+    health_host = args.health_host or args.host
+    if args.health_port is not None and args.health_port == args.port:
+        raise CliError("--health-port must differ from --port")
+    if args.health_host and args.health_port is None:
+        raise CliError("--health-host needs --health-port")
     params = load_params(args.config)
+    kube = not args.cluster and _kube_configured(args)
+    if kube:
+        from scheduler.cli.kubecmd import check_kubeconfig
+
+        check_kubeconfig(args.kubeconfig)
+    sock = listen(args.host, args.port)
+    health_sock = None
+    if args.health_port is not None:
+        health_sock = listen(health_host, args.health_port, "--health-host/--health-port")
     if args.cluster:
         extender, what = build_file_extender(args.cluster, params)
         stop = None
-    elif _kube_configured(args):
+    elif kube:
         from scheduler.kube.runner import build_kube_extender
 
         extender, stop = build_kube_extender(args.kubeconfig, params)
@@ -142,27 +361,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from scheduler.kube.runner import on_app_shutdown
 
         on_app_shutdown(app, stop)  # uvicorn re-raises SIGTERM after serving: drain first
-    ssl: dict[str, Any] = {}
-    if args.tls_cert or args.tls_key or args.tls_client_ca:
-        if not (args.tls_cert and args.tls_key):
-            print("topoplace: --tls-cert and --tls-key go together", file=sys.stderr)
-            return 2
-        from scheduler.kube.tls import uvicorn_ssl_kwargs
-
-        ssl = uvicorn_ssl_kwargs(args.tls_cert, args.tls_key, args.tls_client_ca)
+    log.info(
+        "listening on %s://%s:%d%s%s",
+        "https" if ssl else "http",
+        args.host,
+        args.port,
+        " (client certificates required)" if "ssl_cert_reqs" in ssl else "",
+        f"; health on http://{health_host}:{args.health_port}" if health_sock else "",
+    )
     try:
-        uvicorn.run(
-            app,
-            host=args.host,
-            port=args.port,
-            log_level="warning",
-            timeout_graceful_shutdown=30,
-            **ssl,
-        )
+        started = run_servers(app, sock, ssl, health_sock)
     finally:
         if stop is not None:
             stop()
-    return 0
+        sock.close()
+        if health_sock is not None:
+            health_sock.close()
+    return 0 if started else 1
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -172,24 +387,72 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.cluster, as_json=args.json)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the console script."""
+def _one_line(text: str) -> str:
+    return re.sub(r"\s*\n\s*", " ", text).strip()
+
+
+def error_message(exc: BaseException) -> str:
+    """The one-line message for a known error."""
+    message = getattr(exc, "message", None)
+    if getattr(exc, "status", None) == 0 and isinstance(message, str):  # ApiUnavailable
+        return _one_line(message)
+    if isinstance(exc, OSError) and exc.strerror and exc.filename:
+        return f"{exc.filename}: {exc.strerror}"
+    return _one_line(str(exc) or type(exc).__name__)
+
+
+def _known_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions reported as one line (evaluated only when one is raised)."""
+    from scheduler.cli.certs import CertsError
+
+    errors: tuple[type[BaseException], ...] = (CliError, CertsError, ValueError, OSError)
+    try:
+        from scheduler.kube.client import ApiError
+    except ImportError:
+        return errors
+    return (*errors, ApiError)
+
+
+def _silence_stdout() -> None:
+    """After EPIPE: point stdout at /dev/null so the interpreter's final flush is quiet
+    (the recipe of the Python documentation, "Note on SIGPIPE")."""
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        level=getattr(logging, args.log_level),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
-    from scheduler.cli.clusterfile import ClusterFileError
-
+        return EXIT_USAGE
     try:
         return int(args.func(args) or 0)
-    except (ClusterFileError, ValueError) as exc:
-        print(f"topoplace: {exc}", file=sys.stderr)
-        return 2
+    except BrokenPipeError:
+        raise
+    except KeyboardInterrupt:
+        return 130
+    except _known_errors() as exc:
+        print(f"topoplace: error: {error_message(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script."""
+    try:
+        try:
+            return _run(argv)
+        finally:  # also after argparse's SystemExit (--help, usage errors)
+            if sys.stdout is not None:
+                sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":
