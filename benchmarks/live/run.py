@@ -959,6 +959,11 @@ def _config_line(cfg: Mapping[str, Any]) -> str:
 
 
 def _git_rev() -> str:
+    """The checkout's short revision (with a note when it has uncommitted changes), or the
+    one written to ``.livebench-rev`` by a pinned export (``git archive REV``)."""
+    pinned = REPO / ".livebench-rev"
+    if pinned.exists():
+        return pinned.read_text().strip() + " (pinned export: git archive)"
     try:
         rev = subprocess.run(
             ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
