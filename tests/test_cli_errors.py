@@ -250,6 +250,22 @@ def test_serve_with_a_missing_policy_file(
     assert_one_line_error(code, err, "cannot read policy file", "nope.yaml")
 
 
+def test_topo_show_of_an_unknown_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(["topo", "show", "no-such-shape"], capsys)
+    assert_one_line_error(
+        code, err, "'no-such-shape' is neither a catalog shape", prefix="topoplace topo"
+    )
+    assert out == ""
+
+
+def test_plan_with_a_missing_cluster_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["plan", "--cluster", str(tmp_path / "nope.json"), "--gang", "a:1x1"]
+    code, _, err = run(argv, capsys)
+    assert_one_line_error(code, err, "cannot read cluster file", prefix="topoplace plan")
+
+
 # ---- the real process -----------------------------------------------------------------------
 
 
@@ -280,6 +296,20 @@ def test_output_into_a_closed_pipe_ends_quietly(argv: list[str]) -> None:
     code = proc.wait(timeout=120)
     assert err == "", err
     assert code == 1
+
+
+def test_standalone_topo_into_a_closed_pipe_ends_quietly() -> None:
+    """``python -m scheduler.cli.topo show ... | head`` too."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scheduler.cli.topo", "show", "dgx-h100"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    assert proc.stderr.read().decode() == ""
+    assert proc.wait(timeout=60) == 1
 
 
 def test_help_into_a_closed_pipe_is_quiet() -> None:

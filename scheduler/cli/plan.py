@@ -203,7 +203,10 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(policy_names()))
         return 0
     if not args.cluster or not args.gang:
-        print("topoplace plan: --cluster and at least one --gang are required", file=sys.stderr)
+        print(
+            "topoplace plan: error: --cluster and at least one --gang are required",
+            file=sys.stderr,
+        )
         return 2
     try:
         params = _load_params(args.config)
@@ -219,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
         get_policy(name)
         nodes, pods, extra = _load_cluster(args.cluster)
     except ValueError as exc:
-        print(f"topoplace plan: {exc}", file=sys.stderr)
+        print(f"topoplace plan: error: {exc}", file=sys.stderr)
         return 2
     snap = build_snapshot(nodes, pods, params, extra)
     results = plan_gangs(snap, gangs, params, name)

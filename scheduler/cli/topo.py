@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -113,7 +114,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     try:
         shape = load_shape(args.shape)
     except CliError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"topoplace topo: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if args.json:
         print(json.dumps(_shape_json(shape), indent=2))
@@ -168,7 +169,7 @@ def cmd_select(args: argparse.Namespace) -> int:
         )
         required = _parse_indices(args.required, shape, "required") if args.required else 0
     except CliError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"topoplace topo: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     result = select_gpus(shape, available, args.size, required, args.policy)
     if result.gpus:
@@ -233,7 +234,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="topoplace topo", description=__doc__)
     _add_commands(parser)
     args = parser.parse_args(args_list)
-    return int(args.func(args))
+    try:
+        code = int(args.func(args))
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:  # `... | head`: the reader left; no traceback (Python docs recipe)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_REFUSED
 
 
 if __name__ == "__main__":
