@@ -76,6 +76,9 @@ class Figures:
     cpu_ms_per_pod_kube_scheduler: float = math.nan
     host_busy_share: float = math.nan
     """Share of the host's CPU time in use during the arm (all processes, /proc/stat)."""
+    bench_cpu_share: float = math.nan
+    """Share of the host's CPU time used by topoplace, kube-scheduler, kube-apiserver and
+    etcd during the arm (the rest of ``host_busy_share``: everything else on the host)."""
     load1_start: float = math.nan
     load1_end: float = math.nan
     sched_attempt_mean_ms: float = math.nan

@@ -259,6 +259,9 @@ def cost_figures(
         fig.cpu_ms_per_pod_kube_scheduler = 1000 * fig.cpu_kube_scheduler_s / fig.pods_bound
     (b0, t0), (b1, t1) = before["host"], after["host"]
     fig.host_busy_share = (b1 - b0) / (t1 - t0) if t1 > t0 else math.nan
+    ours = sum(v for v in d.values() if not math.isnan(v))
+    # /proc/stat counts jiffies over all cores: the arm's CPU capacity
+    fig.bench_cpu_share = ours * os.sysconf("SC_CLK_TCK") / (t1 - t0) if t1 > t0 else math.nan
     fig.load1_start, fig.load1_end = before["load1"], after["load1"]
     mb = before_metrics if before_metrics is not None else before
     ks0, ks1 = mb.get("ks") or {}, after.get("ks") or {}
@@ -712,6 +715,7 @@ ROWS: tuple[tuple[str, str, bool], ...] = (
     ("CPU s kube-apiserver", "cpu_apiserver_s", False),
     ("CPU s etcd", "cpu_etcd_s", False),
     ("host CPU busy during the arm (2 cores = 100 %)", "host_busy_share", False),
+    ("share of the host's CPU used by the arm's processes", "bench_cpu_share", False),
     ("load average (1 min) at the end", "load1_end", False),
     ("gangs complete", "gangs_complete", True),
     ("gangs partly bound at the end", "gangs_partial_at_end", True),
@@ -833,6 +837,7 @@ def render_summary(
         "cpu_ms_per_pod_topoplace",
         "cpu_ms_per_pod_kube_scheduler",
         "host_busy_share",
+        "bench_cpu_share",
         "load1_start",
         "gangs_partial_at_end",
         "gang_partial_max_s",
