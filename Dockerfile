@@ -19,8 +19,10 @@ COPY --from=build /install /usr/local
 RUN useradd --system --uid 65532 --no-create-home --shell /usr/sbin/nologin topoplace
 USER 65532:65532
 ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-EXPOSE 8888
+EXPOSE 8888 8889
+# The health listener (--health-port) is plain HTTP even when the verbs need a client
+# certificate, so the check works with or without mTLS.
 HEALTHCHECK --interval=15s --timeout=3s --start-period=20s --retries=3 \
-  CMD ["python", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8888/healthz', timeout=2).status == 200 else 1)"]
+  CMD ["python", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8889/healthz', timeout=2).status == 200 else 1)"]
 ENTRYPOINT ["topoplace"]
-CMD ["serve", "--host", "0.0.0.0", "--port", "8888"]
+CMD ["serve", "--host", "0.0.0.0", "--port", "8888", "--health-host", "0.0.0.0", "--health-port", "8889"]
