@@ -96,7 +96,8 @@ the same candidate list for pod after pod (and to filter then prioritize), and c
 two lists of equal strings is far cheaper than hashing thousands of freshly parsed names.
 Entries keep their index alive, so identity comparison is safe; a rebuilt snapshot index
 (nodes added or removed) never matches an old entry. Results are identical with or
-without it."""
+without it. Lists that find their own positions (see :func:`_lookup`) are not kept here:
+they remember their positions themselves."""
 
 _POSITIONS_MEMO_SIZE = 4
 
@@ -105,10 +106,20 @@ def _lookup(snap: ClusterSnapshot, names: Sequence[str]) -> tuple[np.ndarray, bo
     """(positions of ``names`` in the snapshot with -1 for unknown names (read-only),
     whether every name is known).
 
-    The common case (every name known) runs at C speed through ``map``; only a request
-    naming an unknown node pays for a per-name default.
+    A sequence that knows its own positions is asked first: one with a method
+    ``positions_in(index)`` returning (read-only int64 positions with -1 for unknown
+    names, all known), or None to be looked up here. It must be read-only and answer
+    exactly what the lookup below would; the extender's wire layer hands over such lists
+    (``CandidateNames``, whose positions are found from the request bytes without a
+    Python string per name). Otherwise the common case (every name known) runs at C
+    speed through ``map``; only a request naming an unknown node pays for a per-name
+    default.
     """
     index = snap.index
+    resolve = getattr(names, "positions_in", None)
+    found = resolve(index) if resolve is not None else None
+    if found is not None:
+        return found  # type: ignore[no-any-return]
     as_list = names if isinstance(names, list) else list(names)
     for idx, cached, pos, known in tuple(_POSITIONS_MEMO):
         if idx is index and len(cached) == len(as_list) and cached == as_list:
