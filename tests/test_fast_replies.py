@@ -10,6 +10,8 @@ with unknown names).
 
 from __future__ import annotations
 
+import copy
+import itertools
 import math
 import random
 
@@ -297,3 +299,221 @@ def test_names_memo_still_rejects_non_strings() -> None:
     for _ in range(2):
         with pytest.raises(wire.WireError):
             wire.extender_args(orjson.loads(good), good, memo)
+
+
+# ---- NodeNames read from the request bytes ----------------------------------------------
+
+
+def _variants(rng: random.Random, names: list[str]) -> list[list[str]]:
+    """Candidate lists kube-scheduler may send: the whole cluster shuffled (its parallel
+    filter's order), a shuffled subset, duplicates, unknown names, a single name."""
+    whole = list(names)
+    rng.shuffle(whole)
+    dup = rng.sample(names, min(len(names), 20))
+    dup += rng.sample(dup, len(dup) // 2)
+    rng.shuffle(dup)
+    ghost = rng.sample(names, min(len(names), 30))
+    for g in ("ghost-1", "g", "ghost-name-longer-than-any-known-node-name-here", names[0] + "x"):
+        ghost.insert(rng.randrange(len(ghost) + 1), g)
+    return [whole, rng.sample(names, len(names) // 3 or 1), dup, ghost, [names[-1]]]
+
+
+def test_byte_path_replies_equal_the_general_path(cache: ClusterCache) -> None:
+    """Bodies read from their bytes (``wire.RawBody``, as the HTTP edge hands them over)
+    answer exactly what parsed bodies do through the per-node path: shuffled, partial,
+    duplicated and unknown names, each list sent twice (the second time it is recognised
+    by its bytes)."""
+    ext = Extender(cache)
+    ref = Extender(cache)
+    rng = random.Random(31)
+    snap = cache.snapshot()
+    labels = [n.labels for n in snap.nodes if n.labels]
+    for pod, _req in _requests(rng, labels)[:12]:
+        pod = {k: v for k, v in pod.items() if k not in ("kind", "apiVersion")}
+        for cand in _variants(rng, list(snap.names)):
+            body = orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": cand})
+            for _ in range(2):
+                want = ref.filter(orjson.loads(body))
+                assert orjson.loads(ext.filter_json(wire.RawBody(body), body)) == want
+                want = ref.prioritize(orjson.loads(body))
+                assert orjson.loads(ext.prioritize_json(wire.RawBody(body), body)) == want
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ["a", "bb", "n-7", "node-001", "node-0001", "node-00001", "x" * 16, "y" * 17],
+        ["ünïcode-ноду", "emoji-🚀", "plain-1", "plain-2", "a:b", "[x]", "{y}"],
+        ['we"ird', "back\\slash", "com,ma", "tab\there", "fine-1", "fine-2"],
+        ["x" * 70, "short"],  # too long for the byte index: names are hashed instead
+    ],
+)
+def test_candidate_names_find_the_positions_a_dict_lookup_finds(names: list[str]) -> None:
+    """Positions from the bytes equal ``index.get(name, -1)`` for every list, whatever
+    the names' lengths or characters; lists the bytes cannot be read from (escapes,
+    commas) or an index they cannot hold (very long names) take the dict lookup."""
+    index = {n: i for i, n in enumerate(names)}
+    rng = random.Random(7)
+    memo = wire.NamesMemo()
+    for trial in range(30):
+        cand = [rng.choice(names) for _ in range(rng.randint(1, 3 * len(names)))]
+        if trial % 3 == 0:
+            cand.insert(rng.randrange(len(cand) + 1), f"ghost-{trial}")
+        body = orjson.dumps({"Pod": {}, "NodeNames": cand})
+        for obj in (orjson.loads(body), wire.RawBody(body)):
+            _, got, _ = wire.extender_args(obj, body, memo)
+            assert got == cand
+            found = getattr(got, "positions_in", lambda _: None)(index)
+            if found is not None:
+                pos, known = found
+                assert pos.tolist() == [index.get(n, -1) for n in cand]
+                assert known == all(n in index for n in cand)
+
+
+# Bodies whose NodeNames the bytes could misread: duplicate keys (orjson keeps the last),
+# other casings, a NodeNames key inside the pod, spacing, escapes, wrong types, bad JSON.
+TRICKY_BODIES = [
+    b'{"Pod":{},"NodeNames":["a","b"]}',
+    b'{"Pod":{},"NodeNames":["a","b"]} \n',
+    b'{"Pod":{} , "NodeNames":["a","b"]}',
+    b'{"Pod":{},"NodeNames" : ["a","b"]}',
+    b'{"Pod":{},"NodeNames":[ "a","b"]}',
+    b'{"Pod":{},"NodeNames":["a", "b"]}',
+    b'{"NodeNames":["a","b"]}',
+    b'{"NodeNames":["a"],"Pod":{}}',
+    b'{"Pod":{},"NodeNames":["x"],"NodeNames":["a","b"]}',
+    b'{"Pod":{},"NodeNames":["q"],"nodenames":["x"],"NodeNames":["a","b"]}',
+    b'{"Pod":{},"nodenames":["x"],"NodeNames":["a","b"]}',
+    b'{"Pod":{},"NodeNames":["a","b"],"nodenames":["x"]}',
+    b'{"Pod":{"NodeNames":["a","b"]},"NodeNames":["z"]}',
+    b'{"Pod":{"x":{"NodeNames":["a","b"]}}}',
+    b'{"Pod":{"NodeNames":["q"]},"NodeNames" : ["a","b"]}',
+    b'{"NodeNames":["zzz"],"Pod":{"x":{"NodeNames":["a","b"]}}}',
+    b'{"Pod":{},"NodeNames":["a"],"X":["b"]}',
+    b'{"Pod":{},"Nodes":null,"NodeNames":["a","b"]}',
+    b'{"Pod":{},"Nodes":{"items":[{"metadata":{"name":"n1"}}]},"NodeNames":["a","b"]}',
+    b'{"Pod":{},"NodeNames":["a\\"b","c"]}',
+    b'{"Pod":{},"NodeNames":["a\\u0062","b"]}',
+    b'{"Pod":{},"NodeNames":["a,b","c"]}',
+    b'{"Pod":{},"NodeNames":[","]}',
+    b'{"Pod":{},"NodeNames":["",""]}',
+    b'{"Pod":{},"NodeNames":[]}',
+    b'{"Pod":{},"NodeNames":null}',
+    b'{"Pod":{},"NodeNames":["a",1]}',
+    b'{"Pod":{},"NodeNames":"ab"}',
+    b'{"Pod":{},"NodeNames":["\xc3\xbc","b"]}',
+    # not JSON: the byte path must refuse them exactly as the parser does
+    b'{"Pod":{},"NodeNames":["a","b"]',
+    b'{"Pod":{,"NodeNames":["a","b"]}',
+    b'{"Pod":{}"NodeNames":["a","b"]}',
+    b'{"Pod":{},"NodeNames":["a\x01","b"]}',
+    b'{"Pod":{},"NodeNames":["\xff","b"]}',
+    b'{"Pod":{},"NodeNames":[""","]}',
+    b'["Pod",{},"NodeNames",["a","b"]]',
+    b"",
+]
+
+
+def _args_or_error(obj, body: bytes | None = None, memo=None):
+    try:
+        return wire.extender_args(obj, body, memo)
+    except wire.WireError as exc:
+        return str(exc)
+
+
+def _parsed_or_error(body: bytes):
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        return f"malformed JSON: {exc}"  # what the HTTP edge answers
+    return _args_or_error(obj)
+
+
+@pytest.mark.parametrize("body", TRICKY_BODIES)
+def test_reading_names_from_bytes_never_changes_what_the_body_says(body: bytes) -> None:
+    """Whatever was remembered or indexed before, a body read from its bytes (or parsed,
+    then recognised by its bytes) gives the arguments, or the error, that parsing the
+    whole body gives."""
+    memo = wire.NamesMemo()
+    primers = [
+        b'{"Pod":{},"NodeNames":["a","b"]}',
+        b'{"Pod":{},"NodeNames":["z"]}',
+        b'{"Pod":{"k":1},"NodeNames" : ["a","b"]}',
+        b'{"Pod":{},"NodeNames":["a","b"]} ',
+        b'{"NodeNames":["a"],"Pod":{"x":{"NodeNames":["q"]}}}',
+    ]
+    for primer in primers:
+        _, names, _ = wire.extender_args(wire.RawBody(primer), primer, memo)
+        getattr(names, "positions_in", lambda _: None)({"a": 0, "b": 1, "z": 2, "c": 3})
+    want = _parsed_or_error(body)
+    for _ in range(2):  # the second time, the list may be recalled
+        assert _args_or_error(wire.RawBody(body), body, memo) == want
+        if not isinstance(want, str) or not want.startswith("malformed"):
+            assert _args_or_error(orjson.loads(body), body, memo) == want
+
+
+def test_scan_accepts_only_what_json_parses_the_same() -> None:
+    """Every array the byte scan accepts is JSON whose strings are exactly the bytes it
+    found between the quotes (all short arrays over a JSON-ish alphabet, then random
+    longer ones)."""
+    alphabet = [b'"', b",", b"a", b"b", b"[", b"]", b" ", b":", b"{", b"}"]
+    rng = random.Random(5)
+    inners = [b"".join(c) for n in range(6) for c in itertools.product(alphabet, repeat=n)]
+    inners += [b"".join(rng.choices(alphabet, k=rng.randint(6, 20))) for _ in range(20000)]
+    accepted = 0
+    for inner in inners:
+        array = b'["' + inner + b'"]'
+        raw = bytes(8) + array + b"}"
+        found = wire._scan(raw, 8, 8 + len(array))
+        if found is None:
+            continue
+        accepted += 1
+        starts, ends = found
+        got = [raw[s:e].decode() for s, e in zip(starts.tolist(), ends.tolist(), strict=True)]
+        assert orjson.loads(array) == got, array
+    assert accepted > 1000
+
+
+def test_candidate_names_are_read_only_and_copy_as_lists() -> None:
+    body = b'{"Pod":{},"NodeNames":["a","b","c"]}'
+    _, names, _ = wire.extender_args(wire.RawBody(body), body, wire.NamesMemo())
+    assert isinstance(names, wire.CandidateNames) and names == ["a", "b", "c"]
+    for change in (
+        lambda: names.append("d"),
+        lambda: names.__setitem__(0, "x"),
+        lambda: names.sort(),
+        lambda: names.__delitem__(0),
+    ):
+        with pytest.raises(TypeError):
+            change()
+    assert type(copy.copy(names)) is list and list(names) == ["a", "b", "c"]
+
+
+def test_name_index_finds_every_name_in_either_slot() -> None:
+    """Thousands of names fill the cuckoo table's second slots too; every name is still
+    found, and names one byte or one length away from a known name are not."""
+    names = [f"gb200-r{r:03d}-t{t:02d}" for r in range(300) for t in range(18)]
+    index = {n: i for i, n in enumerate(names)}
+    table = wire.NameIndex(index)
+    near = ["gb200-r000-t0", "gb200-r000-t000", "gb200-r000-t0x", "hb200-r000-t00", "g"]
+    cand = names[::-1] + near
+    raw = orjson.dumps({"NodeNames": cand})
+    starts, ends = wire._scan(raw, len(b'{"NodeNames":'), len(raw) - 1)
+    pos, known = table.resolve(raw, starts, ends)
+    assert not known
+    assert pos.tolist() == [index.get(n, -1) for n in cand]
+    words = wire._words(raw, starts, ends - starts, table.width)
+    first, _ = table._slots(table._hash(words, ends - starts))
+    in_first = table.slots.take(first[: len(names)])["pos"] == pos[: len(names)]
+    assert in_first.any() and not in_first.all()
+
+
+def test_raw_body_reads_as_the_parsed_body() -> None:
+    """Any reader other than ``extender_args`` sees a ``RawBody`` as the parsed body."""
+    body = wire.RawBody(b'{"Pod":{"a":1},"NodeNames":["x"]}')
+    assert dict(body) == {"Pod": {"a": 1}, "NodeNames": ["x"]}
+    assert body["Pod"] == {"a": 1} and len(body) == 2 and next(reversed(body)) == "NodeNames"
+    with pytest.raises(wire.WireError, match="malformed JSON"):
+        len(wire.RawBody(b"{not json"))
+    with pytest.raises(wire.WireError, match="JSON object"):
+        wire.RawBody(b"[1]")["Pod"]

@@ -90,7 +90,9 @@ async def _send(send: Any, status: int, body: bytes, extra: tuple = ()) -> None:
 
 
 Handler = Callable[[Any, bytes], Any]
-"""A verb: (parsed body, raw body) -> result (bytes, or a JSON-serializable value)."""
+"""A verb: (body, raw body) -> result (bytes, or a JSON-serializable value). The body is
+the parsed JSON, or for a verb that reads its arguments from the bytes a
+:class:`wire.RawBody` (a mapping that parses them on first use)."""
 
 
 class VerbRoutes:
@@ -100,16 +102,20 @@ class VerbRoutes:
     pod), so :class:`ExtenderApp` hands them here before any of FastAPI's middleware,
     routing or request objects: raw body in, orjson parse, the verb, bytes out.
 
+    filter and prioritize parse their own body (``wire.extender_args`` reads a
+    :class:`wire.RawBody` without turning the candidate names into Python strings); a
+    body that is not JSON is then refused by the verb with the same 400 answer.
+
     Args:
         verbs: path -> (verb name, handler, fallback for a crashed handler, run the
-            handler in a worker thread).
+            handler in a worker thread, the handler parses the raw body itself).
         metrics: the extender's Prometheus metrics.
         max_body_bytes: larger bodies are refused with 413.
     """
 
     def __init__(
         self,
-        verbs: dict[str, tuple[str, Handler, Callable[[str], Any], bool]],
+        verbs: dict[str, tuple[str, Handler, Callable[[str], Any], bool, bool]],
         metrics: Any,
         max_body_bytes: int,
     ) -> None:
@@ -125,9 +131,9 @@ class VerbRoutes:
         if scope["method"] != "POST":
             await _send(send, 405, _error_body("use POST"), ((b"allow", b"POST"),))
             return True
-        name, handler, fallback, threaded = verb
+        name, handler, fallback, threaded, lazy = verb
         start = time.perf_counter()
-        status, reply = await self._answer(name, handler, fallback, threaded, scope, receive)
+        status, reply = await self._answer(name, handler, fallback, threaded, lazy, scope, receive)
         if reply is not None:
             await _send(send, status, reply)
         m = self.metrics
@@ -141,6 +147,7 @@ class VerbRoutes:
         handler: Handler,
         fallback: Callable[[str], Any],
         threaded: bool,
+        lazy: bool,
         scope: Any,
         receive: Any,
     ) -> tuple[int, bytes | None]:
@@ -150,10 +157,12 @@ class VerbRoutes:
             return 413, _error_body(f"request body larger than {self.max_body_bytes} bytes")
         if body is None:
             return 499, None  # the client closed the connection: nobody to answer
-        try:
-            payload = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            return 400, _error_body(f"malformed JSON: {exc}")
+        payload: Any = wire.RawBody(body)
+        if not lazy:
+            try:
+                payload = orjson.loads(body)
+            except orjson.JSONDecodeError as exc:
+                return 400, _error_body(f"malformed JSON: {exc}")
         try:
             result = (
                 await run_in_threadpool(handler, payload, body)
@@ -207,13 +216,15 @@ def create_app(
             extender.filter_json,
             lambda e: wire.filter_result(None, None, {}, {}, e),
             False,
+            True,
         ),
-        ("prioritize", extender.prioritize_json, lambda e: [], False),
-        ("bind", lambda p, _: extender.bind(p), lambda e: {"Error": e}, True),
+        ("prioritize", extender.prioritize_json, lambda e: [], False, True),
+        ("bind", lambda p, _: extender.bind(p), lambda e: {"Error": e}, True, False),
         (
             "preempt",
             lambda p, _: extender.preempt(p),
             lambda e: {"NodeNameToMetaVictims": None},
+            False,
             False,
         ),
     )

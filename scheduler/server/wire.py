@@ -9,8 +9,12 @@ through untouched.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterator, Mapping
 from typing import Any
+
+import numpy as np
+import orjson
 
 
 class WireError(ValueError):
@@ -28,6 +32,57 @@ def fold(obj: Any) -> dict[str, Any]:
     return {str(k).lower(): v for k, v in obj.items()}
 
 
+class RawBody(Mapping[str, Any]):
+    """A request body not parsed yet: a read-only mapping that parses the bytes on first
+    use (WireError if they are not a JSON object).
+
+    The HTTP edge hands this to filter and prioritize instead of a parsed body, so that
+    :func:`extender_args` can read the arguments without turning thousands of node names
+    into Python strings (see :meth:`NamesMemo.split`). Any other reader sees the whole
+    body, parsed with orjson, exactly as if it had been parsed up front.
+
+    Args:
+        raw: the request body.
+    """
+
+    __slots__ = ("raw", "_parsed")
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+        self._parsed: Any = None
+
+    def parsed(self) -> Any:
+        """The whole body parsed (any JSON value).
+
+        Raises:
+            WireError: the body is not valid JSON.
+        """
+        if self._parsed is None:
+            try:
+                self._parsed = orjson.loads(self.raw)
+            except orjson.JSONDecodeError as exc:
+                raise WireError(f"malformed JSON: {exc}") from None
+        return self._parsed
+
+    def _object(self) -> Mapping[str, Any]:
+        obj = self.parsed()
+        if not isinstance(obj, Mapping):
+            raise WireError("request body must be a JSON object")
+        return obj
+
+    def __getitem__(self, key: str) -> Any:
+        return self._object()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._object())
+
+    def __len__(self) -> int:
+        return len(self._object())
+
+    def __reversed__(self) -> Iterator[str]:
+        return reversed(self._object())  # type: ignore[call-overload,no-any-return]
+
+
 def extender_args(
     obj: Any, raw: bytes | None = None, memo: NamesMemo | None = None
 ) -> tuple[Mapping[str, Any], list[str], list[Mapping[str, Any]] | None]:
@@ -35,18 +90,31 @@ def extender_args(
 
     The names come from ``Nodes.items`` when kube-scheduler sent full objects
     (``nodeCacheCapable: false``), else from ``NodeNames``; ``items`` is not None exactly
-    when the reply must carry full objects too. With the request's ``raw`` bytes and a
-    ``memo``, a ``NodeNames`` list sent before is recognised by its bytes and returned as
-    the list seen then (see :class:`NamesMemo`).
+    when the reply must carry full objects too.
+
+    ``obj`` is the parsed body, or a :class:`RawBody` (then ``raw`` is its bytes). With
+    the request's bytes and a ``memo``, ``NodeNames`` is read from the bytes where it can
+    be (see :class:`NamesMemo`): a list sent before comes back as the list seen then,
+    any other as a :class:`CandidateNames` that finds its names' snapshot positions from
+    the bytes, and from a :class:`RawBody` without parsing the names at all. Whichever
+    way, the list equals the body's ``NodeNames`` as orjson parses it.
 
     Raises:
-        WireError: ``Pod`` missing or not an object, or malformed node fields.
+        WireError: not JSON (a :class:`RawBody`), ``Pod`` missing or not an object, or
+            malformed node fields.
     """
+    names: Any = None
+    split = None
+    if isinstance(obj, RawBody):
+        raw = obj.raw
+        split = memo.split(raw) if memo is not None else None
+        obj, names = split if split is not None else (obj.parsed(), None)
     f = fold(obj)
     pod = f.get("pod")
     if not isinstance(pod, Mapping):
         raise WireError("ExtenderArgs.Pod is missing or not an object")
-    names = f.get("nodenames")
+    if split is None:
+        names = f.get("nodenames")
     nodes = f.get("nodes")
     items: list[Mapping[str, Any]] | None = None
     if nodes is not None:
@@ -56,30 +124,52 @@ def extender_args(
         if not isinstance(raw_items, list) or not all(isinstance(n, Mapping) for n in raw_items):
             raise WireError("ExtenderArgs.Nodes.items must be a list of Node objects")
         items = raw_items
-    if names is not None:
-        seen = memo.recall(raw) if memo is not None and raw is not None else None
-        if seen is not None:
-            names = seen
-        elif not _all_strings(names):
-            raise WireError("ExtenderArgs.NodeNames must be a list of strings or null")
-        elif memo is not None and raw is not None and next(reversed(obj)) == "NodeNames":
-            memo.remember(raw, names)
+    if names is not None and split is None:
+        names = _node_names(obj, names, raw, memo)
     if items is not None:
         return pod, [node_name_of(n) for n in items], items
     return pod, names or [], None
 
 
+def _node_names(obj: Any, names: Any, raw: bytes | None, memo: NamesMemo | None) -> list[str]:
+    """The validated ``NodeNames`` value ``names`` of the parsed body ``obj`` (see
+    :func:`extender_args`)."""
+    # The bytes describe the folded value only when the exact key ``NodeNames`` is the
+    # last of the parsed object: no other casing of it comes later to override it.
+    if memo is not None and raw is not None and next(reversed(obj)) == "NodeNames":
+        return memo.adopt(raw, names)
+    if not _all_strings(names):
+        raise WireError(_NOT_STRINGS)
+    return names  # type: ignore[no-any-return]
+
+
+_NOT_STRINGS = "ExtenderArgs.NodeNames must be a list of strings or null"
+
+
 class NamesMemo:
-    """Recognises a ``NodeNames`` list kube-scheduler sent before, from the request bytes.
+    """Reads ``NodeNames`` from the request bytes, so that thousands of names need not be
+    parsed, hashed or compared one by one. One per extender; not thread-safe (the verbs
+    run on the event loop).
 
     kube-scheduler marshals ``ExtenderArgs`` with ``NodeNames`` last, so a body ends with
-    ``"NodeNames":[...]}``. Whenever a body ends with the same bytes as one remembered,
-    its top-level ``NodeNames`` is that same list: the closing brace is the body's last,
-    so the key belongs to the top-level object, and a duplicate key earlier in the body
-    loses to it. The remembered (validated) list is returned, and comparing one block of
-    bytes replaces comparing or hashing thousands of freshly parsed strings; positions
-    memoized for that list are then found by identity of its items. A miss costs one
-    reverse search of the body. Holds the ``size`` most recent lists.
+    ``"NodeNames":["...",...]}``. Three ways, each exact:
+
+    * **A list sent before** (kube-scheduler sends the same candidates pod after pod).
+      Whenever a body ends with the same bytes as one remembered, its top-level
+      ``NodeNames`` is that same list: the closing brace is the body's last, so the key
+      belongs to the top-level object, and a duplicate key earlier in the body loses to
+      it. The remembered (validated) list is returned, and comparing one block of bytes
+      replaces comparing or hashing thousands of freshly parsed strings; the positions
+      found for that list are found again with it. Holds the ``size`` most recent lists.
+    * **Any other list** (a large cluster's parallel filter sends a new order every time)
+      comes back as :class:`CandidateNames`: where each name lies in the body is found
+      with a few array operations (:meth:`locate`), and its position in the snapshot by
+      a vectorized hash lookup of those bytes (:class:`NameIndex`, built once per node
+      set), without hashing a Python string per name.
+    * **An unparsed body** (:meth:`split`): only the part before ``NodeNames`` is parsed
+      (the pod, a few hundred bytes); the list is the remembered one, or the names are
+      found by their bytes and taken from the index's own strings, so no string is
+      created per name. Names the index does not know are parsed from the list's bytes.
     """
 
     KEY = b'"NodeNames":'
@@ -87,6 +177,7 @@ class NamesMemo:
     def __init__(self, size: int = 4) -> None:
         self.size = size
         self._entries: list[tuple[bytes, list[str]]] = []
+        self._index: tuple[Mapping[str, int], NameIndex | None] | None = None
 
     def recall(self, raw: bytes) -> list[str] | None:
         """The list of an earlier body that ``raw`` ends like, or None."""
@@ -95,14 +186,430 @@ class NamesMemo:
                 return names
         return None
 
-    def remember(self, raw: bytes, names: list[str]) -> None:
+    def remember(self, raw: bytes, names: list[str], at: int = -1) -> None:
         """Remember ``names``: the validated value of the last top-level key of ``raw``,
-        which is exactly ``NodeNames``."""
-        at = raw.rfind(self.KEY)
+        which is exactly ``NodeNames`` (at byte ``at`` if known)."""
+        if at < 0:
+            at = raw.rfind(self.KEY)
         if at < 0:
             return  # written with spaces around the colon: not recognisable, not needed
         self._entries.insert(0, (raw[at:], names))
         del self._entries[self.size :]
+
+    def adopt(self, raw: bytes, names: Any) -> list[str]:
+        """``names`` validated, as remembered if ``raw`` ends like an earlier body, else
+        as a :class:`CandidateNames` when the bytes allow (and remembered).
+
+        ``raw`` must be valid JSON whose parsed top-level object has the exact key
+        ``NodeNames`` last, with the value ``names``.
+
+        Raises:
+            WireError: ``names`` is not a list of strings.
+        """
+        seen = self.recall(raw)
+        if seen is not None:
+            return seen
+        if isinstance(names, list):
+            found = self.locate(raw, len(names))
+            if found is not None:  # the bytes prove every item is a string
+                at, starts, ends = found
+                out = CandidateNames(names, self, raw, starts, ends)
+                self.remember(raw, out, at)
+                return out
+        if not _all_strings(names):
+            raise WireError(_NOT_STRINGS)
+        self.remember(raw, names)
+        return names  # type: ignore[no-any-return]
+
+    def split(self, raw: bytes) -> tuple[dict[str, Any], list[str]] | None:
+        """(the body without its top-level ``NodeNames``, parsed; that ``NodeNames``)
+        for a body written the way kube-scheduler writes it, without parsing the names;
+        None otherwise (then the caller parses the whole body).
+
+        The body is ``H"NodeNames":[...]}`` where ``H}`` (``H`` less a trailing comma)
+        must parse as a JSON object with no key ``nodenames`` in any casing, and the list
+        must be recalled (:meth:`recall`) or pass :meth:`locate`. Then ``H`` is the open
+        top-level object (a cut inside a nested value does not parse), the body is that
+        object plus one last member, and parsing the whole body gives the same object
+        with ``NodeNames`` as its last key. Names that a snapshot index knows are taken
+        from it (their bytes matched exactly, so they are valid); if any is unknown the
+        list's bytes are parsed, and if they do not parse, neither does the body: None.
+        """
+        for tail, names in self._entries:
+            if raw.endswith(tail):
+                head = _head(raw, len(raw) - len(tail))
+                return None if head is None else (head, names)
+        found = self.locate(raw)
+        if found is None:
+            return None
+        at, starts, ends = found
+        head = _head(raw, at)
+        if head is None:
+            return None
+        resolved = None
+        cached = self._index
+        if cached is not None and cached[1] is not None:
+            pos, known = cached[1].resolve(raw, starts, ends)
+            resolved = (cached[0], pos, known)
+        if resolved is not None and resolved[2]:
+            parsed = cached[1].names_at(resolved[1])  # type: ignore[index,union-attr]
+        else:
+            try:
+                parsed = orjson.loads(raw[starts[0] - 2 : ends[-1] + 2])
+            except orjson.JSONDecodeError:
+                return None
+        names = CandidateNames(parsed, self, raw, starts, ends, resolved)
+        self.remember(raw, names, at)
+        return head, names
+
+    def locate(
+        self, raw: bytes, count: int | None = None
+    ) -> tuple[int, np.ndarray, np.ndarray] | None:
+        """Where the names of the body's top-level ``NodeNames`` lie in ``raw``: (offset
+        of the key, start and end offsets of each name's characters), or None when the
+        list is not written the way the byte path reads (then the caller hashes names).
+
+        The list must be ``count`` names long if given. It is accepted only when the body
+        ends with ``"NodeNames":["...","...",...,"..."]}`` (trailing whitespace allowed):
+        compact, no backslash, every comma between a closing and an opening quote, and
+        twice as many quotes as names. Then everything after the key is one flat array
+        of strings whose characters are exactly the bytes between the quotes (if the body
+        is valid JSON), and the closing brace is the body's last, so the key is a member
+        of the top-level object when the part before it is that object open (see
+        :meth:`split`), or when the parsed object's last key is ``NodeNames`` (see
+        :func:`extender_args`). A key named ``NodeNames`` in the pod fails the test.
+        """
+        end = len(raw)
+        while end and raw[end - 1] in b" \t\r\n":
+            end -= 1
+        if end < 16 or raw[end - 3 : end] != b'"]}':
+            return None
+        at = raw.find(self.KEY)
+        found = _scan(raw, at + len(self.KEY), end - 1, count) if at >= 0 else None
+        if found is None:
+            last = raw.rfind(self.KEY)
+            if last == at or last < 0:
+                return None
+            at = last
+            found = _scan(raw, at + len(self.KEY), end - 1, count)
+            if found is None:
+                return None
+        return at, found[0], found[1]
+
+    def positions(
+        self, index: Mapping[str, int], raw: bytes, starts: np.ndarray, ends: np.ndarray
+    ) -> tuple[np.ndarray, bool] | None:
+        """(snapshot positions of the names at ``starts``/``ends`` in ``raw``, -1 for
+        unknown names; whether all are known), or None when ``index`` has names the byte
+        path cannot hold (then the caller hashes names)."""
+        cached = self._index
+        if cached is None or cached[0] is not index:
+            try:
+                table: NameIndex | None = NameIndex(index)
+            except (ValueError, TypeError):  # TypeError: a name orjson cannot encode
+                table = None
+            cached = (index, table)
+            self._index = cached
+        return None if cached[1] is None else cached[1].resolve(raw, starts, ends)
+
+
+def _head(raw: bytes, at: int) -> dict[str, Any] | None:
+    """``raw[:at]`` closed as an object and parsed (see :meth:`NamesMemo.split`), or None."""
+    cut = raw[:at].rstrip()
+    if cut.endswith(b","):
+        text = cut[:-1] + b"}"
+    elif cut.endswith(b"{"):
+        text = cut + b"}"
+    else:
+        return None
+    try:
+        head = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(head, dict) or any(k.lower() == "nodenames" for k in head):
+        return None
+    return head
+
+
+class CandidateNames(list[str]):
+    """A read-only ``NodeNames`` list that remembers where its names lie in the request
+    bytes.
+
+    Equal to the parsed list in every way, except that it refuses to be changed (it is
+    shared: :class:`NamesMemo` hands the same object out for a list sent again). In
+    addition :meth:`positions_in` gives the names' snapshot positions, found from the
+    bytes once per snapshot index (``scheduler.core.schedule`` asks for them before
+    hashing names itself).
+
+    Args:
+        names: the names, as parsed.
+        memo: the memo that found them (it holds the byte index).
+        raw: the request body; ``starts``/``ends``: each name's bytes in it.
+        resolved: (index, positions, all known) already found for one snapshot index.
+    """
+
+    __slots__ = ("_memo", "_raw", "_starts", "_ends", "_resolved")
+
+    def __init__(
+        self,
+        names: list[str],
+        memo: NamesMemo,
+        raw: bytes,
+        starts: np.ndarray,
+        ends: np.ndarray,
+        resolved: tuple[Mapping[str, int], np.ndarray, bool] | None = None,
+    ) -> None:
+        super().__init__(names)
+        self._memo = memo
+        self._raw = raw
+        self._starts = starts
+        self._ends = ends
+        if resolved is not None:
+            resolved[1].flags.writeable = False
+        self._resolved = resolved
+
+    def positions_in(self, index: Mapping[str, int]) -> tuple[np.ndarray, bool] | None:
+        """(read-only positions in ``index`` with -1 for unknown names, whether all are
+        known), or None when ``index`` holds names the byte path cannot (then the caller
+        looks the names up itself)."""
+        done = self._resolved
+        if done is not None and done[0] is index:
+            return done[1], done[2]
+        found = self._memo.positions(index, self._raw, self._starts, self._ends)
+        if found is not None:
+            found[0].flags.writeable = False
+            self._resolved = (index, *found)
+        return found
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("CandidateNames is read-only (copy it with list())")
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return (list, (list(self),))  # copies and pickles are plain lists
+
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _read_only
+    append = extend = insert = pop = remove = clear = sort = reverse = _read_only
+
+
+def _scan(
+    raw: bytes, lo: int, hi: int, count: int | None = None
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Start and end offsets of the strings of the JSON array ``raw[lo:hi]``, if it is
+    written ``["...","...",...]`` (``count`` items if given), no backslash and no comma
+    or quote inside a string (see :meth:`NamesMemo.locate`); else None."""
+    if hi - lo < 4 or raw[lo : lo + 2] != b'["' or raw[hi - 2 : hi] != b'"]':
+        return None
+    if raw.find(b"\\", lo, hi) >= 0:
+        return None
+    b = np.frombuffer(raw, np.uint8, hi - lo, lo)
+    commas = np.flatnonzero(b == _COMMA)
+    if count is None:
+        count = len(commas) + 1
+    elif len(commas) != count - 1:
+        return None
+    quotes = b == _QUOTE
+    if np.count_nonzero(quotes) != 2 * count:
+        return None
+    if count > 1 and not (quotes.take(commas - 1).all() and quotes.take(commas + 1).all()):
+        return None
+    starts = np.empty(count, np.int64)
+    ends = np.empty(count, np.int64)
+    starts[0] = lo + 2
+    ends[-1] = hi - 2
+    np.add(commas, lo + 2, out=starts[1:])
+    np.add(commas, lo - 1, out=ends[:-1])
+    if count > 1 and (ends < starts).any():  # two commas share a quote: `","` in a string
+        return None
+    return starts, ends
+
+
+_COMMA = ord(",")
+_QUOTE = ord('"')
+
+
+class NameIndex:
+    """Snapshot positions of node names, looked up by the names' UTF-8 bytes in place.
+
+    Each name is read as ``width`` little-endian 64-bit words (its bytes zero-padded to
+    ``8 width``, see :func:`_words`) plus its length, and hashed with a multiply-add over
+    the words. The table is a cuckoo hash table: every indexed name sits in one of two
+    slots its hash picks, so a lookup reads both slots and compares each name there word
+    by word and by length with the one sought. A name matches exactly when its bytes do;
+    the hash only picks where to compare. A request's names are gathered straight from
+    the body, and every step is a numpy operation over all of them at once; nothing is
+    done per name in Python.
+
+    Names that cannot appear unescaped in a compact JSON array (a quote, backslash,
+    control character or comma in them) are left out: a request naming them is not read
+    by bytes at all (:func:`_scan` refuses it).
+
+    Args:
+        index: node name -> position (a snapshot's ``index``).
+
+    Raises:
+        ValueError: a name longer than :data:`MAX_NAME_BYTES`, or the names do not fit
+            the table under any of the fixed seeds (the caller then looks names up as
+            Python strings).
+    """
+
+    MAX_NAME_BYTES = 64
+    """Longer names would cost more word operations than a dict lookup."""
+
+    SLOTS_PER_NAME = 2.5
+    """At least this many slots per name (rounded up to a power of two), so that the
+    table is at most 40 % full, well below where cuckoo insertion starts to fail."""
+
+    SEEDS = 8
+    """Hash seeds tried, in order (deterministic), until every name finds a slot."""
+
+    def __init__(self, index: Mapping[str, int]) -> None:
+        names = list(index)
+        positions = np.fromiter(index.values(), dtype=np.int64, count=len(names))
+        blob = orjson.dumps(names)
+        if b"\\" in blob or any("," in n for n in names):
+            keep = [i for i, n in enumerate(names) if _plain(n)]
+            names = [names[i] for i in keep]
+            positions = positions[keep]
+            blob = orjson.dumps(names)
+        if not names:
+            raise ValueError("no node names to index")
+        found = _scan(blob, 0, len(blob), len(names))
+        if found is None:  # pragma: no cover - plain names always scan
+            raise ValueError("node names do not scan")
+        starts, ends = found
+        lengths = ends - starts
+        longest = int(lengths.max())
+        if longest > self.MAX_NAME_BYTES:
+            raise ValueError("node names too long for the byte index")
+        self.width = width = max(1, (longest + 7) // 8)
+        words = _words(blob, starts, lengths, width)
+        fields = [(f"w{j}", np.uint64) for j in range(width)]
+        self.dtype = np.dtype([*fields, ("n", np.int64), ("pos", np.int64)])
+        rows = np.empty(len(names), dtype=self.dtype)
+        for j, w in enumerate(words.T):
+            rows[f"w{j}"] = w
+        rows["n"] = lengths
+        rows["pos"] = positions
+        self.by_position = np.empty(int(positions.max()) + 1, dtype=object)
+        self.by_position[positions] = names
+        """The indexed names by snapshot position (the index's own strings)."""
+        bits = max(4, math.ceil(math.log2(self.SLOTS_PER_NAME * len(names))))
+        self.shift = np.uint64(64 - bits)
+        for seed in range(self.SEEDS):
+            self.mult = _multipliers(width + 2, seed)
+            first, second = self._slots(self._hash(words, lengths))
+            slot_rows = _cuckoo(first.tolist(), second.tolist(), 1 << bits)
+            if slot_rows is not None:
+                break
+        else:  # pragma: no cover - would take a pathological set of names
+            raise ValueError("node names do not fit the cuckoo table")
+        self.slots = np.zeros(1 << bits, dtype=self.dtype)
+        self.slots["n"] = -1  # matches no name
+        taken = slot_rows >= 0
+        self.slots[taken] = rows[slot_rows[taken]]
+
+    def _hash(self, words: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        m = self.mult
+        h = lengths.astype(np.uint64)
+        h *= m[-1]
+        for j, w in enumerate(words.T):
+            h += w * m[j]
+        h ^= h >> np.uint64(29)
+        h *= m[-2]
+        return h
+
+    def _slots(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The two slots of each hash: its top bits, and the top bits of a remix."""
+        other = h ^ (h >> np.uint64(31))
+        other *= self.mult[0]
+        return h >> self.shift, other >> self.shift
+
+    def names_at(self, positions: np.ndarray) -> list[str]:
+        """The names at ``positions`` (each a position of an indexed name)."""
+        out: list[str] = self.by_position.take(positions).tolist()
+        return out
+
+    def _match(self, rows: np.ndarray, words: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Where the names ``rows`` hold are exactly the names ``words``/``lengths``."""
+        hit = rows["n"] == lengths
+        for j, w in enumerate(words.T):
+            hit &= rows[f"w{j}"] == w
+        return hit
+
+    def resolve(self, raw: bytes, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, bool]:
+        """(positions of the names ``raw[starts[i]:ends[i]]``, -1 where unknown; whether
+        all are known)."""
+        lengths = ends - starts
+        words = _words(raw, starts, lengths, self.width)
+        first, second = self._slots(self._hash(words, lengths))
+        one = self.slots.take(first)
+        two = self.slots.take(second)
+        in_one = self._match(one, words, lengths)
+        in_two = self._match(two, words, lengths)
+        pos = np.where(in_one, one["pos"], np.where(in_two, two["pos"], -1))
+        in_one |= in_two
+        return pos, bool(in_one.all())
+
+
+def _cuckoo(first: list[int], second: list[int], size: int) -> np.ndarray | None:
+    """Row per slot (-1: empty) placing every row i in slot ``first[i]`` or
+    ``second[i]``, by cuckoo insertion (a row finding its slot taken evicts the occupant
+    to that one's other slot); None if some row finds no place."""
+    table = [-1] * size
+    for start in range(len(first)):
+        row, slot = start, first[start]
+        for _ in range(64 + 8 * size.bit_length()):
+            row, table[slot] = table[slot], row
+            if row < 0:
+                break
+            slot = second[row] if slot == first[row] else first[row]
+        else:
+            return None
+    return np.array(table, dtype=np.int64)
+
+
+def _words(raw: bytes, starts: np.ndarray, lengths: np.ndarray, width: int) -> np.ndarray:
+    """Each name ``raw[start:start + length]`` as ``width`` little-endian 64-bit words
+    (one row per name): its bytes, zero-padded to ``8 width`` (longer names: their first
+    ``8 width`` bytes). One gather of ``8 width`` bytes per name, then the bytes past
+    each name are masked off."""
+    size = 8 * width
+    limit = len(raw) - size
+    # A window of overlapping records, one starting at every byte. Indexing, not ``take``:
+    # the window is not contiguous, and ``take`` would copy it.
+    window = np.ndarray((max(limit + 1, 0),), dtype=f"V{size}", buffer=raw, strides=(1,))
+    over = np.flatnonzero(starts > limit)  # names within ``size`` bytes of the end
+    records = window[np.minimum(starts, max(limit, 0))] if limit >= 0 else None
+    if records is None or len(over):
+        padded = np.frombuffer(raw + bytes(size), dtype=np.uint8)
+        records = np.ndarray((len(raw) + 1,), f"V{size}", padded, strides=(1,))[starts]
+    words = records.view("<u8").reshape(len(starts), width)
+    shortest = int(lengths.min()) if len(lengths) else 0
+    for j in range(width):
+        if shortest < 8 * (j + 1):
+            words[:, j] &= _MASKS.take(np.clip(lengths - 8 * j, 0, 8))
+    return words
+
+
+_MASKS = np.array([(1 << (8 * v)) - 1 for v in range(9)], dtype=np.uint64)
+"""The low ``v`` bytes of a word, for v in 0..8."""
+
+
+def _multipliers(count: int, seed: int) -> np.ndarray:
+    """``count`` odd 64-bit multipliers, fixed per ``seed`` (deterministic)."""
+    out, x = [], 0x9E3779B97F4A7C15 + seed
+    for _ in range(count):  # splitmix64
+        x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+        z = x
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+        out.append((z ^ (z >> 31)) | 1)
+    return np.array(out, dtype=np.uint64)
+
+
+def _plain(name: str) -> bool:
+    """True if ``name`` is written in JSON as its own UTF-8 bytes and has no comma."""
+    return "," not in name and orjson.dumps(name) == b'"' + name.encode("utf-8", "replace") + b'"'
 
 
 def _all_strings(names: Any) -> bool:
