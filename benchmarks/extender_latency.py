@@ -20,8 +20,9 @@ moment on the machine lands on both; the ratio column is p99 over the floor's p9
 the same verb and payload.
 
 Run: ``python -m benchmarks.extender_latency [--sizes 1000 5000 10000] [--requests 1000]
-[--runs 3]``. Prints p50/p99 (ms) and requests/s per verb and size; with several runs,
-the median of the per-run figures.
+[--runs 3] [--only NodeNames NodeNames-shuffled Nodes] [--config POLICY.yaml]``. Prints
+p50/p99 (ms) and requests/s per verb and size; with several runs, the median of the
+per-run figures.
 """
 
 from __future__ import annotations
@@ -208,8 +209,15 @@ def _serve(args: list[str]) -> tuple[subprocess.Popen[bytes], RawClient]:
     return proc, RawClient(port)
 
 
-def run_size(size: int, requests: int, full_nodes: bool) -> dict[str, dict[str, float]]:
-    """Time every case at one cluster size; returns case -> figures."""
+def run_size(
+    size: int,
+    requests: int,
+    full_nodes: bool,
+    only: tuple[str, ...] = (),
+    config: str | None = None,
+) -> dict[str, dict[str, float]]:
+    """Time every case at one cluster size (only the payload modes in ``only`` if given;
+    the server runs with the policy file ``config`` if given); returns case -> figures."""
     cluster = synthetic_cluster(size)
     nodes = [o for o in cluster["items"] if o["kind"] == "Node"]
     names = [n["metadata"]["name"] for n in nodes]
@@ -225,7 +233,9 @@ def run_size(size: int, requests: int, full_nodes: bool) -> dict[str, dict[str, 
         "NodeNames": [orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": names})],
         "NodeNames-shuffled": shuffled,
     }
-    if full_nodes:
+    if only:
+        bodies = {m: b for m, b in bodies.items() if m in only}
+    if full_nodes and (not only or "Nodes" in only):
         bodies["Nodes"] = [
             orjson.dumps({"Pod": pod, "Nodes": {"metadata": {}, "items": nodes}, "NodeNames": None})
         ]
@@ -240,6 +250,7 @@ def run_size(size: int, requests: int, full_nodes: bool) -> dict[str, dict[str, 
             _serve(
                 ["-m", "scheduler.cli.main", "--log-level", "WARNING", "serve"]
                 + ["--cluster", str(path)]
+                + (["--config", config] if config else [])
             ),
             _serve(
                 ["-m", "uvicorn", "benchmarks.extender_latency:floor_app"]
@@ -273,18 +284,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=1000, help="timed requests per case")
     ap.add_argument("--runs", type=int, default=3, help="runs per size; the median run is shown")
     ap.add_argument("--json", help="also write the raw figures to this file")
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        default=[],
+        choices=["NodeNames", "NodeNames-shuffled", "Nodes"],
+        help="time only these payloads (default: all)",
+    )
+    ap.add_argument("--config", help="policy YAML for the server (default: the shipped one)")
     a = ap.parse_args(argv)
     print(
         f"extender latency: sequential requests over one keep-alive loopback connection, "
         f"4-GPU pod, {a.requests} timed requests per case (after 30 warm-up), {a.runs} run(s); "
-        f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs"
+        f"policy {a.config or 'shipped'}; python {sys.version.split()[0]}, {os.cpu_count()} CPUs"
     )
     results: dict[str, Any] = {}
     print(
         f"{'nodes':>6}  {'case':<26} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}  {'p99 / floor p99':>15}"
     )
     for size in a.sizes:
-        runs = [run_size(size, a.requests, full_nodes=(size == 5000)) for _ in range(a.runs)]
+        runs = [
+            run_size(size, a.requests, size == 5000, tuple(a.only), a.config) for _ in range(a.runs)
+        ]
         merged = {
             case: {k: statistics.median(r[case][k] for r in runs) for k in runs[0][case]}
             for case in runs[0]
