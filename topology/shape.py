@@ -61,6 +61,11 @@ __all__ = [
 #: list or ``nvidia-smi topo -m`` text).
 ANNOTATION_KEY = "topoplace.io/gpu-topology"
 
+#: Longest ``topoplace.io/gpu-topology`` annotation :func:`resolve_node_shape` parses (a
+#: 16-GPU ``nvidia-smi topo -m`` text or full link list is a few KiB); longer ones are ignored
+#: unparsed, so a node object cannot make shape resolution arbitrarily slow.
+MAX_ANNOTATION_CHARS = 64 * 1024
+
 #: Largest GPU count a parsed or built shape may have (the biggest single-OS NVLink nodes,
 #: DGX-2/HGX-2, have 16). :func:`assumed_shape` is exempt: device-plugin time-slicing can
 #: advertise more "GPUs" than exist and the fallback must still work.
@@ -1004,10 +1009,14 @@ def check_topology_annotation(value: str) -> str:
         ``""`` when :func:`parse_topology_spec` accepts it, else the parse error text (so an
         I/O layer can surface why :func:`resolve_node_shape` ignored it).
     """
+    if len(value) > MAX_ANNOTATION_CHARS:
+        return f"longer than {MAX_ANNOTATION_CHARS} characters"
     try:
         parse_topology_spec(value)
     except (ValueError, KeyError, TypeError) as exc:
         return str(exc)
+    except RecursionError:
+        return "nested too deeply"
     return ""
 
 
@@ -1019,11 +1028,12 @@ def resolve_node_shape(
     Order:
 
     1. annotation ``topoplace.io/gpu-topology`` (anything :func:`parse_topology_spec`
-       accepts), if it parses and its GPU count equals ``gpu_count`` (``gpu_count <= 0``
-       means unknown and accepts any count) -> ``how="annotation"``;
+       accepts, at most :data:`MAX_ANNOTATION_CHARS` long), if it parses and its GPU count
+       equals ``gpu_count`` (``gpu_count <= 0`` means unknown and accepts any count) ->
+       ``how="annotation"``;
     2. GFD labels: ``nvidia.com/gpu.product`` (else ``nvidia.com/gpu.machine``) naming an
        NVLink baseboard whose catalog shape has ``gpu_count`` GPUs; if ``nvidia.com/gpu.count``
-       is present it must agree -> ``how="gfd"``;
+       is present (ASCII digits, at most 4) it must agree -> ``how="gfd"``;
     3. :func:`assumed_shape` of ``gpu_count`` (generation from the product label when known)
        -> ``how="assumed"``.
 
@@ -1062,16 +1072,21 @@ def _resolve(
 ) -> tuple[GpuShape, str]:
     if isinstance(annotation, str) and annotation.strip():
         try:
-            shape = parse_topology_spec(annotation)
-        except (ValueError, KeyError, TypeError):
+            shape = (
+                parse_topology_spec(annotation) if len(annotation) <= MAX_ANNOTATION_CHARS else None
+            )
+        except (ValueError, KeyError, TypeError, RecursionError):
+            # RecursionError: deeply nested JSON/YAML. The contract is "never raises".
             shape = None
         if shape is not None and (gpu_count <= 0 or shape.num_gpus == gpu_count):
             return shape, "annotation"
 
     generation = infer_generation(product) if isinstance(product, str) else "unknown"
     count = gpu_count
-    if isinstance(count_label, str) and count_label.strip().isdigit():
-        labelled = int(count_label)
+    label = count_label.strip() if isinstance(count_label, str) else ""
+    # str.isdigit accepts "²" (which int() refuses) and any length: ASCII and short only.
+    if label.isascii() and label.isdigit() and len(label) <= 4:
+        labelled = int(label)
         if count <= 0:
             count = labelled
         elif labelled != count:

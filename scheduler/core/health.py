@@ -50,7 +50,10 @@ Risks from several signals combine as independent failure probabilities,
 
 Every reason string is a constant so kube-scheduler's event message aggregates them.
 Nothing here raises on malformed input: a signal that cannot be read is ignored, except
-that a GPU exclusion that names an unknown device removes a GPU conservatively.
+that a GPU exclusion that names an unknown device removes a GPU conservatively. Reading is
+bounded: numbers (GPU indices, timestamps) are parsed from short text only, GPU UUID lists
+are indexed once, and a GPU count outside ``0 .. MAX_NODE_GPUS`` is taken as 0 (such a node
+is one topoplace cannot model; see :data:`REASON_UNMODELED`).
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from scheduler.core.model import Health, NodeHealth
+from scheduler.core.model import MAX_NODE_GPUS, Health, NodeHealth
 
 if TYPE_CHECKING:  # the snapshot module imports this one
     from scheduler.core.snapshot import ClusterSnapshot
@@ -83,6 +86,11 @@ REASON_XID_BURST = "burst of non-fatal GPU errors"
 REASON_FLAPPING = "node failed repeatedly"
 REASON_FAILED_BEFORE = "node failed recently"
 REASON_SETTLING = "node recovered recently"
+REASON_UNMODELED = "node topoplace cannot model"
+"""The verdict of a node topoplace cannot model (more GPUs than ``MAX_NODE_GPUS``, an
+unreadable GPU count or field, a topology topoplace cannot compute): UNHEALTHY for GPU pods,
+so it is refused with this reason while the rest of the cluster is served. Not a hardware
+failure: :func:`nodes_turned_unhealthy` does not report it."""
 
 NVSENTINEL_STATE_LABEL = "dgxc.nvidia.com/nvsentinel-state"
 HAMI_DEVICE_CORDON = "hami.io/device-cordon"
@@ -284,21 +292,47 @@ def _str(x: Any) -> str:
     return x if isinstance(x, str) else ""
 
 
+def _scalar(x: Any) -> str:
+    """Text of a scalar for signal keys (``?`` for anything else, never a deep ``str()``)."""
+    if isinstance(x, str):
+        return x
+    if x is None or isinstance(x, bool | int | float):
+        return repr(x) if not isinstance(x, int) or x.bit_length() <= 64 else "?"
+    return "?"
+
+
+def _small_index(text: str) -> int | None:
+    """A GPU index written as ASCII digits ("3"), None otherwise (bounded: short text only;
+    ``str.isdigit`` also accepts "²", which ``int`` refuses)."""
+    if 0 < len(text) <= 3 and text.isascii() and text.isdigit():
+        return int(text)
+    return None
+
+
+_MAX_TIME_TEXT = 64
+_MAX_EPOCH = 253402300799.0  # 9999-12-31T23:59:59Z
+
+
 def parse_time(value: Any) -> float | None:
-    """Epoch seconds of an RFC 3339 timestamp (or a number); None if unreadable."""
+    """Epoch seconds of an RFC 3339 timestamp (or a number); None if unreadable, not finite
+    or outside years 1..9999 (bounded: long text is not parsed)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
-        return float(value)
-    if not isinstance(value, str) or not value:
+        try:
+            t = float(value)
+        except OverflowError:
+            return None
+        return t if -_MAX_EPOCH <= t <= _MAX_EPOCH else None  # also refuses NaN
+    if not isinstance(value, str) or not value or len(value) > _MAX_TIME_TEXT:
         return None
     try:
         dt = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=UTC)
+        return dt.timestamp()
+    except (ValueError, OverflowError):
         return None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return dt.timestamp()
 
 
 def _conditions(node: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
@@ -312,10 +346,16 @@ def _ready_condition(node: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
+def _true(c: Mapping[str, Any]) -> bool:
+    """A condition's status is True (the string, or a JSON true)."""
+    v = c.get("status")
+    return v == "True" or v is True
+
+
 def node_ready(node: Mapping[str, Any]) -> bool:
     """True when the Node's Ready condition is True."""
     c = _ready_condition(node)
-    return c is not None and str(c.get("status")) == "True"
+    return c is not None and _true(c)
 
 
 def heartbeat_age(node: Mapping[str, Any], now: float) -> float | None:
@@ -337,22 +377,29 @@ def _gpu_uuid_order(annotations: Mapping[str, Any]) -> list[str]:
         try:
             devs = json.loads(raw)
             if isinstance(devs, list):
-                return [str(d.get("id") or d.get("ID") or "") for d in devs if isinstance(d, dict)]
-        except ValueError:
+                return [_str(d.get("id") or d.get("ID")) for d in devs if isinstance(d, dict)]
+        except (ValueError, RecursionError):
             pass
         return [rec.split(",")[0].strip() for rec in raw.split(":") if rec.strip()]
     return []
 
 
-def _resolve_gpu(entry: str, order: Sequence[str], gpu_count: int) -> int | None:
+def _uuid_index(order: Sequence[str] | Mapping[str, int]) -> Mapping[str, int]:
+    """UUID -> GPU index (first occurrence), built once so lookups are O(1)."""
+    if isinstance(order, Mapping):
+        return order
+    out: dict[str, int] = {}
+    for i, u in enumerate(order):
+        out.setdefault(u, i)
+    return out
+
+
+def _resolve_gpu(entry: str, order: Mapping[str, int], gpu_count: int) -> int | None:
     """GPU index named by an index ("3") or a UUID in the node's UUID list."""
-    if entry.isdigit():
-        i = int(entry)
-        return i if i < gpu_count else None
-    if entry in order:
-        i = order.index(entry)
-        return i if i < gpu_count else None
-    return None
+    i = _small_index(entry)
+    if i is None:
+        i = order.get(entry)
+    return i if i is not None and i < gpu_count else None
 
 
 def _excluded_gpus(annotations: Mapping[str, Any], gpu_count: int) -> tuple[int, int]:
@@ -369,7 +416,7 @@ def _excluded_gpus(annotations: Mapping[str, Any], gpu_count: int) -> tuple[int,
             entries.extend(e.strip() for e in raw.split(",") if e.strip())
     if not entries:
         return 0, 0
-    order = _gpu_uuid_order(annotations)
+    order = _uuid_index(_gpu_uuid_order(annotations))
     bad = 0
     unresolved = 0
     for e in sorted(set(entries)):
@@ -449,27 +496,37 @@ def _device_taints(device: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
     return [t for t in _seq(raw) if isinstance(t, Mapping)]
 
 
-_GPU_NAME = re.compile(r"^gpu-(\d+)$")
+_GPU_NAME = re.compile(r"^gpu-([0-9]+)$")
 
 
-def device_gpu_index(device: Mapping[str, Any], order: Sequence[str], gpu_count: int) -> int | None:
-    """GPU index of a DRA device (see the module docstring for the mapping); None if unknown."""
-    mig = str(_attr(device, "type") or "").lower() == "mig"
+def device_gpu_index(
+    device: Mapping[str, Any], order: Sequence[str] | Mapping[str, int], gpu_count: int
+) -> int | None:
+    """GPU index of a DRA device (see the module docstring for the mapping); None if unknown.
+
+    ``order`` is the node's GPU UUID list, or its index (UUID -> position) as built once
+    per node by :func:`assess`.
+    """
+    uuids = _uuid_index(order)
+    mig = _str(_attr(device, "type")).lower() == "mig"
     idx_names = ("parentIndex", "index") if mig else ("index",)
     uuid_names = ("parentUUID", "uuid") if mig else ("uuid",)
     for n in idx_names:
         v = _attr(device, n)
         if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < gpu_count:
             return v
-        if isinstance(v, str) and v.isdigit() and int(v) < gpu_count:
-            return int(v)
+        i = _small_index(v) if isinstance(v, str) else None
+        if i is not None and i < gpu_count:
+            return i
     for n in uuid_names:
         v = _attr(device, n)
-        if isinstance(v, str) and v in order and order.index(v) < gpu_count:
-            return order.index(v)
+        i = uuids.get(v) if isinstance(v, str) else None
+        if i is not None and i < gpu_count:
+            return i
     m = _GPU_NAME.match(_str(device.get("name")))
-    if m and int(m.group(1)) < gpu_count:
-        return int(m.group(1))
+    i = _small_index(m.group(1)) if m else None
+    if i is not None and i < gpu_count:
+        return i
     return None
 
 
@@ -528,11 +585,13 @@ def assess(
         devices: this node's DRA devices (:func:`devices_by_node`).
 
     Returns:
-        The report; never raises on odd input.
+        The report; never raises on odd input. A ``gpu_capacity`` outside
+        ``0 .. MAX_NODE_GPUS`` is taken as 0 (no per-GPU signals are read).
     """
     if not isinstance(node, Mapping):
         node = {}
-    cap = max(int(gpu_capacity), 0) if isinstance(gpu_capacity, int) else 0
+    ok_cap = isinstance(gpu_capacity, int) and 0 <= gpu_capacity <= MAX_NODE_GPUS
+    cap = int(gpu_capacity) if ok_cap else 0
     meta = _map(node.get("metadata"))
     labels = _map(meta.get("labels"))
     annotations = _map(meta.get("annotations"))
@@ -544,7 +603,7 @@ def assess(
 
     # Node-level signals.
     ready = _ready_condition(node)
-    if ready is None or str(ready.get("status")) != "True":
+    if ready is None or not _true(ready):
         acc.add(Health.UNHEALTHY, REASON_NOT_READY, 1.0)
     elif now is not None and params.heartbeat_stale_seconds > 0:
         age = heartbeat_age(node, now)
@@ -560,7 +619,7 @@ def assess(
     if _str(labels.get(NVSENTINEL_STATE_LABEL)) in params.nvsentinel_bad_states:
         acc.add(Health.UNHEALTHY, REASON_NVSENTINEL, 1.0)
     for c in _conditions(node):
-        if str(c.get("status")) != "True":
+        if not _true(c):
             continue
         ctype = _str(c.get("type"))
         if not ctype or ctype == "Ready":
@@ -569,7 +628,7 @@ def assess(
             acc.add(Health.UNHEALTHY, REASON_GPU_FAULT, 1.0)
         elif ctype in params.xid_conditions:
             t = parse_time(c.get("lastTransitionTime"))
-            xids.append((t, f"condition/{ctype}/{c.get('lastTransitionTime')}"))
+            xids.append((t, f"condition/{ctype}/{_scalar(c.get('lastTransitionTime'))}"))
         elif ctype in params.degraded_conditions or (
             params.unknown_condition_prefixes
             and ctype.startswith(params.unknown_condition_prefixes)
@@ -577,7 +636,7 @@ def assess(
             acc.add(Health.DEGRADED, REASON_DEGRADED_CONDITION, params.degraded_condition_risk)
 
     # Per-GPU signals.
-    order = _gpu_uuid_order(annotations) if cap else []
+    order = _uuid_index(_gpu_uuid_order(annotations)) if cap else {}
     if params.gpu_exclusions and cap:
         cordoned, unresolved = _excluded_gpus(annotations, cap)
         if cordoned:
@@ -608,7 +667,8 @@ def assess(
                     xids.append(
                         (
                             parse_time(t.get("timeAdded")),
-                            f"dra/{d.get('name')}/{t.get('value')}/{t.get('timeAdded')}",
+                            f"dra/{_scalar(d.get('name'))}/{_scalar(t.get('value'))}/"
+                            f"{_scalar(t.get('timeAdded'))}",
                         )
                     )
                     if gi is not None:
@@ -626,7 +686,7 @@ def assess(
         if unmonitored:
             acc.add(Health.HEALTHY, REASON_DEVICE_UNMONITORED, params.unmonitored_risk)
             acc.gpu(unmonitored, Health.HEALTHY, REASON_DEVICE_UNMONITORED)
-    alloc = gpu_allocatable if isinstance(gpu_allocatable, int) else cap
+    alloc = gpu_allocatable if isinstance(gpu_allocatable, int) and ok_cap else cap
     missing = cap - max(alloc, 0) - (bad & all_mask).bit_count()
     if params.check_allocatable and alloc < cap and missing > 0:
         acc.add(Health.DEGRADED, REASON_GPU_ALLOCATABLE, params.gpu_loss_risk)
@@ -699,15 +759,16 @@ def nodes_turned_unhealthy(old: ClusterSnapshot, new: ClusterSnapshot) -> tuple[
     """Nodes that were usable in ``old`` and are not in ``new``, sorted by name.
 
     "Not usable" means UNHEALTHY or gone from the snapshot. Cordons are not failures (a
-    drained node's pods keep running) and GPU-level losses are reported by
-    :func:`pods_on_failed_hardware`.
+    drained node's pods keep running), nor is a node turning into one topoplace cannot model
+    (``NodeInfo.unmodeled``: its object changed shape, its pods keep running), and GPU-level
+    losses are reported by :func:`pods_on_failed_hardware`.
     """
     out = []
     for n in old.nodes:
         if n.health.state >= Health.UNHEALTHY:
             continue
         m = new.node(n.name)
-        if m is None or m.health.state >= Health.UNHEALTHY:
+        if m is None or (m.health.state >= Health.UNHEALTHY and not m.unmodeled):
             out.append(n.name)
     return tuple(sorted(out))
 

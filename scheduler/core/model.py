@@ -33,6 +33,16 @@ RESERVATION_PREFIX = "gang-reservation:"
 
 EMPTY_MAP: Mapping[str, str] = MappingProxyType({})
 
+MAX_NODE_GPUS = 62
+"""Most GPUs a node topoplace models may have. The snapshot keeps, per node and link class,
+a bitmask of feasible set sizes in an int64 column (bit k = a k-GPU set), so k <= 62. A
+node advertising more (device-plugin time-slicing replicas, HAMi split counts) is kept as a
+node topoplace cannot model (``NodeInfo.unmodeled``): GPU pods are refused there."""
+
+MAX_GANG_SIZE = 65536
+"""Largest declared gang size (``topoplace.io/gang-size``, PodGroup ``minMember``) topoplace
+plans; a larger declaration is refused for the pod with a reason."""
+
 
 def frozen_map(d: Mapping[str, Any] | None) -> Mapping[str, Any]:
     """Return a read-only copy of ``d`` (an empty shared map for ``None``)."""
@@ -59,10 +69,18 @@ def mask_to_indices(mask: int) -> tuple[int, ...]:
 
 
 def indices_to_mask(indices: Any) -> int:
-    """Bitmask with the given GPU indices set."""
+    """Bitmask with the given GPU indices set.
+
+    Raises:
+        ValueError: an index outside ``0 .. MAX_NODE_GPUS - 1`` (a shift by an index read
+            from an object must never allocate a huge integer).
+    """
     m = 0
     for i in indices:
-        m |= 1 << int(i)
+        i = int(i)
+        if not 0 <= i < MAX_NODE_GPUS:
+            raise ValueError("GPU index out of range")
+        m |= 1 << i
     return m
 
 
@@ -114,6 +132,11 @@ class NodeInfo:
         cpu_milli / memory_bytes: allocatable CPU and memory.
         cpu_used_milli / memory_used_bytes: requests of pods bound to the node.
         raw: the Node object as received (read-only), for round-tripping the snapshot.
+        unmodeled: why topoplace cannot model this node ("" when it can). Such a node has
+            no GPUs in the model (``gpu_capacity`` 0) and an UNHEALTHY verdict whose reason
+            is the constant ``health.REASON_UNMODELED``, so GPU pods are refused there while
+            the rest of the cluster is served; this text (for logs and inspection only,
+            not a filter reason) says what was wrong.
     """
 
     name: str
@@ -131,6 +154,7 @@ class NodeInfo:
     cpu_used_milli: int = 0
     memory_used_bytes: int = 0
     raw: Mapping[str, Any] = field(default_factory=lambda: EMPTY_MAP, compare=False, repr=False)
+    unmodeled: str = ""
 
     @property
     def all_mask(self) -> int:
@@ -208,7 +232,8 @@ class PodRequest:
         min_link: minimum link class every ring hop of its GPU set must have ("" = any);
             one of "nvlink", "pix", "pxb", "phb", "node", "sys".
         gang: gang key ``namespace/group`` ("" for a lone pod).
-        gang_size: expected members (minMember) when known, else 0.
+        gang_size: members the pod's ``topoplace.io/gang-size`` annotation declares
+            (1 .. :data:`MAX_GANG_SIZE`), else 0.
         role: role of the member inside the gang (pods of one role are interchangeable).
         topology: the gang's topology constraint.
         node_selector: the pod's nodeSelector (already applied by kube-scheduler; used

@@ -12,21 +12,31 @@ from typing import Any
 
 import orjson
 
-from scheduler.core.health import HealthParams, assess_node
+from scheduler.core.health import REASON_UNMODELED, HealthParams, assess_node
 from scheduler.core.linkclass import class_rank
 from scheduler.core.model import (
     EMPTY_MAP,
     GPU_RESOURCE,
+    MAX_GANG_SIZE,
+    MAX_NODE_GPUS,
     PLACEMENT_ANNOTATION,
     PLACEMENT_VERSION,
+    Health,
+    NodeHealth,
     NodeInfo,
     PodRequest,
     TopologyConstraint,
     frozen_map,
 )
-from scheduler.core.quantity import cpu_milli, quantity_int
+from scheduler.core.quantity import (
+    QUANTITY_MAX,
+    REASON_OUT_OF_RANGE,
+    QuantityError,
+    parse_quantity_int,
+    quantity_int,
+)
 from topology.fabric import Fabric
-from topology.shape import resolve_node_shape
+from topology.shape import assumed_shape, resolve_node_shape
 
 MIN_LINK_ANNOTATION = "topoplace.io/min-link"
 GANG_ANNOTATION = "topoplace.io/gang"
@@ -58,27 +68,117 @@ HOSTNAME_LEVEL = "node"
 
 
 class ObjectError(ValueError):
-    """A Kubernetes object is malformed in a way that prevents a decision."""
+    """A Kubernetes object is malformed in a way that prevents a decision.
+
+    The one exception the object readers raise: every malformed field topoplace reads from
+    a Pod it is asked to place (a list where an object belongs, a number that is not one or
+    is out of range, ...) is an ObjectError with a clear message, never another exception.
+    Node objects only raise it for a missing name; any other problem makes a node
+    topoplace cannot model (see :func:`node_from_object`).
+    """
+
+
+# ---- readers ------------------------------------------------------------------------------
+#
+# Strict readers (``_obj``, ``_strmap``, ``_text``, ``_number``) raise ObjectError naming
+# the field; they read pods topoplace is asked to place and nodes it models. Lenient readers
+# (``_lmap``, ``_lstr``) read objects already admitted (bound pods): anything unreadable
+# counts as absent. Neither ever calls ``str()`` on a value of unknown type, and every number
+# goes through ``quantity.parse_quantity_int`` (bounded cost, range-checked).
+
+
+def _lmap(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else EMPTY_MAP
+
+
+def _lstr(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _obj(value: Any, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return EMPTY_MAP
+    if not isinstance(value, Mapping):
+        raise ObjectError(f"{where} must be an object")
+    return value
+
+
+def _strmap(value: Any, where: str) -> Mapping[str, str]:
+    m = _obj(value, where)
+    for k, v in m.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise ObjectError(f"{where} must map strings to strings")
+    return m
+
+
+def _text(value: Any, where: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ObjectError(f"{where} must be a string")
+    return value
+
+
+def _number(value: Any, where: str, **limits: Any) -> int:
+    """A number of an object (``parse_quantity_int`` with ``limits``); ObjectError if bad."""
+    try:
+        return parse_quantity_int(value, **limits)
+    except QuantityError as exc:
+        if exc.reason != REASON_OUT_OF_RANGE:
+            raise ObjectError(f"{where}: {exc.reason}") from None
+        unit = " milli" if limits.get("scale10") == 3 else ""
+        lo, hi = limits.get("low", 0), limits.get("high", QUANTITY_MAX)
+        raise ObjectError(f"{where}: out of range ({lo}..{hi}{unit})") from None
 
 
 def meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The object's metadata mapping (empty if absent)."""
-    m = obj.get("metadata")
+    """The object's metadata mapping (empty if absent or not a mapping)."""
+    m = obj.get("metadata") if isinstance(obj, Mapping) else None
     return m if isinstance(m, Mapping) else EMPTY_MAP
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
-    """``namespace/name`` of a namespaced object (``default`` namespace if absent)."""
+    """``namespace/name`` of a namespaced object (``default`` namespace if absent; fields
+    that are not strings count as absent)."""
     m = meta(obj)
-    return f"{m.get('namespace') or 'default'}/{m.get('name') or ''}"
+    return f"{_lstr(m.get('namespace')) or 'default'}/{_lstr(m.get('name'))}"
+
+
+# ---- nodes --------------------------------------------------------------------------------
+
+
+def _node_gpu_counts(node: Mapping[str, Any]) -> tuple[int, int]:
+    """(capacity, allocatable) whole GPUs, strictly read; capacity falls back to allocatable.
+
+    Raises:
+        ObjectError: unreadable fields, counts that are not whole numbers, or more GPUs than
+            :data:`~scheduler.core.model.MAX_NODE_GPUS`.
+    """
+    status = _obj(node.get("status"), "status")
+    allocatable = _obj(status.get("allocatable"), "status.allocatable")
+    capacity = _obj(status.get("capacity"), "status.capacity")
+    raw_alloc = allocatable.get(GPU_RESOURCE)
+    raw_cap = capacity.get(GPU_RESOURCE)
+    alloc = (
+        0 if raw_alloc is None else _number(raw_alloc, f"allocatable {GPU_RESOURCE}", whole=True)
+    )
+    cap = alloc if raw_cap is None else _number(raw_cap, f"capacity {GPU_RESOURCE}", whole=True)
+    cap = max(cap, alloc)
+    if cap > MAX_NODE_GPUS:
+        raise ObjectError(f"{cap} GPUs, more than the {MAX_NODE_GPUS} topoplace models per node")
+    return cap, alloc
 
 
 def node_gpus(node: Mapping[str, Any]) -> tuple[int, int]:
-    """(capacity, allocatable) whole GPUs of a Node; capacity falls back to allocatable."""
-    status = node.get("status") or {}
-    alloc = quantity_int((status.get("allocatable") or {}).get(GPU_RESOURCE), 0)
-    cap = quantity_int((status.get("capacity") or {}).get(GPU_RESOURCE), alloc)
-    return max(cap, alloc), alloc
+    """(capacity, allocatable) whole GPUs of a Node; capacity falls back to allocatable.
+
+    Never raises: (0, 0) when the counts are unreadable or above ``MAX_NODE_GPUS`` (a node
+    topoplace cannot model), so callers can size per-GPU work by the result.
+    """
+    try:
+        return _node_gpu_counts(node if isinstance(node, Mapping) else EMPTY_MAP)
+    except ObjectError:
+        return 0, 0
 
 
 def node_from_object(
@@ -95,19 +195,45 @@ def node_from_object(
     ``now`` (wall-clock epoch seconds) enables time-based health signals; ``devices`` maps
     node names to their DRA devices (``health.devices_by_node``).
 
+    No single node may poison the cluster view: a named node topoplace cannot model (more
+    GPUs than ``MAX_NODE_GPUS``, an unreadable field or number, or any other failure while
+    reading it) comes back as :func:`unmodeled_node`, which GPU pods are refused on with
+    the constant reason ``health.REASON_UNMODELED``. Cost is bounded by the object's size.
+
     Raises:
-        ObjectError: the object has no name.
+        ObjectError: the object is not a mapping or has no name (it cannot be kept).
     """
+    if not isinstance(node, Mapping):
+        raise ObjectError("node object is not an object")
     m = meta(node)
     name = m.get("name")
     if not name or not isinstance(name, str):
         raise ObjectError("node object without metadata.name")
-    labels = frozen_map(m.get("labels"))
-    annotations = frozen_map(m.get("annotations"))
-    cap, alloc = node_gpus(node)
+    try:
+        return _modeled_node(node, name, fabric, health, used_mask, now, devices)
+    except ObjectError as exc:
+        return unmodeled_node(node, fabric, str(exc))
+    except Exception as exc:  # any failure to model one node must not stop the others
+        return unmodeled_node(node, fabric, f"{type(exc).__name__} while reading the node")
+
+
+def _modeled_node(
+    node: Mapping[str, Any],
+    name: str,
+    fabric: Fabric,
+    health: HealthParams,
+    used_mask: int,
+    now: float | None,
+    devices: Mapping[str, Any] | None,
+) -> NodeInfo:
+    m = meta(node)
+    labels = frozen_map(_strmap(m.get("labels"), "metadata.labels"))
+    annotations = frozen_map(_strmap(m.get("annotations"), "metadata.annotations"))
+    cap, alloc = _node_gpu_counts(node)
     shape, how = resolve_node_shape(labels, annotations, cap)
-    status = node.get("status") or {}
-    allocatable = status.get("allocatable") or {}
+    allocatable = _obj(_obj(node.get("status"), "status").get("allocatable"), "allocatable")
+    cpu = allocatable.get("cpu")
+    mem = allocatable.get("memory")
     return NodeInfo(
         name=name,
         labels=labels,
@@ -117,32 +243,76 @@ def node_from_object(
         gpu_capacity=cap,
         gpu_allocatable=alloc,
         used_mask=used_mask,
-        health=assess_node(
-            node, cap, alloc, health, now=now, devices=(devices or {}).get(name, ())
-        ),
+        health=assess_node(node, cap, alloc, health, now=now, devices=_lmap(devices).get(name, ())),
         fabric_path=fabric.path(labels),
-        cpu_milli=cpu_milli(allocatable.get("cpu"), 0),
-        memory_bytes=quantity_int(allocatable.get("memory"), 0),
+        cpu_milli=0 if cpu is None else _number(cpu, "allocatable cpu", scale10=3),
+        memory_bytes=0 if mem is None else _number(mem, "allocatable memory"),
         raw=node,
     )
 
 
+UNMODELED_SHAPE_SOURCE = "unmodeled"
+"""``NodeInfo.shape_source`` of a node topoplace cannot model."""
+
+
+def unmodeled_node(node: Mapping[str, Any], fabric: Fabric, why: str) -> NodeInfo:
+    """A named node topoplace cannot model: kept in the snapshot (its name, its labels when
+    readable, the pods on it) with no GPUs in the model and an UNHEALTHY verdict whose only
+    reason is ``health.REASON_UNMODELED``, so GPU pods are refused there with that reason.
+
+    Args:
+        node: the Node object (must have a string ``metadata.name``).
+        fabric: the cluster fabric (for the node's domains when its labels are readable).
+        why: what was wrong (logs and inspection only; not a filter reason).
+    """
+    m = meta(node)
+    try:
+        labels = frozen_map(_strmap(m.get("labels"), "metadata.labels"))
+        path = fabric.path(labels)
+    except Exception:  # unreadable labels: the node is in no domain
+        labels = EMPTY_MAP
+        path = tuple(None for _ in fabric.levels)
+    return NodeInfo(
+        name=_lstr(m.get("name")),
+        labels=labels,
+        annotations=EMPTY_MAP,
+        shape=assumed_shape(0),
+        shape_source=UNMODELED_SHAPE_SOURCE,
+        gpu_capacity=0,
+        gpu_allocatable=0,
+        used_mask=0,
+        health=NodeHealth(Health.UNHEALTHY, (REASON_UNMODELED,)),
+        fabric_path=path,
+        raw=node,
+        unmodeled=why or "unreadable node",
+    )
+
+
+# ---- pods ---------------------------------------------------------------------------------
+
+
 def _containers(pod: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
-    spec = pod.get("spec") or {}
-    return [c for c in (spec.get(key) or ()) if isinstance(c, Mapping)]
+    items = _lmap(_lmap(pod).get("spec")).get(key)
+    if not isinstance(items, list | tuple):
+        return []
+    return [c for c in items if isinstance(c, Mapping)]
 
 
 def _request_of(container: Mapping[str, Any], resource: str) -> Any:
-    res = container.get("resources") or {}
-    req = (res.get("requests") or {}).get(resource)
+    res = _lmap(container.get("resources"))
+    req = _lmap(res.get("requests")).get(resource)
     if req is None:
         # Extended resources and unset requests default to the limit.
-        req = (res.get("limits") or {}).get(resource)
+        req = _lmap(res.get("limits")).get(resource)
     return req
 
 
 def pod_resource(pod: Mapping[str, Any], resource: str, parse: Any = quantity_int) -> int:
-    """Effective request of a resource: max(sum over containers, any init container)."""
+    """Effective request of a resource: max(sum over containers, any init container).
+
+    Lenient (for pods already admitted): unreadable fields count as absent and ``parse``
+    decides what an unreadable value is worth (``quantity_int``: 0).
+    """
     total = sum(parse(_request_of(c, resource), 0) for c in _containers(pod, "containers"))
     init = max(
         (parse(_request_of(c, resource), 0) for c in _containers(pod, "initContainers")),
@@ -151,37 +321,95 @@ def pod_resource(pod: Mapping[str, Any], resource: str, parse: Any = quantity_in
     return max(total, init)
 
 
+def _strict_resource(pod: Mapping[str, Any], resource: str, **bounds: Any) -> int:
+    """:func:`pod_resource`, strictly read: ObjectError for malformed containers or values,
+    and for an effective request outside ``bounds``."""
+    spec = _obj(pod.get("spec"), "spec")
+    per_kind: dict[str, list[int]] = {}
+    for key in ("containers", "initContainers"):
+        items = spec.get(key)
+        if items is None:
+            items = ()
+        if not isinstance(items, list | tuple):
+            raise ObjectError(f"spec.{key} must be a list")
+        values = per_kind.setdefault(key, [])
+        for c in items:
+            if not isinstance(c, Mapping):
+                raise ObjectError(f"spec.{key} entries must be objects")
+            res = _obj(c.get("resources"), f"spec.{key}[].resources")
+            requests = _obj(res.get("requests"), f"spec.{key}[].resources.requests")
+            limits = _obj(res.get("limits"), f"spec.{key}[].resources.limits")
+            req = requests.get(resource)
+            if req is None:
+                req = limits.get(resource)
+            if req is not None:
+                values.append(_number(req, f"{resource} request", **bounds))
+    value = max(sum(per_kind["containers"]), max(per_kind["initContainers"], default=0))
+    high = bounds.get("high", QUANTITY_MAX)
+    if value > high:  # the sum over containers
+        unit = " milli" if bounds.get("scale10") == 3 else ""
+        raise ObjectError(f"{resource} request: out of range (0..{high}{unit})")
+    return value
+
+
 def pod_gpus(pod: Mapping[str, Any]) -> int:
-    """Whole GPUs a pod requests (``nvidia.com/gpu``)."""
+    """Whole GPUs a pod requests (``nvidia.com/gpu``); lenient, as :func:`pod_resource`."""
     return pod_resource(pod, GPU_RESOURCE)
 
 
 def pod_terminated(pod: Mapping[str, Any]) -> bool:
     """True for Succeeded/Failed pods, which hold no resources."""
-    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+    return _lmap(_lmap(pod).get("status")).get("phase") in ("Succeeded", "Failed")
+
+
+def _gang_key(m: Mapping[str, Any]) -> str:
+    """The gang key ``namespace/group`` of a pod's metadata ("" if none); lenient."""
+    labels = _lmap(m.get("labels"))
+    annotations = _lmap(m.get("annotations"))
+    ns = _lstr(m.get("namespace")) or "default"
+    for kind, key in GANG_KEYS:
+        v = _lstr((annotations if kind == "annotation" else labels).get(key))
+        if v:
+            return f"{ns}/{v}"
+    return ""
+
+
+def _gang_size(annotations: Mapping[str, Any]) -> int:
+    """The ``topoplace.io/gang-size`` annotation, strictly read (0 when absent or empty).
+
+    Raises:
+        ObjectError: not a whole number in ``0 .. MAX_GANG_SIZE``.
+    """
+    raw = annotations.get(GANG_SIZE_ANNOTATION)
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return 0
+    return _number(raw, GANG_SIZE_ANNOTATION, high=MAX_GANG_SIZE, whole=True)
 
 
 def gang_of(pod: Mapping[str, Any]) -> tuple[str, int]:
-    """(gang key ``namespace/group``, declared size or 0) of a pod, ("", 0) if none."""
+    """(gang key ``namespace/group``, declared size or 0) of a pod, ("" , 0) if none.
+
+    Lenient (pods already admitted): an unreadable or out-of-range size counts as 0.
+    :func:`request_from_pod` reads the size strictly.
+    """
     m = meta(pod)
-    labels = m.get("labels") or {}
-    annotations = m.get("annotations") or {}
-    ns = m.get("namespace") or "default"
-    for kind, key in GANG_KEYS:
-        src = annotations if kind == "annotation" else labels
-        v = src.get(key)
-        if v:
-            size = quantity_int(annotations.get(GANG_SIZE_ANNOTATION), 0)
-            return f"{ns}/{v}", max(size, 0)
-    return "", 0
+    gang = _gang_key(m)
+    if not gang:
+        return "", 0
+    try:
+        return gang, _gang_size(_lmap(m.get("annotations")))
+    except ObjectError:
+        return gang, 0
 
 
 def map_level(value: str, fabric: Fabric) -> str:
     """Map a constraint value (our level name, or a KAI/Kueue label key) to a level name.
 
     Raises:
-        ObjectError: the value names no known level.
+        ObjectError: the value is not a string or names no known level.
     """
+    if not isinstance(value, str):
+        raise ObjectError("a topology level must be a string")
     v = value.strip()
     if v in ("kubernetes.io/hostname", HOSTNAME_LEVEL):
         return HOSTNAME_LEVEL
@@ -189,13 +417,20 @@ def map_level(value: str, fabric: Fabric) -> str:
         if v == lvl.name or v in lvl.label_keys:
             return lvl.name
     names = ", ".join([HOSTNAME_LEVEL] + [lvl.name for lvl in fabric.levels])
-    raise ObjectError(f"unknown topology level {v!r}; expected one of {names} or their label keys")
+    shown = v if len(v) <= 64 else v[:64] + "..."
+    raise ObjectError(
+        f"unknown topology level {shown!r}; expected one of {names} or their label keys"
+    )
 
 
 def topology_of(pod: Mapping[str, Any], fabric: Fabric) -> TopologyConstraint:
-    """The pod's (gang's) topology constraint from topoplace, KAI or Kueue annotations."""
+    """The pod's (gang's) topology constraint from topoplace, KAI or Kueue annotations.
+
+    Raises:
+        ObjectError: a constraint names no known level.
+    """
     m = meta(pod)
-    ann = {**(m.get("labels") or {}), **(m.get("annotations") or {})}
+    ann = {**_lmap(m.get("labels")), **_lmap(m.get("annotations"))}
     req = next((ann[k] for k in REQUIRED_TOPOLOGY_KEYS if ann.get(k)), "")
     pref = next((ann[k] for k in PREFERRED_TOPOLOGY_KEYS if ann.get(k)), "")
     return TopologyConstraint(
@@ -204,50 +439,69 @@ def topology_of(pod: Mapping[str, Any], fabric: Fabric) -> TopologyConstraint:
     )
 
 
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
 def request_from_pod(pod: Mapping[str, Any], fabric: Fabric) -> PodRequest:
     """What a pending pod asks for.
 
+    Every field read is checked, with bounded cost: metadata, labels, annotations and
+    nodeSelector must be objects of strings, containers lists of objects, quantities
+    well-formed and in range (GPUs ``0 .. MAX_NODE_GPUS``, CPU and memory
+    ``0 .. QUANTITY_MAX``), ``topoplace.io/gang-size`` a whole number in
+    ``0 .. MAX_GANG_SIZE``, ``spec.priority`` a 32-bit integer.
+
     Raises:
-        ObjectError: malformed annotations (unknown link class or topology level).
+        ObjectError: any malformed field (the message names it), an unknown link class
+            or topology level; never another exception.
     """
-    m = meta(pod)
-    annotations = m.get("annotations") or {}
-    labels = m.get("labels") or {}
-    min_link = str(annotations.get(MIN_LINK_ANNOTATION, "")).strip().lower()
+    if not isinstance(pod, Mapping):
+        raise ObjectError("pod must be an object")
+    m = _obj(pod.get("metadata"), "metadata")
+    name = _text(m.get("name"), "metadata.name")
+    namespace = _text(m.get("namespace"), "metadata.namespace")
+    uid = _text(m.get("uid"), "metadata.uid")
+    annotations = _strmap(m.get("annotations"), "metadata.annotations")
+    labels = _strmap(m.get("labels"), "metadata.labels")
+    spec = _obj(pod.get("spec"), "spec")
+    min_link = annotations.get(MIN_LINK_ANNOTATION, "").strip().lower()
     if min_link:
         try:
-            class_rank(min_link)
+            class_rank(min_link if len(min_link) <= 64 else min_link[:64] + "...")
         except ValueError as exc:
             raise ObjectError(str(exc)) from None
-    gang, size = gang_of(pod)
-    spec = pod.get("spec") or {}
-    role = str(annotations.get(GANG_ROLE_ANNOTATION) or labels.get(GANG_ROLE_ANNOTATION) or "")
+    gang = _gang_key(m)
+    size = _gang_size(annotations) if gang else 0
+    priority = spec.get("priority")
     return PodRequest(
-        key=object_key(pod),
-        uid=str(m.get("uid") or ""),
-        gpus=pod_gpus(pod),
-        cpu_milli=pod_resource(pod, "cpu", cpu_milli),
-        memory_bytes=pod_resource(pod, "memory"),
+        key=f"{namespace or 'default'}/{name}",
+        uid=uid,
+        gpus=_strict_resource(pod, GPU_RESOURCE, high=MAX_NODE_GPUS, whole=True),
+        cpu_milli=_strict_resource(pod, "cpu", scale10=3),
+        memory_bytes=_strict_resource(pod, "memory"),
         min_link=min_link,
         gang=gang,
         gang_size=size,
-        role=role,
+        role=annotations.get(GANG_ROLE_ANNOTATION) or labels.get(GANG_ROLE_ANNOTATION) or "",
         topology=topology_of(pod, fabric) if gang else TopologyConstraint(),
-        node_selector=frozen_map(spec.get("nodeSelector")),
-        priority=int(spec.get("priority") or 0),
+        node_selector=frozen_map(_strmap(spec.get("nodeSelector"), "spec.nodeSelector")),
+        priority=0
+        if priority is None
+        else _number(priority, "spec.priority", low=INT32_MIN, high=INT32_MAX, whole=True),
     )
 
 
 def placement_of(pod: Mapping[str, Any]) -> dict[str, Any] | None:
     """The pod's topoplace placement record, or None if absent or unreadable.
 
-    Only ``v``, ``node`` and ``gpus`` are checked here (this runs for every bound pod);
+    Only ``v``, ``node`` and ``gpus`` are checked here (this runs for every bound pod; GPU
+    indices must be ints in ``0 .. MAX_NODE_GPUS - 1``);
     a gang plan's optional keys (``slots``, ``created``, ...) are checked by their reader
     (``scheduler.core.gang.plan_of_record``). Records without them (written before plans
     were recorded) stay valid.
     """
-    raw = (meta(pod).get("annotations") or {}).get(PLACEMENT_ANNOTATION)
-    if not raw:
+    raw = _lmap(meta(pod).get("annotations")).get(PLACEMENT_ANNOTATION)
+    if not raw or not isinstance(raw, str):
         return None
     try:
         rec = orjson.loads(raw)
@@ -256,7 +510,12 @@ def placement_of(pod: Mapping[str, Any]) -> dict[str, Any] | None:
     if not isinstance(rec, dict) or rec.get("v") != PLACEMENT_VERSION:
         return None
     gpus = rec.get("gpus")
-    if not isinstance(gpus, list) or not all(isinstance(g, int) and g >= 0 for g in gpus):
+    if not isinstance(gpus, list) or not all(
+        isinstance(g, int) and not isinstance(g, bool) and 0 <= g < MAX_NODE_GPUS for g in gpus
+    ):
+        return None
+    node = rec.get("node")
+    if node is not None and not isinstance(node, str):
         return None
     return rec
 

@@ -17,10 +17,21 @@ Transitions (:func:`with_pod`, :func:`without_pod`, :func:`with_node`, ...) retu
 snapshots; arrays are copied (a memcpy) and only changed rows are recomputed, so a
 transition costs microseconds plus O(nodes) memcpy, never O(nodes) Python work. All arrays
 are marked read-only.
+
+No single object poisons the view. :func:`build_snapshot` and :func:`with_node_object`
+survive any Node or Pod object: a node topoplace cannot model (more than ``MAX_NODE_GPUS``
+GPUs, an unreadable field, a topology whose row cannot be computed, a name shared by two
+objects) is kept as an unmodeled node (``NodeInfo.unmodeled``; UNHEALTHY with the constant
+reason ``health.REASON_UNMODELED``, no GPUs in the model), logged, and counted by
+:attr:`ClusterSnapshot.unmodeled_nodes`; a bound pod whose object cannot be read is
+skipped and logged. Everything else is served. Logging is the core's only side effect
+here (a warning per unmodeled node per full build, and when a node update turns a node
+unmodeled); the result does not depend on it.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -49,10 +60,16 @@ from scheduler.core.objects import (
     pod_gpus,
     pod_resource,
     pod_terminated,
+    unmodeled_node,
 )
 from scheduler.core.params import SchedParams
 from scheduler.core.quantity import cpu_milli, quantity_int
 from topology.select import best_bottlenecks
+
+log = logging.getLogger(__name__)
+
+UNMODELED_DUPLICATE = "several Node objects share this name"
+"""``NodeInfo.unmodeled`` of a name given to more than one Node object in one build."""
 
 BLOCKED_UNHEALTHY = 2
 BLOCKED_CORDONED = 3
@@ -212,12 +229,49 @@ class ClusterSnapshot:
         """GPU nodes whose interconnect is unknown (treated as all-SYS)."""
         return int(self.arrays.assumed.sum())
 
+    @property
+    def unmodeled(self) -> tuple[str, ...]:
+        """Names of the nodes topoplace cannot model (``NodeInfo.unmodeled``), in order."""
+        return tuple(n.name for n in self.nodes if n.unmodeled)
+
+    @property
+    def unmodeled_nodes(self) -> int:
+        """How many nodes topoplace cannot model (GPU pods are refused there); for the
+        ``/metrics`` gauge. O(nodes) attribute reads."""
+        return sum(1 for n in self.nodes if n.unmodeled)
+
+
+def _checked(node: NodeInfo, params: SchedParams) -> NodeInfo:
+    """``node``, or the unmodeled node its object makes when its array row cannot be
+    computed (a shape the GPU-set selection does not support, ...). Topology answers are
+    memoized, so the row computed later for the arrays costs a lookup."""
+    if node.unmodeled or not node.gpu_capacity:
+        return node
+    try:
+        _row(node, params.selection_policy, max(8, node.gpu_capacity))
+    except Exception as exc:  # one node that cannot be modelled must not stop the others
+        return unmodeled_node(node.raw, params.fabric, f"{type(exc).__name__}: {exc}"[:200])
+    return node
+
+
+def _log_unmodeled(node: NodeInfo) -> None:
+    log.warning(
+        "node %s: topoplace cannot model it (%s); GPU pods are refused there",
+        node.name,
+        node.unmodeled,
+    )
+
 
 def _pod_info(pod: Mapping[str, Any], node: NodeInfo, taken: int, assumed: bool = False) -> PodInfo:
     """PodInfo for a pod bound to ``node``; GPU indices from its placement or inferred."""
     n = pod_gpus(pod)
     rec = placement_of(pod)
-    known = rec is not None and rec.get("node") in (None, node.name) and len(rec["gpus"]) == n
+    known = (
+        rec is not None
+        and rec.get("node") in (None, node.name)
+        and len(rec["gpus"]) == n
+        and all(g < node.gpu_capacity for g in rec["gpus"])
+    )
     if known and rec is not None:
         gpus = tuple(sorted(rec["gpus"]))
     else:
@@ -231,7 +285,7 @@ def _pod_info(pod: Mapping[str, Any], node: NodeInfo, taken: int, assumed: bool 
     gang, _ = gang_of(pod)
     return PodInfo(
         key=object_key(pod),
-        uid=str(meta(pod).get("uid") or ""),
+        uid=uid if isinstance(uid := meta(pod).get("uid"), str) else "",
         node=node.name,
         gpus=gpus,
         gpu_indices_known=bool(known),
@@ -253,50 +307,50 @@ def build_snapshot(
 
     Pods count when bound (``spec.nodeName``) and not Succeeded/Failed. Pods with a
     placement record are placed first so inferred indices never collide with known ones.
-    Malformed nodes are skipped (the caller logs them); pods on unknown nodes are ignored.
+    Pods on unknown nodes are ignored, and so is a second pod with the key of one already
+    counted.
 
-    Raises:
-        ObjectError: two nodes share a name.
+    Never raises on odd objects (see the module docstring): objects without a name are
+    skipped and logged, nodes topoplace cannot model are kept as unmodeled nodes, and a
+    name shared by several Node objects makes one unmodeled node
+    (:data:`UNMODELED_DUPLICATE`).
     """
     nodes: dict[str, NodeInfo] = {}
     now, devices = _health_inputs(extra or EMPTY_MAP, params)
     for obj in node_objs:
         try:
             n = node_from_object(obj, params.fabric, params.health, now=now, devices=devices)
-        except ObjectError:
+        except ObjectError as exc:
+            log.warning("ignoring a Node object: %s", exc)
             continue
         if n.name in nodes:
-            raise ObjectError(f"duplicate node {n.name!r}")
-        nodes[n.name] = n
-    bound = [
-        p
-        for p in pod_objs
-        if isinstance(p, Mapping)
-        and (p.get("spec") or {}).get("nodeName")
-        and not pod_terminated(p)
-    ]
+            n = unmodeled_node(obj, params.fabric, UNMODELED_DUPLICATE)
+        nodes[n.name] = _checked(n, params)
+    for n in nodes.values():
+        if n.unmodeled:
+            _log_unmodeled(n)
+    bound = [(p, node) for p in pod_objs if (node := _bound_node(p)) is not None]
     # Known placements first, then the rest, each in key order (deterministic).
-    bound.sort(key=lambda p: (placement_of(p) is None, object_key(p)))
+    bound.sort(key=lambda pn: (placement_of(pn[0]) is None, object_key(pn[0])))
     taken: dict[str, int] = {}
     cpu: dict[str, int] = {}
     mem: dict[str, int] = {}
     pods: dict[str, PodInfo] = {}
-    for p in bound:
-        node = nodes.get(p["spec"]["nodeName"])
+    for p, node_name in bound:
+        node = nodes.get(node_name)
         if node is None:
             continue
-        info = _pod_info(p, node, taken.get(node.name, 0))
-        mask = indices_to_mask(info.gpus)
-        if mask & taken.get(node.name, 0):
-            # Two records claim one GPU (stale annotation): re-infer this pod's indices.
-            info = replace(
-                _pod_info(
-                    {**p, "metadata": {**meta(p), "annotations": {}}}, node, taken.get(node.name, 0)
-                ),
-                raw=p,
-            )
-            mask = indices_to_mask(info.gpus)
-        taken[node.name] = taken.get(node.name, 0) | mask
+        if object_key(p) in pods:
+            # Two objects with one key (a file, or names unreadable): the first one counts,
+            # so every held GPU belongs to exactly one pod of the snapshot.
+            log.warning("ignoring a second bound pod %s", object_key(p))
+            continue
+        try:
+            info = _bound_pod(p, node, taken.get(node.name, 0))
+        except Exception as exc:  # one unreadable pod must not stop the others
+            log.warning("ignoring bound pod %s: %s", object_key(p), type(exc).__name__)
+            continue
+        taken[node.name] = taken.get(node.name, 0) | indices_to_mask(info.gpus)
         cpu[node.name] = cpu.get(node.name, 0) + info.cpu_milli
         mem[node.name] = mem.get(node.name, 0) + info.memory_bytes
         pods[info.key] = info
@@ -318,6 +372,29 @@ def build_snapshot(
         generation=0,
         extra=MappingProxyType(dict(extra or {})),
     )
+
+
+def _bound_node(pod: Any) -> str | None:
+    """The node a pod holds resources on (``spec.nodeName``, not Succeeded/Failed), or None;
+    never raises."""
+    if not isinstance(pod, Mapping):
+        return None
+    spec = pod.get("spec")
+    node = spec.get("nodeName") if isinstance(spec, Mapping) else None
+    if not isinstance(node, str) or not node or pod_terminated(pod):
+        return None
+    return node
+
+
+def _bound_pod(p: Mapping[str, Any], node: NodeInfo, taken: int) -> PodInfo:
+    """PodInfo of a bound pod during a build: its recorded GPUs, re-inferred when another
+    record already claims one of them (a stale annotation)."""
+    info = _pod_info(p, node, taken)
+    if indices_to_mask(info.gpus) & taken:
+        # Two records claim one GPU (stale annotation): re-infer this pod's indices.
+        bare = {**p, "metadata": {**meta(p), "annotations": {}}}
+        info = replace(_pod_info(bare, node, taken), raw=p, gang=info.gang)
+    return info
 
 
 def _with_changes(
@@ -403,10 +480,17 @@ def with_node_object(
 ) -> ClusterSnapshot:
     """Add or update a node from its Node object, keeping the pods on it.
 
+    A node topoplace cannot model is kept as an unmodeled node (logged when the update
+    makes it one); the rest of the snapshot is unaffected.
+
     Raises:
-        ObjectError: malformed node.
+        ObjectError: the object is not a mapping or has no name.
     """
     fresh = node_from_update(snap, obj, params)
+    if fresh.unmodeled:
+        old = snap.node(fresh.name)
+        if old is None or old.unmodeled != fresh.unmodeled:
+            _log_unmodeled(fresh)
     if fresh.name in snap.index:
         return _with_changes(snap, {fresh.name: fresh}, snap.pods)
     nodes = sorted([*snap.nodes, fresh], key=lambda n: n.name)
@@ -417,13 +501,15 @@ def node_from_update(
     snap: ClusterSnapshot, obj: Mapping[str, Any], params: SchedParams
 ) -> NodeInfo:
     """The node as ``obj`` describes it, keeping what the snapshot's pods use on it (the
-    update does not touch the snapshot).
+    update does not touch the snapshot). A node topoplace cannot model comes back as an
+    unmodeled node (``NodeInfo.unmodeled``).
 
     Raises:
-        ObjectError: malformed node.
+        ObjectError: the object is not a mapping or has no name.
     """
     now, devices = _health_inputs(snap.extra, params)
     fresh = node_from_object(obj, params.fabric, params.health, now=now, devices=devices)
+    fresh = _checked(fresh, params)
     old = snap.node(fresh.name)
     return fresh if old is None else with_usage_of(fresh, old)
 
@@ -495,7 +581,9 @@ def pod_info_for(
     snap: ClusterSnapshot, pod: Mapping[str, Any], node: str, assumed: bool = False
 ) -> PodInfo:
     """PodInfo for a Pod object bound to ``node`` in this snapshot (indices inferred if no
-    placement record). Raises KeyError for an unknown node."""
+    placement record, or if the record names GPUs other pods hold or the node does not
+    have: a stale or forged annotation must not make :func:`with_pod` fail). Raises
+    KeyError for an unknown node; never raises on odd Pod objects."""
     n = snap.node(node)
     if n is None:
         raise KeyError(node)
@@ -503,7 +591,7 @@ def pod_info_for(
     old = snap.pods.get(object_key(pod))
     if old is not None and old.node == node:
         taken &= ~indices_to_mask(old.gpus)
-    return _pod_info(pod, n, taken, assumed=assumed)
+    return replace(_bound_pod(pod, n, taken), assumed=assumed)
 
 
 def health_state_name(state: int) -> str:
