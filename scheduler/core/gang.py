@@ -15,13 +15,29 @@ Pure. A gang (pod group) is placed all or nothing by a gang policy (see
   shown up yet; the extender re-plans when a member arrives whose role has no slot.
 * :func:`declared_size`: minMember from the PodGroup object (scheduler-plugins / KAI
   ``spec.minMember``, Volcano ``spec.minAvailable``) when the snapshot carries PodGroups
-  under ``extra["podgroups"]``, else the ``topoplace.io/gang-size`` annotation.
+  under ``extra["podgroups"]``, else the ``topoplace.io/gang-size`` annotation;
+  :func:`gang_size` is the same, checked (see "Declared sizes" below).
 * :func:`plan_gangs`: several gangs in priority order, each seeing the reservations of the
   ones before it.
 * :func:`recover_plans`: rebuild live plans from bound pods' placement annotations after a
   restart: the whole plan (every slot, bound or not) when the records carry its slot
   table (:func:`plan_of_record`), else the bound members only; :func:`recovery_request`
   builds the gang to plan again when a recorded plan cannot be replayed.
+
+Declared sizes: a gang's size is its PodGroup's minMember when the snapshot carries the
+PodGroup, else what its members' ``topoplace.io/gang-size`` annotations declare; members
+without the annotation take the size the others declare. **Members that declare different
+sizes are refused** (:class:`GangSizeError`, reason :data:`REASON_GANG_SIZE_CONFLICT`, for
+every member that comes while they disagree), whether the disagreeing members are pending
+or already hold resources, and even when a PodGroup decides the size: two declarations of
+one gang that disagree mean two workloads share a group name, or a job was resized under
+running pods, and any guess binds pods that were meant to be all-or-nothing as a partial
+gang (planning the smaller size binds half of the larger gang; planning the larger waits
+for pods that may never exist). topoplace does not guess; the reason tells the user what
+to fix. A declared size above :data:`~scheduler.core.model.MAX_GANG_SIZE` is refused the
+same way (:data:`REASON_GANG_SIZE_INVALID`). Members already bound stay bound (nothing is
+evicted). The extender checks :func:`gang_size` when it plans, and
+:func:`member_size_conflict` when a member claims a slot of a live plan.
 
 Slots: the members of a gang are numbered per role, ``<role>-<i>``; slot ``i`` of a role
 belongs to the i-th known member of that role (pod keys sorted) or, past the known ones, to
@@ -38,6 +54,8 @@ from typing import TYPE_CHECKING, Any
 
 from scheduler.core.model import (
     EMPTY_MAP,
+    MAX_GANG_SIZE,
+    MAX_NODE_GPUS,
     RESERVATION_PREFIX,
     Health,
     PodInfo,
@@ -46,8 +64,8 @@ from scheduler.core.model import (
     frozen_map,
     indices_to_mask,
 )
-from scheduler.core.objects import placement_of
-from scheduler.core.quantity import quantity_int
+from scheduler.core.objects import ObjectError, gang_of, placement_of
+from scheduler.core.quantity import QuantityError, parse_quantity_int
 from scheduler.core.schedule import Assignment, PlacementResult
 from scheduler.core.snapshot import ClusterSnapshot, with_pod
 
@@ -63,6 +81,30 @@ NVLINK_LEVEL = "nvlink-domain"
 
 SLOT_SEPARATOR = "#"
 """Separates the gang key from the slot id in placeholders and reservation keys."""
+
+REASON_GANG_SIZE_CONFLICT = "gang members declare different gang sizes"
+"""Filter reason for a member of a gang whose members' ``topoplace.io/gang-size``
+annotations disagree (see "Declared sizes" in the module docstring)."""
+
+REASON_GANG_SIZE_INVALID = "declared gang size above the limit topoplace plans"
+"""Filter reason for a member of a gang declared larger than ``MAX_GANG_SIZE``."""
+
+PODGROUP_SIZE_MAX = 2**31 - 1
+"""minMember is an int32 in the PodGroup CRDs; larger or unreadable values are ignored."""
+
+
+class GangSizeError(ObjectError):
+    """A gang's declared size cannot be planned: its members disagree, or it is out of range.
+
+    Attributes:
+        reason: a constant (``REASON_GANG_SIZE_*``), to be returned to kube-scheduler as the
+            filter reason for every candidate node of the member (unresolvable: no node and no
+            preemption helps until the declarations are fixed).
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +148,9 @@ class GangRequest:
         priority: the highest member priority (orders :func:`plan_gangs`).
         fixed: members already holding resources (bound earlier); they stay where they
             are, count towards the gang's domains, and pin its required-level domain.
+        member_size: the size the members' ``topoplace.io/gang-size`` annotations declare
+            (0: none declares one); a member declaring another size may not claim a slot
+            (:func:`member_size_conflict`).
     """
 
     key: str
@@ -113,6 +158,7 @@ class GangRequest:
     topology: TopologyConstraint = TopologyConstraint()
     priority: int = 0
     fixed: tuple[Assignment, ...] = ()
+    member_size: int = 0
 
     @property
     def size(self) -> int:
@@ -212,13 +258,16 @@ def gang_request(
     Args:
         members: the members seen so far and not yet holding resources (at least one), the
             first one seen first: its role completes the gang up to ``size``.
-        size: declared gang size (0 = unknown: the gang is the members seen plus ``fixed``).
+        size: declared gang size (0 = unknown: the size the members' annotations declare,
+            else the gang is the members seen plus ``fixed``).
         fixed: members already holding resources.
         fixed_roles: pod key -> role of fixed members (so their count is taken from the
             right role when completing to ``size``); fixed members of unknown role are
             taken from the first member's role.
 
     Raises:
+        GangSizeError: the members declare different sizes, or ``size`` is above
+            ``MAX_GANG_SIZE`` (see "Declared sizes" in the module docstring).
         ValueError: no members, or members of different gangs.
     """
     if not members:
@@ -226,6 +275,10 @@ def gang_request(
     gang = members[0].gang
     if any(m.gang != gang for m in members):
         raise ValueError("members of different gangs")
+    member_size = _agreed((m.gang_size for m in members), 0)
+    size = size or member_size
+    if not 0 <= size <= MAX_GANG_SIZE:
+        raise GangSizeError(REASON_GANG_SIZE_INVALID)
     first = members[0]
     ordered = sorted(members, key=lambda m: m.key)
     by_role: dict[str, list[PodRequest]] = {}
@@ -245,7 +298,31 @@ def gang_request(
         topology=topo or TopologyConstraint(),
         priority=max(m.priority for m in ordered),
         fixed=tuple(sorted(fixed, key=lambda a: a.pod)),
+        member_size=member_size,
     )
+
+
+def _agreed(sizes: Any, first: int) -> int:
+    """The one non-zero size among ``first`` and ``sizes`` (0 if none).
+
+    Raises:
+        GangSizeError: two different non-zero sizes.
+    """
+    seen = first
+    for n in sizes:
+        if n and seen and n != seen:
+            raise GangSizeError(REASON_GANG_SIZE_CONFLICT)
+        seen = seen or n
+    return seen
+
+
+def member_size_conflict(gang: GangRequest, req: PodRequest) -> str:
+    """Why ``req`` may not join the planned ``gang`` because of its declared size: the
+    constant :data:`REASON_GANG_SIZE_CONFLICT` when both it and the planned members declare
+    a size and the sizes differ, else ""."""
+    if req.gang_size and gang.member_size and req.gang_size != gang.member_size:
+        return REASON_GANG_SIZE_CONFLICT
+    return ""
 
 
 def simple_gang(
@@ -280,26 +357,73 @@ def simple_gang(
 
 
 def podgroup_min_member(obj: Mapping[str, Any]) -> int:
-    """minMember of a PodGroup object (scheduler-plugins, KAI) or minAvailable (Volcano)."""
-    spec = obj.get("spec") or {}
+    """minMember of a PodGroup object (scheduler-plugins, KAI) or minAvailable (Volcano);
+    0 when absent, unreadable, or not a whole number in ``0 .. PODGROUP_SIZE_MAX``
+    (bounded cost: see ``scheduler.core.quantity``)."""
+    spec = obj.get("spec") if isinstance(obj, Mapping) else None
+    if not isinstance(spec, Mapping):
+        return 0
     for key in ("minMember", "minAvailable"):
         v = spec.get(key)
         if v is not None:
-            return max(0, quantity_int(v, 0))
+            try:
+                return parse_quantity_int(v, high=PODGROUP_SIZE_MAX, whole=True)
+            except QuantityError:
+                return 0
     return 0
 
 
-def declared_size(req: PodRequest, snapshot: ClusterSnapshot) -> int:
-    """The gang's declared size: the PodGroup's minMember when the snapshot carries the
-    PodGroup (``extra["podgroups"]["ns/name"]``), else the gang-size annotation, else 0."""
+def _podgroup_size(req: PodRequest, snapshot: ClusterSnapshot) -> int:
     groups = snapshot.extra.get(PODGROUPS_KEY) if snapshot.extra else None
     if isinstance(groups, Mapping) and req.gang:
         obj = groups.get(req.gang)
         if isinstance(obj, Mapping):
-            n = podgroup_min_member(obj)
-            if n > 0:
-                return n
-    return max(0, req.gang_size)
+            return podgroup_min_member(obj)
+    return 0
+
+
+def _held_sizes(req: PodRequest, snapshot: ClusterSnapshot) -> list[int]:
+    """Sizes declared by the gang's members holding resources (their Pod objects)."""
+    if not req.gang:
+        return []
+    return [
+        gang_of(p.raw)[1]
+        for p in snapshot.gang_members(req.gang)
+        if p.raw and not p.key.startswith(RESERVATION_PREFIX)
+    ]
+
+
+def declared_size(req: PodRequest, snapshot: ClusterSnapshot) -> int:
+    """The gang's declared size: the PodGroup's minMember when the snapshot carries the
+    PodGroup (``extra["podgroups"]["ns/name"]``), else the gang-size annotation of ``req``,
+    else the largest one declared by the gang's members holding resources, else 0.
+
+    Never raises (recovery reads it); :func:`gang_size` is the checked form the extender
+    plans with.
+    """
+    n = _podgroup_size(req, snapshot)
+    if n > 0:
+        return n
+    return max(0, req.gang_size) or max(_held_sizes(req, snapshot), default=0)
+
+
+def gang_size(
+    req: PodRequest, snapshot: ClusterSnapshot, members: Sequence[PodRequest] = ()
+) -> int:
+    """:func:`declared_size`, checked: the ``topoplace.io/gang-size`` annotations of ``req``,
+    of ``members`` (pending members seen) and of the gang's members holding resources in
+    ``snapshot`` must agree (members without one join), and the size must not exceed
+    ``MAX_GANG_SIZE`` (see "Declared sizes" in the module docstring).
+
+    Raises:
+        GangSizeError: declarations disagree, or the size is out of range; ``reason`` is the
+            filter reason for the member.
+    """
+    agreed = _agreed([m.gang_size for m in members] + _held_sizes(req, snapshot), req.gang_size)
+    n = _podgroup_size(req, snapshot) or agreed
+    if n > MAX_GANG_SIZE:
+        raise GangSizeError(REASON_GANG_SIZE_INVALID)
+    return n
 
 
 # ---- plan ids, reservations ---------------------------------------------------------------
@@ -429,14 +553,14 @@ def plan_of_record(rec: Mapping[str, Any]) -> PlanTable | None:
         if not isinstance(role, str) or not isinstance(node, str) or not node:
             return None
         if not isinstance(gpus, list) or not all(
-            isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus
+            isinstance(g, int) and not isinstance(g, bool) and 0 <= g < MAX_NODE_GPUS for g in gpus
         ):
             return None
         slots.append((role, node, tuple(sorted(gpus))))
     created, ttl = rec.get("created", 0), rec.get("ttl", 0)
     return PlanTable(
         plan_id=pid,
-        policy=str(rec.get("policy") or ""),
+        policy=policy if isinstance(policy := rec.get("policy"), str) else "",
         created=float(created) if isinstance(created, int | float) else 0.0,
         ttl=float(ttl) if isinstance(ttl, int | float) and ttl > 0 else 0.0,
         slots=tuple(slots),
@@ -587,12 +711,11 @@ def recover_plans(snapshot: ClusterSnapshot) -> dict[str, RecoveredPlan]:
         if key.startswith(RESERVATION_PREFIX) or not pod.raw:
             continue
         rec = placement_of(pod.raw)
-        if rec is None or not rec.get("gang") or not rec.get("plan"):
-            continue
-        gang = str(rec["gang"])
+        gang, pid = (rec.get("gang"), rec.get("plan")) if rec is not None else ("", "")
+        if not gang or not pid or not isinstance(gang, str) or not isinstance(pid, str):
+            continue  # written by topoplace as strings; anything else is not its record
         members, plans, tables = found.setdefault(gang, ([], [], {}))
         members.append(Assignment(key, pod.node, tuple(pod.gpus)))
-        pid = str(rec["plan"])
         plans.append(pid)
         if pid not in tables:
             table = plan_of_record(rec)
@@ -644,9 +767,11 @@ def recovery_request(
         fixed: members holding resources now (default: ``plan.members``).
 
     Returns:
-        The request, or None when no member is left to place (or ``bound`` is empty).
+        The request, or None when no member is left to place (or ``bound`` is empty, or
+        ``size`` exceeds ``MAX_GANG_SIZE``: the gang is then planned, and refused with a
+        reason, when its members come).
     """
-    if not bound:
+    if not bound or size > MAX_GANG_SIZE:
         return None
     fixed = tuple(plan.members if fixed is None else fixed)
     first = sorted(bound, key=lambda r: r.key)[0]
