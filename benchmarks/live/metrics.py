@@ -79,6 +79,10 @@ class Figures:
     bench_cpu_share: float = math.nan
     """Share of the host's CPU time used by topoplace, kube-scheduler, kube-apiserver and
     etcd during the arm (the rest of ``host_busy_share``: everything else on the host)."""
+    pods_per_cpu_s: float = math.nan
+    """Pods bound per CPU second of topoplace + kube-scheduler + kube-apiserver + etcd: the
+    arm's throughput on a machine where those processes are CPU-bound, whatever share of
+    the host they get."""
     load1_start: float = math.nan
     load1_end: float = math.nan
     sched_attempt_mean_ms: float = math.nan

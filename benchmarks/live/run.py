@@ -502,10 +502,13 @@ def run_arm(
     fig.pending_reasons = "; ".join(f"{k} (x{v})" for k, v in pending.most_common(3))
     if probes is not None:
         cost_figures(fig, first or before, after, scheduler_name, before_metrics=before)
-        if cold and fig.pods_bound > 1:
-            per = fig.pods_bound - 1  # pods scheduled between the two readings
+        per = fig.pods_bound - 1 if cold else fig.pods_bound  # pods between the readings
+        if cold and per > 0:
             fig.cpu_ms_per_pod_topoplace = 1000 * fig.cpu_topoplace_s / per
             fig.cpu_ms_per_pod_kube_scheduler = 1000 * fig.cpu_kube_scheduler_s / per
+        cpu = [fig.cpu_topoplace_s, fig.cpu_kube_scheduler_s, fig.cpu_apiserver_s, fig.cpu_etcd_s]
+        total = sum(c for c in cpu if not math.isnan(c))
+        fig.pods_per_cpu_s = per / total if total > 0 else math.nan
     log(
         f"{phase}: {fig.pods_bound}/{fig.pods} bound in {fig.seconds:.1f}s "
         f"({fig.pods_per_s:.1f} pods/s), nodes used {fig.nodes_used}, "
@@ -716,6 +719,7 @@ ROWS: tuple[tuple[str, str, bool], ...] = (
     ("CPU s etcd", "cpu_etcd_s", False),
     ("host CPU busy during the arm (2 cores = 100 %)", "host_busy_share", False),
     ("share of the host's CPU used by the arm's processes", "bench_cpu_share", False),
+    ("pods per CPU second of the arm's processes", "pods_per_cpu_s", False),
     ("load average (1 min) at the end", "load1_end", False),
     ("gangs complete", "gangs_complete", True),
     ("gangs partly bound at the end", "gangs_partial_at_end", True),
