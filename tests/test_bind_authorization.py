@@ -189,3 +189,17 @@ def test_kube_mode_binds_only_for_the_configured_profiles() -> None:
         "topoplace",
         "gpu-batch",
     }
+
+
+def test_a_pod_that_fills_the_node_cpu_exactly_binds_after_its_nomination() -> None:
+    """The nomination already counts the pod's CPU and memory on the chosen node: the bind
+    check must not count them twice (openb pods ask for most of a node's CPU)."""
+    node = make_node("exact", 8, cpu="64", memory="256Gi")
+    ext = _ext([node])
+    c = asgi_client(ext)
+    pod = make_pod("fills", 1, cpu="64", memory="256Gi")
+    assert _filter(c, pod, ["exact"])["NodeNames"] == ["exact"]
+    assert _bind(c, pod, "exact") == ""
+    over = make_pod("over", 1, cpu="1")
+    assert _filter(c, over, ["exact"])["NodeNames"] == ["exact"]  # topoplace filters GPUs only
+    assert _bind(c, over, "exact") == ERR_NO_ROOM_CPU_MEMORY

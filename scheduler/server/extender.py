@@ -151,8 +151,13 @@ def _node_refuses(
     if code != FEASIBLE:
         return verdict_reason(snap, code, i)
     n = snap.nodes[i]
-    if (n.cpu_milli and n.cpu_used_milli + cpu > n.cpu_milli) or (
-        n.memory_bytes and n.memory_used_bytes + memory > n.memory_bytes
+    used_cpu, used_memory = n.cpu_used_milli, n.memory_used_bytes
+    own = snap.pods.get(req.key)
+    if own is not None and own.node == node:  # its nomination already counts its requests
+        used_cpu -= own.cpu_milli
+        used_memory -= own.memory_bytes
+    if (n.cpu_milli and used_cpu + cpu > n.cpu_milli) or (
+        n.memory_bytes and used_memory + memory > n.memory_bytes
     ):
         return ERR_NO_ROOM_CPU_MEMORY
     return ""
