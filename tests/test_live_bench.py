@@ -19,6 +19,7 @@ import yaml
 from benchmarks.live import kubesched
 from benchmarks.live.metrics import (
     Figures,
+    apiserver_calls,
     compare_with_offline,
     histogram_ms,
     histogram_quantile,
@@ -301,6 +302,23 @@ def test_histogram_quantiles_from_scrapes() -> None:
     assert h["count"] == 100 and h["mean_ms"] == pytest.approx(25.0)
     assert h["p50_ms"] == pytest.approx(10.0) and h["p99_ms"] == pytest.approx(98.2)
     assert histogram_quantile([], 0.5) != histogram_quantile([], 0.5)  # NaN
+
+
+def test_apiserver_calls_by_verb_and_resource() -> None:
+    before = parse_prometheus(
+        'apiserver_request_total{code="201",resource="pods",subresource="binding",verb="POST"} 5\n'
+    )
+    after = parse_prometheus(
+        'apiserver_request_total{code="201",resource="pods",subresource="binding",verb="POST"} 25\n'
+        'apiserver_request_total{code="200",resource="pods",verb="GET"} 3\n'
+        'apiserver_watch_events_total{group="",kind="Pod",version="v1"} 60\n'
+        'apiserver_watch_events_total{group="",kind="Node",version="v1"} 9\n'
+    )
+    assert apiserver_calls(before, after) == {
+        "api_POST_pods_binding": 20.0,
+        "api_GET_pods": 3.0,
+        "api_watch_events_pod": 60.0,
+    }
 
 
 def test_pod_objects_can_be_held_by_a_scheduling_gate() -> None:

@@ -340,3 +340,32 @@ def metric_deltas(before: Mapping[str, float], after: Mapping[str, float]) -> di
             out[f"{verb}_calls"] = n
             out[f"{verb}_mean_ms"] = round(1000 * s / n, 3)
     return out
+
+
+API_SERIES = ("apiserver_request_total{", "apiserver_watch_events_total{")
+
+
+def apiserver_calls(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    """Requests the API server served during an arm, by verb, resource and subresource
+    (``api_<VERB>_<resource>[_<subresource>]``), and the Pod events it sent to watchers
+    (``api_watch_events_pod``), from ``apiserver_request_total`` and
+    ``apiserver_watch_events_total``. Requests of every client: the arm's scheduler(s),
+    topoplace and this benchmark's own watch."""
+    out: dict[str, float] = {}
+    for key, v in after.items():
+        if not key.startswith(API_SERIES):
+            continue
+        d = v - before.get(key, 0.0)
+        if d <= 0:
+            continue
+        base, labels = _labels(key)
+        if base == "apiserver_request_total":
+            name = f"api_{labels.get('verb', '')}_{labels.get('resource', '')}"
+            if labels.get("subresource"):
+                name += f"_{labels['subresource']}"
+        elif labels.get("kind") == "Pod":
+            name = "api_watch_events_pod"
+        else:
+            continue
+        out[name] = out.get(name, 0.0) + d
+    return out

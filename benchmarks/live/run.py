@@ -73,7 +73,9 @@ from benchmarks.live.kubesched import (
     render_shipped_config,
 )
 from benchmarks.live.metrics import (
+    API_SERIES,
     Figures,
+    apiserver_calls,
     compare_with_offline,
     histogram_ms,
     metric_deltas,
@@ -208,6 +210,7 @@ class Probes:
     topoplace: Topoplace | None = None
     kube_scheduler: KubeScheduler | None = None
     scheduler_metrics: Callable[[], str] | None = None
+    apiserver_metrics: Callable[[], str] | None = None
 
     def snap(self, metrics_first: bool, scrape: bool = True) -> dict[str, Any]:
         """One reading. Metrics are scraped before the CPU times at the start and after
@@ -224,6 +227,14 @@ class Probes:
                 with contextlib.suppress(Exception):
                     sm = parse_prometheus(self.scheduler_metrics())
             out["ks"] = sm
+            am: dict[str, float] = {}
+            if self.apiserver_metrics is not None:
+                with contextlib.suppress(Exception):
+                    text = self.apiserver_metrics()
+                    am = parse_prometheus(
+                        "\n".join(ln for ln in text.splitlines() if ln.startswith(API_SERIES))
+                    )
+            out["api"] = am
 
         if metrics_first:
             do_scrape()
@@ -291,6 +302,7 @@ def cost_figures(
         fig.tp_bind_mean_ms = bnd["mean_ms"]
         fig.tp_bind_p50_ms, fig.tp_bind_p99_ms = bnd["p50_ms"], bnd["p99_ms"]
         fig.extra.update(metric_deltas(tp0, tp1))
+    fig.extra.update(apiserver_calls(mb.get("api") or {}, after.get("api") or {}))
     return fig
 
 
@@ -864,7 +876,7 @@ def render_summary(
                 notes.append(f"- {f.arm} run {f.run}, pods left pending: {f.pending_reasons}")
             if f.extra:
                 extra = ", ".join(f"{k}={_fmt(v, 3)}" for k, v in sorted(f.extra.items()))
-                notes.append(f"- {f.arm} run {f.run}, topoplace /metrics during the arm: {extra}")
+                notes.append(f"- {f.arm} run {f.run}, metrics during the arm: {extra}")
     if notes:
         lines.append("Notes:")
         lines.append("")
@@ -1319,6 +1331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         )
                         if procs.ks
                         else None,
+                        apiserver_metrics=lambda: api.get_text(api.server + "/metrics"),
                     )
                     spy: PySpy | None = None
                     if args.py_spy and procs.tp is not None and procs.tp.pid:
