@@ -9,23 +9,22 @@ local instance for the module (2 CPUs, no dashboard) and skip only if Ray cannot
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from benchmarks import sweep
+from benchmarks.engine.scenario import parse_seeds
 from benchmarks.faults import run as faults_run
-from benchmarks.faults.run import parse_seeds
 from benchmarks.gangsim import run as gangsim_run
 from benchmarks.gangsim.locality import POLLUX_DIR
 from benchmarks.gangsim.workload import HELIOS_SUMMARY
 from scheduler.cli import bench
+from tests.engine.golden import csv_without
+from tests.sim.synthetic import tiny_openb
 
 HAVE_GANG_DATA = HELIOS_SUMMARY.exists() and POLLUX_DIR.exists()
 
@@ -100,50 +99,17 @@ def test_bench_reports_a_missing_ray_as_a_usage_error(
 # --------------------------------------------------------------------------- scenarios
 
 
-def _csv_without(path: Path, column: str | None) -> str:
-    """The CSV with one column dropped, re-serialised (the rest byte for byte)."""
-    rows = list(csv.reader(path.open(newline="")))
-    keep = [i for i, name in enumerate(rows[0]) if name != column]
-    buf = io.StringIO()
-    csv.writer(buf).writerows([[r[i] for i in keep] for r in rows])
-    return buf.getvalue()
-
-
-def _openb_data(root: Path) -> Path:
-    """A tiny openb-format trace directory: 12 nodes, 120 tasks (synthetic, seeded)."""
-    data = root / "openb-tiny"
-    data.mkdir(exist_ok=True)
-    with (data / "openb_node_list_gpu_node.csv").open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["sn", "cpu_milli", "memory_mib", "gpu", "model"])
-        for i in range(12):
-            g = (1, 2, 4, 8)[i % 4]
-            w.writerow([f"node-{i:02d}", 16_000 * g, 65_536 * g, g, ("T4", "V100M16", "G2")[i % 3]])
-    rng = np.random.default_rng(11)
-    with (data / "openb_pod_list_tiny.csv").open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec"])
-        for i in range(120):
-            kind = rng.choice(["cpu", "share", "one", "multi"], p=[0.15, 0.45, 0.3, 0.1])
-            cpu, mem = int(rng.choice([1000, 2000, 4000])), int(rng.choice([1024, 4096]))
-            gpus, milli = {"cpu": (0, 0), "share": (1, int(rng.choice([250, 500]))),
-                           "one": (1, 1000), "multi": (int(rng.choice([2, 4])), 1000)}[kind]  # fmt: skip
-            spec = "V100M16|G2" if kind == "one" and rng.random() < 0.2 else ""
-            w.writerow([f"pod-{i:03d}", cpu, mem, gpus, milli, spec])
-    return data
-
-
 def _fgd(out: Path, flags: list[str]) -> dict[str, str]:
     """fgd-openb through ``topoplace bench``: 2 policies x 2 seeds on the tiny traces."""
     parser = argparse.ArgumentParser(prog="topoplace")
     bench.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(
-        ["bench", "--scenario", "fgd-openb", "--data", str(_openb_data(out.parent)),
+        ["bench", "--scenario", "fgd-openb", "--data", str(tiny_openb(out.parent)),
          "--workloads", "tiny", "--policies", "fgd,bestfit", "--seeds", "42,43",
          "--expected", str(out.parent / "absent"), "--out", str(out), "--quiet", *flags]
     )  # fmt: skip
     assert args.func(args) == 0
-    text = _csv_without(out / "results.csv", "seconds")
+    text = csv_without(out / "results.csv", "seconds")
     assert text.count("\n") == 5  # header + 4 runs
     return {"results.csv": text}
 
@@ -165,7 +131,7 @@ def _gangs(out: Path, flags: list[str]) -> dict[str, str]:
     args = ["--clusters", "nvl72", "--nvl72-racks", "2", "--policies", "topoplace,first-fit",
             "--seeds", "1", "--jobs", "15", "--quiet", "--out", str(out), *flags]  # fmt: skip
     assert gangsim_run.main(args) == 0
-    text = _csv_without(out / "results.csv", "wall_s")
+    text = csv_without(out / "results.csv", "wall_s")
     assert text.count("\n") == 5
     return {"results.csv": text}
 

@@ -9,6 +9,8 @@ Prints the conditions, then one table per failure-rate multiplier with a row per
 policy (sums over seeds; re-placement times pooled). Optionally writes the table as
 Markdown, the raw per-seed numbers as JSON and one CSV row per run (``--out``).
 
+The runs are those of the scenario file ``benchmarks/scenarios/faults.yaml`` (the defaults;
+``topoplace bench --scenario-file`` runs it) on the one engine (:mod:`benchmarks.engine`).
 The (multiplier, seed, policy) runs are independent and go through :mod:`benchmarks.sweep`:
 ``--workers N`` local processes (default all CPUs, ``1`` inline) or ``--ray ADDRESS``. The
 outputs are the same whichever executes them (nothing measured goes into them).
@@ -20,14 +22,26 @@ import argparse
 import csv
 import json
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, fields, replace
 from pathlib import Path
+from typing import Any
 
 from benchmarks import sweep
-from benchmarks.faults.engine import Metrics, health_policies, simulate, summarize
-from benchmarks.faults.placement import greedy_gang, registry_placer
-from benchmarks.faults.scenario import Scenario
+from benchmarks.engine.health import health_policies
+from benchmarks.engine.loop import Engine, Hook, Recovery
+from benchmarks.engine.run import Context, run_scenarios
+from benchmarks.engine.scenario import Scenario, parse_seeds
+from benchmarks.engine.sources import Inputs
+from benchmarks.faults.metrics import FaultStats, Metrics, summarize
+from benchmarks.faults.scenario import (
+    DAY,
+    FAULT_KNOBS,
+    WORKLOAD_KNOBS,
+    node_sources,
+)
+from benchmarks.faults.scenario import Scenario as Knobs
 
 COLUMNS = (
     ("policy", "policy", "{}"),
@@ -47,23 +61,63 @@ COLUMNS = (
 )
 
 
-def parse_seeds(text: str) -> list[int]:
-    """``"1-3"`` -> [1, 2, 3]; ``"1,5"`` -> [1, 5]."""
-    out: list[int] = []
-    for part in text.split(","):
-        if "-" in part:
-            a, b = part.split("-", 1)
-            out.extend(range(int(a), int(b) + 1))
-        elif part.strip():
-            out.append(int(part))
-    return out
+def faults_scenario(
+    base: Knobs,
+    seeds: Sequence[int],
+    multipliers: Sequence[float],
+    policies: Sequence[str],
+    gang_policy: str = "",
+) -> Scenario:
+    """The benchmark as a scenario (``benchmarks/scenarios/faults.yaml`` with the defaults):
+    the knobs of ``base`` (those that differ from the defaults are written out), every
+    (failure-rate multiplier, seed, health policy)."""
+    default = Knobs()
+
+    def changed(names: Sequence[str]) -> dict[str, Any]:
+        return {k: getattr(base, k) for k in names if getattr(base, k) != getattr(default, k)}
+
+    return Scenario(
+        name="faults",
+        description="failure injection at Llama 3 failure rates",
+        nodes=node_sources(base),
+        arrivals=({"generator": "llama3-gangs", **changed(WORKLOAD_KNOBS)},),
+        faults=({"generator": "llama3", **changed(FAULT_KNOBS)},),
+        gang_policy=gang_policy or "pod-by-pod",
+        queue="best-effort-fifo",
+        health=policies[0],
+        recovery=Recovery(
+            base.requeue_delay, base.crash_after, base.checkpoint_every, base.restart_overhead
+        ),
+        horizon=base.days * DAY,
+        namespace="faults",
+        sweep=(
+            ("fault_rate", tuple(multipliers)),
+            ("seed", tuple(seeds)),
+            ("health", tuple(policies)),
+        ),
+        report="faults",
+    )
 
 
-def run_one(args: tuple[Scenario, int, str, str]) -> Metrics:
-    """One run: ``(scenario, seed, health policy, gang policy or "")`` -> its metrics."""
-    sc, seed, policy, gang_policy = args
-    placer = (registry_placer(gang_policy) if gang_policy else None) or greedy_gang
-    return simulate(sc, seed, policy, health_policies()[policy], placer)
+def knobs_of(run: Scenario) -> Knobs:
+    """The benchmark's knobs as ``run`` states them (rate multiplier of the generator, before
+    the run's ``fault_rate``)."""
+    racks = sum(int(e["nvl72"].get("racks", 0)) for e in run.nodes if "nvl72" in e)
+    dgx = sum(int(e["dgx-h100"].get("count", 0)) for e in run.nodes if "dgx-h100" in e)
+    gen = {k: v for e in (*run.arrivals, *run.faults) for k, v in e.items() if k != "generator"}
+    if "sizes" in gen:
+        gen["sizes"] = tuple((int(s), float(w)) for s, w in gen["sizes"])
+    rec = run.recovery
+    return Knobs(
+        days=(run.horizon or 0.0) / DAY,
+        racks=racks,
+        dgx_nodes=dgx,
+        requeue_delay=rec.requeue_delay,
+        crash_after=rec.crash_after,
+        checkpoint_every=rec.checkpoint_every,
+        restart_overhead=rec.restart_overhead,
+        **gen,
+    )
 
 
 def table(rows: Sequence[dict[str, float | str]]) -> str:
@@ -80,6 +134,73 @@ def table(rows: Sequence[dict[str, float | str]]) -> str:
     return "\n".join(lines)
 
 
+class FaultReport:
+    """The benchmark's outputs: a :class:`Metrics` per run; the conditions and one table per
+    failure-rate multiplier (sums over seeds); ``report.md``, ``results.json`` and
+    ``results.csv`` when an output directory is given."""
+
+    def hooks(self, run: Scenario, inputs: Inputs) -> list[Hook]:
+        """The fault accounting."""
+        return [FaultStats(run.health, run.seed, inputs.jobs, inputs.faults)]
+
+    def result(self, run: Scenario, inputs: Inputs, engine: Engine, hooks: list[Hook]) -> Metrics:
+        """The run's metrics."""
+        stats = hooks[0]
+        assert isinstance(stats, FaultStats)
+        return stats.metrics
+
+    def write(
+        self, runs: Sequence[Scenario], results: Sequence[Metrics], out: Path | None, ctx: Context
+    ) -> str:
+        """The report text (also written to ``out``, with the raw results)."""
+        base = knobs_of(runs[0])
+        seeds = list(dict.fromkeys(r.seed for r in runs))
+        multipliers = list(dict.fromkeys(r.fault_rate for r in runs))
+        policies = list(dict.fromkeys(r.health for r in runs))
+        gp = runs[0].gang_policy
+        gang = "greedy place_pod per member" if gp == "pod-by-pod" else gp
+        text = ["# Failure injection: health models under published failure rates", ""]
+        text += ["Conditions:", ""] + [f"- {line}" for line in base.describe()]
+        text += [
+            f"- seeds {','.join(map(str, seeds))}; gang placement: {gang}; numbers are sums "
+            "over seeds",
+            "- policies: topoplace = every signal + history + early warning; kube-default = "
+            "Ready + cordon + allocatable count; ready-only = the Ready condition alone",
+            "",
+        ]
+        raw: dict[str, Any] = {"days": base.days, "seeds": seeds, "runs": []}
+        for m in multipliers:
+            rows = []
+            for p in policies:
+                mine = [
+                    r
+                    for run, r in zip(runs, results, strict=True)
+                    if run.fault_rate == m and run.health == p
+                ]
+                rows.append({"policy": p, **dict(summarize(mine))})
+                raw["runs"] += [{**asdict(r), "multiplier": m, "goodput": r.goodput} for r in mine]
+            n = rows[0]
+            text += [
+                f"## Failure rate x{m:g}: {n['host_outages']:.0f} host faults, "
+                f"{n['gpu_node_outages']:.0f} node-level GPU faults, {n['gpu_faults']:.0f} "
+                f"GPU-local faults, {n['flaps']:.0f} flaps; {n['jobs']:.0f} gangs",
+                "",
+                table(rows),
+                "",
+            ]
+        report = "\n".join(text)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "report.md").write_text(report + "\n")
+            (out / "results.json").write_text(json.dumps(raw, indent=1, default=float) + "\n")
+            write_csv(out / "results.csv", raw["runs"])
+        return report
+
+
+REPORT = FaultReport()
+"""The ``faults`` report (``report: faults`` in a scenario file)."""
+
+
 def run(
     days: float,
     seeds: Sequence[int],
@@ -88,54 +209,21 @@ def run(
     executor: sweep.Executor | None = None,
     gang_policy: str = "",
     flap_share: float | None = None,
-) -> tuple[str, dict[str, object]]:
-    """Run every (multiplier, seed, policy); returns (report text, raw results).
+    out: Path | None = None,
+) -> str:
+    """Run every (multiplier, seed, policy); returns the report text (written to ``out``
+    with the raw results when given).
 
     ``executor`` runs the independent runs (default: inline); the outputs do not depend on it.
     """
-    base = Scenario(days=days)
+    base = Knobs(days=days)
     if flap_share is not None:
         base = replace(base, flap_share=flap_share)
-    tasks = [
-        (replace(base, rate_multiplier=m), s, p, gang_policy)
-        for m in multipliers
-        for s in seeds
-        for p in policies
-    ]
-    results = (executor or sweep.LocalExecutor(1)).map(run_one, tasks)
-    out = ["# Failure injection: health models under published failure rates", ""]
-    out += ["Conditions:", ""] + [f"- {line}" for line in base.describe()]
-    out += [
-        f"- seeds {','.join(map(str, seeds))}; gang placement: "
-        f"{gang_policy or 'greedy place_pod per member'}; numbers are sums over seeds",
-        "- policies: topoplace = every signal + history + early warning; kube-default = "
-        "Ready + cordon + allocatable count; ready-only = the Ready condition alone",
-        "",
-    ]
-    raw: dict[str, object] = {"days": days, "seeds": list(seeds), "runs": []}
-    for m in multipliers:
-        rows = []
-        for p in policies:
-            mine = [
-                r
-                for (sc, _s, pol, _g), r in zip(tasks, results, strict=True)
-                if sc.rate_multiplier == m and pol == p
-            ]
-            agg = dict(summarize(mine))
-            rows.append({"policy": p, **agg})
-            raw["runs"] += [  # type: ignore[operator]
-                {**asdict(r), "multiplier": m, "goodput": r.goodput} for r in mine
-            ]
-        n = rows[0]
-        out += [
-            f"## Failure rate x{m:g}: {n['host_outages']:.0f} host faults, "
-            f"{n['gpu_node_outages']:.0f} node-level GPU faults, {n['gpu_faults']:.0f} "
-            f"GPU-local faults, {n['flaps']:.0f} flaps; {n['jobs']:.0f} gangs",
-            "",
-            table(rows),
-            "",
-        ]
-    return "\n".join(out), raw
+    scenario = faults_scenario(base, seeds, [float(m) for m in multipliers], policies, gang_policy)
+    ex = executor or sweep.LocalExecutor(1)
+    t0 = time.perf_counter()
+    runs, results = run_scenarios([scenario], ex)
+    return REPORT.write(runs, results, out, Context(ex.describe(), time.perf_counter() - t0))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -174,9 +262,10 @@ def run_args(args: argparse.Namespace) -> int:
     if getattr(args, "scenario", None) == "faults" and seeds_arg == "42-51":
         seeds_arg = "1-2"  # the bench CLI's default seed range is the FGD scenario's
     mults = [float(x) for x in str(getattr(args, "multipliers", "1,10")).split(",") if x.strip()]
+    out = getattr(args, "out", "")
     try:
         with sweep.from_args(args) as executor:
-            text, raw = run(
+            text = run(
                 float(getattr(args, "days", 30.0)),
                 parse_seeds(seeds_arg),
                 mults,
@@ -184,18 +273,12 @@ def run_args(args: argparse.Namespace) -> int:
                 executor=executor,
                 gang_policy=getattr(args, "gang_policy", "") or "",
                 flap_share=getattr(args, "flap_share", None),
+                out=Path(out) if out else None,
             )
     except sweep.SweepError as exc:
         print(f"faults: {exc}")
         return 2
     print(text)
-    out = getattr(args, "out", "")
-    if out:
-        d = Path(out)
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "report.md").write_text(text + "\n")
-        (d / "results.json").write_text(json.dumps(raw, indent=1, default=float) + "\n")
-        write_csv(d / "results.csv", raw["runs"])  # type: ignore[arg-type]
     return 0
 
 

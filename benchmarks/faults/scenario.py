@@ -1,6 +1,8 @@
 """The failure-injection scenario: cluster, workload, failure rates and their sources.
 
-Everything here is data plus seeded generators; :mod:`benchmarks.faults.engine` runs it.
+Everything here is data plus seeded generators (the ``llama3-gangs`` arrival and ``llama3``
+fault generators of scenario files, :mod:`benchmarks.engine.sources`); the one engine
+(:mod:`benchmarks.engine`) runs it and :mod:`benchmarks.faults.metrics` accounts for it.
 
 Failure rates (per hour) come from Meta's Llama 3 report, the largest published census of
 failures in one synchronous training job:
@@ -53,10 +55,13 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks.clusters import dgx_h100_nodes, nvl72_racks
+from benchmarks.engine.health import GpuFault, Outage
+from benchmarks.engine.jobs import Job
+from scheduler.core.objects import node_gpus
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -140,63 +145,55 @@ class Scenario:
         ]
 
 
-@dataclass(frozen=True, slots=True)
-class Outage:
-    """A node-wide outage: ``kind`` is "host", "gpu-node" or "flap".
-
-    The node is broken in [start, end); its signals appear at ``detect``; a warning (if
-    any) starts at ``warn``.
-    """
-
-    node: str
-    kind: str
-    start: float
-    end: float
-    detect: float
-    warn: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class GpuFault:
-    """One GPU broken in [start, end); device taint at ``detect``; XIDs at ``xid_times``."""
-
-    node: str
-    gpu: int
-    start: float
-    end: float
-    detect: float
-    xid_times: tuple[float, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Job:
-    """A gang: ``pods`` x ``gpus_per_pod`` GPUs in ``pool``, ``hours`` of work."""
-
-    name: str
-    arrive: float
-    pool: str
-    pods: int
-    gpus_per_pod: int
-    hours: float
-
-    @property
-    def gpus(self) -> int:
-        """GPUs of the whole gang."""
-        return self.pods * self.gpus_per_pod
-
-
 POOLS = {"gb200": ("NVIDIA-GB200", 4), "h100": ("NVIDIA-H100-80GB-HBM3", 8)}
 
 
-def cluster(sc: Scenario) -> list[dict[str, Any]]:
-    """Node objects of the scenario's cluster (real-shaped, from ``benchmarks.clusters``)."""
-    return nvl72_racks(sc.racks) + dgx_h100_nodes(sc.dgx_nodes)
+def node_sources(sc: Scenario) -> tuple[dict[str, Any], ...]:
+    """The scenario ``nodes`` entries of the cluster (real-shaped, ``benchmarks.clusters``)."""
+    return ({"nvl72": {"racks": sc.racks}}, {"dgx-h100": {"count": sc.dgx_nodes}})
 
 
-def workload(sc: Scenario, seed: int) -> list[Job]:
-    """Seeded gang arrivals (Poisson) at the offered load, split by pool capacity."""
+WORKLOAD_KNOBS = ("load", "sizes", "median_hours", "sigma", "max_hours")
+"""Knobs of the ``llama3-gangs`` arrival generator (besides ``days``)."""
+FAULT_KNOBS = (
+    "rate_multiplier", "gpu_local_share", "repair_gpu_local", "repair_gpu_node", "repair_host",
+    "detect_not_ready", "detect_nvsentinel", "detect_dra", "warn_share_gpu", "warn_share_host",
+    "warn_lead", "warn_xids", "flap_share", "flap_down", "flap_every",
+)  # fmt: skip
+"""Knobs of the ``llama3`` fault generator (besides ``days``)."""
+
+
+def knobs(params: Mapping[str, Any], run: Any) -> Scenario:
+    """The knobs of a generator entry of run ``run``: ``days`` default to the run's horizon
+    and the fault rates are scaled by the run's ``fault_rate``.
+
+    Raises:
+        ValueError: unknown knobs.
+    """
+    p = dict(params)
+    bad = set(p) - {"days", *WORKLOAD_KNOBS, *FAULT_KNOBS}
+    if bad:
+        raise ValueError(f"unknown llama3 generator knobs {sorted(bad)}")
+    if "days" not in p and run.horizon is not None:
+        p["days"] = run.horizon / DAY
+    if "sizes" in p:
+        p["sizes"] = tuple((int(s), float(w)) for s, w in p["sizes"])
+    p["rate_multiplier"] = float(p.get("rate_multiplier", 1.0)) * run.fault_rate
+    return Scenario(**p)
+
+
+def workload(sc: Scenario, seed: int, nodes: Sequence[Mapping[str, Any]]) -> list[Job]:
+    """Seeded gang arrivals (Poisson) at the offered load, split by pool capacity (the GPUs
+    of ``nodes`` per pool product); each gang's members must run on its pool's product."""
     rng = random.Random(f"jobs/{seed}")
-    cap = {"gb200": sc.racks * 72, "h100": sc.dgx_nodes * 8}
+    cap = {
+        pool: sum(
+            node_gpus(n)[0]
+            for n in nodes
+            if (n["metadata"].get("labels") or {}).get("nvidia.com/gpu.product") == prod
+        )
+        for pool, (prod, _) in POOLS.items()
+    }
     total = sum(cap.values())
     sizes = [s for s, _ in sc.sizes]
     weights = [w for _, w in sc.sizes]
@@ -215,13 +212,23 @@ def workload(sc: Scenario, seed: int) -> list[Job]:
         size = min(rng.choices(sizes, weights)[0], cap[pool] // 2)
         per = POOLS[pool][1]
         hours = min(sc.max_hours, rng.lognormvariate(math.log(sc.median_hours), sc.sigma))
-        jobs.append(Job(f"job-{i:05d}", t, pool, max(1, size // per), per, max(hours, 0.1)))
+        jobs.append(
+            Job(
+                f"job-{i:05d}",
+                t,
+                pods=max(1, size // per),
+                gpus_per_pod=per,
+                gang=True,
+                node_selector={"nvidia.com/gpu.product": POOLS[pool][0]},
+                duration=max(hours, 0.1) * HOUR,
+            )
+        )
         i += 1
     return jobs
 
 
 def faults(
-    sc: Scenario, nodes: list[dict[str, Any]], seed: int
+    sc: Scenario, nodes: Sequence[Mapping[str, Any]], seed: int
 ) -> tuple[list[Outage], list[GpuFault]]:
     """Seeded node outages and GPU faults over the horizon (independent per node and GPU)."""
     rng = random.Random(f"faults/{seed}")

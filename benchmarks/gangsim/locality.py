@@ -53,6 +53,7 @@ compute/communication balance from GB200 or H100 clusters; the model transfers t
 from __future__ import annotations
 
 import csv
+import functools
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -61,6 +62,7 @@ from pathlib import Path
 
 from scheduler.core.gang import NVLINK_LEVEL
 from scheduler.core.objects import HOSTNAME_LEVEL
+from scheduler.core.params import SchedParams
 from scheduler.core.schedule import Assignment
 from scheduler.core.snapshot import ClusterSnapshot
 from topology.fabric import Fabric
@@ -239,6 +241,16 @@ class LocalityModel:
             f"{sum(f.samples for f in self.fits)} |"
         )
         return rows
+
+
+@functools.lru_cache(maxsize=1)
+def model() -> LocalityModel:
+    """The model calibrated for the default fabric (once per process).
+
+    Raises:
+        FileNotFoundError: the shared data is absent.
+    """
+    return calibrate(SchedParams().fabric)
 
 
 def calibrate(fabric: Fabric, directory: Path | None = None) -> LocalityModel:

@@ -1,7 +1,7 @@
 """Outputs of the gang scenario: raw CSV, Markdown tables, PNG plots (matplotlib Agg).
 
 * ``results.csv``: one row per (cluster, queue, policy, seed) with every metric of
-  :func:`benchmarks.gangsim.engine.summarize` and the solver parameters (the raw results).
+  :func:`benchmarks.gangsim.metrics.summarize` and the solver parameters (the raw results).
 * ``gangs.csv.gz`` (optional): one row per gang and run (for other analyses).
 * ``report.md``: the conditions, then per cluster and queueing mode a locality table and a
   time/allocation table, each cell ``mean [min, max]`` over seeds; metric definitions.
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.gangsim.engine import RunResult
+from benchmarks.gangsim.metrics import RunResult
 from topology.fabric import Fabric
 
 QUEUES = {True: "best-effort-fifo", False: "strict-fifo"}

@@ -6,8 +6,9 @@
     topoplace bench --scenario gangs --out out/gangs                      # via the bench CLI
     topoplace bench --scenario gangs --out out/gangs --ray local          # runs as Ray tasks
 
-Runs every (cluster, queueing mode, seed, policy) with :func:`benchmarks.gangsim.engine.simulate`
-and writes ``results.csv``, ``report.md``, ``locality.png`` and ``wait.png`` to ``--out``
+Runs every (cluster, queueing mode, seed, policy) on the one engine (:mod:`benchmarks.engine`;
+the scenario files ``benchmarks/scenarios/gangs-nvl72.yaml`` and ``gangs-h100.yaml`` are the
+defaults, ``topoplace bench --scenario-file`` runs them) and writes ``results.csv``, ``report.md``, ``locality.png`` and ``wait.png`` to ``--out``
 (see :mod:`benchmarks.gangsim.report`). ``--jobs`` is the number of gangs per run (at most;
 arrivals also stop after ``--hours``). The runs are independent and go through
 :mod:`benchmarks.sweep`, costliest first: ``--workers N`` local processes (default all CPUs,
@@ -24,23 +25,31 @@ whichever executor ran the runs.
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import platform
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, fields
 from pathlib import Path
 
 from benchmarks import sweep
-from benchmarks.faults.run import parse_seeds
+from benchmarks.engine.loop import Engine, Hook
+from benchmarks.engine.run import Context, run_scenarios
+from benchmarks.engine.scenario import Scenario, parse_seeds
+from benchmarks.engine.sources import Inputs
 from benchmarks.gangsim import report
-from benchmarks.gangsim.engine import RunResult, simulate, summarize
-from benchmarks.gangsim.locality import LocalityModel, calibrate
-from benchmarks.gangsim.workload import WorkloadSpec, cluster_spec, derive, describe, generate
-from scheduler.core.params import GangParams, SchedParams
+from benchmarks.gangsim.locality import model
+from benchmarks.gangsim.metrics import GangStats, RunResult, summarize
+from benchmarks.gangsim.workload import (
+    ClusterSpec,
+    WorkloadSpec,
+    cluster_spec,
+    derive,
+    describe,
+)
+from scheduler.core.params import SchedParams
 from scheduler.core.policies.cpsat import wall_cap
 from scheduler.core.policies.registry import policy_names
 
@@ -57,52 +66,56 @@ DEFAULT_SEEDS = "1-3"
 DEFAULT_TIME_LIMIT = 0.25
 """CP-SAT deterministic-time limit per gang (s); plans here take milliseconds."""
 _SPEC = WorkloadSpec()
+QUEUE_OF = {v: k for k, v in report.QUEUES.items()}
+"""Queueing mode name -> backfill."""
 
 
-@dataclass(frozen=True, slots=True)
-class Task:
-    """One run."""
-
-    cluster: str
-    units: int
-    spec: WorkloadSpec
-    seed: int
-    policy: str
-    backfill: bool
-    time_limit: float
-    check: bool
-
-
-def params_for(time_limit: float) -> SchedParams:
-    """Scheduler parameters of every run: defaults, CP-SAT pinned (1 worker, seed 7)."""
-    return SchedParams(gang=GangParams(solver_time_limit_seconds=time_limit, seed=7, workers=1))
-
-
-@functools.lru_cache(maxsize=1)
-def _model() -> LocalityModel:
-    return calibrate(SchedParams().fabric)
-
-
-def run_task(task: Task) -> tuple[RunResult, dict[str, float]]:
-    """Run one task (in any process); returns the raw result and its summary."""
-    cl = cluster_spec(task.cluster, task.units)
-    jobs = generate(cl, task.spec, task.seed)
-    res = simulate(
-        cl,
-        jobs,
-        task.policy,
-        params_for(task.time_limit),
-        _model(),
-        seed=task.seed,
-        backfill=task.backfill,
-        check=task.check,
+def gang_scenario(
+    cluster: str,
+    units: int,
+    spec: WorkloadSpec,
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    *,
+    backfills: Sequence[bool] = (True, False),
+    time_limit: float = DEFAULT_TIME_LIMIT,
+    check: bool = False,
+) -> Scenario:
+    """One cluster of the gang scenario (``benchmarks/scenarios/gangs-<cluster>.yaml`` with
+    the defaults): Helios-derived gangs, CP-SAT pinned (1 worker, seed 7), the Pollux
+    locality stretch, every (queueing mode, seed, policy)."""
+    cl = cluster_spec(cluster, units)
+    defaults = asdict(WorkloadSpec())
+    knobs = {k: v for k, v in asdict(spec).items() if v != defaults[k]}
+    return Scenario(
+        name=f"gangs-{cluster}",
+        description=cl.describe(),
+        nodes=(cl.node_source(),),
+        arrivals=({"generator": "helios-gangs", "cluster": cluster, "units": units, **knobs},),
+        gang_policy=policies[0],
+        queue=report.QUEUES[backfills[0]],
+        serve="instant",
+        params={"gang": {"solver_time_limit_seconds": time_limit, "seed": 7, "workers": 1}},
+        locality="pollux",
+        check=check,
+        namespace="gangsim",
+        sweep=(
+            ("queue", tuple(report.QUEUES[b] for b in backfills)),
+            ("seed", tuple(seeds)),
+            ("gang_policy", tuple(policies)),
+        ),
+        report="gangs",
     )
-    levels = dict(zip(("local", "spine", "node"), cl.report_levels, strict=True))
-    return res, summarize(res, levels)
 
 
-def _cost(t: Task) -> float:
-    return (4.0 if t.policy == "topoplace" else 1.0) * (3.0 if t.cluster == "h100" else 1.0)
+def _cluster_of(run: Scenario) -> ClusterSpec:
+    gen = run.arrivals[0]
+    return cluster_spec(str(gen["cluster"]), gen.get("units"))
+
+
+def _spec_of(run: Scenario) -> WorkloadSpec:
+    keys = {f.name for f in fields(WorkloadSpec)}
+    return WorkloadSpec(**{k: v for k, v in run.arrivals[0].items() if k in keys})
 
 
 def _git_head() -> str:
@@ -129,6 +142,119 @@ def _versions() -> str:
     )
 
 
+class GangReport:
+    """The gang scenario's outputs: per run a :class:`RunResult` and its summary;
+    ``results.csv``, ``report.md``, ``locality.png``, ``wait.png`` (``gangs.csv.gz`` with
+    ``extra["gang_csv"]``)."""
+
+    def hooks(self, run: Scenario, inputs: Inputs) -> list[Hook]:
+        """The gang recorder."""
+        return [GangStats(inputs.jobs)]
+
+    def result(
+        self, run: Scenario, inputs: Inputs, engine: Engine, hooks: list[Hook]
+    ) -> tuple[RunResult, dict[str, float]]:
+        """The raw result and its summary."""
+        stats = hooks[0]
+        assert isinstance(stats, GangStats)
+        cl = inputs.info["cluster"]
+        res = stats.result(
+            cl.name,
+            run.gang_policy,
+            run.seed,
+            QUEUE_OF[run.queue],
+            engine.ledger.capacity,  # type: ignore[attr-defined]
+            engine.checks,
+            inputs.params,
+        )
+        levels = dict(zip(("local", "spine", "node"), cl.report_levels, strict=True))
+        return res, summarize(res, levels)
+
+    def cost(self, run: Scenario) -> float:
+        """Relative cost (CP-SAT and the larger cluster first)."""
+        h100 = run.arrivals[0].get("cluster") == "h100"
+        return (4.0 if run.gang_policy == "topoplace" else 1.0) * (3.0 if h100 else 1.0)
+
+    def write(
+        self,
+        runs: Sequence[Scenario],
+        results: Sequence[tuple[RunResult, dict[str, float]]],
+        out: Path | None,
+        ctx: Context,
+    ) -> str:
+        """Write the outputs into ``out``; returns the report text."""
+        if out is None:
+            raise ValueError("the gangs report needs an output directory")
+        raw = [r for r, _ in results]
+        clusters = list(dict.fromkeys(r.cluster for r in raw))
+        policies = list(dict.fromkeys(r.gang_policy for r in runs))
+        seeds = list(dict.fromkeys(r.seed for r in runs))
+        queues = list(dict.fromkeys(r.queue for r in runs))
+        specs = {c: (_cluster_of(r), _spec_of(r)) for r in runs for c in [_cluster_of(r).name]}
+        time_limit = runs[0].params["gang"]["solver_time_limit_seconds"]
+        out.mkdir(parents=True, exist_ok=True)
+        rows = report.csv_rows(results, {c: specs[c][0].locality_level for c in clusters})
+        report.write_csv(out / "results.csv", rows)
+        if ctx.extra.get("gang_csv"):
+            report.write_gangs(out / "gangs.csv.gz", raw)
+        combos = [(c, q) for c in clusters for q in queues]
+        report.plot_locality(raw, policies, combos, SchedParams().fabric, out / "locality.png")
+        report.plot_wait(raw, policies, combos, out / "wait.png")
+
+        m = model()
+        command = f"command: `{ctx.command}`" if ctx.command else "command: (library call)"
+        conds = [command]
+        conds += [specs[c][0].describe() for c in clusters]
+        for c in clusters:
+            cl, spec = specs[c]
+            lines = describe(cl, spec, derive(cl, spec))
+            if c != clusters[0]:
+                lines = [
+                    x for x in lines if x.startswith(("arrivals", "constraints", "gang sizes"))
+                ]
+            conds += lines
+            gangs = [len(r.outcomes) for r in raw if r.cluster == c]
+            offered = {r.seed: mm["offered_load"] for r, mm in results if r.cluster == c}
+            conds.append(
+                f"gangs per run ({c}): {min(gangs)}-{max(gangs)} over seeds; realised offered "
+                "load (packed GPU-seconds arriving / GPUs x window) by seed: "
+                + ", ".join(f"{s}: {v:.2f}" for s, v in sorted(offered.items()))
+            )
+        check = any(r.check for r in runs)
+        conds += [
+            "queueing: FIFO by arrival; " + "; ".join(report.QUEUE_TITLES[q] for q in queues)
+            + " (Kueue ClusterQueue queueingStrategy semantics, see benchmarks/engine/loop.py)",
+            f"policies: {', '.join(policies)} (scheduler/core/policies; KAI, Kueue and "
+            "first-fit are modelled on their documented algorithms)",
+            f"CP-SAT (topoplace): params.gang.solver_time_limit_seconds = {time_limit:g} "
+            f"(max_deterministic_time), wall cap {wall_cap(time_limit):g} s, 1 worker, "
+            "random_seed 7; other policies have no parameters",
+            f"seeds: {', '.join(map(str, seeds))}; cells are mean [min, max] over seeds",
+            f"locality model: mean spread factor {m.mean_spread:.3f} under one leaf, per-model "
+            "caps (table below; benchmarks/gangsim/locality.py)",
+            f"benchmark code at commit {_git_head()}; {_versions()}; total wall time "
+            f"{ctx.wall_s:.0f} s on {ctx.where}"
+            + (f"; invariants checked after every event ({sum(r.checks for r in raw)} checks)"
+               if check else ""),
+            "analysis of these results (what wins, what loses, why): benchmarks/gangsim/README.md",
+        ]  # fmt: skip
+        text = report.render(
+            "Gang scenario: topoplace vs KAI, Kueue and first-fit on NVL72 and DGX H100 clusters",
+            conds,
+            m.describe(),
+            rows,
+            combos,
+            policies,
+            ["locality.png", "wait.png"],
+        )
+        (out / "report.md").write_text(text)
+        return text
+
+
+REPORT = GangReport()
+"""The ``gangs`` report (``report: gangs`` in a scenario file)."""
+
+
 def run(
     clusters: Sequence[str],
     policies: Sequence[str],
@@ -152,97 +278,36 @@ def run(
     """
     t0 = time.perf_counter()
     units = units or {}
-    tasks = [
-        Task(c, units.get(c, 8), spec, s, p, b, time_limit, check)
+    scenarios = [
+        gang_scenario(c, units.get(c, 8), spec, policies, seeds, backfills=backfills,
+                      time_limit=time_limit, check=check)
         for c in clusters
-        for b in backfills
-        for s in seeds
-        for p in policies
-    ]
-    order = sorted(range(len(tasks)), key=lambda i: -_cost(tasks[i]))
+    ]  # fmt: skip
+    total = sum(len(s.runs()) for s in scenarios)
     executor = executor or sweep.LocalExecutor(1)
     finished = 0
 
-    def note(i: int, r: tuple[RunResult, dict[str, float]]) -> None:
+    def note(t: Scenario, r: tuple[RunResult, dict[str, float]]) -> None:
         nonlocal finished
         finished += 1
         if not quiet:
-            t = tasks[i]
             m = r[1]
             print(
-                f"[{finished}/{len(tasks)}] {t.cluster} {report.QUEUES[t.backfill]} seed "
-                f"{t.seed} {t.policy}: wait {m['wait_mean_min']:.1f} min, alloc "
+                f"[{finished}/{total}] {r[0].cluster} {t.queue} seed "
+                f"{t.seed} {t.gang_policy}: wait {m['wait_mean_min']:.1f} min, alloc "
                 f"{m['alloc']:.1%}, {r[0].wall_s:.1f} s",
                 flush=True,
             )
 
-    summaries = executor.map(run_task, tasks, order=order, on_result=note)
-    runs = [r for r, _ in summaries]
-    wall = time.perf_counter() - t0
-
-    out.mkdir(parents=True, exist_ok=True)
-    local_levels = {c: cluster_spec(c).locality_level for c in clusters}
-    rows = report.csv_rows(summaries, local_levels)
-    report.write_csv(out / "results.csv", rows)
-    if gang_csv:
-        report.write_gangs(out / "gangs.csv.gz", runs)
-    queues = [report.QUEUES[b] for b in backfills]
-    combos = [(c, q) for c in clusters for q in queues]
-    fabric = params_for(time_limit).fabric
-    report.plot_locality(runs, policies, combos, fabric, out / "locality.png")
-    report.plot_wait(runs, policies, combos, out / "wait.png")
-
-    model = _model()
-    conds = [f"command: `{command}`" if command else "command: (library call)"]
-    for c in clusters:
-        cl = cluster_spec(c, units.get(c, 8))
-        conds.append(cl.describe())
-    for c in clusters:
-        cl = cluster_spec(c, units.get(c, 8))
-        d = derive(cl, spec)
-        lines = describe(cl, spec, d)
-        if c != clusters[0]:
-            lines = [x for x in lines if x.startswith(("arrivals", "constraints", "gang sizes"))]
-        conds += lines
-        gangs = [len(r.outcomes) for r in runs if r.cluster == c]
-        offered = {
-            r.seed: m["offered_load"] for r, m in summaries if r.cluster == c
-        }  # the same for every policy and queue
-        conds.append(
-            f"gangs per run ({c}): {min(gangs)}-{max(gangs)} over seeds; realised offered load "
-            "(packed GPU-seconds arriving / GPUs x window) by seed: "
-            + ", ".join(f"{s}: {v:.2f}" for s, v in sorted(offered.items()))
-        )
-    conds += [
-        "queueing: FIFO by arrival; " + "; ".join(report.QUEUE_TITLES[q] for q in queues)
-        + " (Kueue ClusterQueue queueingStrategy semantics, see engine.py)",
-        f"policies: {', '.join(policies)} (scheduler/core/policies; KAI, Kueue and first-fit "
-        "are modelled on their documented algorithms)",
-        f"CP-SAT (topoplace): params.gang.solver_time_limit_seconds = {time_limit:g} "
-        f"(max_deterministic_time), wall cap {wall_cap(time_limit):g} s, 1 worker, "
-        "random_seed 7; other policies have no parameters",
-        f"seeds: {', '.join(map(str, seeds))}; cells are mean [min, max] over seeds",
-        f"locality model: mean spread factor {model.mean_spread:.3f} under one leaf, per-model "
-        "caps (table below; benchmarks/gangsim/locality.py)",
-        f"benchmark code at commit {_git_head()}; {_versions()}; total wall time "
-        f"{wall:.0f} s on {executor.describe()}"
-        + (f"; invariants checked after every event ({sum(r.checks for r in runs)} checks)"
-           if check else ""),
-    ]  # fmt: skip
-    conds.append(
-        "analysis of these results (what wins, what loses, why): benchmarks/gangsim/README.md"
+    runs, results = run_scenarios(scenarios, executor, on_result=note)
+    ctx = Context(
+        executor.describe(),
+        time.perf_counter() - t0,
+        command,
+        quiet,
+        extra={"gang_csv": gang_csv},
     )
-    text = report.render(
-        "Gang scenario: topoplace vs KAI, Kueue and first-fit on NVL72 and DGX H100 clusters",
-        conds,
-        model.describe(),
-        rows,
-        combos,
-        policies,
-        ["locality.png", "wait.png"],
-    )
-    (out / "report.md").write_text(text)
-    return text
+    return REPORT.write(runs, results, out, ctx)
 
 
 def _split(values: Sequence[str] | None) -> list[str]:

@@ -63,7 +63,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.clusters import dgx_h100_nodes, nvl72_racks
+from benchmarks.engine.jobs import Job
 
 HOUR = 3600.0
 
@@ -114,17 +114,22 @@ class ClusterSpec:
         """GPUs in the cluster."""
         return self.units * self.domain_gpus
 
+    def node_source(self) -> dict[str, Any]:
+        """The scenario ``nodes`` entry of this cluster (builders of
+        :mod:`benchmarks.clusters`), with a core label on every node."""
+        if self.name == "nvl72":
+            src: dict[str, Any] = {"nvl72": {"racks": self.units, "leaves_per_spine": 4,
+                                             "prefix": "gb200"}}  # fmt: skip
+        else:
+            src = {"dgx-h100": {"count": self.units * 32, "nodes_per_leaf": 32,
+                                "leaves_per_spine": 4, "prefix": "dgx-h100"}}  # fmt: skip
+        return {**src, "labels": {CORE_LABEL: f"core-{self.name}"}}
+
     def nodes(self) -> list[dict[str, Any]]:
         """Node objects (fresh dicts), with a core label on every node."""
-        if self.name == "nvl72":
-            nodes = nvl72_racks(self.units, leaves_per_spine=4, prefix="gb200")
-        else:
-            nodes = dgx_h100_nodes(
-                self.units * 32, nodes_per_leaf=32, leaves_per_spine=4, prefix="dgx-h100"
-            )
-        for n in nodes:
-            n["metadata"]["labels"][CORE_LABEL] = f"core-{self.name}"
-        return nodes
+        from benchmarks.engine.sources import node_objects
+
+        return node_objects([self.node_source()])
 
     def describe(self) -> str:
         """One line for the report."""
@@ -247,25 +252,6 @@ def capped_lognormal_mean(mu: float, sigma: float, cap: float) -> float:
 
 
 @dataclass(frozen=True, slots=True)
-class GangJob:
-    """One gang: ``pods`` members of ``gpus_per_pod`` GPUs, ``duration`` s when packed."""
-
-    name: str
-    arrive: float
-    gpus: int
-    pods: int
-    gpus_per_pod: int
-    duration: float
-    required: str = ""
-    preferred: str = ""
-
-    @property
-    def constraint(self) -> str:
-        """``required``, ``preferred`` or ``none``."""
-        return "required" if self.required else ("preferred" if self.preferred else "none")
-
-
-@dataclass(frozen=True, slots=True)
 class WorkloadSpec:
     """Knobs of the workload (see the module docstring for their sources)."""
 
@@ -307,8 +293,9 @@ def derive(cluster: ClusterSpec, spec: WorkloadSpec, stats: HeliosStats | None =
 
 def generate(
     cluster: ClusterSpec, spec: WorkloadSpec, seed: int, stats: HeliosStats | None = None
-) -> list[GangJob]:
-    """The seeded gangs of ``spec`` on ``cluster`` (deterministic for a seed)."""
+) -> list[Job]:
+    """The seeded gangs of ``spec`` on ``cluster`` (deterministic for a seed): ``pods``
+    members of ``gpus_per_pod`` GPUs, ``duration`` s of work when packed."""
     d = derive(cluster, spec, stats)
     rng = random.Random(f"gangsim/{cluster.name}/{seed}")
     rate = d.rate_per_hour / HOUR
@@ -319,7 +306,7 @@ def generate(
         acc += p
         cum.append(acc)
     horizon = spec.hours * HOUR
-    out: list[GangJob] = []
+    out: list[Job] = []
     t = 0.0
     while len(out) < spec.jobs:
         # Fixed draws per gang, whatever branch is taken, so streams stay aligned.
@@ -335,12 +322,12 @@ def generate(
         elif u_pref < spec.preferred_share:
             preferred = cluster.locality_level
         out.append(
-            GangJob(
+            Job(
                 name=f"{cluster.name}-{seed}-g{len(out):05d}",
                 arrive=t,
-                gpus=gpus,
                 pods=gpus // cluster.gpus_per_pod,
                 gpus_per_pod=cluster.gpus_per_pod,
+                gang=True,
                 duration=min(spec.duration_cap, max(DURATION_FLOOR_S, dur)),
                 required=required,
                 preferred=preferred,

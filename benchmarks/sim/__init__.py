@@ -1,6 +1,8 @@
-"""Trace-driven simulator for GPU-sharing clusters (FGD paper reproduction).
+"""The FGD paper reproduction on the Alibaba openb traces (GPU-sharing clusters).
 
-Modules: ``openb`` (trace loading), ``gorand`` (Go math/rand replay), ``engine`` (event loop),
-``metrics`` (allocation / fragmentation curves), ``report`` (CSV, Markdown, plots) and
-``fgd_repro`` (the reproduction driver, ``python -m benchmarks.sim.fgd_repro``).
+Runs on the one engine (:mod:`benchmarks.engine`, sharing ledger). Modules: ``openb``
+(trace loading), ``gorand`` (Go math/rand replay), ``artifact`` (the FGD artifact's seeded
+arrival order and node ranking), ``metrics`` (the per-event recorder, allocation /
+fragmentation curves), ``report`` (CSV, Markdown, plots) and ``fgd_repro`` (the driver,
+``python -m benchmarks.sim.fgd_repro``; scenario file ``benchmarks/scenarios/fgd-openb.yaml``).
 """

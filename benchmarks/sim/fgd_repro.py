@@ -23,39 +23,35 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import sweep
+from benchmarks.engine.loop import Engine, Hook
+from benchmarks.engine.run import Context, run_scenarios
+from benchmarks.engine.scenario import Scenario
+from benchmarks.engine.scenario import parse_seeds as scenario_seeds
+from benchmarks.engine.sources import Inputs
 from benchmarks.sim import openb
-from benchmarks.sim.engine import DEFAULT_RANK_SKIP, DEFAULT_TUNE_RATIO, RunSpec, run_openb
-from benchmarks.sim.metrics import RunSummary, summarize
+from benchmarks.sim.artifact import DEFAULT_RANK_SKIP, DEFAULT_TUNE_RATIO
+from benchmarks.sim.metrics import Recorder, RunSummary, summarize
 from benchmarks.sim.report import load_published, read_results_csv, write_report
 from scheduler.core.policies.sharing_policies import (
     PAPER_POLICY_IDS,
     SHARING_POLICIES,
     get_sharing_policy,
 )
-from scheduler.core.sharing import SharingNode, SharingTask, TypicalDistribution, typical_tasks
 
 DEFAULT_POLICIES: tuple[str, ...] = tuple(PAPER_POLICY_IDS)
 DEFAULT_SEEDS: tuple[int, ...] = tuple(range(42, 52))
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
-    """``"42-51"``, ``"42,45"`` or a mix (``"42-44,50"``) as a sorted tuple."""
-    seeds: set[int] = set()
-    for part in text.replace(" ", ",").split(","):
-        if not part:
-            continue
-        if "-" in part[1:]:
-            lo, hi = part.split("-", 1)
-            seeds.update(range(int(lo), int(hi) + 1))
-        else:
-            seeds.add(int(part))
-    if not seeds:
-        raise ValueError(f"no seeds in {text!r}")
-    return tuple(sorted(seeds))
+    """``"42-51"``, ``"42,45"`` or a mix (``"42-44,50"``) as a sorted tuple of distinct seeds.
+
+    Raises:
+        ValueError: no seeds in ``text``.
+    """
+    return tuple(sorted(set(scenario_seeds(text))))
 
 
 def parse_names(values: Sequence[str] | str | None, default: Sequence[str]) -> tuple[str, ...]:
@@ -70,37 +66,97 @@ def parse_names(values: Sequence[str] | str | None, default: Sequence[str]) -> t
     return tuple(dict.fromkeys(names))
 
 
-@dataclass(frozen=True, slots=True)
-class Job:
-    """One run: the (workload, policy, seed) spec and the trace directory to load it from."""
+def fgd_scenario(
+    workloads: Sequence[str],
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    data_dir: str | Path | None = None,
+    tune_ratio: float = DEFAULT_TUNE_RATIO,
+    rank_skip: int = DEFAULT_RANK_SKIP,
+) -> Scenario:
+    """The reproduction as a scenario (``benchmarks/scenarios/fgd-openb.yaml`` with the
+    defaults): the openb nodes, the artifact's seeded arrival order, ties to its seeded node
+    ranking, every (workload, policy, seed)."""
+    data = str(openb.data_dir(data_dir).resolve())  # workers may run elsewhere
+    return Scenario(
+        name="fgd-openb",
+        description="FGD paper (ATC '23) policies on the Alibaba openb traces",
+        nodes=({"openb": {"path": data}},),
+        arrivals=({"openb": {"path": data, "order": "fgd-artifact", "tune": tune_ratio}},),
+        pod_policy=policies[0],
+        ties="go-rank",
+        rank_skip=rank_skip,
+        sweep=(("workload", tuple(workloads)), ("pod_policy", tuple(policies)),
+               ("seed", tuple(seeds))),
+        report="fgd",
+    )  # fmt: skip
 
-    spec: RunSpec
-    data_dir: str
+
+class FgdReport:
+    """The reproduction's outputs: a :class:`RunSummary` per run; ``results.csv``,
+    ``report.md`` and the plots beside the published numbers."""
+
+    def hooks(self, run: Scenario, inputs: Inputs) -> list[Hook]:
+        """The per-event recorder."""
+        return [Recorder(run.pod_policy, run.seed)]
+
+    def result(
+        self, run: Scenario, inputs: Inputs, engine: Engine, hooks: list[Hook]
+    ) -> RunSummary:
+        """Summary and allocation curve of the run."""
+        rec = hooks[0]
+        assert isinstance(rec, Recorder)
+        return summarize(inputs.info["workload"], rec.result())
+
+    def write(
+        self,
+        runs: Sequence[Scenario],
+        results: Sequence[RunSummary],
+        out: Path | None,
+        ctx: Context,
+    ) -> str:
+        """Write ``results.csv``, the plots and ``report.md`` into ``out``."""
+        if out is None:
+            raise ValueError("the fgd report needs an output directory")
+        workloads = list(dict.fromkeys(r.workload for r in results))
+        policies = list(dict.fromkeys(r.policy for r in results))
+        seeds = sorted({r.seed for r in results})
+        arr = runs[0].arrivals[0].get("openb", {})
+        tune = float(arr.get("tune", DEFAULT_TUNE_RATIO))
+        setup = [
+            *_setup(tune, runs[0].rank_skip),
+            f"Runs: {len(results)} ({len(workloads)} workloads x {len(policies)} policies x "
+            f"{len(seeds)} seeds: {seeds[0]}..{seeds[-1]}), {ctx.where}, "
+            f"{ctx.wall_s:.0f} s wall.",
+            _regenerate(workloads, policies, seeds),
+        ]
+        published = load_published(ctx.extra.get("expected"))
+        path = write_report(out, results, published, setup_lines=setup, notes=NOTES)
+        return "" if ctx.quiet else f"wrote {path}"
 
 
-_WORKER_DATA: dict[
-    tuple[str, str], tuple[list[SharingNode], list[SharingTask], TypicalDistribution]
-]
-_WORKER_DATA = {}
+REPORT = FgdReport()
+"""The ``fgd`` report (``report: fgd`` in a scenario file)."""
 
 
-def _inputs(
-    data_dir: str, workload: str
-) -> tuple[list[SharingNode], list[SharingTask], TypicalDistribution]:
-    key = (data_dir, workload)
-    if key not in _WORKER_DATA:
-        nodes = openb.load_nodes(data_dir)
-        tasks = openb.load_tasks(workload, data_dir)
-        _WORKER_DATA[key] = (nodes, tasks, typical_tasks(tasks))
-    return _WORKER_DATA[key]
+def _setup(tune_ratio: float, rank_skip: int) -> list[str]:
+    return [
+        "Setup: the 1,213-node / 6,212-GPU openb cluster "
+        "(`openb_node_list_gpu_node.csv`); tasks shuffled with Go `math/rand` seeded by the "
+        f"run seed and submitted until arrived GPU demand reaches {tune_ratio:.0%} of capacity; "
+        "ties between equally scored nodes go to the node with the lowest seeded random rank, "
+        f"as in the artifact (rank permutation after {rank_skip} extra draws). Published = "
+        "FGD artifact cached results (`fgd-artifact-expected-results`)."
+    ]
 
 
-def run_one(job: Job) -> RunSummary:
-    """Simulate one (workload, policy, seed) and summarise it (in any process: traces are
-    loaded once per process and workload, from ``job.data_dir``)."""
-    nodes, tasks, typical = _inputs(job.data_dir, job.spec.workload)
-    result = run_openb(job.spec, nodes, tasks, typical, get_sharing_policy(job.spec.policy))
-    return summarize(job.spec.workload, result)
+def _regenerate(workloads: Sequence[str], policies: Sequence[str], seeds: Sequence[int]) -> str:
+    return (
+        "Regenerate: `python -m benchmarks.sim.fgd_repro --workloads "
+        f"{','.join(workloads)} --policies {','.join(policies)} "
+        f"--seeds {_seed_text(seeds)} --out <dir>` (`--workers N` or `--ray ADDRESS` to "
+        "spread the runs; results do not depend on it)."
+    )
 
 
 NOTES: tuple[str, ...] = (
@@ -172,50 +228,37 @@ def run_reproduction(
     """
     for p in policies:
         get_sharing_policy(p)
-    data = str(openb.data_dir(data_dir).resolve())  # workers may run elsewhere
+    scenario = fgd_scenario(workloads, policies, seeds, data_dir, tune_ratio, rank_skip)
+    data = scenario.nodes[0]["openb"]["path"]
     for wl in workloads:
         if not openb.pod_file(wl, data).is_file():
             raise FileNotFoundError(f"no pod list for workload {wl!r} in {data}")
-    specs = [
-        Job(RunSpec(wl, pol, seed, tune_ratio, rank_skip), data)
-        for wl in workloads
-        for pol in policies
-        for seed in seeds
-    ]
     executor = executor or sweep.LocalExecutor(1)
     t0 = time.perf_counter()
     finished = 0
+    total = len(scenario.runs())
 
-    def note(_: int, r: RunSummary) -> None:
+    def note(_: Scenario, r: RunSummary) -> None:
         nonlocal finished
         finished += 1
         if progress:
             print(
-                f"[{finished}/{len(specs)}] {r.workload} {r.policy} seed={r.seed} "
+                f"[{finished}/{total}] {r.workload} {r.policy} seed={r.seed} "
                 f"alloc@130={r.alloc_pct_at_130:.2f}% ({r.seconds:.1f}s, "
                 f"elapsed {time.perf_counter() - t0:.0f}s)",
                 file=sys.stderr,
                 flush=True,
             )
 
-    results = executor.map(run_one, specs, on_result=note)
-    published = load_published(expected_dir)
-    setup = [
-        "Setup: the 1,213-node / 6,212-GPU openb cluster "
-        "(`openb_node_list_gpu_node.csv`); tasks shuffled with Go `math/rand` seeded by the "
-        f"run seed and submitted until arrived GPU demand reaches {tune_ratio:.0%} of capacity; "
-        "ties between equally scored nodes go to the node with the lowest seeded random rank, "
-        f"as in the artifact (rank permutation after {rank_skip} extra draws). Published = "
-        "FGD artifact cached results (`fgd-artifact-expected-results`).",
-        f"Runs: {len(specs)} ({len(workloads)} workloads x {len(policies)} policies x "
-        f"{len(seeds)} seeds: {seeds[0]}..{seeds[-1]}), {executor.describe()}, "
-        f"{time.perf_counter() - t0:.0f} s wall.",
-        "Regenerate: `python -m benchmarks.sim.fgd_repro --workloads "
-        f"{','.join(workloads)} --policies {','.join(policies)} "
-        f"--seeds {_seed_text(seeds)} --out <dir>` (`--workers N` or `--ray ADDRESS` to "
-        "spread the runs; results do not depend on it).",
-    ]
-    path = write_report(out_dir, results, published, setup_lines=setup, notes=NOTES)
+    runs, results = run_scenarios([scenario], executor, on_result=note)
+    ctx = Context(
+        executor.describe(),
+        time.perf_counter() - t0,
+        quiet=not progress,
+        extra={"expected": expected_dir},
+    )
+    REPORT.write(runs, results, out_dir, ctx)
+    path = out_dir / "report.md"
     if progress:
         print(f"wrote {path}", file=sys.stderr)
     return path
@@ -235,18 +278,10 @@ def render_only(
     policies = tuple(dict.fromkeys(r.policy for r in runs))
     seeds = tuple(sorted({r.seed for r in runs}))
     setup = [
-        "Setup: the 1,213-node / 6,212-GPU openb cluster "
-        "(`openb_node_list_gpu_node.csv`); tasks shuffled with Go `math/rand` seeded by the "
-        f"run seed and submitted until arrived GPU demand reaches {tune_ratio:.0%} of capacity; "
-        "ties between equally scored nodes go to the node with the lowest seeded random rank, "
-        f"as in the artifact (rank permutation after {rank_skip} extra draws). Published = "
-        "FGD artifact cached results (`fgd-artifact-expected-results`).",
+        *_setup(tune_ratio, rank_skip),
         f"Runs: {len(runs)} ({len(workloads)} workloads x {len(policies)} policies x "
         f"{len(seeds)} seeds: {seeds[0]}..{seeds[-1]}); report re-rendered from results.csv.",
-        "Regenerate: `python -m benchmarks.sim.fgd_repro --workloads "
-        f"{','.join(workloads)} --policies {','.join(policies)} "
-        f"--seeds {_seed_text(seeds)} --out <dir>` (`--workers N` or `--ray ADDRESS` to "
-        "spread the runs; results do not depend on it).",
+        _regenerate(workloads, policies, seeds),
     ]
     return write_report(out_dir, runs, load_published(expected_dir), setup_lines=setup, notes=NOTES)
 

@@ -1,6 +1,6 @@
 """Metrics of the FGD reproduction: GPU allocation ratio vs. arrived demand, fragmentation.
 
-The artifact logs, after every task, the allocated GPU milli, the arrived GPU milli (requests of
+:class:`Recorder` is the engine hook that logs a run. The artifact logs, after every task, the allocated GPU milli, the arrived GPU milli (requests of
 all tasks submitted so far, placed or not) and the cluster fragmentation. Its analysis then
 bins events by arrived demand in % of cluster GPU capacity rounded to an integer
 (``k = 0..130``) and reports, per bin, the mean of the allocation ratio in % (each rounded to two
@@ -11,14 +11,134 @@ reproduces that, so our numbers are comparable column for column with
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from benchmarks.sim.engine import SimResult
+from benchmarks.engine.jobs import Run
+from benchmarks.engine.loop import Engine, Hook
 
 ARRIVAL_POINTS: tuple[int, ...] = tuple(range(0, 131))
 """Arrived-demand bins (% of cluster GPU capacity)."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class SimResult:
+    """Per-event record of one run.
+
+    Attributes:
+        policy: Policy name.
+        seed: Run seed.
+        total_gpus: GPUs in the cluster.
+        arrived_gpu_milli: Cumulative GPU milli requested by arrived tasks, after each event.
+        used_gpu_milli: GPU milli allocated, after each event.
+        frag_gpu_milli: Cluster fragmentation ``sum_n F_n(M)``, after each event.
+        idle_gpu_milli: Free GPU milli, after each event.
+        placed: Per event, whether an arrival was placed (True for departures).
+        node: Per event, index of the node used (-1 if none).
+        num_tasks: Arrivals.
+        num_failed: Arrivals that fit nowhere.
+        seconds: Wall time of the event loop.
+    """
+
+    policy: str
+    seed: int
+    total_gpus: int
+    arrived_gpu_milli: np.ndarray
+    used_gpu_milli: np.ndarray
+    frag_gpu_milli: np.ndarray
+    idle_gpu_milli: np.ndarray
+    placed: np.ndarray
+    node: np.ndarray
+    num_tasks: int
+    num_failed: int
+    seconds: float
+
+    @property
+    def final_alloc_pct(self) -> float:
+        """Allocated share of GPU capacity after the last event, in %."""
+        return 100.0 * float(self.used_gpu_milli[-1]) / (self.total_gpus * 1000.0)
+
+
+class Recorder(Hook):
+    """Records, after every event of a run on a sharing ledger, the artifact's per-task log:
+    arrived and allocated GPU milli, idle GPU milli and the cluster fragmentation."""
+
+    def __init__(self, policy: str, seed: int) -> None:
+        self.policy = policy
+        self.seed = seed
+        self.t0 = time.perf_counter()
+        self.rows: list[tuple[int, int, float, int, bool, int]] = []
+        self.capacity = -1
+        self.free = 0
+        self.arrived_milli = 0
+        self.num_tasks = 0
+        self.failed = 0
+        self._placed = True
+        self._node = -1
+
+    def _init(self, engine: Engine) -> None:
+        if self.capacity < 0:
+            view = engine.ledger.view  # type: ignore[attr-defined]
+            self.capacity = int(view.gpu_count.sum()) * 1000
+            self.free = int(view.gpu_free.sum())
+
+    def arrived(self, engine: Engine, run: Run) -> None:
+        """Count the arrival's GPU demand (placed or not)."""
+        self._init(engine)
+        self.num_tasks += 1
+        self.arrived_milli += run.job.gpu_milli_total
+
+    def started(self, engine: Engine, run: Run) -> None:
+        """The task took its GPU share on its node."""
+        self._node = engine.ledger.index[run.members[0].node]  # type: ignore[attr-defined]
+        self.free -= run.job.gpu_milli_total
+
+    def rejected(self, engine: Engine, run: Run) -> None:
+        """The task fit nowhere."""
+        self.failed += 1
+        self._placed = False
+
+    def released(self, engine: Engine, run: Run, why: str) -> None:
+        """The task left its node."""
+        self._node = engine.ledger.index[run.members[0].node]  # type: ignore[attr-defined]
+        self.free += run.job.gpu_milli_total
+
+    def settled(self, engine: Engine, t: float) -> None:
+        """One row per event."""
+        self._init(engine)
+        frag = engine.ledger.node_frag.sum()  # type: ignore[attr-defined]
+        self.rows.append(
+            (
+                self.arrived_milli,
+                self.capacity - self.free,
+                frag,
+                self.free,
+                self._placed,
+                self._node,
+            )
+        )
+        self._placed = True
+        self._node = -1
+
+    def result(self) -> SimResult:
+        """The run's per-event record."""
+        cols = list(zip(*self.rows, strict=True)) if self.rows else [()] * 6
+        return SimResult(
+            policy=self.policy,
+            seed=self.seed,
+            total_gpus=self.capacity // 1000,
+            arrived_gpu_milli=np.array(cols[0], dtype=np.int64),
+            used_gpu_milli=np.array(cols[1], dtype=np.int64),
+            frag_gpu_milli=np.array(cols[2], dtype=np.float64),
+            idle_gpu_milli=np.array(cols[3], dtype=np.int64),
+            placed=np.array(cols[4], dtype=bool),
+            node=np.array(cols[5], dtype=np.int64),
+            num_tasks=self.num_tasks,
+            num_failed=self.failed,
+            seconds=time.perf_counter() - self.t0,
+        )
 
 
 def _round_half_even(x: np.ndarray, decimals: int) -> np.ndarray:

@@ -1,5 +1,5 @@
-"""Gang event loop: a small smoke run with invariants checked at every event, determinism,
-queueing modes, a hand-checked locality case, and the invariant checker itself."""
+"""Gangs on the one engine: a small smoke run with invariants checked at every event,
+determinism, queueing modes, a hand-checked locality case, and the invariant checker."""
 
 from __future__ import annotations
 
@@ -10,46 +10,82 @@ from types import MappingProxyType
 
 import pytest
 
-from benchmarks.faults.placement import hold
-from benchmarks.gangsim.engine import (
-    InvariantError,
-    check_invariants,
-    gang_key,
-    simulate,
-    summarize,
-)
-from benchmarks.gangsim.locality import LocalityModel, ModelFit
-from benchmarks.gangsim.workload import GangJob, cluster_spec
+from benchmarks.engine.jobs import Job, Run
+from benchmarks.engine.ledger import SnapshotLedger
+from benchmarks.engine.loop import Engine, InvariantError
+from benchmarks.engine.placers import SnapshotPlacement, hold, placer_named
+from benchmarks.gangsim.locality import LocalityModel, ModelFit, profile
+from benchmarks.gangsim.metrics import GangStats, RunResult, summarize
+from benchmarks.gangsim.workload import ClusterSpec, cluster_spec
 from scheduler.core.model import PodInfo
 from scheduler.core.params import GangParams, SchedParams
 from scheduler.core.schedule import Assignment
-from scheduler.core.snapshot import build_snapshot
 
 PARAMS = SchedParams(gang=GangParams(solver_time_limit_seconds=0.25, seed=7, workers=1))
 MODEL = LocalityModel((ModelFit("m", 1.5, {}, 2.0, "22", 1),), 50.0)
 LEVELS = {"local": "nvlink-domain", "spine": "spine", "node": "node"}
 
 
-def _job(i: int, t: float, gpus: int, dur: float, required: str = "", per: int = 4) -> GangJob:
-    return GangJob(f"j{i:03d}", t, gpus, gpus // per, per, dur, required=required)
+def _job(
+    i: int, t: float, gpus: int, dur: float, required: str = "", per: int = 4, preferred: str = ""
+) -> Job:
+    return Job(
+        f"j{i:03d}", t, gpus // per, per, gang=True, duration=dur, required=required,
+        preferred=preferred,
+    )  # fmt: skip
 
 
-def _jobs(n: int, seed: int) -> list[GangJob]:
-    """Seeded small gangs for a 2-rack NVL72 (no shared data needed)."""
+def simulate(
+    cl: ClusterSpec,
+    jobs: list[Job],
+    policy: str,
+    params: SchedParams,
+    model: LocalityModel,
+    *,
+    seed: int = 0,
+    backfill: bool = True,
+    check: bool = False,
+) -> RunResult:
+    """One gang run: the engine as the gang scenario configures it, a hand-made model."""
+    stats = GangStats(jobs)
+    ledger = SnapshotLedger(cl.nodes(), params)
+
+    def stretch(led: SnapshotLedger, run: Run) -> tuple[float, object]:
+        prof = profile(led.snap, run.members, params.fabric)
+        return model.of(prof), prof
+
+    engine = Engine(
+        ledger,
+        SnapshotPlacement(placer_named("place-pod"), placer_named(policy), params),
+        queue="best-effort-fifo" if backfill else "strict-fifo",
+        serve="instant",
+        hooks=[stats],
+        stretch=stretch,
+        check=check,
+        namespace="gangsim",
+    )
+    engine.run(jobs)
+    return stats.result(cl.name, policy, seed, backfill, ledger.capacity, engine.checks, params)
+
+
+def gang_jobs(n: int, seed: int, preferred: bool = False) -> list[Job]:
+    """Seeded small gangs for a 2-rack NVL72 (no shared data needed); half of those that fit
+    a rack require it, and with ``preferred`` half of the others prefer it."""
     rng = random.Random(seed)
     out, t = [], 0.0
     for i in range(n):
         t += rng.expovariate(1 / 600.0)
         gpus = rng.choice([8, 8, 8, 16, 16, 32, 64, 96])
         req = "nvlink-domain" if gpus <= 72 and rng.random() < 0.5 else ""
-        out.append(_job(i, t, gpus, rng.uniform(600.0, 7200.0), req))
+        pref = "nvlink-domain" if preferred and not req and rng.random() < 0.5 else ""
+        out.append(_job(i, t, gpus, rng.uniform(600.0, 7200.0), req, preferred=pref))
     return out
 
 
 @pytest.mark.parametrize("backfill", [True, False])
 def test_smoke_two_policies_with_invariants(backfill: bool) -> None:
     cl = cluster_spec("nvl72", 2)
-    jobs = _jobs(40, 5)
+    jobs = gang_jobs(40, 5)
     for policy in ("topoplace", "first-fit"):
         run = simulate(cl, jobs, policy, PARAMS, MODEL, seed=5, backfill=backfill, check=True)
         assert run.checks >= len(jobs)  # every event instant checked
@@ -121,29 +157,39 @@ def test_unplaceable_gang_is_reported_not_looped() -> None:
     assert summarize(run, LEVELS)["never_placed"] == 1
 
 
+def _running(job: Job, members: tuple[Assignment, ...]) -> Run:
+    return Run(job, 0, "gangsim/" + job.name, members=members, running=True)
+
+
 def test_invariant_checker_catches_violations() -> None:
     cl = cluster_spec("nvl72", 1)
-    snap = build_snapshot(cl.nodes(), [], PARAMS)
+    ledger = SnapshotLedger(cl.nodes(), PARAMS)
     job = _job(0, 0.0, 8, 10.0)
-    key = gang_key(job)
+    key = "gangsim/" + job.name
     members = (
-        Assignment(f"{key}-m000", "gb200-r000-t00", (0, 1, 2, 3)),
-        Assignment(f"{key}-m001", "gb200-r000-t01", (0, 1, 2, 3)),
+        Assignment(f"{key}-0", "gb200-r000-t00", (0, 1, 2, 3)),
+        Assignment(f"{key}-1", "gb200-r000-t01", (0, 1, 2, 3)),
     )
-    held = hold(snap, key, members)
-    check_invariants(held, {key: (job, members)}, [], 72, 8)  # consistent
-    with pytest.raises(InvariantError, match="members hold"):  # only half of the gang
-        partial = hold(snap, key, members[:1])
-        check_invariants(partial, {key: (job, members)}, [], 72, 4)
+    run = _running(job, members)
+    ledger.hold(run)
+    held = ledger.snap
+    ledger.check([run])  # consistent
     with pytest.raises(InvariantError, match="not running"):  # a queued gang holds GPUs
-        check_invariants(held, {}, [key], 72, 8)
-    with pytest.raises(InvariantError, match="free GPU count"):
-        check_invariants(held, {key: (job, members)}, [], 72, 4)
+        ledger.check([dataclasses.replace(run, running=False)])
+    with pytest.raises(InvariantError, match="members hold"):  # a member is missing
+        ledger.check([_running(dataclasses.replace(job, pods=3), members)])
+    ledger.snap = hold(ledger.snap, key, [Assignment(f"{key}-2", "gb200-r000-t02", (0, 1))])
+    three = (*members, Assignment(f"{key}-2", "gb200-r000-t02", (0, 1)))
+    with pytest.raises(InvariantError, match="wrong number of GPUs"):
+        ledger.check([_running(dataclasses.replace(job, pods=3), three)])
     # Double booking smuggled past with_pod: a second pod on the same GPUs.
-    twin = PodInfo(key=f"{key}-m002", uid="", node="gb200-r000-t00", gpus=(0, 1, 2, 3), gang=key)
+    twin = PodInfo(key=f"{key}-2", uid="", node="gb200-r000-t00", gpus=(0, 1, 2, 3), gang=key)
     pods = dict(held.pods)
     pods[twin.key] = twin
     forged = dataclasses.replace(held, pods=MappingProxyType(pods))
-    job3 = dataclasses.replace(job, pods=3)
+    ledger.snap = forged
+    twin_run = _running(
+        dataclasses.replace(job, pods=3), (*members, Assignment(twin.key, twin.node, twin.gpus))
+    )
     with pytest.raises(InvariantError, match="held twice"):
-        check_invariants(forged, {key: (job3, (*members, members[0]))}, [], 72, 8)
+        ledger.check([twin_run])

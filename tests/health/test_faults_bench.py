@@ -3,11 +3,19 @@ whose failure was already published."""
 
 from __future__ import annotations
 
-from benchmarks.faults.engine import health_policies, simulate, summarize
-from benchmarks.faults.run import main
+from benchmarks.engine.run import run_one
+from benchmarks.faults.metrics import Metrics, summarize
+from benchmarks.faults.run import faults_scenario, main
 from benchmarks.faults.scenario import Scenario, llama3_rates
 
 SMALL = Scenario(days=2.0, racks=1, dgx_nodes=16, rate_multiplier=40.0, flap_share=0.1)
+
+
+def simulate(seed: int, policy: str) -> Metrics:
+    """One run of the scenario ``SMALL`` under the health policy ``policy``."""
+    m = run_one(faults_scenario(SMALL, [seed], [1.0], [policy]).runs()[0])
+    assert isinstance(m, Metrics)
+    return m
 
 
 def test_llama3_rates_are_derived_as_documented() -> None:
@@ -18,15 +26,14 @@ def test_llama3_rates_are_derived_as_documented() -> None:
 
 
 def test_topoplace_never_places_on_signalled_failures_and_baseline_does() -> None:
-    pol = health_policies()
-    top = simulate(SMALL, 3, "topoplace", pol["topoplace"])
-    base = simulate(SMALL, 3, "ready-only", pol["ready-only"])
+    top = simulate(3, "topoplace")
+    base = simulate(3, "ready-only")
     assert top.outages > 0 and top.outages == base.outages  # same ground truth
     assert top.bad_signalled == 0
     assert base.bad_signalled > 0
     assert base.gang_restarts > top.gang_restarts
     assert summarize([top])["goodput"] > summarize([base])["goodput"]
-    again = simulate(SMALL, 3, "topoplace", pol["topoplace"])
+    again = simulate(3, "topoplace")
     assert again == top  # deterministic for a seed
 
 

@@ -7,7 +7,7 @@ from itertools import combinations
 
 import pytest
 
-from benchmarks.faults.placement import GangAsk, greedy_gang, hold, registry_placer
+from benchmarks.engine.placers import GangAsk, greedy_gang, hold, registry_placer
 from scheduler.core.health import (
     REASON_GPU_FAULT,
     REASON_NOT_READY,

@@ -14,17 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks.engine.jobs import Job, job_from_task
+from benchmarks.engine.ledger import SharingLedger
+from benchmarks.engine.loop import Engine
+from benchmarks.engine.placers import SharingPlacement
+from benchmarks.engine.run import run_one
 from benchmarks.sim import fgd_repro, openb
-from benchmarks.sim.engine import (
-    RunSpec,
-    fgd_arrivals,
-    node_rank,
-    run_openb,
-    simulate,
-    trace_events,
-)
+from benchmarks.sim.artifact import fgd_arrivals, node_rank
 from benchmarks.sim.gorand import GoRand
-from benchmarks.sim.metrics import alloc_curve, discrete_curve, summarize
+from benchmarks.sim.metrics import Recorder, SimResult, alloc_curve, discrete_curve, summarize
 from benchmarks.sim.report import curve_matches, load_published, write_report
 from scheduler.cli import bench
 from scheduler.core.policies.sharing_policies import SharingContext, get_sharing_policy
@@ -33,9 +31,11 @@ from scheduler.core.sharing import (
     SharingClusterView,
     SharingNode,
     SharingTask,
+    TypicalDistribution,
     cluster_fragmentation,
     typical_tasks,
 )
+from tests.sim.synthetic import synthetic_cluster, synthetic_tasks
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 TRACES = SHARED / "data" / "alibaba-gpu-v2023"
@@ -74,33 +74,27 @@ def test_gorand_matches_go_math_rand() -> None:
 # --------------------------------------------------------------------------- synthetic runs
 
 
-def synthetic_cluster() -> list[SharingNode]:
-    nodes = []
-    for i in range(12):
-        g = (1, 2, 4, 8)[i % 4]
-        model = ("T4", "V100M16", "G2")[i % 3]
-        nodes.append(SharingNode.empty(f"n{i:02d}", model, 16_000 * g, 65_536 * g, g))
-    return nodes
+def simulate(
+    nodes: list[SharingNode],
+    jobs: list[Job],
+    policy: str,
+    typical: TypicalDistribution,
+    rank: np.ndarray | None = None,
+    rng: GoRand | None = None,
+    seed: int = 0,
+) -> SimResult:
+    """One run of the engine on a sharing ledger, reject queue, per-event record."""
+    rng = rng if rng is not None else GoRand(seed)
+    ledger = SharingLedger(nodes, typical, rank)
+    rec = Recorder(policy, seed)
+    placement = SharingPlacement(get_sharing_policy(policy), rng, len(nodes))
+    Engine(ledger, placement, hooks=[rec], check=True).run(jobs)
+    return rec.result()
 
 
-def synthetic_tasks(n: int = 120) -> list[SharingTask]:
-    rng = np.random.default_rng(11)
-    tasks = []
-    for i in range(n):
-        kind = rng.choice(["cpu", "share", "one", "multi"], p=[0.15, 0.45, 0.3, 0.1])
-        cpu = int(rng.choice([1000, 2000, 4000, 8000]))
-        mem = int(rng.choice([1024, 4096, 16384]))
-        if kind == "cpu":
-            tasks.append(SharingTask(f"t{i:03d}", cpu, mem))
-        elif kind == "share":
-            milli = int(rng.choice([100, 250, 300, 500, 700]))
-            tasks.append(SharingTask(f"t{i:03d}", cpu, mem, 1, milli))
-        elif kind == "one":
-            spec = ("V100M16", "G2") if rng.random() < 0.2 else ()
-            tasks.append(SharingTask(f"t{i:03d}", cpu, mem, 1, 1000, spec))
-        else:
-            tasks.append(SharingTask(f"t{i:03d}", cpu, mem, int(rng.choice([2, 4])), 1000))
-    return tasks
+def in_order(tasks: list[SharingTask] | tuple[SharingTask, ...]) -> list[Job]:
+    """Arrivals of ``tasks`` in order, no departures (the FGD experiments)."""
+    return [job_from_task(t, float(i)) for i, t in enumerate(tasks)]
 
 
 @pytest.mark.parametrize("policy", ["fgd", "bestfit", "random", "gpu-packing"])
@@ -112,9 +106,7 @@ def test_synthetic_run_is_sane_and_deterministic(policy: str) -> None:
     def run() -> tuple[np.ndarray, np.ndarray]:
         plan = fgd_arrivals(tasks, 42, capacity, 1.3)
         rank = node_rank(len(nodes), plan.rng)
-        res = simulate(
-            nodes, plan.tasks, get_sharing_policy(policy), typical, rank=rank, rng=plan.rng
-        )
+        res = simulate(nodes, in_order(plan.tasks), policy, typical, rank=rank, rng=plan.rng)
         return res.used_gpu_milli, res.node
 
     used_a, node_a = run()
@@ -150,9 +142,9 @@ def test_tune_down_removes_tasks() -> None:
 def test_departures_release_everything() -> None:
     nodes = synthetic_cluster()
     tasks = synthetic_tasks(40)
-    times = [(float(i), float(i) + 5.0) for i in range(len(tasks))]
+    jobs = [job_from_task(t, float(i), float(i) + 5.0) for i, t in enumerate(tasks)]
     typical = typical_tasks(tasks)
-    res = simulate(nodes, tasks, get_sharing_policy("bestfit"), typical, events=trace_events(times))
+    res = simulate(nodes, jobs, "bestfit", typical)
     assert res.used_gpu_milli.max() > 0
     assert res.used_gpu_milli[-1] == 0
     assert res.frag_gpu_milli[-1] == pytest.approx(cluster_fragmentation(nodes, typical))
@@ -203,8 +195,8 @@ def test_small_openb_smoke_run() -> None:
             plan = fgd_arrivals(tasks, 42, capacity, 1.3)
             res = simulate(
                 nodes,
-                plan.tasks,
-                get_sharing_policy(policy),
+                in_order(plan.tasks),
+                policy,
                 typical,
                 rank=node_rank(len(nodes), plan.rng),
                 rng=plan.rng,
@@ -230,21 +222,14 @@ def test_reproduces_published_run_exactly(policy: str) -> None:
     assert published is not None
     pid = {"bestfit": "05-BestFit", "fgd": "06-FGD"}[policy]
     theirs = published.curves[("default", pid, 42)]
-    nodes, tasks = openb.load_nodes(), openb.load_tasks("default")
-    res = run_openb(
-        RunSpec("default", policy, 42),
-        nodes,
-        tasks,
-        typical_tasks(tasks),
-        get_sharing_policy(policy),
-    )
-    ours = summarize("default", res)
+    run = fgd_repro.fgd_scenario(["default"], [policy], [42]).runs()[0]
+    ours = run_one(run)
     assert curve_matches(ours.alloc_curve, theirs), {
         k: (ours.alloc_curve.get(k), v)
         for k, v in theirs.items()
         if abs(ours.alloc_curve.get(k, 0) - v) > 0.006
     }
-    assert res.seconds < 60
+    assert ours.seconds < 60
 
 
 @needs_traces
@@ -309,12 +294,7 @@ def test_report_without_published_numbers(tmp_path: Path) -> None:
     for policy in ("fgd", "bestfit"):
         plan = fgd_arrivals(tasks, 42, capacity, 1.3)
         res = simulate(
-            nodes,
-            plan.tasks,
-            get_sharing_policy(policy),
-            typical_tasks(tasks),
-            rng=plan.rng,
-            seed=42,
+            nodes, in_order(plan.tasks), policy, typical_tasks(tasks), rng=plan.rng, seed=42
         )
         runs.append(summarize("synthetic", res))
     path = write_report(tmp_path, runs, None, plots=False)
