@@ -1,7 +1,10 @@
-"""``topoplace bench``: offline benchmark scenarios, registered by name.
+"""``topoplace bench``: offline benchmark scenarios, by name or from scenario files.
 
-Each scenario adds its own arguments to the ``bench`` parser and runs from the parsed
-namespace. Scenarios import their (heavier) benchmark modules lazily, when run.
+Every scenario runs on the one offline engine (:mod:`benchmarks.engine`). The named ones
+(``--scenario``) keep their own knobs as flags; ``--scenario-file FILE...`` runs any
+scenario file (``benchmarks/scenarios/*.yaml``, format in ``benchmarks/scenarios/README.md``)
+and writes the figures of its report kind into ``--out`` (printing them when the report is
+a table). Scenarios import their (heavier) benchmark modules lazily, when run.
 
 A scenario's independent runs (workload x policy x seed) go through
 :mod:`benchmarks.sweep`: local processes by default (``--workers N``, default all CPUs,
@@ -11,6 +14,8 @@ not depend on the executor (only measured times do).
 
     topoplace bench --scenario fgd-openb --seeds 42-51 --out out/fgd --workers 2
     topoplace bench --scenario gangs --out out/gangs --ray local
+    topoplace bench --scenario-file benchmarks/scenarios/mix.yaml --workers 1
+    topoplace bench --scenario-file benchmarks/scenarios/gangs-*.yaml --out out/gangs
 """
 
 from __future__ import annotations
@@ -76,11 +81,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=f"Run an offline benchmark scenario.\n\nscenarios:\n{lines}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--scenario", required=True, choices=sorted(SCENARIOS))
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--scenario", choices=sorted(SCENARIOS), help="a named scenario")
+    which.add_argument(
+        "--scenario-file",
+        nargs="+",
+        metavar="FILE",
+        help="scenario files (YAML/JSON) of one report kind, run together",
+    )
     parser.add_argument("--policies", nargs="+", help="policies (default: scenario's set)")
     parser.add_argument("--seeds", default="42-51", help="seeds, e.g. 42-51 or 42,43")
     parser.add_argument("--workloads", nargs="+", help="workloads (default: scenario's set)")
-    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--out", help="output directory (required by named scenarios)")
     parser.add_argument("--data", help="input data directory (default: the shared copy)")
     parser.add_argument("--expected", help="published results directory (default: shared copy)")
     parser.add_argument("--tune", type=float, help="arrived demand / capacity (default 1.3)")
@@ -92,7 +104,25 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the selected scenario; returns the exit code."""
+    """Run the selected scenario or scenario files; returns the exit code."""
+    if getattr(args, "scenario_file", None):
+        from benchmarks.engine.run import main_files
+
+        try:
+            with sweep.from_args(args) as executor:
+                return main_files(
+                    args.scenario_file,
+                    args.out,
+                    executor,
+                    command="topoplace bench --scenario-file " + " ".join(args.scenario_file),
+                    quiet=args.quiet,
+                )
+        except sweep.SweepError as exc:
+            print(f"topoplace bench: {exc}")
+            return 2
+    if not args.out:
+        print("topoplace bench: --out is required with --scenario")
+        return 2
     scenario = SCENARIOS.get(args.scenario)
     if scenario is None:
         print(f"topoplace bench: unknown scenario {args.scenario!r}")
