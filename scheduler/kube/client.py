@@ -25,6 +25,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 
@@ -387,8 +388,46 @@ class KubeApi:
         return strip_object(self._json(self._core.read_namespaced_pod, name, namespace), PODS)
 
     def create_binding(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        """POST ``pods/{name}/binding``; returns the server's answer (a ``Status``)."""
-        return self._json(self._core.create_namespaced_pod_binding, name, namespace, dict(body))
+        """POST ``pods/{name}/binding``; returns the server's answer (a ``Status``).
+
+        The one write per pod on the hot path, so it skips the generated client's model
+        layer: the body is serialized with orjson and POSTed on the client's own urllib3
+        pool, with its TLS settings, default headers and auth (token refresh included, as
+        ``update_params_for_auth`` does for the generated calls). Errors map as for every
+        other call (:func:`decode_status`, :class:`ApiUnavailable`)."""
+        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/binding"
+        return self._post_json(path, orjson.dumps(dict(body)))
+
+    def _post_json(self, path: str, data: bytes) -> dict[str, Any]:
+        import urllib3
+
+        client = self.api_client
+        headers = dict(client.default_headers)
+        headers["Content-Type"] = "application/json"
+        headers["Accept"] = "application/json"
+        client.update_params_for_auth(headers, [], ["BearerToken"], path, "POST", None)
+        connect, read = self.timeouts.request
+        try:
+            resp = client.rest_client.pool_manager.request(
+                "POST",
+                client.configuration.host + path,
+                body=data,
+                headers=headers,
+                timeout=urllib3.Timeout(connect=connect, read=read),
+                preload_content=True,
+                retries=False,
+            )
+        except Exception as exc:  # urllib3.exceptions.HTTPError, OSError, ...
+            raise _unavailable(exc) from None
+        if not 200 <= resp.status < 300:
+            raise decode_status(resp.data, int(resp.status), str(resp.reason or ""))
+        try:
+            out = orjson.loads(resp.data)
+        except orjson.JSONDecodeError as exc:
+            raise ApiUnavailable(f"response is not JSON: {exc}") from None
+        if not isinstance(out, dict):
+            raise ApiUnavailable("response is not a JSON object")
+        return out
 
     def patch_pod_annotations(
         self, namespace: str, name: str, annotations: Mapping[str, str]
