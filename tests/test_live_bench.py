@@ -55,16 +55,25 @@ URL = "http://127.0.0.1:8890/scheduler"
 def test_render_changes_only_what_a_loopback_run_needs() -> None:
     shipped = kubesched.load_shipped()
     assert shipped["kind"] == "KubeSchedulerConfiguration"
-    got = yaml.safe_load(kubesched.render_shipped_config(KC, URL))
+    tls = kubesched.extender_uses_tls(shipped)
+    tls_dir = "/tmp/livebench-test/tls" if tls else None
+    got = yaml.safe_load(kubesched.render_shipped_config(KC, URL, tls_dir=tls_dir))
     assert got["clientConnection"]["kubeconfig"] == KC
     assert got["leaderElection"]["leaderElect"] is False
     assert len(got["extenders"]) == 1
-    assert got["extenders"][0]["urlPrefix"] == URL
+    want_url = URL.replace("http://", "https://") if tls else URL
+    assert got["extenders"][0]["urlPrefix"] == want_url
     # Everything else exactly as shipped (read from the real file now: it changes).
     want = copy.deepcopy(shipped)
     want.setdefault("clientConnection", {})["kubeconfig"] = KC
     want.setdefault("leaderElection", {})["leaderElect"] = False
-    want["extenders"][0]["urlPrefix"] = URL
+    want["extenders"][0]["urlPrefix"] = want_url
+    if tls:  # the run's own certificates in place of the mounted Secret's
+        want["extenders"][0]["tlsConfig"].update(
+            caFile=f"{tls_dir}/ca.crt",
+            certFile=f"{tls_dir}/client.crt",
+            keyFile=f"{tls_dir}/client.key",
+        )
     assert got == want
     # qps/burst only if shipped.
     for key in ("qps", "burst"):
@@ -77,6 +86,35 @@ def test_render_changes_only_what_a_loopback_run_needs() -> None:
     assert {r["name"] for r in ext["managedResources"]} == {"nvidia.com/gpu"}
     assert got["percentageOfNodesToScore"] == 100
     assert kubesched.profile_names(got) == ["topoplace"]
+
+
+def test_render_points_a_tls_extender_at_the_runs_certificates(tmp_path: Path) -> None:
+    cfg = {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "profiles": [{"schedulerName": "topoplace"}],
+        "extenders": [
+            {
+                "urlPrefix": "https://127.0.0.1:8888/scheduler",
+                "enableHTTPS": True,
+                "tlsConfig": {"caFile": "/etc/x/ca.crt", "certFile": "/etc/x/c", "keyFile": "/k"},
+            }
+        ],
+    }
+    assert kubesched.extender_uses_tls(cfg)
+    with pytest.raises(kubesched.ConfigError):
+        kubesched.render_config(cfg, KC, URL)
+    got = kubesched.render_config(cfg, KC, URL, tls_dir=tmp_path)
+    ext = got["extenders"][0]
+    assert ext["urlPrefix"] == "https://127.0.0.1:8890/scheduler"
+    assert ext["tlsConfig"] == {
+        "caFile": str(tmp_path / "ca.crt"),
+        "certFile": str(tmp_path / "client.crt"),
+        "keyFile": str(tmp_path / "client.key"),
+    }
+    assert cfg["extenders"][0]["tlsConfig"]["caFile"] == "/etc/x/ca.crt"  # not mutated
+    plain = {**cfg, "extenders": [{"urlPrefix": "http://127.0.0.1:8888/scheduler"}]}
+    assert not kubesched.extender_uses_tls(plain)
 
 
 def test_render_renames_the_profile_and_keeps_unknown_keys(tmp_path: Path) -> None:

@@ -9,6 +9,9 @@ time** and changes only what a loopback run must change:
   are kept as shipped; none are added);
 * ``leaderElection.leaderElect: false`` (the other leaderElection keys are kept);
 * the topoplace extender's ``urlPrefix``;
+* when that extender talks TLS (an ``https`` ``urlPrefix`` or a ``tlsConfig``), the files of
+  its ``tlsConfig`` (``caFile``, ``certFile``, ``keyFile``: the run's own, made by
+  ``topoplace certs``, see :func:`make_certs`) and the ``https`` scheme;
 * optionally the profile's ``schedulerName``.
 
 Everything else (profiles, pluginConfig, plugin weights, percentageOfNodesToScore,
@@ -32,6 +35,7 @@ import math
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -95,13 +99,46 @@ def _topoplace_extender(extenders: list[dict[str, Any]]) -> dict[str, Any]:
     raise ConfigError(f"cannot tell which of {len(extenders)} extenders is topoplace")
 
 
+TLS_FILES = {"caFile": "ca.crt", "certFile": "client.crt", "keyFile": "client.key"}
+"""kube-scheduler's side of the extender's mTLS: tlsConfig key -> file ``topoplace certs``
+writes."""
+
+
+def extender_uses_tls(cfg: Mapping[str, Any]) -> bool:
+    """Whether the topoplace extender of ``cfg`` is reached over TLS."""
+    ext = _topoplace_extender(list(cfg.get("extenders") or []))
+    return str(ext.get("urlPrefix", "")).startswith("https://") or bool(ext.get("tlsConfig"))
+
+
+def make_certs(out: str | Path, source: str | Path | None = None) -> Path:
+    """A CA and the server/client key pairs for kube-scheduler <-> topoplace mTLS, written
+    to ``out`` by ``topoplace certs`` of ``source`` (default: this repository)."""
+    out = Path(out)
+    src = Path(source) if source is not None else REPO
+    subprocess.run(
+        [sys.executable, "-m", "scheduler.cli.main", "certs", "--out", str(out), "--force"],
+        cwd=src,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            x for x in (str(src), os.environ.get("PYTHONPATH")) if x
+        )},
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return out
+
+
 def render_config(
     cfg: Mapping[str, Any],
     kubeconfig: str | Path,
     extender_url: str,
     scheduler_name: str | None = None,
+    tls_dir: str | Path | None = None,
 ) -> dict[str, Any]:
-    """A copy of ``cfg`` set up for a loopback run (see the module docstring)."""
+    """A copy of ``cfg`` set up for a loopback run (see the module docstring).
+
+    Raises:
+        ConfigError: the extender talks TLS and no ``tls_dir`` is given.
+    """
     out = copy.deepcopy(dict(cfg))
     conn = dict(out.get("clientConnection") or {})
     conn["kubeconfig"] = str(kubeconfig)
@@ -112,7 +149,16 @@ def render_config(
     extenders = out.get("extenders") or []
     if not extenders:
         raise ConfigError("the shipped configuration has no extender")
-    _topoplace_extender(extenders)["urlPrefix"] = extender_url
+    ext = _topoplace_extender(extenders)
+    if extender_uses_tls(out):
+        if tls_dir is None:
+            raise ConfigError("the shipped extender talks TLS: a loopback run needs tls_dir")
+        extender_url = "https://" + extender_url.split("://", 1)[-1]
+        tls = dict(ext.get("tlsConfig") or {})
+        for key, name in TLS_FILES.items():
+            tls[key] = str(Path(tls_dir) / name)
+        ext["tlsConfig"] = tls
+    ext["urlPrefix"] = extender_url
     if scheduler_name is not None:
         profiles = out.get("profiles") or []
         if len(profiles) != 1:
@@ -126,6 +172,7 @@ def render_shipped_config(
     extender_url: str,
     scheduler_name: str | None = None,
     path: str | Path | None = None,
+    tls_dir: str | Path | None = None,
 ) -> str:
     """The shipped KubeSchedulerConfiguration as YAML text for a loopback run.
 
@@ -135,8 +182,9 @@ def render_shipped_config(
             ``http://127.0.0.1:8890/scheduler``.
         scheduler_name: rename the (single) profile; None keeps the shipped name.
         path: another file of the same shape (default: the shipped one).
+        tls_dir: the files of :func:`make_certs`, when the extender talks TLS.
     """
-    cfg = render_config(load_shipped(path), kubeconfig, extender_url, scheduler_name)
+    cfg = render_config(load_shipped(path), kubeconfig, extender_url, scheduler_name, tls_dir)
     return yaml.safe_dump(cfg, sort_keys=False)
 
 
@@ -264,8 +312,10 @@ class KubeScheduler:
         ready_timeout: float = 120.0,
         extra_args: tuple[str, ...] = (),
         config: Mapping[str, Any] | None = None,
+        tls_dir: str | Path | None = None,
     ) -> None:
         self.extra_args = tuple(extra_args)
+        self.tls_dir = tls_dir
         self.explicit_config = copy.deepcopy(dict(config)) if config is not None else None
         self.kubeconfig = str(kubeconfig)
         self.extender_url = extender_url
@@ -297,7 +347,11 @@ class KubeScheduler:
             text = yaml.safe_dump(self.explicit_config, sort_keys=False)
         else:
             text = render_shipped_config(
-                self.kubeconfig, self.extender_url, self.scheduler_name, self.config_path
+                self.kubeconfig,
+                self.extender_url,
+                self.scheduler_name,
+                self.config_path,
+                self.tls_dir,
             )
         self.config = yaml.safe_load(text)
         self.config_file.write_text(text)
@@ -379,16 +433,23 @@ class Topoplace:
         log_level: str = "INFO",
         ready_timeout: float = 120.0,
         source: str | Path | None = None,
+        tls_dir: str | Path | None = None,
     ) -> None:
         self.kubeconfig = str(kubeconfig)
         self.workdir = Path(workdir)
         self.port = port
+        self.tls_dir = Path(tls_dir) if tls_dir is not None else None
         self.policy = policy
         self.source = Path(source) if source is not None else REPO
         self.log_level = log_level
         self.ready_timeout = ready_timeout
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"{'https' if tls_dir is not None else 'http'}://127.0.0.1:{port}"
         self.extender_url = f"{self.url}/scheduler"
+        self._client_args: dict[str, Any] = {}
+        if self.tls_dir is not None:  # every port of topoplace then asks for a client cert
+            ctx = ssl.create_default_context(cafile=str(self.tls_dir / "ca.crt"))
+            ctx.load_cert_chain(self.tls_dir / "client.crt", self.tls_dir / "client.key")
+            self._client_args = {"verify": ctx}
         self.log_file = self.workdir / f"topoplace-{port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -402,6 +463,10 @@ class Topoplace:
         cmd += ["--port", str(self.port)]
         if self.policy:
             cmd += ["--config", str(self.policy)]
+        if self.tls_dir is not None:
+            cmd += ["--tls-cert", str(self.tls_dir / "server.crt")]
+            cmd += ["--tls-key", str(self.tls_dir / "server.key")]
+            cmd += ["--tls-client-ca", str(self.tls_dir / "ca.crt")]
         t0 = time.monotonic()
         with open(self.log_file, "wb") as log:
             self.proc = subprocess.Popen(
@@ -422,7 +487,8 @@ class Topoplace:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"topoplace exited early:\n{_tail(self.log_file)}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                r = httpx.get(self.url + "/readyz", timeout=2, **self._client_args)
+                if r.status_code == 200:
                     return time.monotonic() - t0
             time.sleep(0.1)
         self.stop()
@@ -430,13 +496,13 @@ class Topoplace:
 
     def get(self, path: str, timeout: float = 30) -> Any:
         """GET a JSON endpoint (``/v1/inspect/nodes``...)."""
-        r = httpx.get(self.url + path, timeout=timeout)
+        r = httpx.get(self.url + path, timeout=timeout, **self._client_args)
         r.raise_for_status()
         return r.json()
 
     def metrics(self) -> str:
         """The Prometheus text of ``/metrics``."""
-        return httpx.get(self.url + "/metrics", timeout=30).text
+        return httpx.get(self.url + "/metrics", timeout=30, **self._client_args).text
 
     def stop(self) -> None:
         """SIGTERM (topoplace drains in-flight binds), then SIGKILL; idempotent."""

@@ -67,7 +67,10 @@ from benchmarks.live.kubesched import (
     Topoplace,
     binary_version,
     cpu_seconds,
+    extender_uses_tls,
     host_cpu_busy,
+    load_shipped,
+    make_certs,
     profile_names,
     render_default_config,
     render_shipped_config,
@@ -1110,8 +1113,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def shipped_profile(args: argparse.Namespace) -> str:
     """The profile name of the shipped scheduler configuration (``--shipped-config``)."""
-    from benchmarks.live.kubesched import load_shipped
-
     return profile_names(load_shipped(args.shipped_config))[0]
 
 
@@ -1146,7 +1147,12 @@ def arm_processes(
     try:
         if arm == "topoplace":
             procs.tp = Topoplace(
-                kc, logs, port=args.extender_port, policy=args.policy, source=args.topoplace_src
+                kc,
+                logs,
+                port=args.extender_port,
+                policy=args.policy,
+                source=args.topoplace_src,
+                tls_dir=args.tls_dir,
             )
             secs = procs.tp.start()
             log(f"topoplace ready in {secs:.1f}s (log {procs.tp.log_file})")
@@ -1157,6 +1163,7 @@ def arm_processes(
                 port=args.topoplace_sched_port,
                 kube_bin=args.kube_bin,
                 config_path=args.shipped_config,
+                tls_dir=args.tls_dir,
             )
         else:
             name, pct = DEFAULT_ARMS[arm]
@@ -1245,7 +1252,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             write_csv(out / "bind-floor.csv", floor)
         extender_url = f"http://127.0.0.1:{args.extender_port}/scheduler"
-        shipped_text = render_shipped_config(kc, extender_url, None, args.shipped_config)
+        args.tls_dir = None
+        if extender_uses_tls(load_shipped(args.shipped_config)):
+            args.tls_dir = make_certs(work / "tls", args.topoplace_src)
+            log(f"the shipped extender talks mTLS: certificates in {args.tls_dir}")
+        shipped_text = render_shipped_config(
+            kc, extender_url, None, args.shipped_config, args.tls_dir
+        )
         (out / "scheduler-config.yaml").write_text(shipped_text)
         shipped_dict = yaml.safe_load(shipped_text)
         profile = profile_names(shipped_dict)[0]
@@ -1303,6 +1316,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "config/deploy/scheduler-config.yaml (rendered copy: scheduler-config.yaml): "
             + _config_line(shipped_dict),
             "topoplace policy": args.policy or "shipped config/policy.yaml",
+            "extender transport": "mTLS as shipped (https urlPrefix, tlsConfig; the run's own "
+            "CA and key pairs from `topoplace certs`; topoplace serve --tls-cert/--tls-key/"
+            "--tls-client-ca)"
+            if args.tls_dir
+            else "plain HTTP as shipped",
             "default arms": "each its own kube-scheduler process, one plain profile "
             "(kube-scheduler's default plugins and scoring, no extender), client qps "
             f"{CLIENT_QPS} / burst {CLIENT_BURST}; `default`: percentageOfNodesToScore 100; "
