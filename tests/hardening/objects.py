@@ -14,12 +14,24 @@ from tests.builders import gang_pod, make_node, make_pod
 GPU = "nvidia.com/gpu"
 
 
+class Deep(list):  # type: ignore[type-arg]
+    """The outer list of :func:`deep`: a plain list to the code under test, with a short
+    ``repr`` so a failing example can be printed (printing recurses per level)."""
+
+    depth = 0
+
+    def __repr__(self) -> str:
+        return f"deep({self.depth})"
+
+
 def deep(depth: int, leaf: Any = 1) -> Any:
     """A list nested ``depth`` levels (built without recursion)."""
     out: Any = leaf
-    for _ in range(depth):
+    for _ in range(depth - 1):
         out = [out]
-    return out
+    outer = Deep([out])
+    outer.depth = depth
+    return outer
 
 
 def set_path(obj: dict[str, Any], path: str, value: Any) -> dict[str, Any]:

@@ -14,9 +14,10 @@ deep nesting, long strings, forged placement records, missing fields. Properties
 * :func:`with_node_object` with a hostile node leaves every other node as it was;
   :func:`pod_info_for` + :func:`with_pod` accept any hostile bound pod.
 
-Timing is a generous bound on a modest number of examples (not a benchmark), measured with
-the garbage collector paused. Hostile GPU counts skip 13-16: the first use of an assumed
-shape of that size costs 0.15-1.4 s in ``topology.select`` whatever the object (memoized per
+Timing is a generous bound on a modest number of examples (not a benchmark), measured as
+the thread's CPU time (other processes on the machine do not count) with the garbage
+collector paused. Nodes of 13-16 GPUs are exempt from it: the first use of a
+shape of that size costs 0.3-2.7 s in ``topology.select`` whatever the object (memoized per
 shape afterwards), a topology cost rather than parsing, reported separately; 9-12 are
 warmed first for the same reason.
 """
@@ -38,7 +39,7 @@ from hypothesis import strategies as st
 from scheduler.core.gang import podgroup_min_member
 from scheduler.core.health import REASON_UNMODELED
 from scheduler.core.model import MAX_GANG_SIZE, MAX_NODE_GPUS, NodeInfo, indices_to_mask
-from scheduler.core.objects import ObjectError, node_from_object, request_from_pod
+from scheduler.core.objects import ObjectError, node_from_object, node_gpus, request_from_pod
 from scheduler.core.params import SchedParams
 from scheduler.core.quantity import QUANTITY_MAX
 from scheduler.core.schedule import filter_nodes
@@ -68,7 +69,8 @@ GOOD_PODS = [
 
 @pytest.fixture(scope="module", autouse=True)
 def _warm_shapes() -> None:
-    """First use of a shape of 9-12 GPUs costs up to 0.2 s in topology.select (docstring)."""
+    """First use of a shape of 9-12 GPUs costs up to 0.2 s in topology.select (docstring),
+    the first YAML annotation imports pyyaml: one-time costs, paid before timing."""
     nodes = [
         mutate(
             base,
@@ -81,7 +83,11 @@ def _warm_shapes() -> None:
         for g in range(13)
         for i, base in enumerate(NODE_BASES)
     ]
-    build_snapshot(nodes, [], P)
+    # And the first YAML topology annotation imports pyyaml (tens of milliseconds, once).
+    yaml_node = mutate(
+        NODE_BASES[0], [("metadata.annotations.[topoplace.io/gpu-topology]", "a: 1")]
+    )
+    build_snapshot([*nodes, yaml_node], [], P)
 
 
 # ---- hostile values -------------------------------------------------------------------------
@@ -223,15 +229,20 @@ PODS = hostile_objects(POD_BASES, POD_PATHS)
 
 
 def timed(fn: Callable[[], Any]) -> tuple[Any, BaseException | None, float]:
-    """(result, exception, seconds) with the garbage collector paused."""
+    """(result, exception, CPU seconds of this thread) with the garbage collector paused."""
     gc.disable()
-    t0 = time.perf_counter()
+    t0 = time.thread_time()
     try:
-        return fn(), None, time.perf_counter() - t0
+        return fn(), None, time.thread_time() - t0
     except Exception as exc:
-        return None, exc, time.perf_counter() - t0
+        return None, exc, time.thread_time() - t0
     finally:
         gc.enable()
+
+
+def slow_shape(*objs: Any) -> bool:
+    """Some object is a node of 13-16 GPUs (exempt from the time bound: see docstring)."""
+    return any(13 <= node_gpus(o)[0] <= 16 for o in objs if isinstance(o, dict))
 
 
 def check_node(info: NodeInfo) -> None:
@@ -251,7 +262,7 @@ def check_node(info: NodeInfo) -> None:
 def test_a_hostile_node_is_a_node_or_an_object_error(node: Any) -> None:
     info, exc, took = timed(lambda: node_from_object(node, FABRIC, P.health, now=1.8e9))
     assert exc is None or isinstance(exc, ObjectError), repr(exc)
-    assert took < BUDGET_S, f"{took:.3f}s"
+    assert took < BUDGET_S or slow_shape(node), f"{took:.3f}s"
     if info is not None:
         check_node(info)
 
@@ -278,7 +289,7 @@ def test_a_batch_with_hostile_objects_still_serves_the_good_nodes(
     objs = [*GOOD_NODES, *hostile]
     snap, exc, took = timed(lambda: build_snapshot(objs, [*GOOD_PODS, *pods], P))
     assert exc is None, repr(exc)
-    assert took < BUDGET_S * (len(objs) + len(pods) + len(GOOD_PODS))
+    assert took < BUDGET_S * (len(objs) + len(pods) + len(GOOD_PODS)) or slow_shape(*hostile)
     for n in snap.nodes:
         check_node(n)
         held = [indices_to_mask(p.gpus) for p in snap.pods_on(n.name)]
@@ -290,7 +301,8 @@ def test_a_batch_with_hostile_objects_still_serves_the_good_nodes(
     one = request_from_pod(make_pod("probe", 1), FABRIC)
     out = filter_nodes(snap, one, list(want), P)
     assert not set(out.unresolvable) & set(want)
-    assert "good-2" in out.feasible  # 7 GPUs free whatever the hostile pods claim
+    for name in want:  # served: a good node with a free GPU takes the probe
+        assert (name in out.feasible) == (snap.node(name).free_gpus > 0)  # type: ignore[union-attr]
 
 
 @SETTINGS
@@ -301,7 +313,7 @@ def test_a_hostile_node_update_leaves_the_others_alone(node: Any) -> None:
         return
     snap, exc, took = timed(lambda: with_node_object(base, node, P))
     assert exc is None or isinstance(exc, ObjectError), repr(exc)
-    assert took < BUDGET_S * 2, f"{took:.3f}s"
+    assert took < BUDGET_S * 2 or slow_shape(node), f"{took:.3f}s"
     if snap is not None:
         for good in base.nodes:
             assert snap.node(good.name) == good
