@@ -345,6 +345,7 @@ def test_byte_path_replies_equal_the_general_path(cache: ClusterCache) -> None:
         ["a", "bb", "n-7", "node-001", "node-0001", "node-00001", "x" * 16, "y" * 17],
         ["ünïcode-ноду", "emoji-🚀", "plain-1", "plain-2", "a:b", "[x]", "{y}"],
         ['we"ird', "back\\slash", "com,ma", "tab\there", "fine-1", "fine-2"],
+        ["x" * 60, "s", "t"],  # 64-byte words: bodies shorter than one record
         ["x" * 70, "short"],  # too long for the byte index: names are hashed instead
     ],
 )

@@ -545,10 +545,12 @@ class NameIndex:
         one = self.slots.take(first)
         two = self.slots.take(second)
         in_one = self._match(one, words, lengths)
-        in_two = self._match(two, words, lengths)
-        pos = np.where(in_one, one["pos"], np.where(in_two, two["pos"], -1))
-        in_one |= in_two
-        return pos, bool(in_one.all())
+        pos = np.where(in_one, one["pos"], two["pos"])
+        in_one |= self._match(two, words, lengths)
+        if in_one.all():
+            return pos, True
+        pos[~in_one] = -1
+        return pos, False
 
 
 def _cuckoo(first: list[int], second: list[int], size: int) -> np.ndarray | None:
@@ -578,11 +580,19 @@ def _words(raw: bytes, starts: np.ndarray, lengths: np.ndarray, width: int) -> n
     # A window of overlapping records, one starting at every byte. Indexing, not ``take``:
     # the window is not contiguous, and ``take`` would copy it.
     window = np.ndarray((max(limit + 1, 0),), dtype=f"V{size}", buffer=raw, strides=(1,))
-    over = np.flatnonzero(starts > limit)  # names within ``size`` bytes of the end
-    records = window[np.minimum(starts, max(limit, 0))] if limit >= 0 else None
-    if records is None or len(over):
-        padded = np.frombuffer(raw + bytes(size), dtype=np.uint8)
-        records = np.ndarray((len(raw) + 1,), f"V{size}", padded, strides=(1,))[starts]
+    over = np.flatnonzero(starts > limit)  # the last names, closer than ``size`` to the end
+    if not len(over):
+        records = window[starts]
+    else:
+        at = starts.take(over)
+        if limit >= 0:
+            records = window[np.minimum(starts, limit)]
+        else:
+            records = np.empty_like(starts, f"V{size}")
+        first = int(at.min())
+        tail = raw[first:] + bytes(size)
+        window = np.ndarray((len(tail) - size + 1,), dtype=f"V{size}", buffer=tail, strides=(1,))
+        records[over] = window[at - first]
     words = records.view("<u8").reshape(len(starts), width)
     shortest = int(lengths.min()) if len(lengths) else 0
     for j in range(width):
