@@ -20,7 +20,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -103,12 +103,8 @@ def build(run: Scenario, inputs: Inputs, hooks: Sequence[Hook]) -> Engine:
         ScenarioError: inconsistent choices (gangs or faults on a sharing ledger, an
             unknown policy).
     """
-    params = inputs.params
-    if run.faults or run.health != "topoplace":
-        from dataclasses import replace
-
-        params = replace(params, health=health_policies()[run.health])
-        inputs.params = params
+    params = replace(inputs.params, health=health_policies()[run.health])
+    inputs.params = params
     stretch = None
     health = None
     if is_sharing(run.pod_policy):
