@@ -76,9 +76,12 @@ from typing import Any
 
 from scheduler.core.gang import (
     GangRequest,
+    GangSizeError,
     RecoveredPlan,
     declared_size,
     gang_request,
+    gang_size,
+    member_size_conflict,
     parse_reservation_key,
     plan_id,
     recover_plans,
@@ -343,7 +346,7 @@ class GangRuntime:
                 del seen[k]  # bound already, or deleted while pending
         # Insertion order = order seen: the first member's role completes the gang.
         members = list(seen.values())
-        return gang_request(members, declared_size(req, snap), fixed)
+        return gang_request(members, gang_size(req, snap, members), fixed)
 
     def _plan(self, ext: Any, req: PodRequest, event: str) -> GangPlan | _Refusal:
         return self._solve(ext, req.gang, lambda snap: self._request(ext, snap, req), event)
@@ -474,6 +477,9 @@ class GangRuntime:
         cache.remember_pending(pod)
         with self._plan_lock:
             plan = self._live_plan(ext, req.gang)
+            why = member_size_conflict(plan.request, req) if plan is not None else ""
+            if why:
+                return _invalid(names, why)
             if plan is not None:
                 with cache.lock:
                     self._members.setdefault(req.gang, {})[req.key] = req
@@ -498,7 +504,11 @@ class GangRuntime:
                 self._members.setdefault(req.gang, {})[req.key] = req
                 self._park(req)
                 return _refused(names)
-            out = self._plan(ext, req, event)
+            try:
+                out = self._plan(ext, req, event)
+            except GangSizeError as exc:
+                log.info("gang %s: member %s refused: %s", req.gang, req.key, exc.reason)
+                return _invalid(names, exc.reason)
             if isinstance(out, _Refusal):
                 self._park(req)
                 return _refused(names)
@@ -885,6 +895,11 @@ def _outcome(names: list[str], node: str) -> FilterOutcome:
     if node not in names:
         return FilterOutcome((), {n: REASON_PLANNED_NODE_NOT_OFFERED for n in names}, {})
     return FilterOutcome((node,), {n: REASON_NOT_IN_PLAN for n in names if n != node}, {})
+
+
+def _invalid(names: list[str], reason: str) -> FilterOutcome:
+    """Every candidate fails with ``reason`` (the member cannot join its gang as declared)."""
+    return FilterOutcome((), dict.fromkeys(names, reason), {})
 
 
 def _refused(names: list[str]) -> FilterOutcome:

@@ -253,6 +253,7 @@ def create_app(
         metrics.assumed_topology.set(snap.assumed_topology_nodes)
         metrics.free_gpus.set(int(a.free.sum()))
         metrics.unhealthy_nodes.set(int((a.state >= int(Health.UNHEALTHY)).sum()))
+        metrics.unmodeled_nodes.set(snap.unmodeled_nodes)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/inspect/snapshot")
@@ -273,6 +274,7 @@ def create_app(
                         "name": n.name,
                         "gpus": n.gpu_capacity,
                         "free_gpus": n.free_gpus,
+                        "unmodeled": n.unmodeled,
                         "free": [i for i in range(n.gpu_capacity) if n.free_mask >> i & 1],
                         "health": n.health.state.name.lower(),
                         "reasons": list(n.health.reasons),

@@ -65,6 +65,11 @@ class Metrics:
             registry=r,
         )
         self.free_gpus = Gauge("topoplace_free_gpus", "Free healthy GPUs in the cache", registry=r)
+        self.unmodeled_nodes = Gauge(
+            "topoplace_unmodeled_nodes",
+            "Nodes topoplace cannot model (odd GPU counts or fields): GPU pods are refused there",
+            registry=r,
+        )
         self.unhealthy_nodes = Gauge(
             "topoplace_unhealthy_nodes", "Nodes graded unhealthy", registry=r
         )

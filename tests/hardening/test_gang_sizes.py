@@ -122,11 +122,6 @@ def test_a_member_declaring_another_size_may_not_claim_a_live_plan_slot() -> Non
     assert member_size_conflict(planned, req("w-1", None)) == ""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the GangRuntime change (scheduler/runtime/gangs.py, owned elsewhere): "
-    "plan with gang_size() and refuse GangSizeError / member_size_conflict() with the reason",
-)
 def test_through_the_extender_the_disagreeing_member_gets_the_reason() -> None:
     nodes, pods = cluster(dgx_su("su", nodes=4))
     ext = Extender(ClusterCache.from_objects(nodes, pods, P), gangs=GangRuntime())

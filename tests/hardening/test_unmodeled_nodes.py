@@ -152,6 +152,11 @@ def test_the_cache_and_the_verbs_serve_a_cluster_with_an_odd_node() -> None:
     assert body["NodeNames"] == ["good"]
     assert body["FailedAndUnresolvableNodes"] == {"odd": REASON_UNMODELED, "odd2": REASON_UNMODELED}
     assert body["Error"] == ""
+    # Counted in /metrics and shown in the inspect API.
+    metrics = c.get("/metrics").text
+    assert "topoplace_unmodeled_nodes 2.0" in metrics
+    shown = {n["name"]: n["unmodeled"] for n in c.get("/v1/inspect/nodes").json()["nodes"]}
+    assert shown["good"] == "" and shown["odd"] and shown["odd2"]
 
 
 def test_gpu_capacity_is_read_from_either_field() -> None:
