@@ -237,7 +237,8 @@ class Engine:
 
     def run(self, jobs: Sequence[Job], faults: Sequence[Any] = ()) -> None:
         """Replay ``jobs`` and ``faults`` (objects with ``node``, ``start``, ``end`` and, for
-        one GPU, ``gpu``) until no event is left."""
+        one GPU, ``gpu``; a fault that ends when it starts only carries a warning for the
+        health model) until no event is left."""
         if faults and self.health is None:
             raise ValueError("faults need a health model")
         for f in faults:

@@ -10,7 +10,8 @@ report of their kind.
 Reports are registered by name (``report:`` in a scenario file). A report provides
 ``hooks(run, inputs)``, ``result(run, inputs, engine, hooks)`` (picklable; computed where
 the run executes) and ``write(runs, results, out, context)`` (in the calling process);
-optionally ``cost(run)`` (costliest runs are submitted first).
+optionally ``cost(run)`` (costliest runs are submitted first) and ``needs_out`` (True when
+it only writes files).
 """
 
 from __future__ import annotations
@@ -214,6 +215,8 @@ def main_files(
     """
     try:
         scenarios = [load(f) for f in files]
+        if getattr(report(scenarios[0].report), "needs_out", False) and not out:
+            raise ScenarioError(f"the {scenarios[0].report} report writes files: give --out")
         t0 = time.perf_counter()
         done = 0
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from benchmarks import sweep
 from benchmarks.engine.loop import Engine, Hook
 from benchmarks.engine.run import Context, run_scenarios
-from benchmarks.engine.scenario import Scenario, parse_seeds
+from benchmarks.engine.scenario import Scenario, ScenarioError, parse_seeds
 from benchmarks.engine.sources import Inputs
 from benchmarks.gangsim import report
 from benchmarks.gangsim.locality import model
@@ -147,6 +147,8 @@ class GangReport:
     ``results.csv``, ``report.md``, ``locality.png``, ``wait.png`` (``gangs.csv.gz`` with
     ``extra["gang_csv"]``)."""
 
+    needs_out = True
+
     def hooks(self, run: Scenario, inputs: Inputs) -> list[Hook]:
         """The gang recorder."""
         return [GangStats(inputs.jobs)]
@@ -184,7 +186,7 @@ class GangReport:
     ) -> str:
         """Write the outputs into ``out``; returns the report text."""
         if out is None:
-            raise ValueError("the gangs report needs an output directory")
+            raise ScenarioError("the gangs report writes files: give --out")
         raw = [r for r, _ in results]
         clusters = list(dict.fromkeys(r.cluster for r in raw))
         policies = list(dict.fromkeys(r.gang_policy for r in runs))

@@ -28,7 +28,7 @@ from pathlib import Path
 from benchmarks import sweep
 from benchmarks.engine.loop import Engine, Hook
 from benchmarks.engine.run import Context, run_scenarios
-from benchmarks.engine.scenario import Scenario
+from benchmarks.engine.scenario import Scenario, ScenarioError
 from benchmarks.engine.scenario import parse_seeds as scenario_seeds
 from benchmarks.engine.sources import Inputs
 from benchmarks.sim import openb
@@ -96,6 +96,8 @@ class FgdReport:
     """The reproduction's outputs: a :class:`RunSummary` per run; ``results.csv``,
     ``report.md`` and the plots beside the published numbers."""
 
+    needs_out = True
+
     def hooks(self, run: Scenario, inputs: Inputs) -> list[Hook]:
         """The per-event recorder."""
         return [Recorder(run.pod_policy, run.seed)]
@@ -117,7 +119,7 @@ class FgdReport:
     ) -> str:
         """Write ``results.csv``, the plots and ``report.md`` into ``out``."""
         if out is None:
-            raise ValueError("the fgd report needs an output directory")
+            raise ScenarioError("the fgd report writes files: give --out")
         workloads = list(dict.fromkeys(r.workload for r in results))
         policies = list(dict.fromkeys(r.policy for r in results))
         seeds = sorted({r.seed for r in results})

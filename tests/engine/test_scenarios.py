@@ -195,3 +195,11 @@ def test_gangs_and_fractions_replay_with_their_annotations(tmp_path: Path) -> No
     ]
     assert term["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["NVIDIA-T4"]
     assert live.pods[0].duration == 60.0
+
+
+def test_file_reports_that_write_files_need_an_output_directory(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert _bench("--scenario-file", str(FILES / "fgd-openb.yaml")) == 2  # before any run
+    assert "give --out" in capsys.readouterr().err
+    assert _bench("--scenario", "faults") == 2  # a named scenario needs --out too
