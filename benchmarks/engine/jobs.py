@@ -17,6 +17,8 @@ from scheduler.core.sharing import MILLI, SharingTask
 
 MIB = 1 << 20
 """Bytes per MiB (job memory is in MiB, snapshots count bytes)."""
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+"""The node label that names its GPU model (GFD)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +82,22 @@ class Job:
     def constraint(self) -> str:
         """``required``, ``preferred`` or ``none``."""
         return "required" if self.required else ("preferred" if self.preferred else "none")
+
+    def selector(self) -> dict[str, str]:
+        """Labels every member's node must carry: ``node_selector``, and the GPU product when
+        one model is allowed (placement on snapshots matches exact labels).
+
+        Raises:
+            ValueError: several allowed models (only the sharing policies take a list).
+        """
+        if len(self.gpu_models) > 1:
+            raise ValueError(
+                f"{self.name}: several allowed GPU models need a sharing policy; place-pod and "
+                "the gang policies take one model (or a selector)"
+            )
+        if self.gpu_models:
+            return {**self.node_selector, PRODUCT_LABEL: self.gpu_models[0]}
+        return dict(self.node_selector)
 
     def task(self) -> SharingTask:
         """The job as a GPU-sharing task (one member; the FGD policies' vocabulary)."""

@@ -96,8 +96,9 @@ class SnapshotLedger:
             return True
         a = self.snap.arrays
         ok = (a.state < int(Health.UNHEALTHY)) & ~a.unschedulable
-        if job.node_selector:
-            ok &= self._selector(job.node_selector)
+        selector = job.selector()
+        if selector:
+            ok &= self._selector(selector)
         slots = np.where(ok, a.free // per, 0)
         if int(slots.sum()) < job.pods:
             return False

@@ -188,7 +188,7 @@ class SnapshotPlacement:
             run.key,
             job.pods,
             job.gpus_per_pod,
-            frozen_map(job.node_selector),
+            frozen_map(job.selector()),
             job.required,
             job.preferred,
             job.cpu_milli,

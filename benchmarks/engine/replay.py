@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.clusters import make_pod
-from benchmarks.engine.jobs import Job
+from benchmarks.engine.jobs import PRODUCT_LABEL, Job
 from benchmarks.engine.scenario import Scenario, load
-from benchmarks.engine.sources import PRODUCT_LABEL, materialize
+from benchmarks.engine.sources import materialize
 from scheduler.core.objects import TOPOLOGY_PREFERRED, TOPOLOGY_REQUIRED
 
 GPU_MILLI_ANNOTATION = "topoplace.io/gpu-milli"

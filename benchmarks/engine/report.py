@@ -56,7 +56,7 @@ class Placements(Hook):
 
     def __init__(self) -> None:
         self.t0 = time.perf_counter()
-        self.jobs = self.pods = self.placed_jobs = self.placed_pods = self.rejected = 0
+        self.jobs = self.pods = self.placed_jobs = self.placed_pods = self.rejects = 0
         self.milli_requested = 0
         self.waits: dict[str, float] = {}
 
@@ -75,7 +75,7 @@ class Placements(Hook):
 
     def rejected(self, engine: Engine, run: Run) -> None:
         """Count a rejection."""
-        self.rejected += 1
+        self.rejects += 1
 
     def summary(self, run: Scenario, engine: Engine) -> PlacementSummary:
         """The run's figures, from the hook's counts and the final ledger."""
@@ -91,7 +91,7 @@ class Placements(Hook):
             pods=self.pods,
             placed_jobs=self.placed_jobs,
             placed_pods=self.placed_pods,
-            rejected_jobs=self.rejected,
+            rejected_jobs=self.rejects,
             waiting_jobs=len(engine.queue),
             gpus_requested=self.milli_requested / 1000.0,
             gpus_in_use=float(used.sum()) / 1000.0,

@@ -128,6 +128,11 @@ def build(run: Scenario, inputs: Inputs, hooks: Sequence[Hook]) -> Engine:
             )
         except ValueError as exc:
             raise ScenarioError(str(exc)) from exc
+        try:
+            for j in inputs.jobs:
+                j.selector()
+        except ValueError as exc:
+            raise ScenarioError(str(exc)) from exc
         ledger = SnapshotLedger(inputs.nodes, params)
         if inputs.faults:
             health = SignalHealth(inputs.nodes, inputs.faults, params.health)

@@ -20,15 +20,13 @@ import yaml
 
 from benchmarks.clusters import dgx_h100_nodes, make_node, nvl72_racks
 from benchmarks.engine.health import GpuFault, Outage
-from benchmarks.engine.jobs import Job, job_from_task
+from benchmarks.engine.jobs import PRODUCT_LABEL, Job, job_from_task
 from benchmarks.engine.scenario import Scenario, ScenarioError
 from benchmarks.sim.gorand import GoRand
 from scheduler.core.objects import node_gpus
 from scheduler.core.params import SchedParams
 from scheduler.core.quantity import cpu_milli, quantity_int
 from scheduler.core.sharing import MILLI, SharingNode, SharingTask
-
-PRODUCT_LABEL = "nvidia.com/gpu.product"
 
 
 @dataclass

@@ -203,3 +203,21 @@ def test_file_reports_that_write_files_need_an_output_directory(
     assert _bench("--scenario-file", str(FILES / "fgd-openb.yaml")) == 2  # before any run
     assert "give --out" in capsys.readouterr().err
     assert _bench("--scenario", "faults") == 2  # a named scenario needs --out too
+
+
+def test_one_allowed_gpu_model_is_a_selector_on_snapshots(tmp_path: Path) -> None:
+    doc = {
+        "name": "models",
+        "nodes": [
+            {"fabric": {"count": 2, "product": "h100", "name": "h-{i}"}},
+            {"fabric": {"count": 2, "product": "a100", "name": "a-{i}"}},
+        ],  # fmt: skip
+        "arrivals": [{"pods": {"count": 2, "gpus": 8, "models": ["NVIDIA-A100-SXM4-80GB"]}}],
+    }
+    res = run_one(from_mapping(doc, tmp_path).runs()[0])
+    assert (res.placed_pods, res.nodes_used) == (2, 2)  # both A100 nodes ("a-" sorts first)
+    doc["arrivals"][0]["pods"]["count"] = 3  # a third pod finds no A100 left
+    assert run_one(from_mapping(doc, tmp_path).runs()[0]).rejected_jobs == 1
+    doc["arrivals"][0]["pods"]["models"] = ["NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3"]
+    with pytest.raises(ScenarioError, match="sharing policy"):
+        run_one(from_mapping(doc, tmp_path).runs()[0])
