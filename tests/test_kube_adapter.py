@@ -959,3 +959,25 @@ def test_mtls_refuses_clients_without_a_certificate(tmp_path: Path) -> None:
     finally:
         server.should_exit = True
         t.join(5)
+
+
+def test_bind_reuses_credentials_and_refreshes_them_after_a_401() -> None:
+    """The Binding POST keeps the token it computed (no kubeconfig refresh per bind); a 401
+    refreshes it at once and retries once, with the new token."""
+    tokens = iter(["Bearer t1", "Bearer t2", "Bearer t3"])
+    with RecordedApiServer() as srv:
+        srv.add("POST", BINDING_PATH, 201, "binding_201_created.json")
+        api = srv.api()
+        cfg = api.api_client.configuration
+        cfg.api_key = {"authorization": "unused"}
+        cfg.refresh_api_key_hook = lambda c: c.api_key.update(authorization=next(tokens))
+        binder = kb.KubeBinder(api)
+        assert binder.bind(pending_train_a(), "rec-node-0", {}) == ""
+        assert binder.bind(pending_train_a(), "rec-node-0", {}) == ""
+        srv.routes[("POST", BINDING_PATH, False)][:] = []
+        srv.add(
+            "POST", BINDING_PATH, 401, {"kind": "Status", "code": 401, "reason": "Unauthorized"}
+        )
+        srv.add("POST", BINDING_PATH, 201, "binding_201_created.json")
+        assert binder.bind(pending_train_a(), "rec-node-0", {}) == ""
+    assert [r["authorization"] for r in srv.requests] == ["Bearer t1"] * 3 + ["Bearer t2"]

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -274,6 +275,11 @@ def _unavailable(exc: BaseException) -> ApiUnavailable:
     return ApiUnavailable(f"{name}: {text}"[:500], timeout=timeout)
 
 
+AUTH_HEADERS_TTL_S = 60.0
+"""How long the credentials of a raw POST are reused (bound service-account tokens live an
+hour and are refreshed by the kubelet well before they expire; a 401 refreshes at once)."""
+
+
 class KubeApi:
     """The raw-JSON calls topoplace makes. Thread-safe (one urllib3 pool).
 
@@ -288,6 +294,7 @@ class KubeApi:
         self.api_client = api_client
         self.timeouts = timeouts or Timeouts()
         self._core = client.CoreV1Api(api_client)
+        self._auth_headers: tuple[float, dict[str, str]] | None = None
         self._custom = client.CustomObjectsApi(api_client)
 
     @classmethod
@@ -398,27 +405,43 @@ class KubeApi:
         path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/binding"
         return self._post_json(path, orjson.dumps(dict(body)))
 
+    def _post_headers(self, fresh: bool = False) -> dict[str, str]:
+        """Headers of a raw POST: the client's defaults, JSON, and its credentials.
+
+        Computing the credentials runs the kubeconfig's token refresh (an exec plugin, a
+        token file), which the generated client does on every call; here they are kept for
+        :data:`AUTH_HEADERS_TTL_S` and recomputed early after a 401 (``fresh``)."""
+        now = time.monotonic()
+        cached = self._auth_headers
+        if fresh or cached is None or now - cached[0] > AUTH_HEADERS_TTL_S:
+            headers = dict(self.api_client.default_headers)
+            headers["Content-Type"] = "application/json"
+            headers["Accept"] = "application/json"
+            self.api_client.update_params_for_auth(headers, [], ["BearerToken"], "", "POST", None)
+            cached = (now, headers)
+            self._auth_headers = cached
+        return dict(cached[1])
+
     def _post_json(self, path: str, data: bytes) -> dict[str, Any]:
         import urllib3
 
         client = self.api_client
-        headers = dict(client.default_headers)
-        headers["Content-Type"] = "application/json"
-        headers["Accept"] = "application/json"
-        client.update_params_for_auth(headers, [], ["BearerToken"], path, "POST", None)
         connect, read = self.timeouts.request
-        try:
-            resp = client.rest_client.pool_manager.request(
-                "POST",
-                client.configuration.host + path,
-                body=data,
-                headers=headers,
-                timeout=urllib3.Timeout(connect=connect, read=read),
-                preload_content=True,
-                retries=False,
-            )
-        except Exception as exc:  # urllib3.exceptions.HTTPError, OSError, ...
-            raise _unavailable(exc) from None
+        for attempt in (0, 1):
+            try:
+                resp = client.rest_client.pool_manager.request(
+                    "POST",
+                    client.configuration.host + path,
+                    body=data,
+                    headers=self._post_headers(fresh=attempt > 0),
+                    timeout=urllib3.Timeout(connect=connect, read=read),
+                    preload_content=True,
+                    retries=False,
+                )
+            except Exception as exc:  # urllib3.exceptions.HTTPError, OSError, ...
+                raise _unavailable(exc) from None
+            if resp.status != 401:
+                break  # a 401 with cached credentials: refresh them and try once more
         if not 200 <= resp.status < 300:
             raise decode_status(resp.data, int(resp.status), str(resp.reason or ""))
         try:

@@ -184,7 +184,14 @@ class RecordedApiServer:
                 body = self.rfile.read(n) if n else b""
                 watch = q.get("watch", ["false"])[0] == "true"
                 outer.requests.append(
-                    {"method": method, "path": url.path, "query": q, "body": body, "watch": watch}
+                    {
+                        "method": method,
+                        "path": url.path,
+                        "query": q,
+                        "body": body,
+                        "watch": watch,
+                        "authorization": self.headers.get("Authorization"),
+                    }
                 )
                 answers = outer.routes.get((method, url.path, watch))
                 if not answers:
