@@ -31,6 +31,7 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -106,8 +107,21 @@ def shipped_scheduler_wanted() -> bool:
 
 
 @pytest.fixture(scope="session")
+def tls_dir(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
+    """The run's own CA and key pairs (``topoplace certs``) when the suite runs the shipped
+    configuration and it talks mTLS to the extender, as shipped; else None (plain HTTP)."""
+    if not shipped_scheduler_wanted():
+        return None
+    from benchmarks.live.kubesched import extender_uses_tls, load_shipped, make_certs
+
+    if not extender_uses_tls(load_shipped()):
+        return None
+    return make_certs(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="session")
 def shipped_scheduler(
-    kubeconfig: str, port: int, tmp_path_factory: pytest.TempPathFactory
+    kubeconfig: str, port: int, tls_dir: Path | None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Any]:
     """kube-scheduler with ``config/deploy/scheduler-config.yaml`` (rendered for loopback:
     kubeconfig, no leader election, the extender on ``port``), started by this suite.
@@ -130,6 +144,7 @@ def shipped_scheduler(
         port=SHIPPED_SCHED_PORT,
         kube_bin=os.environ["KUBE_BIN"],
         extra_args=extra,
+        tls_dir=tls_dir,
     )
     with ks:
         yield ks
@@ -248,13 +263,26 @@ def namespace(core: Any, run_id: str) -> Iterator[str]:
 class Topoplace:
     """``topoplace serve --kubeconfig`` as a subprocess this suite owns (by pid)."""
 
-    def __init__(self, kubeconfig: str, port: int, logdir: Path) -> None:
+    def __init__(
+        self, kubeconfig: str, port: int, logdir: Path, tls_dir: Path | None = None
+    ) -> None:
         self.kubeconfig = kubeconfig
         self.port = port
         self.logdir = logdir
+        self.tls_dir = tls_dir
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"{'https' if tls_dir is not None else 'http'}://127.0.0.1:{port}"
+
+    def _client_kw(self) -> dict[str, Any]:
+        """httpx arguments: with mTLS (the shipped configuration), the run's CA and the
+        client key pair kube-scheduler also uses."""
+        if self.tls_dir is None:
+            return {}
+        d = self.tls_dir
+        ctx = ssl.create_default_context(cafile=str(d / "ca.crt"))
+        ctx.load_cert_chain(str(d / "client.crt"), str(d / "client.key"))
+        return {"verify": ctx}
 
     def _port_free(self) -> bool:
         with socket.socket() as s:
@@ -282,6 +310,7 @@ class Topoplace:
                 "127.0.0.1",
                 "--port",
                 str(self.port),
+                *self._tls_args(),
             ],
             cwd=REPO,
             stdout=log,
@@ -296,13 +325,27 @@ class Topoplace:
             },
         )
 
+    def _tls_args(self) -> list[str]:
+        if self.tls_dir is None:
+            return []
+        d = self.tls_dir
+        return [
+            "--tls-cert",
+            str(d / "server.crt"),
+            "--tls-key",
+            str(d / "server.key"),
+            "--tls-client-ca",
+            str(d / "ca.crt"),
+        ]
+
     def wait_ready(self, timeout: float = 60) -> float:
         """Seconds until /readyz answered 200."""
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
             assert self.proc is not None and self.proc.poll() is None, self.log_tail()
             try:
-                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
+                r = httpx.get(self.url + "/readyz", timeout=1, **self._client_kw())
+                if r.status_code == 200:
                     return time.monotonic() - t0
             except httpx.HTTPError:
                 pass
@@ -310,7 +353,7 @@ class Topoplace:
         raise AssertionError("topoplace not ready:\n" + self.log_tail())
 
     def get(self, path: str) -> Any:
-        r = httpx.get(self.url + path, timeout=5)
+        r = httpx.get(self.url + path, timeout=5, **self._client_kw())
         r.raise_for_status()
         return r.json()
 
@@ -332,9 +375,13 @@ class Topoplace:
 
 @pytest.fixture(scope="session")
 def topoplace(
-    kubeconfig: str, port: int, gpu_nodes: list[str], tmp_path_factory: pytest.TempPathFactory
+    kubeconfig: str,
+    port: int,
+    gpu_nodes: list[str],
+    tls_dir: Path | None,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Topoplace]:
-    tp = Topoplace(kubeconfig, port, tmp_path_factory.mktemp("topoplace"))
+    tp = Topoplace(kubeconfig, port, tmp_path_factory.mktemp("topoplace"), tls_dir)
     try:
         tp.start()
         tp.wait_ready()
