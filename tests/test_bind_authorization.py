@@ -11,7 +11,6 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-import orjson
 import pytest
 
 from benchmarks.clusters import dgx_h100_nodes, make_node, make_pod
@@ -28,6 +27,8 @@ from scheduler.server.extender import (
 )
 from tests.builders import gang_pod
 from tests.helpers import asgi_client
+from tests.test_live_decision import http_bind as _bind
+from tests.test_live_decision import http_filter as _filter
 
 P = SchedParams()
 
@@ -36,20 +37,6 @@ def _ext(nodes: list[dict], pods: list[dict] = (), params: SchedParams = P, **kw
     return Extender(
         ClusterCache.from_objects(nodes, list(pods), params), profiles={"topoplace"}, **kw
     )
-
-
-def _bind(c, pod: dict, node: str) -> str:
-    m = pod["metadata"]
-    body = {"PodName": m["name"], "PodNamespace": m["namespace"], "PodUID": m["uid"], "Node": node}
-    r = c.post("/scheduler/bind", content=orjson.dumps(body))
-    assert r.status_code == 200
-    return r.json()["Error"]
-
-
-def _filter(c, pod: dict, names: list[str]) -> dict:
-    return c.post(
-        "/scheduler/filter", content=orjson.dumps({"Pod": pod, "NodeNames": names})
-    ).json()
 
 
 def _held(ext: Extender) -> dict[str, Any]:

@@ -25,17 +25,10 @@ from scheduler.core.schedule import (
 from scheduler.core.snapshot import build_snapshot, with_pod
 from scheduler.runtime.cache import ClusterCache
 from scheduler.server.extender import Extender
+from tests.gang.test_extender_gangs import Clock
 from tests.helpers import asgi_client
 
 P = SchedParams()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def _ext(nodes: list[dict], params: SchedParams = P, clock: Clock | None = None) -> Extender:
@@ -45,13 +38,15 @@ def _ext(nodes: list[dict], params: SchedParams = P, clock: Clock | None = None)
     return Extender(cache)
 
 
-def _filter(c, pod: dict, names: list[str]) -> dict:
+def http_filter(c, pod: dict, names: list[str]) -> dict:
+    """POST /scheduler/filter for ``pod`` over ``names``; the parsed reply."""
     r = c.post("/scheduler/filter", content=orjson.dumps({"Pod": pod, "NodeNames": names}))
     assert r.status_code == 200
     return r.json()
 
 
-def _bind(c, pod: dict, node: str) -> str:
+def http_bind(c, pod: dict, node: str) -> str:
+    """POST /scheduler/bind of ``pod`` to ``node``; the reply's Error."""
     m = pod["metadata"]
     body = {"PodName": m["name"], "PodNamespace": m["namespace"], "PodUID": m["uid"], "Node": node}
     r = c.post("/scheduler/bind", content=orjson.dumps(body))
@@ -61,10 +56,10 @@ def _bind(c, pod: dict, node: str) -> str:
 
 def _schedule(c, pod: dict, names: list[str]) -> str:
     """What kube-scheduler does with one feasible node: bind there."""
-    body = _filter(c, pod, names)
+    body = http_filter(c, pod, names)
     assert len(body["NodeNames"]) == 1, body
     node = body["NodeNames"][0]
-    assert _bind(c, pod, node) == ""
+    assert http_bind(c, pod, node) == ""
     return node
 
 
@@ -114,12 +109,12 @@ def test_filter_nominates_and_the_next_filter_sees_it() -> None:
     ext = _ext(nodes)
     c = asgi_client(ext)
     a, b = make_pod("a", 6), make_pod("b", 4)
-    (na,) = _filter(c, a, names)["NodeNames"]
+    (na,) = http_filter(c, a, names)["NodeNames"]
     held = ext.cache.snapshot().pods["default/a"]
     assert held.assumed and len(held.gpus) == 6 and ext.cache.nominations() == 1
-    (nb,) = _filter(c, b, names)["NodeNames"]
+    (nb,) = http_filter(c, b, names)["NodeNames"]
     assert nb != na  # 2 GPUs left on a's node: b (4) must go elsewhere
-    assert _bind(c, b, nb) == "" and _bind(c, a, na) == ""
+    assert http_bind(c, b, nb) == "" and http_bind(c, a, na) == ""
     snap = ext.cache.snapshot()
     assert snap.pods["default/a"].gpus == held.gpus  # the bind took the nominated GPUs
     assert not snap.pods["default/a"].assumed and ext.cache.nominations() == 0
@@ -131,9 +126,9 @@ def test_bind_elsewhere_releases_the_nomination() -> None:
     ext = _ext(nodes)
     c = asgi_client(ext)
     pod = make_pod("x", 8)
-    (chosen,) = _filter(c, pod, names)["NodeNames"]
+    (chosen,) = http_filter(c, pod, names)["NodeNames"]
     other = next(n for n in names if n != chosen)
-    assert _bind(c, pod, other) == ""
+    assert http_bind(c, pod, other) == ""
     snap = ext.cache.snapshot()
     assert snap.pods["default/x"].node == other
     assert snap.node(chosen).free_gpus == 8 and snap.node(other).free_gpus == 0
@@ -147,12 +142,12 @@ def test_retried_filter_and_ttl_release_the_nomination() -> None:
     ext = _ext(nodes, params, clock)
     c = asgi_client(ext)
     pod = make_pod("y", 8)
-    (first,) = _filter(c, pod, names)["NodeNames"]
+    (first,) = http_filter(c, pod, names)["NodeNames"]
     # A retry of the same pod decides afresh: its own earlier hold does not push it away.
-    assert _filter(c, pod, names)["NodeNames"] == [first]
+    assert http_filter(c, pod, names)["NodeNames"] == [first]
     assert sum(n.free_gpus for n in ext.cache.snapshot().nodes) == 8
     clock.t += 5.0  # kube-scheduler never bound it (a later plugin failed, the pod went away)
-    _filter(c, make_pod("z", 1), names)
+    http_filter(c, make_pod("z", 1), names)
     snap = ext.cache.snapshot()
     assert "default/y" not in snap.pods and ext.cache.nominations() == 1  # only z's
 
@@ -161,7 +156,7 @@ def test_deleting_a_pending_pod_releases_its_nomination() -> None:
     nodes = dgx_h100_nodes(1)
     ext = _ext(nodes)
     c = asgi_client(ext)
-    _filter(c, make_pod("gone", 8), [nodes[0]["metadata"]["name"]])
+    http_filter(c, make_pod("gone", 8), [nodes[0]["metadata"]["name"]])
     ext.cache.delete_pod("default/gone")
     assert ext.cache.snapshot().nodes[0].free_gpus == 8 and ext.cache.nominations() == 0
 
@@ -170,7 +165,7 @@ def test_decide_in_filter_off_returns_every_feasible_node() -> None:
     nodes = dgx_h100_nodes(4)
     names = [n["metadata"]["name"] for n in nodes]
     ext = _ext(nodes, replace(P, extender=ExtenderParams(decide_in_filter=False)))
-    body = _filter(asgi_client(ext), make_pod("open", 2), names)
+    body = http_filter(asgi_client(ext), make_pod("open", 2), names)
     assert body["NodeNames"] == names and ext.cache.nominations() == 0
 
 
@@ -236,9 +231,9 @@ def test_bind_and_watch_confirmation_reuse_the_node_arrays() -> None:
     ext = _ext(nodes)
     c = asgi_client(ext)
     pod = make_pod("r", 2)
-    (node,) = _filter(c, pod, names)["NodeNames"]
+    (node,) = http_filter(c, pod, names)["NodeNames"]
     arrays = ext.cache.snapshot().arrays
-    assert _bind(c, pod, node) == ""
+    assert http_bind(c, pod, node) == ""
     assert ext.cache.snapshot().arrays is arrays
     bound = dict(ext.cache.snapshot().pods["default/r"].raw)
     ext.cache.upsert_pod(bound)  # the watch's MODIFIED event with spec.nodeName set
