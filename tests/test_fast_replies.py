@@ -37,6 +37,7 @@ from scheduler.core.schedule import (
     FEASIBLE,
     MAX_SCORE,
     filter_codes,
+    filter_nodes,
     name_positions,
     score_positions,
 )
@@ -518,3 +519,34 @@ def test_raw_body_reads_as_the_parsed_body() -> None:
         len(wire.RawBody(b"{not json"))
     with pytest.raises(wire.WireError, match="JSON object"):
         wire.RawBody(b"[1]")["Pod"]
+
+
+def test_deferred_names_answer_like_the_list(cache: ClusterCache) -> None:
+    """With ``defer_names``, a body whose names the memo's index all knows gives them as
+    ``DeferredNames``: positions equal the dict lookup's, ``names_list`` is the body's
+    list, a recalled list stays deferred only for a deferring caller, and the core's
+    per-name paths read it exactly like the list."""
+    snap = cache.snapshot()
+    names = list(snap.names)
+    memo = wire.NamesMemo()
+    first = orjson.dumps({"Pod": {}, "NodeNames": names})
+    _, got, _ = wire.extender_args(wire.RawBody(first), first, memo, defer_names=True)
+    assert isinstance(got, list)  # the memo has no index yet
+    name_positions(snap, got)  # now it has
+    rng = random.Random(3)
+    labels = [n.labels for n in snap.nodes if n.labels]
+    reqs = [req for _pod, req in _requests(rng, labels)]
+    for k, cand in enumerate(_variants(rng, names)):
+        body = orjson.dumps({"Pod": {}, "NodeNames": cand})
+        _, got, _ = wire.extender_args(wire.RawBody(body), body, memo, defer_names=True)
+        assert isinstance(got, wire.DeferredNames) == all(n in snap.index for n in cand)
+        assert name_positions(snap, got).tolist() == [snap.index.get(n, -1) for n in cand]
+        assert len(got) == len(cand) and list(got) == cand and wire.names_list(got) == cand
+        req = reqs[k]
+        assert filter_nodes(snap, req, got, cache.params) == filter_nodes(
+            snap, req, cand, cache.params
+        )
+        _, again, _ = wire.extender_args(wire.RawBody(body), body, memo, defer_names=True)
+        assert again is got
+        _, listed, _ = wire.extender_args(wire.RawBody(body), body, memo)
+        assert isinstance(listed, list) and listed == cand

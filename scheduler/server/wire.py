@@ -10,8 +10,8 @@ through untouched.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Literal, overload
 
 import numpy as np
 import orjson
@@ -83,9 +83,24 @@ class RawBody(Mapping[str, Any]):
         return reversed(self._object())  # type: ignore[call-overload,no-any-return]
 
 
+@overload
 def extender_args(
-    obj: Any, raw: bytes | None = None, memo: NamesMemo | None = None
-) -> tuple[Mapping[str, Any], list[str], list[Mapping[str, Any]] | None]:
+    obj: Any,
+    raw: bytes | None = None,
+    memo: NamesMemo | None = None,
+    defer_names: Literal[False] = False,
+) -> tuple[Mapping[str, Any], list[str], list[Mapping[str, Any]] | None]: ...
+
+
+@overload
+def extender_args(
+    obj: Any, raw: bytes | None, memo: NamesMemo | None, defer_names: Literal[True]
+) -> tuple[Mapping[str, Any], list[str] | DeferredNames, list[Mapping[str, Any]] | None]: ...
+
+
+def extender_args(
+    obj: Any, raw: bytes | None = None, memo: NamesMemo | None = None, defer_names: bool = False
+) -> tuple[Mapping[str, Any], list[str] | DeferredNames, list[Mapping[str, Any]] | None]:
     """Parse ``ExtenderArgs``: (Pod, candidate node names, Nodes.items or None).
 
     The names come from ``Nodes.items`` when kube-scheduler sent full objects
@@ -99,6 +114,13 @@ def extender_args(
     the bytes, and from a :class:`RawBody` without parsing the names at all. Whichever
     way, the list equals the body's ``NodeNames`` as orjson parses it.
 
+    With ``defer_names``, names read from a :class:`RawBody` whose positions are all
+    known may come back as a :class:`DeferredNames` instead: the positions without the
+    list of strings (a hot path that decides by position never needs them; building them
+    is the largest step left for a new order of thousands of names). The caller passes
+    it to ``scheduler.core.schedule`` as it is and calls :func:`names_list` before any
+    other use.
+
     Raises:
         WireError: not JSON (a :class:`RawBody`), ``Pod`` missing or not an object, or
             malformed node fields.
@@ -107,7 +129,7 @@ def extender_args(
     split = None
     if isinstance(obj, RawBody):
         raw = obj.raw
-        split = memo.split(raw) if memo is not None else None
+        split = memo.split(raw, defer_names) if memo is not None else None
         obj, names = split if split is not None else (obj.parsed(), None)
     f = fold(obj)
     pod = f.get("pod")
@@ -176,17 +198,21 @@ class NamesMemo:
 
     def __init__(self, size: int = 4) -> None:
         self.size = size
-        self._entries: list[tuple[bytes, list[str]]] = []
+        self._entries: list[tuple[bytes, list[str] | DeferredNames]] = []
         self._index: tuple[Mapping[str, int], NameIndex | None] | None = None
 
     def recall(self, raw: bytes) -> list[str] | None:
         """The list of an earlier body that ``raw`` ends like, or None."""
-        for tail, names in self._entries:
-            if raw.endswith(tail):
-                return names
+        seen = self._recall(raw)
+        return None if seen is None else names_list(seen[1])
+
+    def _recall(self, raw: bytes) -> tuple[bytes, list[str] | DeferredNames] | None:
+        for entry in self._entries:
+            if raw.endswith(entry[0]):
+                return entry
         return None
 
-    def remember(self, raw: bytes, names: list[str], at: int = -1) -> None:
+    def remember(self, raw: bytes, names: list[str] | DeferredNames, at: int = -1) -> None:
         """Remember ``names``: the validated value of the last top-level key of ``raw``,
         which is exactly ``NodeNames`` (at byte ``at`` if known)."""
         if at < 0:
@@ -221,7 +247,9 @@ class NamesMemo:
         self.remember(raw, names)
         return names  # type: ignore[no-any-return]
 
-    def split(self, raw: bytes) -> tuple[dict[str, Any], list[str]] | None:
+    def split(
+        self, raw: bytes, defer: bool = False
+    ) -> tuple[dict[str, Any], list[str] | DeferredNames] | None:
         """(the body without its top-level ``NodeNames``, parsed; that ``NodeNames``)
         for a body written the way kube-scheduler writes it, without parsing the names;
         None otherwise (then the caller parses the whole body).
@@ -234,11 +262,14 @@ class NamesMemo:
         with ``NodeNames`` as its last key. Names that a snapshot index knows are taken
         from it (their bytes matched exactly, so they are valid); if any is unknown the
         list's bytes are parsed, and if they do not parse, neither does the body: None.
+        With ``defer``, known names come back as a :class:`DeferredNames`.
         """
-        for tail, names in self._entries:
-            if raw.endswith(tail):
-                head = _head(raw, len(raw) - len(tail))
-                return None if head is None else (head, names)
+        seen = self._recall(raw)
+        if seen is not None:
+            head = _head(raw, len(raw) - len(seen[0]))
+            if head is None:
+                return None
+            return head, seen[1] if defer else names_list(seen[1])
         found = self.locate(raw)
         if found is None:
             return None
@@ -251,6 +282,11 @@ class NamesMemo:
         if cached is not None and cached[1] is not None:
             pos, known = cached[1].resolve(raw, starts, ends)
             resolved = (cached[0], pos, known)
+        names: list[str] | DeferredNames
+        if resolved is not None and resolved[2] and defer:
+            names = DeferredNames(self, raw, starts, ends, resolved, cached[1])  # type: ignore[index,arg-type]
+            self.remember(raw, names, at)
+            return head, names
         if resolved is not None and resolved[2]:
             parsed = cached[1].names_at(resolved[1])  # type: ignore[index,union-attr]
         else:
@@ -389,6 +425,81 @@ class CandidateNames(list[str]):
 
     __setitem__ = __delitem__ = __iadd__ = __imul__ = _read_only
     append = extend = insert = pop = remove = clear = sort = reverse = _read_only
+
+
+class DeferredNames(Sequence[str]):
+    """``NodeNames`` whose snapshot positions are known but whose strings are not built
+    yet (see ``defer_names`` in :func:`extender_args`).
+
+    :meth:`positions_in` answers as :class:`CandidateNames` does; :func:`names_list`
+    gives the list (a :class:`CandidateNames`, built once, from the index's own strings).
+    As a sequence it reads like that list too, building it on first use.
+
+    Args:
+        memo: the memo that found the names; ``raw``/``starts``/``ends``: their bytes.
+        resolved: (index, positions, True): every name known to ``table``'s index.
+        table: the byte index that resolved them (its strings make the list).
+    """
+
+    __slots__ = ("_memo", "_raw", "_starts", "_ends", "_resolved", "_table", "_list")
+
+    def __init__(
+        self,
+        memo: NamesMemo,
+        raw: bytes,
+        starts: np.ndarray,
+        ends: np.ndarray,
+        resolved: tuple[Mapping[str, int], np.ndarray, bool],
+        table: NameIndex,
+    ) -> None:
+        resolved[1].flags.writeable = False
+        self._memo = memo
+        self._raw = raw
+        self._starts = starts
+        self._ends = ends
+        self._resolved = resolved
+        self._table = table
+        self._list: CandidateNames | None = None
+
+    def positions_in(self, index: Mapping[str, int]) -> tuple[np.ndarray, bool] | None:
+        """As :meth:`CandidateNames.positions_in`."""
+        done = self._resolved
+        if done[0] is index:
+            return done[1], done[2]
+        return self.as_list().positions_in(index)
+
+    def as_list(self) -> CandidateNames:
+        """The names as a (read-only) list, built on the first call."""
+        if self._list is None:
+            index, pos, known = self._resolved
+            names = self._table.names_at(pos)
+            self._list = CandidateNames(
+                names, self._memo, self._raw, self._starts, self._ends, (index, pos, known)
+            )
+        return self._list
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.as_list()[i]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.as_list())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.as_list()
+
+    def __eq__(self, other: object) -> bool:
+        return self.as_list() == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def names_list(names: list[str] | DeferredNames) -> list[str]:
+    """``names`` from :func:`extender_args` as a list (builds a :class:`DeferredNames`'
+    list; any other list is returned as it is)."""
+    return names.as_list() if isinstance(names, DeferredNames) else names
 
 
 def _scan(
