@@ -240,7 +240,7 @@ class Extender:
         ``raw``, the request's bytes, lets a candidate list sent before be recognised
         without reading its names (see ``wire.NamesMemo``).
         """
-        pod, names, items = wire.extender_args(body, raw, self._names_memo)
+        pod, names, items = wire.extender_args(body, raw, self._names_memo, defer_names=True)
         req = self._filter_request(pod)
         if isinstance(req, dict):
             return orjson.dumps(req)
@@ -256,7 +256,7 @@ class Extender:
                 feasible = pos[codes == FEASIBLE]
                 self._count_groups(len(feasible), groups)
                 return table.filter_result(feasible, [(n, r, pos[i]) for n, r, i in _sent(groups)])
-        return orjson.dumps(self._filter(pod, req, names, items))
+        return orjson.dumps(self._filter(pod, req, wire.names_list(names), items))
 
     def _decision_snapshot(self, req: PodRequest) -> ClusterSnapshot:
         """The snapshot a single pod's filter decides on (cache lock held): expired holds
@@ -391,7 +391,7 @@ class Extender:
         by array operations (see ``replies.py``); gang members, invalid pods and unknown
         hosts take the general path. ``raw`` as for :meth:`filter_json`.
         """
-        pod, names, _ = wire.extender_args(body, raw, self._names_memo)
+        pod, names, _ = wire.extender_args(body, raw, self._names_memo, defer_names=True)
         req = self._score_request(pod)
         if req is not None and not (self.gangs is not None and req.gang):
             snap = self.cache.snapshot()
@@ -399,7 +399,7 @@ class Extender:
             table = self._name_table(snap)
             if table is not None and pos is not None:
                 return table.host_priorities(pos, score_positions(snap, req, pos, self.params))
-        return orjson.dumps(self._prioritize(req, names))
+        return orjson.dumps(self._prioritize(req, wire.names_list(names)))
 
     def _score_request(self, pod: Mapping[str, Any]) -> PodRequest | None:
         """The pod's request, or None for an invalid pod (which scores 0 everywhere)."""
