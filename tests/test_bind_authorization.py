@@ -118,6 +118,8 @@ def test_every_bind_and_refusal_is_one_json_line(caplog: pytest.LogCaptureFixtur
     ]
     assert lines[0]["node"] == name and len(lines[0]["gpus"]) == 2
     assert set(lines[0]) == {"event", "pod", "uid", "node", "gpus", "result", "reason", "caller"}
+    # The HTTP layer names the caller (httpx's ASGI transport reports 127.0.0.1:123).
+    assert lines[0]["caller"] == lines[1]["caller"] == "127.0.0.1:123"
 
 
 def test_gang_reservations_are_bounded_per_namespace() -> None:
@@ -190,3 +192,32 @@ def test_a_pod_that_fills_the_node_cpu_exactly_binds_after_its_nomination() -> N
     over = make_pod("over", 1, cpu="1")
     assert _filter(c, over, ["exact"])["NodeNames"] == ["exact"]  # topoplace filters GPUs only
     assert _bind(c, over, "exact") == ERR_NO_ROOM_CPU_MEMORY
+
+
+def test_inspected_snapshot_leaks_no_secrets_and_still_loads_back() -> None:
+    """Issue 12, finding 6: /v1/inspect/snapshot returned whole pod specs with inline env."""
+    nodes = dgx_h100_nodes(2)
+    pod = make_pod("app", 2, node=nodes[0]["metadata"]["name"], gpu_indices=[0, 1])
+    c0 = pod["spec"]["containers"][0]
+    c0["env"] = [{"name": "DB_PASSWORD", "value": "hunter2"}]
+    c0["command"] = ["sh", "-c", "login --token s3cr3t"]
+    pod["spec"]["volumes"] = [{"name": "creds", "secret": {"secretName": "db-creds"}}]
+    pod["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"] = (
+        '{"spec": {"containers": [{"env": [{"value": "hunter2"}]}]}}'
+    )
+    ext = _ext(nodes, [pod])
+    body = asgi_client(ext).get("/v1/inspect/snapshot")
+    assert body.status_code == 200
+    text = body.text
+    for secret in ("hunter2", "s3cr3t", "db-creds", "last-applied-configuration"):
+        assert secret not in text
+    listing = body.json()
+    (item,) = [i for i in listing["items"] if i["kind"] == "Pod"]
+    assert item["spec"]["containers"][0]["resources"] == c0["resources"]
+    again = ClusterCache.from_objects(
+        [i for i in listing["items"] if i["kind"] == "Node"],
+        [i for i in listing["items"] if i["kind"] == "Pod"],
+        P,
+    ).snapshot()
+    assert again.pods["default/app"].gpus == (0, 1)
+    assert again.pods["default/app"].node == nodes[0]["metadata"]["name"]

@@ -17,6 +17,7 @@ verb are logged and answered with the protocol's failure channel.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
 from collections.abc import Callable
@@ -34,6 +35,9 @@ from scheduler.server import wire
 from scheduler.server.extender import Extender
 
 log = logging.getLogger(__name__)
+CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("topoplace_caller", default="")
+"""The client address (host:port) of the verb request being served, for the bind audit line
+(the worker thread a verb runs on gets a copy of the request's context)."""
 
 DEFAULT_MAX_BODY = 64 * 1024 * 1024
 """64 MiB: a full ``Nodes`` payload of 10,000 GPU nodes is about 50 MiB."""
@@ -157,6 +161,8 @@ class VerbRoutes:
             return 413, _error_body(f"request body larger than {self.max_body_bytes} bytes")
         if body is None:
             return 499, None  # the client closed the connection: nobody to answer
+        client = scope.get("client")
+        CALLER.set(f"{client[0]}:{client[1]}" if client else "")
         payload: Any = wire.RawBody(body)
         if not lazy:
             try:
@@ -219,7 +225,7 @@ def create_app(
             True,
         ),
         ("prioritize", extender.prioritize_json, lambda e: [], False, True),
-        ("bind", lambda p, _: extender.bind(p), lambda e: {"Error": e}, True, False),
+        ("bind", lambda p, _: extender.bind(p, CALLER.get()), lambda e: {"Error": e}, True, False),
         (
             "preempt",
             lambda p, _: extender.preempt(p),

@@ -124,6 +124,42 @@ def _merge_gang(base: FilterOutcome, planned: FilterOutcome) -> FilterOutcome:
     return FilterOutcome(feasible, failed, unres)
 
 
+REDACTED_CONTAINER_KEYS = ("env", "envFrom", "command", "args", "lifecycle", "volumeMounts")
+"""Container fields left out of inspected pods: values and commands may hold secrets."""
+REDACTED_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
+"""Annotations left out of inspected pods (the last applied one repeats the whole spec)."""
+
+
+def redacted_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """A Pod object without what placement does not need and secrets could hide in:
+    containers' env, envFrom, command, args, lifecycle hooks and mounts, the pod's volumes,
+    managed fields, and the last-applied-configuration annotation. Names, images,
+    resources, scheduling fields, labels and the other annotations are kept, so the
+    object still loads back as the same placement."""
+    out = {k: v for k, v in pod.items() if k != "spec"}
+    meta_in = pod.get("metadata")
+    if isinstance(meta_in, Mapping):
+        m = {k: v for k, v in meta_in.items() if k != "managedFields"}
+        ann = m.get("annotations")
+        if isinstance(ann, Mapping):
+            m["annotations"] = {k: v for k, v in ann.items() if k not in REDACTED_ANNOTATIONS}
+        out["metadata"] = m
+    spec_in = pod.get("spec")
+    if isinstance(spec_in, Mapping):
+        spec = {k: v for k, v in spec_in.items() if k != "volumes"}
+        for kind in ("containers", "initContainers", "ephemeralContainers"):
+            cs = spec_in.get(kind)
+            if isinstance(cs, list):
+                spec[kind] = [
+                    {k: v for k, v in c.items() if k not in REDACTED_CONTAINER_KEYS}
+                    if isinstance(c, Mapping)
+                    else c
+                    for c in cs
+                ]
+        out["spec"] = spec
+    return out
+
+
 def _node_refuses(
     snap: ClusterSnapshot,
     req: PodRequest,
@@ -571,7 +607,9 @@ class Extender:
     # ---- inspection ---------------------------------------------------------------------
 
     def snapshot_list(self) -> dict[str, Any]:
-        """The current state as a Kubernetes List of Nodes and Pods (round-trips)."""
+        """The current state as a Kubernetes List of Nodes and Pods (round-trips: loads
+        back with ``--cluster`` to the same placements). Pods are redacted
+        (:func:`redacted_pod`): nothing a placement does not need leaves the extender."""
         snap = self.cache.snapshot()
         items: list[Any] = []
         for n in snap.nodes:
@@ -580,7 +618,7 @@ class Extender:
             p = snap.pods[key]
             if p.key.startswith(RESERVATION_PREFIX) or not p.raw:
                 continue
-            items.append({"kind": "Pod", "apiVersion": "v1", **p.raw})
+            items.append({"kind": "Pod", "apiVersion": "v1", **redacted_pod(p.raw)})
         return {"kind": "List", "apiVersion": "v1", "metadata": {}, "items": items}
 
     def placements(self) -> dict[str, Any]:
