@@ -588,3 +588,39 @@ def placement_value(
         else:
             rec["slots_omitted"] = len(table)
     return orjson.dumps(rec, option=orjson.OPT_SORT_KEYS).decode()
+
+
+REDACTED_CONTAINER_KEYS = ("env", "envFrom", "command", "args", "lifecycle", "volumeMounts")
+"""Container fields left out of inspected pods: values and commands may hold secrets."""
+REDACTED_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
+"""Annotations left out of inspected pods (the last applied one repeats the whole spec)."""
+
+
+def redacted_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """A Pod object without what placement does not need and secrets could hide in:
+    containers' env, envFrom, command, args, lifecycle hooks and mounts, the pod's volumes,
+    managed fields, and the last-applied-configuration annotation. Names, images,
+    resources, scheduling fields, labels and the other annotations are kept, so the
+    object still loads back as the same placement."""
+    out = {k: v for k, v in pod.items() if k != "spec"}
+    meta_in = pod.get("metadata")
+    if isinstance(meta_in, Mapping):
+        m = {k: v for k, v in meta_in.items() if k != "managedFields"}
+        ann = m.get("annotations")
+        if isinstance(ann, Mapping):
+            m["annotations"] = {k: v for k, v in ann.items() if k not in REDACTED_ANNOTATIONS}
+        out["metadata"] = m
+    spec_in = pod.get("spec")
+    if isinstance(spec_in, Mapping):
+        spec = {k: v for k, v in spec_in.items() if k != "volumes"}
+        for kind in ("containers", "initContainers", "ephemeralContainers"):
+            cs = spec_in.get(kind)
+            if isinstance(cs, list):
+                spec[kind] = [
+                    {k: v for k, v in c.items() if k not in REDACTED_CONTAINER_KEYS}
+                    if isinstance(c, Mapping)
+                    else c
+                    for c in cs
+                ]
+        out["spec"] = spec
+    return out

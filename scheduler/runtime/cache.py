@@ -22,13 +22,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
+import orjson
+
 from scheduler.core.model import NodeInfo, PodInfo
-from scheduler.core.objects import ObjectError, object_key, pod_terminated
+from scheduler.core.objects import ObjectError, object_key, pod_terminated, redacted_pod
 from scheduler.core.params import SchedParams
 from scheduler.core.snapshot import (
     ClusterSnapshot,
@@ -72,10 +75,19 @@ def _holding(snap: ClusterSnapshot, pod: PodInfo) -> ClusterSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class PendingPod:
-    """A pod seen in a filter call and not yet bound (needed to bind it later)."""
+    """A pod seen in a filter call and not yet bound (needed to bind it later).
+
+    ``obj`` is the pod without what decisions do not need (:func:`redacted_pod`: no env,
+    commands, volumes, managed fields); ``size`` its JSON size in bytes."""
 
     obj: Mapping[str, Any]
     seen_at: float
+    size: int = 0
+
+
+PENDING_MAX_ENTRIES = 100_000
+PENDING_MAX_BYTES = 256 * 1024 * 1024
+"""Bounds of the pending-pod store: oldest entries are evicted first, in O(1)."""
 
 
 class ClusterCache:
@@ -103,7 +115,8 @@ class ClusterCache:
         self.params = params
         self._clock = clock
         self._expiry: dict[str, float] = {}
-        self._pending: dict[str, PendingPod] = {}
+        self._pending: OrderedDict[str, PendingPod] = OrderedDict()
+        self._pending_bytes = 0
         self._nominated: dict[str, str] = {}
         self.plans: dict[str, Any] = {}
         """Gang plans by gang key; owned by the gang layer, guarded by :attr:`lock`."""
@@ -243,13 +256,41 @@ class ClusterCache:
 
     # ---- pending pods (seen by filter, not yet bound) -----------------------------------
 
-    def remember_pending(self, pod: Mapping[str, Any], max_entries: int = 100_000) -> None:
-        """Keep the Pod object of a pod being scheduled, so bind can find it."""
+    def remember_pending(
+        self,
+        pod: Mapping[str, Any],
+        max_entries: int = PENDING_MAX_ENTRIES,
+        max_bytes: int = PENDING_MAX_BYTES,
+    ) -> None:
+        """Keep the Pod object of a pod being scheduled, so bind can find it.
+
+        Only what decisions need is kept (:func:`redacted_pod`), and the store is bounded
+        in entries and in bytes: the least recently seen pods are evicted first, in O(1)
+        each (a pod evicted before its bind is fetched from the API, or refused)."""
+        key = object_key(pod)
+        obj = redacted_pod(pod)
+        try:
+            size = len(orjson.dumps(obj))
+        except TypeError:
+            size = 0
         with self._lock:
-            self._pending[object_key(pod)] = PendingPod(pod, self._clock())
-            if len(self._pending) > max_entries:
-                oldest = min(self._pending.items(), key=lambda kv: kv[1].seen_at)[0]
-                del self._pending[oldest]
+            self._drop_pending(key)
+            self._pending[key] = PendingPod(obj, self._clock(), size)
+            self._pending_bytes += size
+            while self._pending and (
+                len(self._pending) > max_entries or self._pending_bytes > max_bytes
+            ):
+                _, gone = self._pending.popitem(last=False)
+                self._pending_bytes -= gone.size
+
+    def _drop_pending(self, key: str) -> None:
+        old = self._pending.pop(key, None)
+        if old is not None:
+            self._pending_bytes -= old.size
+
+    def pending_bytes(self) -> int:
+        """JSON bytes held by the pending-pod store."""
+        return self._pending_bytes
 
     def pending(self, key: str) -> Mapping[str, Any] | None:
         """The Pod object last seen for ``key`` in a filter call, if any."""
@@ -259,7 +300,7 @@ class ClusterCache:
     def drop_pending(self, key: str) -> None:
         """Forget a pending pod (idempotent)."""
         with self._lock:
-            self._pending.pop(key, None)
+            self._drop_pending(key)
 
     # ---- events from the API (watch) ----------------------------------------------------
 
@@ -332,7 +373,7 @@ class ClusterCache:
                     self._expiry.pop(key, None)
                     self._nominated.pop(key, None)
                 return
-            self._pending.pop(key, None)
+            self._drop_pending(key)
             old = self._snap.pods.get(key)
             if old is not None and old.node == node and not old.assumed:
                 return
@@ -358,7 +399,7 @@ class ClusterCache:
     def delete_pod(self, key: str) -> None:
         """A pod is gone: release its resources (idempotent)."""
         with self._lock:
-            self._pending.pop(key, None)
+            self._drop_pending(key)
             self._nominated.pop(key, None)
             self._expiry.pop(key, None)
             self._snap = without_pod(self._snap, key)
