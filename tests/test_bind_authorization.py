@@ -221,3 +221,16 @@ def test_inspected_snapshot_leaks_no_secrets_and_still_loads_back() -> None:
     ).snapshot()
     assert again.pods["default/app"].gpus == (0, 1)
     assert again.pods["default/app"].node == nodes[0]["metadata"]["name"]
+
+
+def test_kube_mode_bind_goes_through_the_http_layer_with_its_caller() -> None:
+    """kube mode's extender (readiness and drain around bind) takes the caller the HTTP
+    layer passes; a refusal still answers over HTTP (found by the live suite)."""
+    from scheduler.kube.runner import KubeExtender
+
+    nodes = dgx_h100_nodes(1)
+    ext = KubeExtender(ClusterCache.from_objects(nodes, [], P), profiles={"topoplace"})
+    c = asgi_client(ext)
+    foreign = make_pod("x", 1, scheduler_name="other")
+    _filter(c, foreign, [nodes[0]["metadata"]["name"]])
+    assert _bind(c, foreign, nodes[0]["metadata"]["name"]) == ERR_NOT_OUR_PROFILE

@@ -174,7 +174,7 @@ class KubeExtender(Extender):
             return wire.filter_result(None, None, {}, {}, ERR_NOT_READY)
         return super().filter(body)
 
-    def bind(self, body: Any) -> dict[str, str]:
+    def bind(self, body: Any, caller: str = "") -> dict[str, str]:
         """``ExtenderBindingResult``; ``Error`` while not ready or shutting down."""
         if not self.inflight.enter():
             self.metrics.binds.labels(result="error").inc()
@@ -183,7 +183,7 @@ class KubeExtender(Extender):
             if not self.ready():
                 self.metrics.binds.labels(result="error").inc()
                 return {"Error": ERR_NOT_READY}
-            return super().bind(body)
+            return super().bind(body, caller)
         finally:
             self.inflight.exit()
 
