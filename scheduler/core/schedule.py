@@ -232,12 +232,27 @@ def filter_codes(
     if unknown is not None:
         code[unknown] = CODE_UNKNOWN
     if req.node_selector:
-        sel = req.node_selector
         for j in np.flatnonzero(code == 0).tolist():
-            labels = snap.nodes[p[j]].labels
-            if any(labels.get(kk) != vv for kk, vv in sel.items()):
+            if not selector_matches(snap.nodes[p[j]].labels, req.node_selector):
                 code[j] = CODE_NODE_SELECTOR
     return code
+
+
+def selector_matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
+    """Whether a node's labels satisfy a pod's ``nodeSelector``."""
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def outcome_of(
+    snap: ClusterSnapshot, names: Sequence[str], pos: np.ndarray, codes: np.ndarray
+) -> FilterOutcome:
+    """A :class:`FilterOutcome` by name from the verdict codes of ``names`` (at ``pos``)."""
+    feasible = tuple(compress(names, (codes == FEASIBLE).tolist()))
+    failed: dict[str, str] = {}
+    unres: dict[str, str] = {}
+    for never, reason, idx in verdict_groups(snap, pos, codes):
+        (unres if never else failed).update(dict.fromkeys([names[i] for i in idx.tolist()], reason))
+    return FilterOutcome(feasible, MappingProxyType(failed), MappingProxyType(unres))
 
 
 def filter_nodes(
@@ -258,12 +273,7 @@ def filter_nodes(
     code = filter_codes(snap, req, pos, params)
     if not code.any():
         return FilterOutcome(tuple(names), EMPTY_MAP, EMPTY_MAP)
-    feasible = list(compress(names, (code == FEASIBLE).tolist()))
-    failed: dict[str, str] = {}
-    unres: dict[str, str] = {}
-    for never, reason, idx in verdict_groups(snap, pos, code):
-        (unres if never else failed).update(dict.fromkeys([names[i] for i in idx.tolist()], reason))
-    return FilterOutcome(tuple(feasible), MappingProxyType(failed), MappingProxyType(unres))
+    return outcome_of(snap, names, pos, code)
 
 
 def verdict_groups(
@@ -523,17 +533,12 @@ def place_pod(snap: ClusterSnapshot, req: PodRequest, params: SchedParams) -> Pl
     else:
         codes, choice = narrow_to_choice(snap, req, pos, codes, params)
     if choice < 0:
-        failed: dict[str, str] = {}
-        unres: dict[str, str] = {}
-        for never, reason, idx in verdict_groups(snap, pos, codes):
-            (unres if never else failed).update(
-                dict.fromkeys([snap.nodes[i].name for i in idx.tolist()], reason)
-            )
+        out = outcome_of(snap, snap.names, pos, codes)
         return PlacementResult(
             ok=False,
             reason=REASON_NO_FEASIBLE_NODE,
-            failed=MappingProxyType(failed),
-            unresolvable=MappingProxyType(unres),
+            failed=out.failed,
+            unresolvable=out.unresolvable,
         )
     best_node = snap.nodes[choice].name
     gs = choose_gpus(snap, req, best_node, params)

@@ -43,8 +43,10 @@ from scheduler.core.schedule import (
     known_positions,
     name_positions,
     narrow_to_choice,
+    outcome_of,
     score_nodes,
     score_positions,
+    selector_matches,
     verdict_groups,
     verdict_reason,
 )
@@ -145,10 +147,8 @@ def _node_refuses(
     code = int(snap.arrays.blocked[i])
     if req.gpus > 0 and check_gpus:
         code = int(filter_codes(snap, req, pos, params)[0])
-    elif code == FEASIBLE and req.node_selector:
-        labels = snap.nodes[i].labels
-        if any(labels.get(k) != v for k, v in req.node_selector.items()):
-            code = CODE_NODE_SELECTOR
+    elif code == FEASIBLE and not selector_matches(snap.nodes[i].labels, req.node_selector):
+        code = CODE_NODE_SELECTOR
     if code != FEASIBLE:
         return verdict_reason(snap, code, i)
     n = snap.nodes[i]
@@ -164,21 +164,17 @@ def _node_refuses(
     return ""
 
 
+def _spec(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The pod's spec, or an empty mapping when it is missing or malformed."""
+    spec = pod.get("spec")
+    return spec if isinstance(spec, Mapping) else {}
+
+
 def _sent(groups: list[tuple[bool, str, Any]]) -> list[tuple[bool, str, Any]]:
     """The verdict groups kube-scheduler is told about. Nodes the engine did not choose
     are left out of the reply (kube-scheduler keeps only the nodes a filter returns and
     needs no reason for the others); they are counted in the metrics."""
     return [g for g in groups if g[1] != REASON_NOT_CHOSEN]
-
-
-def _outcome_of(snap: ClusterSnapshot, names: list[str], pos: Any, codes: Any) -> FilterOutcome:
-    """A :class:`FilterOutcome` by name from position verdicts."""
-    feasible = tuple(n for n, c in zip(names, codes.tolist(), strict=True) if c == FEASIBLE)
-    failed: dict[str, str] = {}
-    unres: dict[str, str] = {}
-    for never, reason, idx in verdict_groups(snap, pos, codes):
-        (unres if never else failed).update(dict.fromkeys([names[i] for i in idx.tolist()], reason))
-    return FilterOutcome(feasible, failed, unres)
 
 
 class Extender:
@@ -326,7 +322,7 @@ class Extender:
                 snap = self._decision_snapshot(req)
                 pos = name_positions(snap, names)
                 codes = self._decide(snap, pod, req, pos)
-            out = _outcome_of(snap, names, pos, codes)
+            out = outcome_of(snap, names, pos, codes)
         if out is None:
             out = filter_nodes(self.cache.snapshot(), req, names, self.params)
         reasons = Counter(out.failed.values())
@@ -453,8 +449,7 @@ class Extender:
         """Whether topoplace binds this pod (its schedulerName is one of the profiles)."""
         if self.profiles is None:
             return True
-        spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
-        return str(spec.get("schedulerName") or "default-scheduler") in self.profiles
+        return str(_spec(pod).get("schedulerName") or "default-scheduler") in self.profiles
 
     def _authorize(self, pod: Mapping[str, Any], node: str) -> str:
         """Why topoplace will not bind ``pod`` to ``node`` at all ("" if it may): only pods
@@ -463,8 +458,7 @@ class Extender:
         ask for."""
         if not self._ours(pod):
             return ERR_NOT_OUR_PROFILE
-        spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
-        bound_to = spec.get("nodeName")
+        bound_to = _spec(pod).get("nodeName")
         if bound_to:
             return ERR_ALREADY_BOUND if bound_to == node else ERR_OTHER_NODE
         return ""
