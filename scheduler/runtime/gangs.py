@@ -369,25 +369,10 @@ class GangRuntime:
             greq = build(snap)
             result: PlacementResult = fn(snap, greq, params)
             if not result.ok:
-                ref = _Refusal(
-                    result.reason,
-                    snap.generation,
-                    cache.now(),
-                    greq.size,
-                    dict(result.details),
-                    _free_gpus(snap),
-                )
-                self._refusals[gang] = ref
-                self._event(ext, "refused")
-                log.info("gang %s refused: %s", gang, result.reason)
-                return ref
+                return self._refuse(ext, gang, result.reason, snap, greq.size, result.details)
             over = _over_namespace_cap(snap, greq, result, params.gang)
             if over:
-                ref = _Refusal(over, snap.generation, cache.now(), greq.size, {}, _free_gpus(snap))
-                self._refusals[gang] = ref
-                self._event(ext, "refused")
-                log.warning("gang %s refused: %s", gang, over)
-                return ref
+                return self._refuse(ext, gang, over, snap, greq.size)
             plan = self._reserve(ext, greq, result, name)
             if plan is not None:
                 self._refusals.pop(gang, None)
@@ -400,15 +385,35 @@ class GangRuntime:
                     result.details.get("status", ""),
                 )
                 return plan
-        ref = _Refusal(
+        return self._refuse(
+            ext,
+            gang,
             "the cluster kept changing while the gang was being reserved",
-            cache.snapshot().generation,
-            cache.now(),
+            cache.snapshot(),
             0,
-            {},
+        )
+
+    def _refuse(
+        self,
+        ext: Any,
+        gang: str,
+        reason: str,
+        snap: ClusterSnapshot,
+        members: int,
+        details: Mapping[str, Any] | None = None,
+    ) -> _Refusal:
+        """Record and count a refusal of ``gang`` seen on ``snap``."""
+        ref = _Refusal(
+            reason,
+            snap.generation,
+            ext.cache.now(),
+            members,
+            dict(details or {}),
+            _free_gpus(snap),
         )
         self._refusals[gang] = ref
         self._event(ext, "refused")
+        log.info("gang %s refused: %s", gang, reason)
         return ref
 
     def _reserve(
