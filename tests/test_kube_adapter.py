@@ -8,6 +8,7 @@ tests/kube (marker ``kube``).
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import socket
@@ -60,6 +61,19 @@ from tests.kube.recorded import (
 )
 
 PG = POD_GROUP_KINDS[0]
+
+BIND_PATHS = ("thread", "event-loop")
+"""The two ways a bind reaches the API: ``KubeBinder.bind`` (urllib3, in a worker thread)
+and ``KubeBinder.bind_async`` (``scheduler.kube.aio.AsyncPoster`` on the event loop)."""
+
+
+def bind_via(path: str, binder: kb.KubeBinder, pod: Any, node: str, ann: Any) -> str:
+    """``binder.bind`` or ``binder.bind_async`` (run on a fresh event loop)."""
+    if path == "thread":
+        return binder.bind(pod, node, ann)
+    return asyncio.run(binder.bind_async(pod, node, ann))
+
+
 PG_DISCOVERY = ("scheduling.x-k8s.io", "v1alpha1")
 BINDING_PATH = "/api/v1/namespaces/rec/pods/train-a/binding"
 POD_PATH = "/api/v1/namespaces/rec/pods/train-a"
@@ -131,12 +145,15 @@ def test_binding_body_is_the_default_binders_plus_annotations() -> None:
     assert with_ann == {**want, "metadata": {**want["metadata"], "annotations": ann}}
 
 
-def test_binder_posts_exactly_the_recorded_binding_over_http() -> None:
+@pytest.mark.parametrize("path", BIND_PATHS)
+def test_binder_posts_exactly_the_recorded_binding_over_http(path: str) -> None:
     sent = recorded("binding_request_sent.json")
     with RecordedApiServer() as srv:
         srv.add("POST", BINDING_PATH, 201, "binding_201_created.json")
         binder = kb.KubeBinder(srv.api())
-        err = binder.bind(pending_train_a(), "rec-node-0", sent["metadata"]["annotations"])
+        err = bind_via(
+            path, binder, pending_train_a(), "rec-node-0", sent["metadata"]["annotations"]
+        )
         assert err == ""
         (req,) = srv.requests
     assert req["method"] == "POST" and req["path"] == BINDING_PATH
@@ -198,11 +215,12 @@ BIND_ROWS = [
 ]
 
 
+@pytest.mark.parametrize("path", BIND_PATHS)
 @pytest.mark.parametrize(
     "desc,status,body,get,node,expected", BIND_ROWS, ids=[r[0] for r in BIND_ROWS]
 )
 def test_bind_errors_map_over_http(
-    desc: str, status: int, body: str, get: str | None, node: str, expected: str
+    desc: str, status: int, body: str, get: str | None, node: str, expected: str, path: str
 ) -> None:
     with RecordedApiServer() as srv:
         srv.add("POST", BINDING_PATH, status, body)
@@ -214,27 +232,31 @@ def test_bind_errors_map_over_http(
             srv.add("GET", POD_PATH, 200, other)
         else:
             srv.add("GET", POD_PATH, 404, "get_pod_404.json")
-        err = kb.KubeBinder(srv.api()).bind(pending_train_a(), node, {})
+        err = bind_via(path, kb.KubeBinder(srv.api()), pending_train_a(), node, {})
     if expected == "":
         assert err == ""
     else:
         assert err.startswith(expected), err
 
 
-def test_bind_timeout_is_an_error_unless_the_pod_is_bound() -> None:
+@pytest.mark.parametrize("path", BIND_PATHS)
+def test_bind_timeout_is_an_error_unless_the_pod_is_bound(path: str) -> None:
     with RecordedApiServer() as srv:
         srv.add("POST", BINDING_PATH, 201, "binding_201_created.json", delay=1.0)
         srv.add("GET", POD_PATH, 404, "get_pod_404.json")
-        err = kb.KubeBinder(srv.api(read_timeout=0.3)).bind(pending_train_a(), "rec-node-0", {})
+        binder = kb.KubeBinder(srv.api(read_timeout=0.3))
+        err = bind_via(path, binder, pending_train_a(), "rec-node-0", {})
         assert err == kb.ERR_TIMEOUT
     with RecordedApiServer() as srv:  # the answer was lost but the binding happened
         srv.add("POST", BINDING_PATH, 201, "binding_201_created.json", delay=1.0)
         srv.add("GET", POD_PATH, 200, "get_pod_bound.json")
-        err = kb.KubeBinder(srv.api(read_timeout=0.3)).bind(pending_train_a(), "rec-node-0", {})
+        binder = kb.KubeBinder(srv.api(read_timeout=0.3))
+        err = bind_via(path, binder, pending_train_a(), "rec-node-0", {})
         assert err == ""
 
 
-def test_bind_to_an_unreachable_server_is_an_error() -> None:
+@pytest.mark.parametrize("path", BIND_PATHS)
+def test_bind_to_an_unreachable_server_is_an_error(path: str) -> None:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -244,7 +266,7 @@ def test_bind_to_an_unreachable_server_is_an_error() -> None:
     cfg = client.Configuration(host=f"http://127.0.0.1:{port}")
     cfg.retries = False
     api = KubeApi(client.ApiClient(cfg), Timeouts(connect=0.5, read=0.5))
-    err = kb.KubeBinder(api).bind(pending_train_a(), "rec-node-0", {})
+    err = bind_via(path, kb.KubeBinder(api), pending_train_a(), "rec-node-0", {})
     assert err.startswith(kb.ERR_UNAVAILABLE)
 
 
@@ -961,7 +983,8 @@ def test_mtls_refuses_clients_without_a_certificate(tmp_path: Path) -> None:
         t.join(5)
 
 
-def test_bind_reuses_credentials_and_refreshes_them_after_a_401() -> None:
+@pytest.mark.parametrize("path", BIND_PATHS)
+def test_bind_reuses_credentials_and_refreshes_them_after_a_401(path: str) -> None:
     """The Binding POST keeps the token it computed (no kubeconfig refresh per bind); a 401
     refreshes it at once and retries once, with the new token."""
     tokens = iter(["Bearer t1", "Bearer t2", "Bearer t3"])
@@ -972,12 +995,12 @@ def test_bind_reuses_credentials_and_refreshes_them_after_a_401() -> None:
         cfg.api_key = {"authorization": "unused"}
         cfg.refresh_api_key_hook = lambda c: c.api_key.update(authorization=next(tokens))
         binder = kb.KubeBinder(api)
-        assert binder.bind(pending_train_a(), "rec-node-0", {}) == ""
-        assert binder.bind(pending_train_a(), "rec-node-0", {}) == ""
+        assert bind_via(path, binder, pending_train_a(), "rec-node-0", {}) == ""
+        assert bind_via(path, binder, pending_train_a(), "rec-node-0", {}) == ""
         srv.routes[("POST", BINDING_PATH, False)][:] = []
         srv.add(
             "POST", BINDING_PATH, 401, {"kind": "Status", "code": 401, "reason": "Unauthorized"}
         )
         srv.add("POST", BINDING_PATH, 201, "binding_201_created.json")
-        assert binder.bind(pending_train_a(), "rec-node-0", {}) == ""
+        assert bind_via(path, binder, pending_train_a(), "rec-node-0", {}) == ""
     assert [r["authorization"] for r in srv.requests] == ["Bearer t1"] * 3 + ["Bearer t2"]

@@ -19,6 +19,7 @@ already bound to the same node succeeds. On 409 Conflict, and when the answer wa
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -82,22 +83,50 @@ class KubeBinder:
         ns, name, uid = md["namespace"], md["name"], md.get("uid", "")
         try:
             self.api.create_binding(ns, name, body)
-        except ApiUnavailable as exc:
-            if self._already_bound(ns, name, uid, node):
-                self._count("idempotent")
-                log.info(
-                    "bind %s/%s -> %s: answer lost (%s) but the pod is bound", ns, name, node, exc
-                )
-                return ""
-            self._count("timeout" if exc.timeout else "unavailable")
-            return ERR_TIMEOUT if exc.timeout else f"{ERR_UNAVAILABLE}: {exc.message}"
         except ApiError as exc:
-            if exc.conflict and self._already_bound(ns, name, uid, node):
-                self._count("idempotent")
-                return ""
-            return self._error(exc)
+            if self._settled_by_reading(exc) and self._already_bound(ns, name, uid, node):
+                return self._bound_after(exc, ns, name, node)
+            return self._failed(exc)
         self._count("ok")
         return ""
+
+    async def bind_async(
+        self, pod: Mapping[str, Any], node: str, annotations: Mapping[str, str]
+    ) -> str:
+        """:meth:`bind` from the event loop: the POST without a worker thread
+        (:meth:`KubeApi.create_binding_async`); the rare read-back after a lost answer or
+        a conflict runs in a thread."""
+        body = binding_body(pod, node, annotations)
+        md = body["metadata"]
+        ns, name, uid = md["namespace"], md["name"], md.get("uid", "")
+        try:
+            await self.api.create_binding_async(ns, name, body)
+        except ApiError as exc:
+            if self._settled_by_reading(exc) and await asyncio.to_thread(
+                self._already_bound, ns, name, uid, node
+            ):
+                return self._bound_after(exc, ns, name, node)
+            return self._failed(exc)
+        self._count("ok")
+        return ""
+
+    @staticmethod
+    def _settled_by_reading(exc: ApiError) -> bool:
+        """Whether reading the pod back can show the bind happened: the answer was lost
+        (no answer at all) or the server says the pod is bound already (409)."""
+        return isinstance(exc, ApiUnavailable) or exc.conflict
+
+    def _bound_after(self, exc: ApiError, ns: str, name: str, node: str) -> str:
+        self._count("idempotent")
+        if isinstance(exc, ApiUnavailable):
+            log.info("bind %s/%s -> %s: answer lost (%s) but the pod is bound", ns, name, node, exc)
+        return ""
+
+    def _failed(self, exc: ApiError) -> str:
+        if isinstance(exc, ApiUnavailable):
+            self._count("timeout" if exc.timeout else "unavailable")
+            return ERR_TIMEOUT if exc.timeout else f"{ERR_UNAVAILABLE}: {exc.message}"
+        return self._error(exc)
 
     def _error(self, exc: ApiError) -> str:
         if exc.conflict:

@@ -296,6 +296,7 @@ class KubeApi:
         self._core = client.CoreV1Api(api_client)
         self._auth_headers: tuple[float, dict[str, str]] | None = None
         self._custom = client.CustomObjectsApi(api_client)
+        self._poster: Any = False  # AsyncPoster, made on first use (None: not usable)
 
     @classmethod
     def from_config(
@@ -405,6 +406,28 @@ class KubeApi:
         path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/binding"
         return self._post_json(path, orjson.dumps(dict(body)))
 
+    async def create_binding_async(
+        self, namespace: str, name: str, body: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """:meth:`create_binding` from the event loop, on the connections of
+        :class:`scheduler.kube.aio.AsyncPoster` (no worker thread); the same request,
+        credentials and errors. Falls back to the blocking call in a thread when the
+        configuration needs what the poster does not do (a proxy)."""
+        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/binding"
+        poster = self._async_poster()
+        if poster is None:
+            import asyncio
+
+            return await asyncio.to_thread(self._post_json, path, orjson.dumps(dict(body)))
+        return await poster.post_json(path, orjson.dumps(dict(body)))
+
+    def _async_poster(self) -> Any:
+        if self._poster is False:
+            from scheduler.kube.aio import AsyncPoster
+
+            self._poster = AsyncPoster.from_api(self)
+        return self._poster
+
     def _post_headers(self, fresh: bool = False) -> dict[str, str]:
         """Headers of a raw POST: the client's defaults, JSON, and its credentials.
 
@@ -469,7 +492,9 @@ class KubeApi:
             raise
 
     def close(self) -> None:
-        """Release the connection pool."""
+        """Release the connection pools."""
+        if self._poster:
+            self._poster.close()
         with contextlib.suppress(Exception):
             self.api_client.close()
 

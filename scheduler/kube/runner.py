@@ -187,6 +187,19 @@ class KubeExtender(Extender):
         finally:
             self.inflight.exit()
 
+    async def bind_async(self, body: Any, caller: str = "") -> dict[str, str]:
+        """:meth:`bind` on the event loop (the API write awaited, no worker thread)."""
+        if not self.inflight.enter():
+            self.metrics.binds.labels(result="error").inc()
+            return {"Error": ERR_SHUTTING_DOWN}
+        try:
+            if not self.ready():
+                self.metrics.binds.labels(result="error").inc()
+                return {"Error": ERR_NOT_READY}
+            return await super().bind_async(body, caller)
+        finally:
+            self.inflight.exit()
+
 
 @dataclass(slots=True, eq=False)
 class KubeRuntime:

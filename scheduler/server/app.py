@@ -18,6 +18,7 @@ verb are logged and answered with the protocol's failure channel.
 from __future__ import annotations
 
 import contextvars
+import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -170,11 +171,12 @@ class VerbRoutes:
             except orjson.JSONDecodeError as exc:
                 return 400, _error_body(f"malformed JSON: {exc}")
         try:
-            result = (
-                await run_in_threadpool(handler, payload, body)
-                if threaded
-                else handler(payload, body)
-            )
+            if threaded:
+                result = await run_in_threadpool(handler, payload, body)
+            else:
+                result = handler(payload, body)
+                if inspect.isawaitable(result):
+                    result = await result
         except wire.WireError as exc:
             return 400, _error_body(str(exc))
         except Exception:  # a bug: answer through the protocol, never crash
@@ -225,7 +227,15 @@ def create_app(
             True,
         ),
         ("prioritize", extender.prioritize_json, lambda e: [], False, True),
-        ("bind", lambda p, _: extender.bind(p, CALLER.get()), lambda e: {"Error": e}, True, False),
+        (
+            # On the event loop when the extender can (the API write is awaited: no worker
+            # thread per bind); an extender without bind_async binds in a worker thread.
+            ("bind", lambda p, _: extender.bind_async(p, CALLER.get()), lambda e: {"Error": e})
+            + (False, False)
+            if hasattr(extender, "bind_async")
+            else ("bind", lambda p, _: extender.bind(p, CALLER.get()), lambda e: {"Error": e})
+            + (True, False)
+        ),
         (
             "preempt",
             lambda p, _: extender.preempt(p),

@@ -13,9 +13,11 @@ be given the same GPU.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -74,6 +76,16 @@ class Binder(Protocol):
     def bind(self, pod: Mapping[str, Any], node: str, annotations: Mapping[str, str]) -> str:
         """Bind ``pod`` to ``node`` with ``annotations`` merged onto the pod."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class _BindWrite:
+    """A bind decided and held (:meth:`Extender._bind_start`), waiting for its write."""
+
+    key: str
+    pod: Mapping[str, Any]
+    annotations: Mapping[str, str]
+    req: PodRequest
 
 
 class SnapshotBinder:
@@ -426,7 +438,46 @@ class Extender:
         """
         name, ns, uid, node = wire.binding_args(body)
         key = f"{ns}/{name}"
-        err = self._bind(key, uid, node)
+        start = self._bind_start(key, uid, node)
+        if isinstance(start, str):
+            return self._bind_report(key, uid, node, start, caller)
+        try:
+            err = self.binder.bind(start.pod, node, start.annotations)
+        except Exception as exc:  # an I/O edge: never let it crash the extender
+            err = self._binder_failed(key, exc)
+        return self._bind_report(key, uid, node, self._bind_end(start, err), caller)
+
+    async def bind_async(self, body: Any, caller: str = "") -> dict[str, str]:
+        """:meth:`bind` for the event loop: the decision runs inline (CPU only, under the
+        cache lock), the API write is awaited when the binder has ``bind_async``
+        (``KubeBinder``: no worker thread), else called inline (in-memory binders)."""
+        name, ns, uid, node = wire.binding_args(body)
+        key = f"{ns}/{name}"
+        fetched = None
+        if self.fetch_pod is not None and self.cache.pending(key) is None:
+            held = self.cache.snapshot().pods.get(key)
+            if held is None or held.assumed:  # not a retry of a finished bind: read it
+                fetched = await asyncio.to_thread(self.fetch_pod, ns, name)
+        start = self._bind_start(key, uid, node, fetched)
+        if isinstance(start, str):
+            return self._bind_report(key, uid, node, start, caller)
+        write = getattr(self.binder, "bind_async", None)
+        try:
+            if write is not None:
+                err = await write(start.pod, node, start.annotations)
+            else:
+                err = self.binder.bind(start.pod, node, start.annotations)
+        except Exception as exc:  # an I/O edge: never let it crash the extender
+            err = self._binder_failed(key, exc)
+        return self._bind_report(key, uid, node, self._bind_end(start, err), caller)
+
+    @staticmethod
+    def _binder_failed(key: str, exc: Exception) -> str:
+        log.error("binder failed for %s: %s: %s", key, type(exc).__name__, exc, exc_info=exc)
+        return f"binding failed: {type(exc).__name__}"
+
+    def _bind_report(self, key: str, uid: str, node: str, err: str, caller: str) -> dict[str, str]:
+        """Count and audit-log one bind answer; the ``ExtenderBindingResult``."""
         self.metrics.binds.labels(result="ok" if not err else "error").inc()
         held = self.cache.snapshot().pods.get(key) if not err else None
         audit.info(
@@ -463,13 +514,18 @@ class Extender:
             return ERR_ALREADY_BOUND if bound_to == node else ERR_OTHER_NODE
         return ""
 
-    def _bind(self, key: str, uid: str, node: str) -> str:
+    def _bind_start(
+        self, key: str, uid: str, node: str, fetched: Mapping[str, Any] | None = None
+    ) -> str | _BindWrite:
+        """Decide a bind and hold its GPUs: an error, or what to write through the binder
+        (then :meth:`_bind_end` with the write's outcome). ``fetched``: the pod as read
+        from the API by the caller, for a pod neither filter nor the watch has shown."""
         snap = self.cache.snapshot()
         held = snap.pods.get(key)
         if held is not None and not held.assumed:
             # Idempotent retry of a bind that succeeded (reply lost or timed out).
             return "" if held.node == node else ERR_OTHER_NODE
-        pod = self.cache.pending(key)
+        pod = self.cache.pending(key) or fetched
         if pod is None and self.fetch_pod is not None:
             ns, name = key.split("/", 1)
             pod = self.fetch_pod(ns, name)
@@ -533,18 +589,17 @@ class Extender:
                 self.gangs.bound(self, req, False)
             return choice
         annotation = (choice.raw.get("metadata") or {}).get("annotations", {})[PLACEMENT_ANNOTATION]
-        try:
-            err = self.binder.bind(pod, node, {PLACEMENT_ANNOTATION: annotation})
-        except Exception as exc:  # an I/O edge: never let it crash the extender
-            log.exception("binder failed for %s", key)
-            err = f"binding failed: {type(exc).__name__}"
+        return _BindWrite(key, pod, {PLACEMENT_ANNOTATION: annotation}, req)
+
+    def _bind_end(self, start: _BindWrite, err: str) -> str:
+        """After the binder's write: confirm the held GPUs, or release them."""
         if err:
-            self.cache.forget(key)
+            self.cache.forget(start.key)
         else:
-            self.cache.confirm(key)
-            self.cache.drop_pending(key)
-        if self.gangs is not None and req.gang:
-            self.gangs.bound(self, req, not err)
+            self.cache.confirm(start.key)
+            self.cache.drop_pending(start.key)
+        if self.gangs is not None and start.req.gang:
+            self.gangs.bound(self, start.req, not err)
         return err
 
     # ---- preempt ------------------------------------------------------------------------
