@@ -63,6 +63,7 @@ from scheduler.core.objects import (
     unmodeled_node,
 )
 from scheduler.core.params import SchedParams
+from scheduler.core.podmap import PodMap
 from scheduler.core.quantity import cpu_milli, quantity_int
 from topology.select import best_bottlenecks
 
@@ -366,7 +367,7 @@ def build_snapshot(
     return ClusterSnapshot(
         nodes=ordered,
         index={n.name: i for i, n in enumerate(ordered)},  # read-only by contract (hot path)
-        pods=MappingProxyType(pods),
+        pods=PodMap(pods),
         arrays=_arrays(ordered, params.selection_policy),
         policy=params.selection_policy,
         generation=0,
@@ -397,6 +398,11 @@ def _bound_pod(p: Mapping[str, Any], node: NodeInfo, taken: int) -> PodInfo:
     return info
 
 
+def _podmap(pods: Mapping[str, PodInfo]) -> PodMap[PodInfo]:
+    """``pods`` as a :class:`PodMap` (shared, not copied, when it is one)."""
+    return pods if isinstance(pods, PodMap) else PodMap(pods)
+
+
 def _with_changes(
     snap: ClusterSnapshot,
     changed: Mapping[str, NodeInfo],
@@ -416,7 +422,7 @@ def _with_changes(
     return ClusterSnapshot(
         nodes=tuple(nodes),
         index=snap.index,
-        pods=MappingProxyType(dict(pods)),
+        pods=_podmap(pods),
         arrays=arrays,
         policy=snap.policy,
         generation=snap.generation + 1,
@@ -451,9 +457,7 @@ def with_pod(snap: ClusterSnapshot, pod: PodInfo) -> ClusterSnapshot:
         cpu_used_milli=node.cpu_used_milli + pod.cpu_milli,
         memory_used_bytes=node.memory_used_bytes + pod.memory_bytes,
     )
-    pods = dict(base.pods)
-    pods[pod.key] = pod
-    return _with_changes(base, {node.name: new_node}, pods)
+    return _with_changes(base, {node.name: new_node}, _podmap(base.pods).set(pod.key, pod))
 
 
 def without_pod(snap: ClusterSnapshot, key: str) -> ClusterSnapshot:
@@ -461,11 +465,10 @@ def without_pod(snap: ClusterSnapshot, key: str) -> ClusterSnapshot:
     pod = snap.pods.get(key)
     if pod is None:
         return snap
-    pods = dict(snap.pods)
-    del pods[key]
+    pods = _podmap(snap.pods).delete(key)
     node = snap.node(pod.node)
     if node is None:
-        return replace(snap, pods=MappingProxyType(pods), generation=snap.generation + 1)
+        return replace(snap, pods=pods, generation=snap.generation + 1)
     new_node = replace(
         node,
         used_mask=node.used_mask & ~indices_to_mask(pod.gpus),
@@ -569,7 +572,7 @@ def _rebuilt(
     return ClusterSnapshot(
         nodes=ordered,
         index={n.name: i for i, n in enumerate(ordered)},  # read-only by contract (hot path)
-        pods=MappingProxyType(dict(pods)),
+        pods=PodMap(pods),
         arrays=_arrays(ordered, snap.policy),
         policy=snap.policy,
         generation=snap.generation + 1,

@@ -33,6 +33,7 @@ import orjson
 from scheduler.core.model import NodeInfo, PodInfo
 from scheduler.core.objects import ObjectError, object_key, pod_terminated, redacted_pod
 from scheduler.core.params import SchedParams
+from scheduler.core.podmap import PodMap
 from scheduler.core.snapshot import (
     ClusterSnapshot,
     build_snapshot,
@@ -53,9 +54,8 @@ log = logging.getLogger(__name__)
 def _with_record(snap: ClusterSnapshot, pod: PodInfo) -> ClusterSnapshot:
     """``snap`` with ``pod``'s record replaced; its usage (node, GPUs, requests) must be the
     held pod's: the node arrays are shared, not copied."""
-    pods = dict(snap.pods)
-    pods[pod.key] = pod
-    return replace(snap, pods=MappingProxyType(pods), generation=snap.generation + 1)
+    pods = snap.pods if isinstance(snap.pods, PodMap) else PodMap(snap.pods)
+    return replace(snap, pods=pods.set(pod.key, pod), generation=snap.generation + 1)
 
 
 def _holding(snap: ClusterSnapshot, pod: PodInfo) -> ClusterSnapshot:
