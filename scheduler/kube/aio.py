@@ -32,9 +32,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-import orjson
-
-from scheduler.kube.client import ApiError, ApiUnavailable, Timeouts, decode_status
+from scheduler.kube.client import ApiError, ApiUnavailable, Timeouts, decode_status, json_object
 
 MAX_HEADER_BYTES = 64 * 1024
 MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -225,13 +223,7 @@ class AsyncPoster:
                 raise ApiUnavailable(f"POST {path} timed out", timeout=True) from None
         if not 200 <= status < 300:
             raise decode_status(body, status, reason)
-        try:
-            out = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise ApiUnavailable(f"response is not JSON: {exc}") from None
-        if not isinstance(out, dict):
-            raise ApiUnavailable("response is not a JSON object")
-        return out
+        return json_object(body)
 
     async def _post(self, path: str, data: bytes) -> tuple[int, str, bytes]:
         status, reason, body = 0, "", b""

@@ -168,6 +168,21 @@ def decode_status(body: bytes | str | None, http_status: int, reason: str = "") 
     return ApiError(http_status, reason, text.strip()[:500] or reason)
 
 
+def json_object(data: bytes) -> dict[str, Any]:
+    """An API server's answer as a JSON object.
+
+    Raises:
+        ApiUnavailable: it is not JSON, or not an object.
+    """
+    try:
+        out = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise ApiUnavailable(f"response is not JSON: {exc}") from None
+    if not isinstance(out, dict):
+        raise ApiUnavailable("response is not a JSON object")
+    return out
+
+
 def strip_object(obj: dict[str, Any], kind: ResourceKind | None = None) -> dict[str, Any]:
     """Drop ``metadata.managedFields`` (as kube-scheduler's informers do) and set
     ``kind``/``apiVersion`` when missing (list items come without them). In place."""
@@ -340,13 +355,7 @@ class KubeApi:
             data = resp.data
         except Exception as exc:
             raise _unavailable(exc) from None
-        try:
-            out = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise ApiUnavailable(f"response is not JSON: {exc}") from None
-        if not isinstance(out, dict):
-            raise ApiUnavailable("response is not a JSON object")
-        return out
+        return json_object(data)
 
     def _lister(self, kind: ResourceKind) -> tuple[Any, tuple[Any, ...]]:
         if kind == NODES:
@@ -467,13 +476,7 @@ class KubeApi:
                 break  # a 401 with cached credentials: refresh them and try once more
         if not 200 <= resp.status < 300:
             raise decode_status(resp.data, int(resp.status), str(resp.reason or ""))
-        try:
-            out = orjson.loads(resp.data)
-        except orjson.JSONDecodeError as exc:
-            raise ApiUnavailable(f"response is not JSON: {exc}") from None
-        if not isinstance(out, dict):
-            raise ApiUnavailable("response is not a JSON object")
-        return out
+        return json_object(resp.data)
 
     def patch_pod_annotations(
         self, namespace: str, name: str, annotations: Mapping[str, str]

@@ -176,29 +176,35 @@ class KubeExtender(Extender):
 
     def bind(self, body: Any, caller: str = "") -> dict[str, str]:
         """``ExtenderBindingResult``; ``Error`` while not ready or shutting down."""
-        if not self.inflight.enter():
-            self.metrics.binds.labels(result="error").inc()
-            return {"Error": ERR_SHUTTING_DOWN}
+        refused = self._admit_bind()
+        if refused is not None:
+            return refused
         try:
-            if not self.ready():
-                self.metrics.binds.labels(result="error").inc()
-                return {"Error": ERR_NOT_READY}
             return super().bind(body, caller)
         finally:
             self.inflight.exit()
 
     async def bind_async(self, body: Any, caller: str = "") -> dict[str, str]:
         """:meth:`bind` on the event loop (the API write awaited, no worker thread)."""
-        if not self.inflight.enter():
-            self.metrics.binds.labels(result="error").inc()
-            return {"Error": ERR_SHUTTING_DOWN}
+        refused = self._admit_bind()
+        if refused is not None:
+            return refused
         try:
-            if not self.ready():
-                self.metrics.binds.labels(result="error").inc()
-                return {"Error": ERR_NOT_READY}
             return await super().bind_async(body, caller)
         finally:
             self.inflight.exit()
+
+    def _admit_bind(self) -> dict[str, str] | None:
+        """Count a bind as in flight (the caller then calls ``inflight.exit()``), or its
+        refusal, with nothing counted, while shutting down or not ready."""
+        if not self.inflight.enter():
+            self.metrics.binds.labels(result="error").inc()
+            return {"Error": ERR_SHUTTING_DOWN}
+        if not self.ready():
+            self.inflight.exit()
+            self.metrics.binds.labels(result="error").inc()
+            return {"Error": ERR_NOT_READY}
+        return None
 
 
 @dataclass(slots=True, eq=False)
