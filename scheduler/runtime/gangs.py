@@ -110,6 +110,8 @@ WAKE_BACKOFF_SECONDS = (2.0, 4.0, 8.0, 16.0, 30.0)
 """Delays between two wakes of the parked members of a gang that is still refused."""
 RESERVE_RETRIES = 2
 DONE_KEPT = 64
+FIRST_SEEN_KEPT = 4096
+"""Gangs whose first filter time is kept (for the gang wait histogram)."""
 
 # Slot states.
 RESERVED = "reserved"
@@ -234,6 +236,7 @@ class GangRuntime:
         self._planned_before: set[str] = set()
         self._parked: dict[str, set[str]] = {}
         self._wakes: dict[str, tuple[float, int, int]] = {}  # gang -> (at, count, generation)
+        self._first_seen: dict[str, float] = {}  # gang -> cache time of its first filter
         self.waker: Callable[[list[str], str], None] | None = None
         """Makes kube-scheduler retry pods it parked (kube mode: patches an annotation, which
         moves a pod out of the unschedulable queue). None: nothing to wake (snapshot mode)."""
@@ -367,7 +370,9 @@ class GangRuntime:
         for _ in range(RESERVE_RETRIES + 1):
             snap = cache.snapshot()
             greq = build(snap)
+            started = time.perf_counter()
             result: PlacementResult = fn(snap, greq, params)
+            _observe(ext, "gang_plan_seconds", time.perf_counter() - started)
             if not result.ok:
                 return self._refuse(ext, gang, result.reason, snap, greq.size, result.details)
             over = _over_namespace_cap(snap, greq, result, params.gang)
@@ -377,6 +382,7 @@ class GangRuntime:
             if plan is not None:
                 self._refusals.pop(gang, None)
                 self._event(ext, event)
+                _note(ext, "plan", gang, {**_describe(plan, plan.created, "live"), "gang": gang})
                 log.info(
                     "gang %s: plan %s (%d members, %s)",
                     gang,
@@ -413,6 +419,19 @@ class GangRuntime:
         )
         self._refusals[gang] = ref
         self._event(ext, "refused")
+        need = sum(r.gpus for r in self._members.get(gang, {}).values())
+        _note(
+            ext,
+            "refusal",
+            gang,
+            {
+                "reason": reason,
+                "members": members,
+                "free_gpus": ref.free,
+                "gpus_requested_by_members_seen": need,
+                "details": _jsonable(ref.details),
+            },
+        )
         log.info("gang %s refused: %s", gang, reason)
         return ref
 
@@ -476,6 +495,10 @@ class GangRuntime:
         if not req.gang:
             return None
         cache = ext.cache
+        if req.gang not in self._first_seen:
+            self._first_seen[req.gang] = cache.now()
+            if len(self._first_seen) > FIRST_SEEN_KEPT:  # gangs that never completed
+                del self._first_seen[next(iter(self._first_seen))]
         # The extender remembers only GPU pods for bind, and only through its own filter:
         # members without GPUs (launchers) and members planned from elsewhere (restart
         # recovery) must be found at bind, and their pending state tells a deleted member.
@@ -642,6 +665,9 @@ class GangRuntime:
                     self._event(ext, "bound")
                 self._members.get(req.gang, {}).pop(req.key, None)
                 if plan.complete():
+                    first = self._first_seen.pop(req.gang, None)
+                    if first is not None:
+                        _observe(ext, "gang_wait_seconds", cache.now() - first)
                     cache.plans.pop(req.gang, None)
                     self._done[req.gang] = _describe(plan, cache.now(), "complete")
                     self._done.move_to_end(req.gang)
@@ -905,6 +931,20 @@ def _outcome(names: list[str], node: str) -> FilterOutcome:
 def _invalid(names: list[str], reason: str) -> FilterOutcome:
     """Every candidate fails with ``reason`` (the member cannot join its gang as declared)."""
     return FilterOutcome((), dict.fromkeys(names, reason), {})
+
+
+def _note(ext: Any, verb: str, gang: str, info: dict[str, Any]) -> None:
+    """Record a gang decision in the extender's decision records, if it keeps any."""
+    log_ = getattr(ext, "decisions", None)
+    if log_ is not None:
+        log_.record_info(verb, gang, gang, info)
+
+
+def _observe(ext: Any, metric: str, value: float) -> None:
+    """Observe ``value`` on the extender's histogram ``metric``, if it has one."""
+    hist = getattr(getattr(ext, "metrics", None), metric, None)
+    if hist is not None:
+        hist.observe(value)
 
 
 def _refused(names: list[str]) -> FilterOutcome:

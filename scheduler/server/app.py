@@ -32,7 +32,7 @@ from starlette.concurrency import run_in_threadpool
 
 from scheduler import __version__
 from scheduler.core.model import Health
-from scheduler.server import wire
+from scheduler.server import ui, wire
 from scheduler.server.extender import Extender
 
 log = logging.getLogger(__name__)
@@ -185,6 +185,11 @@ class VerbRoutes:
         return 200, result if isinstance(result, bytes) else orjson.dumps(result)
 
 
+def _asset(name: str) -> Response:
+    """One of the cluster view's files, with headers that keep it self-contained."""
+    return Response(ui.asset(name), media_type=ui.FILES[name], headers=ui.SECURITY_HEADERS)
+
+
 def _error_body(message: str) -> bytes:
     return orjson.dumps({"error": message})
 
@@ -270,6 +275,11 @@ def create_app(
         metrics.free_gpus.set(int(a.free.sum()))
         metrics.unhealthy_nodes.set(int((a.state >= int(Health.UNHEALTHY)).sum()))
         metrics.unmodeled_nodes.set(snap.unmodeled_nodes)
+        metrics.free_gpus_by_domain.clear()
+        for (product, domain), free in ui.free_by_domain(snap, extender.params.fabric).items():
+            metrics.free_gpus_by_domain.labels(product=product, domain=domain).set(free)
+        for state, count in ui.health_counts(snap).items():
+            metrics.nodes_by_health.labels(state=state).set(count)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/inspect/snapshot")
@@ -279,6 +289,35 @@ def create_app(
     @app.get("/v1/inspect/placements")
     async def inspect_placements() -> Response:
         return _json(extender.placements())
+
+    @app.get("/v1/inspect/decisions")
+    async def inspect_decisions(pod: str | None = None, limit: int = 20) -> Response:
+        if pod is not None and (pod.count("/") != 1 or not all(pod.split("/"))):
+            return _json({"error": "pod must be NAMESPACE/NAME"}, 400)
+        if not 1 <= limit <= 1000:
+            return _json({"error": "limit must be in 1..1000"}, 400)
+        log_ = extender.decisions
+        # Explaining is CPU work over a snapshot: off the event loop.
+        found = await run_in_threadpool(log_.explain_pod if pod else _explain_all, pod, limit)
+        return _json({"pod": pod, "decisions": found, "ring": log_.stats()})
+
+    def _explain_all(_: Any, limit: int) -> list[Any]:
+        log_ = extender.decisions
+        return [log_.explained(r) for r in log_.records(None, limit)]
+
+    @app.get("/v1/inspect/view")
+    async def inspect_view() -> Response:
+        return _json(await run_in_threadpool(ui.view_model, extender, description))
+
+    @app.get("/ui")
+    async def ui_page() -> Response:
+        return _asset("index.html")
+
+    @app.get("/ui/{name}")
+    async def ui_file(name: str) -> Response:
+        if name not in ui.FILES:
+            return _json({"error": "not found"}, 404)
+        return _asset(name)
 
     @app.get("/v1/inspect/nodes")
     async def inspect_nodes() -> Response:

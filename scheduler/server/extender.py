@@ -55,6 +55,7 @@ from scheduler.core.schedule import (
 from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.runtime.cache import ClusterCache
 from scheduler.server import wire
+from scheduler.server.decisions import DecisionLog, gang_member_summary, with_why
 from scheduler.server.metrics import Metrics
 from scheduler.server.replies import NameTable
 
@@ -86,6 +87,11 @@ class _BindWrite:
     pod: Mapping[str, Any]
     annotations: Mapping[str, str]
     req: PodRequest
+    node: str = ""
+    gpus: tuple[int, ...] = ()
+    why: str = ""
+    """The decision's one-line summary written into the placement record (for the
+    decision records)."""
 
 
 class SnapshotBinder:
@@ -176,6 +182,17 @@ def _node_refuses(
     return ""
 
 
+def _gang_filter_info(out: FilterOutcome, candidates: int) -> dict[str, Any]:
+    """A gang member's filter verdict for the decision records."""
+    reasons = Counter(out.failed.values())
+    reasons.update(out.unresolvable.values())
+    return {
+        "planned_node": out.feasible[0] if out.feasible else None,
+        "candidates": candidates,
+        "reasons": dict(sorted(reasons.items())),
+    }
+
+
 def _spec(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     """The pod's spec, or an empty mapping when it is missing or malformed."""
     spec = pod.get("spec")
@@ -224,6 +241,8 @@ class Extender:
         self.fetch_pod = fetch_pod
         self._tables: tuple[Any, NameTable | None] | None = None
         self._names_memo = wire.NamesMemo()
+        self.decisions = DecisionLog(lambda: self.params)
+        """Decision records (inputs only; explained on demand, see ``decisions.py``)."""
 
     @property
     def params(self) -> Any:
@@ -261,6 +280,7 @@ class Extender:
                 if table is not None and pos is not None:
                     codes = self._decide(snap, pod, req, pos)
             if table is not None and pos is not None:
+                self.decisions.record("filter", snap, req, pos)
                 groups = verdict_groups(snap, pos, codes)
                 feasible = pos[codes == FEASIBLE]
                 self._count_groups(len(feasible), groups)
@@ -329,11 +349,15 @@ class Extender:
             if planned is not None:
                 base = filter_nodes(self.cache.snapshot(), req, names, self.params)
                 out = _merge_gang(base, planned)
+                self.decisions.record_info(
+                    "filter", req.key, req.gang, _gang_filter_info(out, len(names))
+                )
         if out is None and req.gpus > 0:
             with self.cache.lock:
                 snap = self._decision_snapshot(req)
                 pos = name_positions(snap, names)
                 codes = self._decide(snap, pod, req, pos)
+            self.decisions.record("filter", snap, req, pos)
             out = outcome_of(snap, names, pos, codes)
         if out is None:
             out = filter_nodes(self.cache.snapshot(), req, names, self.params)
@@ -407,6 +431,7 @@ class Extender:
             pos = known_positions(snap, names)
             table = self._name_table(snap)
             if table is not None and pos is not None:
+                self.decisions.record("prioritize", snap, req, pos)
                 return table.host_priorities(pos, score_positions(snap, req, pos, self.params))
         return orjson.dumps(self._prioritize(req, wire.names_list(names)))
 
@@ -423,8 +448,16 @@ class Extender:
         scores = None
         if self.gangs is not None and req.gang:
             scores = self.gangs.prioritize(self, req, names)
+            if scores is not None:
+                top = [n for n, s in scores if s]
+                self.decisions.record_info(
+                    "prioritize", req.key, req.gang, {"planned_node": top[0] if top else None}
+                )
         if scores is None:
-            scores = score_nodes(self.cache.snapshot(), req, names, self.params)
+            snap = self.cache.snapshot()
+            scores = score_nodes(snap, req, names, self.params)
+            if req.gpus > 0:
+                self.decisions.record("prioritize", snap, req, name_positions(snap, names))
         return [{"Host": n, "Score": s} for n, s in scores]
 
     # ---- bind ---------------------------------------------------------------------------
@@ -545,6 +578,7 @@ class Extender:
             return f"invalid pod: {exc}"
         cpu = pod_resource(pod, "cpu", cpu_milli)
         memory = pod_resource(pod, "memory", quantity_int)
+        summary = self._why(req, node)
 
         def choose(s: ClusterSnapshot) -> PodInfo | str:
             held_for_it = nominated is not None or (self.gangs is not None and bool(req.gang))
@@ -566,7 +600,7 @@ class Extender:
                 if req.gpus and not gs.gpus:
                     return gs.error
                 gpus = gs.gpus
-            annotation = placement_value(node, gpus, gang or req.gang, plan)
+            annotation = with_why(placement_value(node, gpus, gang or req.gang, plan), summary)
             return PodInfo(
                 key=key,
                 uid=pod_uid,
@@ -589,7 +623,9 @@ class Extender:
                 self.gangs.bound(self, req, False)
             return choice
         annotation = (choice.raw.get("metadata") or {}).get("annotations", {})[PLACEMENT_ANNOTATION]
-        return _BindWrite(key, pod, {PLACEMENT_ANNOTATION: annotation}, req)
+        return _BindWrite(
+            key, pod, {PLACEMENT_ANNOTATION: annotation}, req, node, choice.gpus, summary
+        )
 
     def _bind_end(self, start: _BindWrite, err: str) -> str:
         """After the binder's write: confirm the held GPUs, or release them."""
@@ -600,7 +636,25 @@ class Extender:
             self.cache.drop_pending(start.key)
         if self.gangs is not None and start.req.gang:
             self.gangs.bound(self, start.req, not err)
+        self.decisions.record_info(
+            "bind",
+            start.key,
+            start.req.gang,
+            {"node": start.node, "gpus": list(start.gpus), "why": start.why, "error": err},
+        )
         return err
+
+    def _why(self, req: PodRequest, node: str) -> str:
+        """The one-line summary of binding ``req`` to ``node`` for its placement record,
+        from the decision records ("" when none is held); never fails a bind."""
+        try:
+            if self.gangs is not None and req.gang:
+                plan = self.decisions.gang_plan(req.gang)
+                return gang_member_summary(plan, node) if plan is not None else ""
+            return self.decisions.bind_summary(req.key, node) if req.gpus > 0 else ""
+        except Exception:  # an explanation must never cost a placement
+            log.exception("explaining the bind of %s failed", req.key)
+            return ""
 
     # ---- preempt ------------------------------------------------------------------------
 

@@ -1,10 +1,23 @@
-"""Prometheus metrics of the extender, on a registry of its own (one per app)."""
+"""Prometheus metrics of the extender, on a registry of its own (one per app).
+
+The ``*_created`` series prometheus_client adds to every counter and histogram (a
+timestamp per labelled child, doubling the series without saying anything a dashboard
+uses) are turned off for the process.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+try:
+    from prometheus_client import disable_created_metrics
+except ImportError:  # pragma: no cover - prometheus_client < 0.17
+    disable_created_metrics = None  # type: ignore[assignment]
+
+GANG_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
+"""Seconds: a plan takes up to the solver limit (1 s by default); a wait, up to minutes."""
 
 LATENCY_BUCKETS = (
     0.0005,
@@ -29,6 +42,8 @@ class Metrics:
     """All metrics topoplace exports. Labels are bounded: verbs, results, constant reasons."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        if disable_created_metrics is not None:
+            disable_created_metrics()
         self.registry = registry or CollectorRegistry()
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry
@@ -80,6 +95,32 @@ class Metrics:
             "topoplace_replacements",
             "Re-placements after hardware faults by kind",
             ["kind"],
+            registry=r,
+        )
+
+        self.gang_plan_seconds = Histogram(
+            "topoplace_gang_plan_seconds",
+            "Time the gang policy took to plan (or refuse) one gang",
+            buckets=GANG_BUCKETS,
+            registry=r,
+        )
+        self.gang_wait_seconds = Histogram(
+            "topoplace_gang_wait_seconds",
+            "Time from a gang's first filter to its last member bound",
+            buckets=GANG_BUCKETS,
+            registry=r,
+        )
+        self.free_gpus_by_domain = Gauge(
+            "topoplace_free_gpus_by_domain",
+            "Free healthy GPUs on schedulable nodes by GPU product and NVLink domain "
+            "(else leaf; 'none' when unlabelled), set at scrape time",
+            ["product", "domain"],
+            registry=r,
+        )
+        self.nodes_by_health = Gauge(
+            "topoplace_nodes_by_health",
+            "Nodes by health state (healthy, degraded, unhealthy, cordoned), set at scrape time",
+            ["state"],
             registry=r,
         )
 

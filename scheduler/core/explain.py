@@ -1,0 +1,375 @@
+"""Why a single GPU pod goes where it goes (or stays pending), as a JSON-ready record.
+
+Pure: a snapshot, a request, candidate positions and parameters in, a plain ``dict`` out.
+The extender records only the inputs of each decision (the immutable snapshot it decided
+on and the candidate positions) and calls :func:`explain` when someone asks (the inspect
+API, ``topoplace explain``, the demo), so the hot path pays nothing for explanations.
+
+The score is taken apart into points that add up to the integer prioritize returns:
+
+* ``topology``, ``health``, ``packing``: ``10 * weight * component / sum(weights)``, the
+  three components of :func:`~scheduler.core.schedule.rank_positions`;
+* ``rounding``: prioritize floors ``10 * rank`` and caps every node but the engine's
+  choice at 9 (this term is the floor and the cap, <= 0);
+* ``choice``: the engine's choice among the candidates scores 10 whatever its rank (this
+  term is ``10 - floor``; 0 for every other node).
+
+So ``topology + health + packing + rounding + choice == score`` for every candidate, and
+``(topology + health + packing) / 10`` is the node's rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from scheduler.core.model import PodRequest, mask_to_indices
+from scheduler.core.params import SchedParams
+from scheduler.core.schedule import (
+    CODE_CORDONED,
+    CODE_LINK_NEVER,
+    CODE_LINK_NOW,
+    CODE_NO_GPUS,
+    CODE_NODE_SELECTOR,
+    CODE_NOT_ENOUGH_FREE,
+    CODE_TOO_FEW_HEALTHY,
+    CODE_UNHEALTHY,
+    CODE_UNKNOWN,
+    FEASIBLE,
+    MAX_SCORE,
+    best_position,
+    choose_gpus,
+    filter_codes,
+    name_order,
+    rank_positions,
+    verdict_groups,
+    verdict_reason,
+)
+from scheduler.core.snapshot import ClusterSnapshot
+
+PARTS = ("topology", "health", "packing")
+"""The weighted components of a node's rank, in the order they are shown."""
+
+RUNNERS_UP = 3
+"""How many runners-up an explanation lists."""
+
+TIED_SHOWN = 8
+"""How many tied node names an explanation lists (the count is always exact)."""
+
+DIGITS = 4
+"""Points are rounded to this many decimals; ``rounding`` absorbs the difference so the
+rounded parts still add up to the score."""
+
+
+def components(
+    snap: ClusterSnapshot, req: PodRequest, pos: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(topology, health, packing) per position, each in 0..1: the components of
+    :func:`~scheduler.core.schedule.rank_positions` (meaningful where it is >= 0)."""
+    n = len(pos)
+    k = req.gpus
+    p = np.where(pos < 0, 0, pos)
+    a = snap.arrays
+    free = a.free.take(p)
+    if 2 <= k <= a.max_gpus:
+        col = a.best_bw[:, k]
+        top = float(np.where((a.blocked == 0) & (a.free >= k), col, 0.0).max())
+        topo = col.take(p).astype(np.float64) / top if top > 0 else np.ones(n)
+    else:
+        topo = np.ones(n)
+    health = 1.0 - a.risk.take(p)
+    packing = k / np.maximum(free, 1) if k > 0 else np.zeros(n)
+    return topo, health, packing
+
+
+def _weights(params: SchedParams) -> dict[str, float]:
+    w = params.weights
+    return {"topology": w.topology, "health": w.health, "packing": w.packing}
+
+
+def _points(comp: Mapping[str, float], rank: float, score: int, params: SchedParams) -> dict:
+    """The score of one node taken apart (see the module docstring)."""
+    if rank < 0:
+        return {**dict.fromkeys(PARTS, 0.0), "rounding": 0.0, "choice": 0}
+    w = _weights(params)
+    total = sum(w.values())
+    pts = {k: round(MAX_SCORE * w[k] * comp[k] / total, DIGITS) for k in PARTS}
+    base = min(int(np.floor(max(rank, 0.0) * MAX_SCORE + 1e-9)), MAX_SCORE - 1)
+    pts["rounding"] = round(base - sum(pts[k] for k in PARTS), DIGITS)
+    pts["choice"] = score - base
+    return pts
+
+
+def _node_row(
+    snap: ClusterSnapshot,
+    req: PodRequest,
+    at: int,
+    comps: tuple[np.ndarray, np.ndarray, np.ndarray],
+    j: int,
+    rank: float,
+    score: int,
+    params: SchedParams,
+) -> dict[str, Any]:
+    node = snap.nodes[at]
+    comp = {k: round(float(c[j]), DIGITS) for k, c in zip(PARTS, comps, strict=True)}
+    return {
+        "node": node.name,
+        "score": score,
+        "rank": round(rank, 6),
+        "components": comp,
+        "points": _points(
+            {k: float(c[j]) for k, c in zip(PARTS, comps, strict=True)}, rank, score, params
+        ),
+        "free_gpus": node.free_gpus,
+        "gpus": node.gpu_capacity,
+        "product": node.labels.get("nvidia.com/gpu.product", ""),
+    }
+
+
+def _why_lost(winner: Mapping[str, Any], other: Mapping[str, Any], tie_by_name: bool) -> str:
+    """Why ``other`` ranked below ``winner``, in words."""
+    if tie_by_name:
+        return f"tied at rank {winner['rank']:.4f}; {winner['node']} comes first by name"
+    deficits = {k: winner["points"][k] - other["points"][k] for k in PARTS}
+    part = max(PARTS, key=lambda k: (deficits[k], -PARTS.index(k)))
+    return (
+        f"{deficits[part]:.2f} points less {part} "
+        f"({other['components'][part]:.2f} vs {winner['components'][part]:.2f})"
+    )
+
+
+def _lacks(snap: ClusterSnapshot, req: PodRequest, code: int, at: int) -> str:
+    """What the node at ``at`` lacks to take ``req`` (its verdict is ``code``)."""
+    n = snap.nodes[at]
+    a = snap.arrays
+    k = req.gpus
+    free, usable = int(a.free[at]), int(a.usable[at])
+    if code == CODE_NOT_ENOUGH_FREE:
+        return f"{k - free} more free GPU(s): {free} free of {usable} healthy, {k} requested"
+    if code == CODE_TOO_FEW_HEALTHY:
+        return (
+            f"{k - usable} more healthy GPU(s): {usable} healthy of {n.gpu_capacity}, {k} requested"
+        )
+    if code in (CODE_LINK_NOW, CODE_LINK_NEVER):
+        now = "free " if code == CODE_LINK_NOW else ""
+        return f"a {now}{k}-GPU set linked by {req.min_link} or better"
+    if code == CODE_NODE_SELECTOR:
+        want = ", ".join(f"{key}={v}" for key, v in sorted(req.node_selector.items()))
+        return f"labels matching the nodeSelector ({want})"
+    if code == CODE_CORDONED:
+        return "to be uncordoned"
+    if code == CODE_NO_GPUS:
+        return "GPUs"
+    if code == CODE_UNHEALTHY:
+        return "health: " + ", ".join(n.health.reasons or ("node unhealthy",))
+    return verdict_reason(snap, code, at)
+
+
+_CLOSENESS = {
+    CODE_NOT_ENOUGH_FREE: 0,
+    CODE_LINK_NOW: 1,
+    CODE_NODE_SELECTOR: 2,
+    CODE_LINK_NEVER: 3,
+    CODE_TOO_FEW_HEALTHY: 4,
+    CODE_CORDONED: 5,
+    CODE_UNHEALTHY: 6,
+    CODE_NO_GPUS: 7,
+}
+
+
+def _closest(
+    snap: ClusterSnapshot, req: PodRequest, pos: np.ndarray, codes: np.ndarray
+) -> dict[str, Any] | None:
+    """The failing candidate that comes closest to taking the pod, and what it lacks:
+    "not now" verdicts before "never", then most free GPUs, most healthy GPUs, name."""
+    best: tuple[Any, ...] | None = None
+    a = snap.arrays
+    for j in np.flatnonzero((codes != FEASIBLE) & (codes != CODE_UNKNOWN)).tolist():
+        at = int(pos[j])
+        c = int(codes[j])
+        key = (
+            _CLOSENESS.get(c, 9),
+            -int(a.free[at]),
+            -int(a.usable[at]),
+            snap.nodes[at].name,
+            c,
+            at,
+        )
+        if best is None or key < best:
+            best = key
+    if best is None:
+        return None
+    c, at = best[4], best[5]
+    return {
+        "node": snap.nodes[at].name,
+        "verdict": verdict_reason(snap, c, at),
+        "lacks": _lacks(snap, req, c, at),
+        "free_gpus": int(a.free[at]),
+    }
+
+
+def occupancy(snap: ClusterSnapshot, node: str, gpus: Sequence[int]) -> dict[str, Any]:
+    """GPU use of ``node`` before the decision and after it takes ``gpus``."""
+    n = snap.node(node)
+    if n is None:
+        return {}
+    used = mask_to_indices(n.used_mask)
+    bad = mask_to_indices(n.health.bad_mask)
+    after = sorted(set(used) | set(gpus))
+    return {
+        "capacity": n.gpu_capacity,
+        "used_before": list(used),
+        "used_after": after,
+        "unhealthy": list(bad),
+        "pods_before": sorted(p.key for p in snap.pods_on(node) if p.gpus),
+    }
+
+
+def explain(
+    snap: ClusterSnapshot,
+    req: PodRequest,
+    pos: np.ndarray,
+    params: SchedParams,
+    verb: str = "filter",
+    chosen: str | None = None,
+    runners_up: int = RUNNERS_UP,
+) -> dict[str, Any]:
+    """The decision for ``req`` among the candidates at ``pos`` (-1: unknown node), taken
+    apart.
+
+    ``verb`` "filter" ranks the candidates that pass the filter (the engine's choice is
+    among them, as :func:`~scheduler.core.schedule.narrow_to_choice`); "prioritize"
+    scores every candidate as :func:`~scheduler.core.schedule.score_positions` does
+    (kube-scheduler sends prioritize only the nodes its filters passed). ``chosen``: the
+    node the pod was bound to, when known (it may differ from the engine's choice when
+    kube-scheduler's own scores overruled it); default the engine's choice.
+
+    Returns a JSON-ready dict: ``outcome`` ("placed" or "pending"), ``chosen`` (node,
+    score, rank, components, points, GPUs, occupancy before / after, whether it is the
+    engine's choice), ``runners_up`` (the next best with their points and why each lost),
+    ``ties`` (how many shared the top rank and how the tie was broken), ``failed`` and
+    ``unresolvable`` (reason -> node count), ``closest`` (pending: the failing node that
+    comes closest and what it lacks), ``weights``, ``summary`` (one line).
+    """
+    pos = np.asarray(pos, dtype=np.int64)
+    codes = filter_codes(snap, req, pos, params)
+    rank = rank_positions(snap, req, pos, params).copy()
+    if verb != "prioritize":
+        rank[codes != FEASIBLE] = -1.0
+    best = best_position(snap, pos, rank)
+    scores = np.clip(np.floor(np.maximum(rank, 0.0) * MAX_SCORE + 1e-9), 0, MAX_SCORE - 1)
+    scores = scores.astype(np.int64)
+    if best >= 0:
+        scores[best] = MAX_SCORE
+    comps = components(snap, req, pos)
+    failed: dict[str, int] = {}
+    unresolvable: dict[str, int] = {}
+    for never, reason, idx in verdict_groups(snap, pos, codes):
+        target = unresolvable if never else failed
+        target[reason] = target.get(reason, 0) + len(idx)
+    out: dict[str, Any] = {
+        "pod": req.key,
+        "verb": verb,
+        "request": {
+            "gpus": req.gpus,
+            "min_link": req.min_link,
+            "gang": req.gang,
+            "node_selector": dict(req.node_selector),
+        },
+        "weights": _weights(params),
+        "selection_policy": params.selection_policy,
+        "candidates": len(pos),
+        "feasible": int((codes == FEASIBLE).sum()),
+        "failed": dict(sorted(failed.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "unresolvable": dict(sorted(unresolvable.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "generation": snap.generation,
+    }
+    # The node explained: the one the pod went to, else the engine's choice.
+    j = best
+    if chosen is not None:
+        hits = np.flatnonzero(pos == snap.index.get(chosen, -2))
+        j = int(hits[0]) if len(hits) else -1
+    if j < 0 or rank[j] < 0:
+        out["outcome"] = "pending"
+        out["chosen"] = None
+        out["closest"] = _closest(snap, req, pos, codes)
+        out["runners_up"] = []
+        out["ties"] = {"count": 0, "broken_by": ""}
+        if chosen is not None and j >= 0:
+            out["closest"] = {
+                "node": chosen,
+                "verdict": verdict_reason(snap, int(codes[j]), int(pos[j])),
+                "lacks": _lacks(snap, req, int(codes[j]), int(pos[j])),
+                "free_gpus": int(snap.arrays.free[int(pos[j])]),
+            }
+        out["summary"] = summary_line(out)
+        return out
+    at = int(pos[j])
+    row = _node_row(snap, req, at, comps, j, float(rank[j]), int(scores[j]), params)
+    node = snap.nodes[at].name
+    gs = choose_gpus(snap, req, node, params)
+    row["engine_choice"] = j == best
+    row["gpus_chosen"] = list(gs.gpus)
+    row["bottleneck_gbps"] = gs.bottleneck_gbps
+    row["occupancy"] = occupancy(snap, node, gs.gpus)
+    out["outcome"] = "placed"
+    out["chosen"] = row
+    # Ties at the top rank and the runners-up, best first (ties by name, as the engine).
+    top = rank[j]
+    tied = np.flatnonzero(rank == top)
+    order = name_order(snap)
+    tied_names = sorted(snap.nodes[int(pos[t])].name for t in tied.tolist())
+    out["ties"] = {
+        "count": len(tied),
+        "broken_by": "lowest node name" if len(tied) > 1 else "",
+        "tied": tied_names[:TIED_SHOWN],
+    }
+    ok = np.flatnonzero((rank >= 0) & (np.arange(len(pos)) != j))
+    if len(ok):
+        keys = np.lexsort((order.take(pos.take(ok)), -rank.take(ok)))
+        ok = ok[keys[:runners_up]]
+    rows = []
+    for r in ok.tolist():
+        other = _node_row(snap, req, int(pos[r]), comps, r, float(rank[r]), int(scores[r]), params)
+        other["why_lost"] = _why_lost(row, other, bool(rank[r] == top))
+        rows.append(other)
+    out["runners_up"] = rows
+    out["closest"] = None
+    out["summary"] = summary_line(out)
+    return out
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.2f}"
+
+
+def summary_line(exp: Mapping[str, Any]) -> str:
+    """One line for people (and for the placement record): the score taken apart, the
+    runner-up and why it lost, or why the pod is pending."""
+    c = exp.get("chosen")
+    if not c:
+        reasons = dict(exp.get("failed") or {})
+        reasons.update(exp.get("unresolvable") or {})
+        top = "; ".join(f"{n}x {r}" for r, n in list(reasons.items())[:3])
+        close = exp.get("closest")
+        near = f"; closest {close['node']} lacks {close['lacks']}" if close else ""
+        return f"pending: 0/{exp.get('candidates', 0)} nodes fit ({top}){near}"
+    p = c["points"]
+    parts = " + ".join(f"{k} {_fmt(p[k])}" for k in PARTS)
+    extra = ""
+    if p["rounding"]:
+        extra += f" {'-' if p['rounding'] < 0 else '+'} rounding {_fmt(abs(p['rounding']))}"
+    if p["choice"]:
+        extra += f" + choice {p['choice']}"
+    line = f"{c['node']} score {c['score']} = {parts}{extra}"
+    ties = exp.get("ties") or {}
+    if ties.get("count", 0) > 1:
+        line += f"; {ties['count']} tied, {ties['broken_by']} wins"
+    ru = exp.get("runners_up") or []
+    if ru:
+        line += f"; runner-up {ru[0]['node']} ({ru[0]['score']}): {ru[0]['why_lost']}"
+    if not c.get("engine_choice", True):
+        line += "; kube-scheduler overruled the engine's choice"
+    return line

@@ -1,0 +1,229 @@
+"""Decision records: a bounded in-memory ring of what the extender decided, explained on demand.
+
+Recording is cheap on purpose (filter and prioritize are the hot path): a record keeps
+references to the decision's inputs, the immutable snapshot it was made on, the request
+and the candidate positions, and nothing is computed until someone asks
+(``GET /v1/inspect/decisions``, ``topoplace explain``, the demo), when
+:func:`scheduler.core.explain.explain` takes the decision apart. Same inputs, same
+answer: the explanation is the decision's, not a later re-run on a changed cluster.
+
+The ring is bounded in records and in estimated bytes: each record's candidate
+positions, plus each snapshot held by any record once (its node arrays and tables;
+records of one generation share their snapshot). The oldest records go first.
+
+Gang decisions are recorded as the plan or refusal the gang runtime produced (small
+JSON-ready dicts), and a member's filter as the planned node it was given.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from scheduler.core.explain import PARTS, explain
+from scheduler.core.model import PodRequest
+from scheduler.core.snapshot import ClusterSnapshot
+
+DEFAULT_MAX_RECORDS = 2048
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+RECORD_OVERHEAD = 256
+"""Bytes counted per record besides what it references (the record itself)."""
+SUMMARY_MAX_CHARS = 400
+"""The one-line summary written into the placement record is cut to this length."""
+
+
+@dataclass(slots=True)
+class Record:
+    """One decision. ``snap``/``req``/``pos`` for single pods, ``info`` for gangs."""
+
+    seq: int
+    at: float
+    verb: str
+    pod: str
+    gang: str = ""
+    snap: ClusterSnapshot | None = None
+    req: PodRequest | None = None
+    pos: np.ndarray | None = None
+    info: Mapping[str, Any] = field(default_factory=dict)
+    size: int = RECORD_OVERHEAD
+
+
+def _snapshot_bytes(snap: ClusterSnapshot) -> int:
+    a = snap.arrays
+    arrays = sum(getattr(a, f).nbytes for f in a.__dataclass_fields__)
+    return arrays + 8 * len(snap.nodes) + 200 * len(snap.pods)
+
+
+class DecisionLog:
+    """The ring of decision records (thread-safe; bind runs on worker threads).
+
+    Args:
+        params: returns the scheduling parameters the decisions were made with.
+        max_records / max_bytes: bounds of the ring.
+        clock: wall-clock seconds, stamped on each record.
+    """
+
+    def __init__(
+        self,
+        params: Callable[[], Any],
+        max_records: int = DEFAULT_MAX_RECORDS,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._params = params
+        self.max_records = max_records
+        self.max_bytes = max_bytes
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._ring: deque[Record] = deque()
+        self._held: dict[int, list[int]] = {}  # id(snapshot) -> [records holding it, bytes]
+        self._bytes = 0
+        self._seq = 0
+
+    # ---- recording (cheap) ---------------------------------------------------------------
+
+    def record(self, verb: str, snap: ClusterSnapshot, req: PodRequest, pos: np.ndarray) -> None:
+        """Record a single pod's filter or prioritize decision: references only."""
+        rec = Record(0, self._clock(), verb, req.key, req.gang, snap, req, pos)
+        rec.size = RECORD_OVERHEAD + int(pos.nbytes)
+        self._add(rec)
+
+    def record_info(self, verb: str, pod: str, gang: str, info: Mapping[str, Any]) -> None:
+        """Record a gang decision (a plan, a refusal, a member's planned node)."""
+        rec = Record(0, self._clock(), verb, pod, gang, info=info)
+        rec.size = RECORD_OVERHEAD + len(orjson.dumps(info, default=str))
+        self._add(rec)
+
+    def _add(self, rec: Record) -> None:
+        with self._lock:
+            self._seq += 1
+            rec.seq = self._seq
+            if rec.snap is not None:
+                held = self._held.get(id(rec.snap))
+                if held is None:
+                    size = _snapshot_bytes(rec.snap)
+                    self._held[id(rec.snap)] = [1, size]
+                    self._bytes += size
+                else:
+                    held[0] += 1
+            self._ring.append(rec)
+            self._bytes += rec.size
+            while self._ring and (
+                len(self._ring) > self.max_records or self._bytes > self.max_bytes
+            ):
+                self._evict()
+
+    def _evict(self) -> None:
+        """Drop the oldest record, and the bytes of its snapshot with the last record
+        holding it (records keep their snapshot alive, so ids stay unique while held)."""
+        old = self._ring.popleft()
+        self._bytes -= old.size
+        if old.snap is not None:
+            held = self._held[id(old.snap)]
+            held[0] -= 1
+            if held[0] == 0:
+                del self._held[id(old.snap)]
+                self._bytes -= held[1]
+
+    # ---- reading (explains on demand) ----------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        """Records held, estimated bytes, and the bounds."""
+        with self._lock:
+            return {
+                "records": len(self._ring),
+                "bytes": self._bytes,
+                "max_records": self.max_records,
+                "max_bytes": self.max_bytes,
+                "recorded": self._seq,
+            }
+
+    def records(self, pod: str | None = None, limit: int = 20) -> list[Record]:
+        """The newest records, newest first: of ``pod`` and the plans and refusals of its
+        gang, or all."""
+        with self._lock:
+            ring = list(self._ring)
+        ring.reverse()
+        if pod is not None:
+            gangs = {r.gang for r in ring if r.pod == pod and r.gang}
+            ring = [
+                r
+                for r in ring
+                if r.pod == pod or (r.gang in gangs and r.verb in ("plan", "refusal"))
+            ]
+        return ring[: max(0, limit)]
+
+    def gang_plan(self, gang: str) -> Mapping[str, Any] | None:
+        """The newest plan recorded for ``gang``."""
+        with self._lock:
+            for r in reversed(self._ring):
+                if r.gang == gang and r.verb == "plan":
+                    return r.info
+        return None
+
+    def explained(self, rec: Record, chosen: str | None = None) -> dict[str, Any]:
+        """The record as JSON: the full explanation for a single pod's decision."""
+        base = {"seq": rec.seq, "at": round(rec.at, 3), "verb": rec.verb, "pod": rec.pod}
+        if rec.gang:
+            base["gang"] = rec.gang
+        if rec.snap is not None and rec.req is not None and rec.pos is not None:
+            body = explain(rec.snap, rec.req, rec.pos, self._params(), rec.verb, chosen)
+            return {**body, **base}
+        return {**base, **dict(rec.info)}
+
+    def explain_pod(self, pod: str, limit: int = 20) -> list[dict[str, Any]]:
+        """Every record of ``pod`` held (newest first), explained."""
+        return [self.explained(r) for r in self.records(pod, limit)]
+
+    def latest(self, pod: str, verbs: tuple[str, ...] = ("filter", "prioritize")) -> Record | None:
+        """The newest single-pod record of ``pod`` made by one of ``verbs``."""
+        with self._lock:
+            for r in reversed(self._ring):
+                if r.pod == pod and r.verb in verbs and r.snap is not None:
+                    return r
+        return None
+
+    def bind_summary(self, pod: str, node: str) -> str:
+        """The one-line why of binding ``pod`` to ``node``, from its latest filter or
+        prioritize record ("" when there is none)."""
+        rec = self.latest(pod)
+        if rec is None or rec.req is None or rec.pos is None or rec.snap is None:
+            return ""
+        exp = explain(rec.snap, rec.req, rec.pos, self._params(), rec.verb, chosen=node)
+        return str(exp["summary"])[:SUMMARY_MAX_CHARS]
+
+
+def with_why(annotation: str, why: str) -> str:
+    """The placement record ``annotation`` with the one-line ``why`` added (readers ignore
+    unknown keys; see docs/DEVELOPING.md)."""
+    if not why:
+        return annotation
+    rec = orjson.loads(annotation)
+    rec["why"] = why
+    return orjson.dumps(rec, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def gang_member_summary(plan: Mapping[str, Any], node: str) -> str:
+    """One line for a gang member's placement record: its plan and the solver's numbers."""
+    d = plan.get("details") or {}
+    used = d.get("domains_used") or {}
+    doms = ", ".join(f"{k} {v}" for k, v in used.items() if k != "node")
+    bits = [f"gang {plan.get('gang')} plan {plan.get('plan')} ({plan.get('policy')})"]
+    bits.append(f"{node} is one of {plan.get('members')} slots")
+    if d.get("solver_status"):
+        bits.append(f"solver {d['solver_status']}, objective {d.get('objective')}")
+        if d.get("gap") is not None:
+            bits[-1] += f", gap {d['gap']}"
+    if doms:
+        bits.append(f"domains used: {doms}")
+    return "; ".join(bits)[:SUMMARY_MAX_CHARS]
+
+
+__all__ = ["PARTS", "DecisionLog", "Record", "gang_member_summary", "with_why"]
