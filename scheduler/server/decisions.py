@@ -176,7 +176,7 @@ class DecisionLog:
         if rec.snap is not None and rec.req is not None and rec.pos is not None:
             body = explain(rec.snap, rec.req, rec.pos, self._params(), rec.verb, chosen)
             return {**body, **base}
-        return {**base, **dict(rec.info)}
+        return {**base, **dict(rec.info), "summary": info_summary(rec.verb, rec.gang, rec.info)}
 
     def explain_pod(self, pod: str, limit: int = 20) -> list[dict[str, Any]]:
         """Every record of ``pod`` held (newest first), explained."""
@@ -210,20 +210,60 @@ def with_why(annotation: str, why: str) -> str:
     return orjson.dumps(rec, option=orjson.OPT_SORT_KEYS).decode()
 
 
-def gang_member_summary(plan: Mapping[str, Any], node: str) -> str:
-    """One line for a gang member's placement record: its plan and the solver's numbers."""
-    d = plan.get("details") or {}
+def _solver_bits(d: Mapping[str, Any]) -> list[str]:
+    bits = []
+    if d.get("solver_status"):
+        text = f"solver {d['solver_status']}, objective {d.get('objective')}"
+        if d.get("gap") is not None:
+            text += f", gap {d['gap']}"
+        bits.append(text)
     used = d.get("domains_used") or {}
     doms = ", ".join(f"{k} {v}" for k, v in used.items() if k != "node")
-    bits = [f"gang {plan.get('gang')} plan {plan.get('plan')} ({plan.get('policy')})"]
-    bits.append(f"{node} is one of {plan.get('members')} slots")
-    if d.get("solver_status"):
-        bits.append(f"solver {d['solver_status']}, objective {d.get('objective')}")
-        if d.get("gap") is not None:
-            bits[-1] += f", gap {d['gap']}"
     if doms:
         bits.append(f"domains used: {doms}")
+    return bits
+
+
+def gang_member_summary(plan: Mapping[str, Any], node: str) -> str:
+    """One line for a gang member's placement record: its plan and the solver's numbers."""
+    slots = plan.get("slots") or []
+    bits = [f"gang {plan.get('gang')} plan {plan.get('plan')} ({plan.get('policy')})"]
+    bits.append(f"{node} holds 1 of {len(slots)} slots")
+    bits += _solver_bits(plan.get("details") or {})
     return "; ".join(bits)[:SUMMARY_MAX_CHARS]
 
 
-__all__ = ["PARTS", "DecisionLog", "Record", "gang_member_summary", "with_why"]
+def info_summary(verb: str, gang: str, info: Mapping[str, Any]) -> str:
+    """One line for a gang record or a bind record."""
+    if verb == "plan":
+        slots = info.get("slots") or []
+        nodes = sorted({s["node"] for s in slots})
+        bits = [
+            f"gang {gang} planned by {info.get('policy')} (plan {info.get('plan')}): "
+            f"{len(slots)} slots on {', '.join(nodes[:6])}{' ...' if len(nodes) > 6 else ''}"
+        ]
+        return "; ".join(bits + _solver_bits(info.get("details") or {}))
+    if verb == "refusal":
+        bits = [
+            f"gang {gang} refused: {info.get('reason')}",
+            f"{info.get('members')} members, {info.get('gpus_requested_by_members_seen')} "
+            f"GPUs asked by the members seen, {info.get('free_gpus')} free GPUs on "
+            f"schedulable nodes",
+        ]
+        return "; ".join(bits + _solver_bits(info.get("details") or {}))
+    if verb == "bind":
+        if info.get("error"):
+            return f"bind to {info.get('node')} failed: {info['error']}"
+        gpus = ",".join(map(str, info.get("gpus") or []))
+        return f"bound to {info.get('node')} GPUs {gpus}" + (
+            f": {info['why']}" if info.get("why") else ""
+        )
+    if info.get("planned_node"):
+        return f"gang member: its planned node is {info['planned_node']}"
+    reasons = info.get("reasons") or {}
+    return (
+        "gang member: no node offered (" + "; ".join(f"{n}x {r}" for r, n in reasons.items()) + ")"
+    )
+
+
+__all__ = ["PARTS", "DecisionLog", "Record", "gang_member_summary", "info_summary", "with_why"]

@@ -159,7 +159,15 @@ function summaryTile(g, f) {
   t.title = "click to zoom in";
   t.append(el("div", "gh", groupTitle(g)), el("div", "st", statsText(g.stats)), bar(g.stats));
   const heat = el("div", "heat");
-  for (const i of g.stats.all) heat.append(heatCell(i, f));
+  // One block per sub-group (a rack, a leaf...), so the fabric stays visible when aggregated.
+  const blocks = g.children.length ? g.children.map((c) => [groupTitle(c), c.stats.all]) : [];
+  if ((g.nodes || []).length || !blocks.length) blocks.push([groupTitle(g), g.nodes || []]);
+  for (const [title, nodes] of blocks) {
+    const b = el("div", "hb");
+    b.title = title;
+    for (const i of nodes) b.append(heatCell(i, f));
+    heat.append(b);
+  }
   t.append(heat);
   if (f.gang && model.gangNodes.has(f.gang) && g.stats.all.some((i) => model.gangNodes.get(f.gang).has(i))) {
     t.classList.add("hl-node");
@@ -287,7 +295,7 @@ async function showPod(pi) {
   try {
     const r = await fetch(`v1/inspect/decisions?pod=${encodeURIComponent(pod.key)}&limit=5`, { cache: "no-store" });
     const d = await r.json();
-    const lines = (d.decisions || []).map((x) => `[${x.verb}] ${x.summary || x.why || x.reason || JSON.stringify(x.planned_node ?? x.node ?? "")}`);
+    const lines = (d.decisions || []).map((x) => `[${x.verb}] ${x.summary}`);
     why.textContent = lines.length ? lines.join("\n") : "no decision record held for this pod (placed before this extender started, or evicted from the ring)";
   } catch (e) {
     why.textContent = `could not load the decision records: ${e}`;
