@@ -46,5 +46,5 @@ def test_demo_table_prints() -> None:
         timeout=120,
         check=True,
     )
-    assert "placed on" in out.stdout and "UNSCHEDULABLE" in out.stdout
-    assert "why nodes were rejected" in out.stdout
+    assert "placed on" in out.stdout and "16 GPUs in one pod: pending" in out.stdout
+    assert "every step behaved" in out.stdout

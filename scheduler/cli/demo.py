@@ -1,11 +1,16 @@
-"""``topoplace demo``: a scripted kube-scheduler conversation over real HTTP.
+"""``topoplace demo``: a scripted kube-scheduler conversation over real HTTP, and why.
 
 Starts the extender in-process (uvicorn on a free loopback port) on the embedded demo
 cluster, then plays kube-scheduler: for each pending pod it POSTs ``filter`` with every
 node name (``nodeCacheCapable: true``), ``prioritize`` when at least two nodes are
 feasible, picks the best score (ties by name; kube-scheduler would pick at random) and
-POSTs ``bind``. It prints one row per pod: where it went, on which GPUs, and why the
-other nodes were rejected.
+POSTs ``bind``. Then it asks the extender why (``GET /v1/inspect/decisions``) and tells
+the story of each step from that record: the winner and its score taken apart, the
+runner-up and why it lost, ties, the node's GPUs before and after, what the other nodes
+lacked. Every caption is computed from the decision; nothing about the outcome is
+written in advance except what each step expects (placed or pending), and the demo exits
+1 when a step does not behave. ``--ui`` then keeps serving the cluster view
+(``/ui``) on the result and opens it in a browser.
 """
 
 from __future__ import annotations
@@ -14,7 +19,10 @@ import logging
 import socket
 import threading
 import time
+import webbrowser
 from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -33,21 +41,20 @@ def free_port() -> int:
 class ServerThread:
     """uvicorn serving an ASGI app on 127.0.0.1 in a background thread (context manager)."""
 
-    def __init__(self, app: Any, port: int | None = None) -> None:
+    def __init__(self, app: Any, port: int | None = None, host: str = "127.0.0.1") -> None:
         import uvicorn
 
+        self.host = host
         self.port = port or free_port()
         self.server = uvicorn.Server(
-            uvicorn.Config(
-                app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off"
-            )
+            uvicorn.Config(app, host=host, port=self.port, log_level="warning", lifespan="off")
         )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property
     def url(self) -> str:
         """Base URL of the server."""
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def __enter__(self) -> ServerThread:
         self.thread.start()
@@ -63,39 +70,72 @@ class ServerThread:
         self.thread.join(timeout=10)
 
 
-def scripted_pods() -> list[tuple[str, dict[str, Any]]]:
-    """The pods the demo schedules, with what each shows."""
+GB200 = {"nvidia.com/gpu.product": "NVIDIA-GB200"}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One scripted pod (or gang) and what the step expects: "placed" or "pending"."""
+
+    title: str
+    pods: tuple[dict[str, Any], ...]
+    expect: str = "placed"
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _step(title: str, pod: dict[str, Any], expect: str = "placed") -> Step:
+    return Step(title, (pod,), expect)
+
+
+def scripted_steps() -> list[Step]:
+    """The demo's steps. Titles say what is asked, never where it should land."""
+    nvlink = {"topoplace.io/min-link": "nvlink"}
     return [
-        ("single GPU", make_pod("notebook-1", 1, namespace="research")),
-        ("single GPU again", make_pod("notebook-2", 1, namespace="research")),
-        ("4 GPUs, best NVLink set", make_pod("llama-ft-1", 4, namespace="ml-train")),
-        ("2 GPUs, fastest pair on the fullest node", make_pod("embed-1", 2, namespace="ml-serve")),
-        (
-            "8 GPUs over NVLink only",
-            make_pod(
-                "gpt-pretrain-0",
-                8,
-                namespace="ml-train",
-                annotations={"topoplace.io/min-link": "nvlink"},
-            ),
+        _step("one GPU", make_pod("notebook-1", 1, namespace="research")),
+        _step("one more GPU", make_pod("notebook-2", 1, namespace="research")),
+        _step("4 GPUs", make_pod("llama-ft-1", 4, namespace="ml-train")),
+        _step("2 GPUs", make_pod("embed-1", 2, namespace="ml-serve")),
+        _step(
+            "8 GPUs, every link NVLink",
+            make_pod("gpt-pretrain-0", 8, namespace="ml-train", annotations=nvlink),
         ),
-        (
-            "4 GB200 GPUs (away from the XID tray)",
+        _step(
+            "4 GB200 GPUs over NVLink",
             make_pod(
                 "moe-infer-0",
                 4,
                 namespace="ml-serve",
-                annotations={"topoplace.io/min-link": "nvlink"},
-                node_selector={"nvidia.com/gpu.product": "NVIDIA-GB200"},
+                annotations=nvlink,
+                node_selector=GB200,
             ),
         ),
-        ("16 GPUs in one pod (fits nowhere)", make_pod("too-big-0", 16, namespace="ml-train")),
+        Step(
+            "a gang of 3 x 4 GB200 GPUs, all or nothing, in one NVLink domain",
+            tuple(
+                make_pod(
+                    f"llama-pt-{i}",
+                    4,
+                    namespace="ml-train",
+                    gang="llama-pt",
+                    gang_size=3,
+                    node_selector=GB200,
+                    annotations={"topoplace.io/topology-required": "nvlink-domain"},
+                )
+                for i in range(3)
+            ),
+        ),
+        _step("16 GPUs in one pod", make_pod("too-big-0", 16, namespace="ml-train"), "pending"),
     ]
+
+
+def scripted_pods() -> list[tuple[str, dict[str, Any]]]:
+    """Every scripted pod with its step's title, in order."""
+    return [(s.title, p) for s in scripted_steps() for p in s.pods]
 
 
 def _schedule(client: httpx.Client, names: list[str], pod: dict[str, Any]) -> dict[str, Any]:
     args = {"Pod": pod, "Nodes": None, "NodeNames": names}
-    f = client.post("/scheduler/filter", content=orjson.dumps(args)).json()
+    f = _ok(client.post("/scheduler/filter", content=orjson.dumps(args)))
     feasible = f["NodeNames"] or []
     row: dict[str, Any] = {
         "feasible": len(feasible),
@@ -109,39 +149,156 @@ def _schedule(client: httpx.Client, names: list[str], pod: dict[str, Any]) -> di
     if f["Error"] or not feasible:
         return row
     if len(feasible) >= 2:
-        scores = client.post(
-            "/scheduler/prioritize", content=orjson.dumps({**args, "NodeNames": feasible})
-        ).json()
+        scores = _ok(
+            client.post(
+                "/scheduler/prioritize", content=orjson.dumps({**args, "NodeNames": feasible})
+            )
+        )
         best = min(scores, key=lambda s: (-s["Score"], s["Host"]))
         row["node"], row["score"] = best["Host"], best["Score"]
     else:
         row["node"] = feasible[0]
     m = pod["metadata"]
-    b = client.post(
-        "/scheduler/bind",
-        content=orjson.dumps(
-            {
-                "PodName": m["name"],
-                "PodNamespace": m["namespace"],
-                "PodUID": m["uid"],
-                "Node": row["node"],
-            }
-        ),
-    ).json()
+    b = _ok(
+        client.post(
+            "/scheduler/bind",
+            content=orjson.dumps(
+                {
+                    "PodName": m["name"],
+                    "PodNamespace": m["namespace"],
+                    "PodUID": m["uid"],
+                    "Node": row["node"],
+                }
+            ),
+        )
+    )
     row["error"] = b["Error"]
-    placements = client.get("/v1/inspect/placements").json()["placements"]
+    placements = _ok(client.get("/v1/inspect/placements"))["placements"]
     key = f"{m['namespace']}/{m['name']}"
     row["gpus"] = next((p["gpus"] for p in placements if p["pod"] == key), [])
     return row
 
 
-def _reasons(row: dict[str, Any]) -> str:
+def _ok(r: httpx.Response) -> Any:
+    """The JSON of a 200 answer; anything else fails the step."""
+    if r.status_code != 200:
+        raise StepFailed(f"{r.request.method} {r.request.url.path}: HTTP {r.status_code}")
+    return r.json()
+
+
+class StepFailed(Exception):
+    """A step did not behave (an HTTP error, a bind error, an unexpected outcome)."""
+
+
+def _reasons(row: Mapping[str, Any]) -> str:
     c = Counter(row["failed"].values())
     c.update(row["unresolvable"].values())
     return "; ".join(f"{n}x {r}" for r, n in sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def run_demo(cluster: str | None = None, as_json: bool = False) -> int:
+# ---- captions: computed from the decision record ------------------------------------------
+
+
+def _single_caption(exp: Mapping[str, Any]) -> str:
+    """Why the pod went where it went (or stayed pending), from its explanation."""
+    c = exp.get("chosen")
+    if not c:
+        close = exp.get("closest")
+        top = next(iter({**exp.get("failed", {}), **exp.get("unresolvable", {})}), "no node")
+        near = f"; the closest, {close['node']}, lacks {close['lacks']}" if close else ""
+        return f"fits nowhere: {top}{near}"
+    bits = []
+    occ = c.get("occupancy") or {}
+    used = len(occ.get("used_before") or [])
+    if used:
+        bits.append(f"packs onto {c['node']} ({used}/{occ['capacity']} GPUs already in use)")
+    else:
+        bits.append(f"takes an idle node, {c['node']}")
+    ru = exp.get("runners_up") or []
+    ties = exp.get("ties") or {}
+    if ties.get("count", 0) > 1:
+        bits.append(f"{ties['count']} nodes tie at the top, {ties['broken_by']} wins")
+    elif ru:
+        bits.append(f"beats {ru[0]['node']}: it {ru[0]['why_lost']}")
+    else:
+        bits.append("the only node that can take it")
+    skipped = [
+        f"{', '.join(exp['examples'].get(r, []))} ({r})"
+        for r in exp.get("unresolvable", {})
+        if exp.get("examples", {}).get(r)
+    ]
+    if skipped:
+        bits.append("never considered: " + "; ".join(skipped[:3]))
+    return "; ".join(bits)
+
+
+def _gang_caption(plan: Mapping[str, Any] | None) -> str:
+    if not plan:
+        return "no plan recorded"
+    slots = plan.get("slots") or []
+    nodes = sorted({s["node"] for s in slots})
+    d = plan.get("details") or {}
+    used = d.get("domains_used") or {}
+    bound = d.get("lower_bound") or {}
+    doms = [
+        f"{used[k]} {k} (fewest possible {bound.get(k, '?')})"
+        for k in ("nvlink-domain", "leaf")
+        if k in used
+    ]
+    text = f"planned whole by {plan.get('policy')}: {len(slots)} members on {', '.join(nodes)}"
+    if doms:
+        text += "; uses " + ", ".join(doms)
+    if d.get("solver_status"):
+        text += f"; solver {d['solver_status']}"
+    return text
+
+
+def _story(step: Step, rows: list[dict[str, Any]], records: list[list[dict[str, Any]]]) -> None:
+    from scheduler.cli.explain import occupancy_line, render_single
+
+    for row, recs in zip(rows, records, strict=True):
+        single = next((r for r in recs if "chosen" in r), None)
+        if single is not None:
+            for line in render_single(single, indent="     "):
+                print(f"   {line}")
+        else:
+            node = row["node"] or "UNSCHEDULABLE"
+            print(f"   {row['pod']} -> {node} GPUs {','.join(map(str, row['gpus'])) or '-'}")
+            if row.get("occupancy"):
+                print(f"     occupancy {occupancy_line(row['node'], row['occupancy'])}")
+    print(f"   why: {rows[0]['caption']}")
+
+
+def _gpu_states(client: httpx.Client) -> dict[str, list[int]]:
+    """Node -> per-GPU state codes of the cluster view (``scheduler.server.ui``)."""
+    view = _ok(client.get("/v1/inspect/view"))
+    return {n["name"]: n["gpus"] for n in view["nodes"]}
+
+
+def _occupancy(node: str, gpus: list[int], before: Mapping[str, list[int]]) -> dict[str, Any]:
+    """GPU use of ``node`` before the pod (from the view taken before its filter) and after."""
+    from scheduler.server.ui import GPU_BAD, GPU_FREE, GPU_RESERVED
+
+    states = before.get(node)
+    if states is None:
+        return {}
+    used = [i for i, s in enumerate(states) if s not in (GPU_FREE, GPU_BAD, GPU_RESERVED)]
+    return {
+        "capacity": len(states),
+        "used_before": used,
+        "used_after": sorted(set(used) | set(gpus)),
+        "reserved_before": [i for i, s in enumerate(states) if s == GPU_RESERVED],
+        "unhealthy": [i for i, s in enumerate(states) if s == GPU_BAD],
+    }
+
+
+def run_demo(
+    cluster: str | None = None,
+    as_json: bool = False,
+    ui: bool = False,
+    port: int | None = None,
+    open_browser: bool = True,
+) -> int:
     """Run the demo; returns 0 when every scripted step behaved, 1 otherwise."""
     from scheduler.cli.main import build_file_extender, load_params
     from scheduler.server.app import create_app
@@ -150,41 +307,108 @@ def run_demo(cluster: str | None = None, as_json: bool = False) -> int:
     params = load_params(None)
     extender, what = build_file_extender(cluster, params)
     app = create_app(extender, description=what)
-    rows = []
-    with ServerThread(app) as srv, httpx.Client(base_url=srv.url, timeout=10) as client:
-        names = [
-            n["metadata"]["name"]
-            for n in client.get("/v1/inspect/snapshot").json()["items"]
-            if n["kind"] == "Node"
-        ]
-        for what_it_shows, pod in scripted_pods():
-            row = _schedule(client, names, pod)
-            row["pod"] = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
-            row["what"] = what_it_shows
-            row["request"] = int(
-                pod["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"]
+    rows: list[dict[str, Any]] = []
+    failures: list[str] = []
+    with ServerThread(app, port) as srv, httpx.Client(base_url=srv.url, timeout=30) as client:
+        nodes = _ok(client.get("/v1/inspect/nodes"))
+        names = [n["name"] for n in nodes["nodes"]]
+        if not as_json:
+            print(
+                f"topoplace demo on the {what}: {len(names)} nodes, "
+                f"{nodes['assumed_topology_nodes']} with unknown interconnect (treated as "
+                f"all-SYS); score weights {_weights(params)}\n"
             )
-            rows.append(row)
-        nodes_info = client.get("/v1/inspect/nodes").json()
-    if as_json:
-        print(
-            orjson.dumps({"cluster": what, "decisions": rows}, option=orjson.OPT_INDENT_2).decode()
-        )
-        return 0
-    print(
-        f"topoplace demo on the {what}: {len(names)} nodes, "
-        f"{nodes_info['assumed_topology_nodes']} with unknown interconnect (treated as all-SYS)\n"
-    )
-    header = f"{'pod':<24} {'gpus':>4}  {'placed on':<16} {'GPU ids':<12} {'score':>5}  {'feasible':>8}  what it shows"
-    print(header)
-    print("-" * len(header))
-    for r in rows:
-        gpus = ",".join(map(str, r["gpus"])) if r["gpus"] else "-"
-        print(
-            f"{r['pod']:<24} {r['request']:>4}  {r['node'] or 'UNSCHEDULABLE':<16} {gpus:<12} "
-            f"{'' if r['score'] is None else r['score']:>5}  {r['feasible']:>8}  {r['what']}"
-        )
-    print("\nwhy nodes were rejected:")
-    for r in rows:
-        print(f"  {r['pod']:<24} {_reasons(r) or '-'}")
-    return 0
+        for n, step in enumerate(scripted_steps(), 1):
+            step_rows, records = [], []
+            try:
+                for pod in step.pods:
+                    before = _gpu_states(client)
+                    row = _schedule(client, names, pod)
+                    m = pod["metadata"]
+                    key = f"{m['namespace']}/{m['name']}"
+                    recs = _ok(client.get("/v1/inspect/decisions", params={"pod": key}))
+                    row.update(
+                        pod=key,
+                        what=step.title,
+                        request=int(
+                            pod["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"]
+                        ),
+                        occupancy=_occupancy(row["node"], row["gpus"], before)
+                        if row["node"]
+                        else {},
+                    )
+                    step_rows.append(row)
+                    records.append(recs["decisions"])
+            except (StepFailed, httpx.HTTPError) as exc:
+                failures.append(f"step {n} ({step.title}): {exc}")
+                if not as_json:
+                    print(f"{n}. {step.title}: FAILED: {exc}")
+                continue
+            caption = _caption(step, step_rows, records)
+            for r in step_rows:
+                r["caption"] = caption
+                single = next((x for x in records[step_rows.index(r)] if "chosen" in x), None)
+                r["explanation"] = single
+            outcome = (
+                "placed"
+                if all(r["node"] and not r["error"] for r in step_rows)
+                else ("pending" if not any(r["node"] for r in step_rows) else "partly placed")
+            )
+            for r in step_rows:
+                r["expected"], r["ok"] = step.expect, outcome == step.expect
+            rows += step_rows
+            if outcome != step.expect:
+                errs = "; ".join(r["error"] for r in step_rows if r["error"])
+                failures.append(
+                    f"step {n} ({step.title}): expected {step.expect}, got {outcome}"
+                    + (f" ({errs})" if errs else "")
+                )
+            if not as_json:
+                mark = "" if outcome == step.expect else f"  FAILED: expected {step.expect}"
+                print(f"{n}. {step.title}: {outcome}{mark}")
+                _story(step, step_rows, records)
+                print()
+        if as_json:
+            print(
+                orjson.dumps(
+                    {"cluster": what, "decisions": rows, "failures": failures, "ok": not failures},
+                    option=orjson.OPT_INDENT_2,
+                ).decode()
+            )
+        else:
+            print(f"{len(rows)} pods in {len(scripted_steps())} steps; ", end="")
+            print("every step behaved" if not failures else f"{len(failures)} step(s) FAILED:")
+            for f in failures:
+                print(f"  {f}")
+        if ui:
+            url = f"{srv.url}/ui"
+            print(f"\ncluster view: {url}  (Ctrl-C to stop)", flush=True)
+            if open_browser:
+                webbrowser.open(url)
+            try:
+                while srv.thread.is_alive():
+                    time.sleep(0.5)
+            except KeyboardInterrupt:
+                pass
+    return 1 if failures else 0
+
+
+def _weights(params: Any) -> str:
+    w = params.weights
+    return f"topology {w.topology:g}, health {w.health:g}, packing {w.packing:g}"
+
+
+def _caption(step: Step, rows: list[dict[str, Any]], records: list[list[dict[str, Any]]]) -> str:
+    """The step's caption, from its decision records."""
+    gang_plan = next((r for recs in records for r in recs if r.get("verb") == "plan"), None)
+    if len(step.pods) > 1 or gang_plan is not None:
+        if gang_plan is None:
+            refusal = next(
+                (r for recs in records for r in recs if r.get("verb") == "refusal"), None
+            )
+            return refusal["summary"] if refusal else "no gang record"
+        return _gang_caption(gang_plan)
+    single = next((r for r in records[0] if "chosen" in r), None)
+    if single is None:
+        return f"no decision recorded; rejected: {_reasons(rows[0]) or '-'}"
+    return _single_caption(single)

@@ -33,6 +33,7 @@ _OPTIONAL_COMMANDS = (
     ("scheduler.cli.plan", "add_parser"),
     ("scheduler.cli.bench", "add_parser"),
     ("scheduler.cli.kubecmd", "add_snapshot_parser"),
+    ("scheduler.cli.explain", "add_parser"),
 )
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -141,6 +142,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--cluster", help="use this cluster file instead of the demo cluster")
     demo.add_argument("--json", action="store_true", help="print the decisions as JSON")
+    demo.add_argument(
+        "--ui",
+        action="store_true",
+        help="then keep serving the cluster view (/ui) on the result and open it in a browser",
+    )
+    demo.add_argument("--port", type=port_type, help="port of the demo's extender (default: any)")
+    demo.add_argument(
+        "--no-browser", action="store_true", help="with --ui: print the URL, open nothing"
+    )
     demo.set_defaults(func=cmd_demo)
 
     from scheduler.cli.certs import add_parser as add_certs_parser
@@ -384,7 +394,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Replay the scripted kube-scheduler session and print the decisions."""
     from scheduler.cli.demo import run_demo
 
-    return run_demo(args.cluster, as_json=args.json)
+    return run_demo(
+        args.cluster,
+        as_json=args.json,
+        ui=args.ui,
+        port=args.port,
+        open_browser=not args.no_browser,
+    )
 
 
 def _one_line(text: str) -> str:

@@ -58,6 +58,9 @@ RUNNERS_UP = 3
 TIED_SHOWN = 8
 """How many tied node names an explanation lists (the count is always exact)."""
 
+EXAMPLES = 3
+"""Node names listed per rejection reason (the first by name; counts are always exact)."""
+
 DIGITS = 4
 """Points are rounded to this many decimals; ``rounding`` absorbs the difference so the
 rounded parts still add up to the score."""
@@ -128,15 +131,33 @@ def _node_row(
     }
 
 
-def _why_lost(winner: Mapping[str, Any], other: Mapping[str, Any], tie_by_name: bool) -> str:
-    """Why ``other`` ranked below ``winner``, in words."""
-    if tie_by_name:
-        return f"tied at rank {winner['rank']:.4f}; {winner['node']} comes first by name"
-    deficits = {k: winner["points"][k] - other["points"][k] for k in PARTS}
+def _why_lost(
+    chosen: Mapping[str, Any], other: Mapping[str, Any], cmp: int, names_first: bool
+) -> str:
+    """How ``other`` compares with the node the pod went to, in words. ``cmp``: the sign
+    of other's rank minus the chosen node's (exact); ``names_first``: ``other``'s name
+    sorts before the chosen node's."""
+    if cmp == 0:
+        if not names_first:
+            return (
+                f"tied at rank {chosen['rank']:.4f}; lost the tie-break by name to {chosen['node']}"
+            )
+        return (
+            f"tied at rank {chosen['rank']:.4f} and first by name; "
+            f"{chosen['node']} was bound instead"
+        )
+    if cmp > 0:
+        gains = {k: other["points"][k] - chosen["points"][k] for k in PARTS}
+        part = max(PARTS, key=lambda k: (gains[k], -PARTS.index(k)))
+        return (
+            f"ranked above {chosen['node']} ({gains[part]:.2f} points more {part}); "
+            f"{chosen['node']} was bound instead"
+        )
+    deficits = {k: chosen["points"][k] - other["points"][k] for k in PARTS}
     part = max(PARTS, key=lambda k: (deficits[k], -PARTS.index(k)))
     return (
-        f"{deficits[part]:.2f} points less {part} "
-        f"({other['components'][part]:.2f} vs {winner['components'][part]:.2f})"
+        f"lost on {part}: {deficits[part]:.2f} points less "
+        f"({other['components'][part]:.2f} vs {chosen['components'][part]:.2f})"
     )
 
 
@@ -266,9 +287,15 @@ def explain(
     comps = components(snap, req, pos)
     failed: dict[str, int] = {}
     unresolvable: dict[str, int] = {}
+    examples: dict[str, list[str]] = {}
+    order = name_order(snap)
     for never, reason, idx in verdict_groups(snap, pos, codes):
         target = unresolvable if never else failed
         target[reason] = target.get(reason, 0) + len(idx)
+        at = pos.take(idx)
+        at = at[at >= 0]
+        first = at[np.argsort(order.take(at), kind="stable")[:EXAMPLES]]
+        examples.setdefault(reason, []).extend(snap.nodes[int(i)].name for i in first.tolist())
     out: dict[str, Any] = {
         "pod": req.key,
         "verb": verb,
@@ -284,6 +311,7 @@ def explain(
         "feasible": int((codes == FEASIBLE).sum()),
         "failed": dict(sorted(failed.items(), key=lambda kv: (-kv[1], kv[0]))),
         "unresolvable": dict(sorted(unresolvable.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "examples": {r: sorted(v)[:EXAMPLES] for r, v in sorted(examples.items())},
         "generation": snap.generation,
     }
     # The node explained: the one the pod went to, else the engine's choice.
@@ -319,11 +347,16 @@ def explain(
     # Ties at the top rank and the runners-up, best first (ties by name, as the engine).
     top = rank[j]
     tied = np.flatnonzero(rank == top)
-    order = name_order(snap)
     tied_names = sorted(snap.nodes[int(pos[t])].name for t in tied.tolist())
     out["ties"] = {
         "count": len(tied),
-        "broken_by": "lowest node name" if len(tied) > 1 else "",
+        "broken_by": (
+            ""
+            if len(tied) < 2
+            else "lowest node name"
+            if j == best
+            else "its scheduler (not the engine's choice)"
+        ),
         "tied": tied_names[:TIED_SHOWN],
     }
     ok = np.flatnonzero((rank >= 0) & (np.arange(len(pos)) != j))
@@ -333,7 +366,8 @@ def explain(
     rows = []
     for r in ok.tolist():
         other = _node_row(snap, req, int(pos[r]), comps, r, float(rank[r]), int(scores[r]), params)
-        other["why_lost"] = _why_lost(row, other, bool(rank[r] == top))
+        cmp = int(np.sign(rank[r] - rank[j]))
+        other["why_lost"] = _why_lost(row, other, cmp, other["node"] < row["node"])
         rows.append(other)
     out["runners_up"] = rows
     out["closest"] = None
@@ -371,5 +405,5 @@ def summary_line(exp: Mapping[str, Any]) -> str:
     if ru:
         line += f"; runner-up {ru[0]['node']} ({ru[0]['score']}): {ru[0]['why_lost']}"
     if not c.get("engine_choice", True):
-        line += "; kube-scheduler overruled the engine's choice"
+        line += "; not the engine's choice"
     return line

@@ -258,6 +258,11 @@ def info_summary(verb: str, gang: str, info: Mapping[str, Any]) -> str:
         return f"bound to {info.get('node')} GPUs {gpus}" + (
             f": {info['why']}" if info.get("why") else ""
         )
+    if info.get("planned_node") and verb == "prioritize":
+        return (
+            f"gang member: its planned node {info['planned_node']} scores {info.get('score')} "
+            f"(gang plan {info.get('score')}), every other node 0"
+        )
     if info.get("planned_node"):
         return f"gang member: its planned node is {info['planned_node']}"
     reasons = info.get("reasons") or {}

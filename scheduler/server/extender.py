@@ -449,10 +449,10 @@ class Extender:
         if self.gangs is not None and req.gang:
             scores = self.gangs.prioritize(self, req, names)
             if scores is not None:
-                top = [n for n, s in scores if s]
-                self.decisions.record_info(
-                    "prioritize", req.key, req.gang, {"planned_node": top[0] if top else None}
-                )
+                top = [(n, s) for n, s in scores if s]
+                node, score = top[0] if top else (None, 0)
+                info = {"planned_node": node, "score": score, "points": {"gang plan": score}}
+                self.decisions.record_info("prioritize", req.key, req.gang, info)
         if scores is None:
             snap = self.cache.snapshot()
             scores = score_nodes(snap, req, names, self.params)
