@@ -48,3 +48,90 @@ def test_demo_table_prints() -> None:
     )
     assert "placed on" in out.stdout and "16 GPUs in one pod: pending" in out.stdout
     assert "every step behaved" in out.stdout
+
+
+def test_demo_captions_come_from_the_decisions() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "scheduler.cli.main", "demo", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    doc = json.loads(out.stdout)
+    assert doc["ok"] is True and doc["failures"] == []
+    rows = {r["pod"]: r for r in doc["decisions"]}
+    for r in rows.values():
+        assert r["ok"] and r["caption"]
+        exp = r["explanation"]
+        if exp is not None and exp["chosen"] is not None:
+            # The caption names the node the pod really went to, and the record's numbers.
+            assert r["node"] == exp["chosen"]["node"] and r["node"] in r["caption"]
+            used = exp["chosen"]["occupancy"]["used_before"]
+            assert r["occupancy"]["used_before"] == used
+            assert r["occupancy"]["used_after"] == sorted(set(used) | set(r["gpus"]))
+    embed = rows["ml-serve/embed-1"]
+    assert embed["caption"].startswith("takes an idle node")  # not "the fullest node"
+    moe = rows["ml-serve/moe-infer-0"]
+    assert "gb200-r000-t05 (GPU fault condition)" in moe["caption"]
+    gang = [r for r in doc["decisions"] if r["pod"].startswith("ml-train/llama-pt-")]
+    assert len(gang) == 3 and "1 nvlink-domain" in gang[0]["caption"]
+    assert rows["ml-train/too-big-0"]["expected"] == "pending"
+
+
+def test_demo_exits_1_when_a_step_fails(tmp_path) -> None:
+    """On a cluster without the GPUs the script needs, steps fail and the demo says so."""
+    import yaml
+
+    from scheduler.cli.clusterfile import demo_cluster_path, load_cluster
+
+    nodes, _, _ = load_cluster(str(demo_cluster_path()))
+    small = [
+        {"kind": "Node", "apiVersion": "v1", **n}
+        for n in nodes
+        if n["metadata"]["name"].startswith("pcie-")
+    ]
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": small}))
+    out = subprocess.run(
+        [sys.executable, "-m", "scheduler.cli.main", "demo", "--cluster", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1, out.stdout[-2000:]
+    assert "FAILED: expected placed" in out.stdout
+    assert "step(s) FAILED" in out.stdout
+
+
+def test_demo_ui_serves_the_cluster_view() -> None:
+    import signal
+
+    import httpx
+
+    from scheduler.cli.demo import free_port
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scheduler.cli.main", "--log-level", "WARNING", "demo", "--ui"]
+        + ["--no-browser", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("cluster view:"):
+                break
+        assert line.split()[2] == f"http://127.0.0.1:{port}/ui"
+        page = httpx.get(f"http://127.0.0.1:{port}/ui", timeout=10)
+        assert page.status_code == 200 and "cluster view" in page.text
+        view = httpx.get(f"http://127.0.0.1:{port}/v1/inspect/view", timeout=10).json()
+        keys = {p["key"] for p in view["pods"]}
+        assert {"research/notebook-1", "ml-train/llama-pt-2"} <= keys
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -16,6 +16,7 @@ written in advance except what each step expects (placed or pending), and the de
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 import threading
 import time
@@ -385,6 +386,9 @@ def run_demo(
             print(f"\ncluster view: {url}  (Ctrl-C to stop)", flush=True)
             if open_browser:
                 webbrowser.open(url)
+            # Re-arm Ctrl-C: after serving requests, the process-level SIGINT disposition was
+            # found at its default (the demo died on Ctrl-C, exit -2, without cleanup).
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             try:
                 while srv.thread.is_alive():
                     time.sleep(0.5)
