@@ -10,7 +10,9 @@ been painted (``window.topoplaceView.sinceNavigationMs``: HTML, script, the
 context, no cache). Prints the conditions, runs, median and p99, for the default view
 (aggregated above 300 nodes) and for one group zoomed into.
 
-``--screenshot FILE`` also saves a screenshot of the last run's default view.
+``--screenshot FILE`` also saves a screenshot of the last run's default view;
+``--demo-screenshot FILE`` only saves the view of the demo cluster after the demo's steps
+(the screenshots in ``docs/``).
 """
 
 from __future__ import annotations
@@ -116,16 +118,47 @@ def measure(url: str, runs: int, zoom: str = "", screenshot: str = "") -> list[d
     return out
 
 
+def demo_screenshot(path: str, gang: str = "ml-train/llama-pt") -> None:
+    """Screenshot of the view of the demo cluster after the demo's steps, ``gang``
+    selected and one member's decision in the side panel (docs/ui-demo-cluster.png)."""
+    import httpx
+
+    from scheduler.cli import demo
+    from scheduler.cli.main import build_file_extender, load_params
+    from scheduler.server.app import create_app
+
+    ext, what = build_file_extender(None, load_params(None))
+    with demo.ServerThread(create_app(ext, description=what)) as srv, chromium() as browser:
+        with httpx.Client(base_url=srv.url, timeout=30) as client:
+            names = list(ext.cache.snapshot().names)
+            for _, pod in demo.scripted_pods():
+                demo._schedule(client, names, pod)
+        page = browser.new_page(viewport={"width": 1500, "height": 1000})
+        page.goto(srv.url + "/ui")
+        wait_drawn(page)
+        page.locator(f'.gpu[data-gang="{gang}"]').first.click()
+        page.wait_for_function(
+            "() => !document.querySelector('#panel pre').textContent.startsWith('asking')"
+        )
+        page.screenshot(path=path, full_page=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=2000)
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--screenshot", default="", help="save the default view here (PNG)")
+    ap.add_argument(
+        "--demo-screenshot", default="", help="only save the demo cluster's view here (PNG)"
+    )
     args = ap.parse_args(argv)
     why = browser_missing()
     if why:
         print(f"cannot run: {why}", file=sys.stderr)
         return 2
+    if args.demo_screenshot:
+        demo_screenshot(args.demo_screenshot)
+        return 0
     from scheduler.cli.demo import ServerThread
 
     app = serve_synthetic(args.nodes)
