@@ -173,12 +173,12 @@ def main(argv: list[str] | None = None) -> int:
             f"zoomed into {first}": measure(srv.url + "/ui", args.runs, zoom=first),
         }
         body = len(httpx.get(srv.url + "/v1/inspect/view", timeout=60).content)
-    import playwright
+    from importlib.metadata import version
 
     print(
         f"cluster view render time: {args.nodes} nodes (synthetic_cluster), {args.runs} runs per "
         f"case, fresh browser context each; Chromium {CHROMIUM} headless via Playwright "
-        f"{getattr(playwright, '__version__', '?')}; view model {body / 1024:.0f} KiB; "
+        f"{version('playwright')}; view model {body / 1024:.0f} KiB; "
         f"python {platform.python_version()}, {os.cpu_count()} CPUs, "
         f"load average {os.getloadavg()[0]:.2f}"
     )
