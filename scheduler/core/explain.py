@@ -375,6 +375,59 @@ def explain(
     return out
 
 
+def summarize(
+    snap: ClusterSnapshot,
+    req: PodRequest,
+    pos: np.ndarray,
+    params: SchedParams,
+    verb: str = "filter",
+    chosen: str | None = None,
+) -> str:
+    """``explain(...)["summary"]`` for a placed pod, computing only what the line shows
+    (the chosen node's parts, the tie count, the runner-up): a few vector operations over
+    the candidates, no per-reason grouping, for bind, which writes it into the placement
+    record. "" when the pod would not be placed (a pod that binds was placed)."""
+    pos = np.asarray(pos, dtype=np.int64)
+    codes = filter_codes(snap, req, pos, params)
+    rank = rank_positions(snap, req, pos, params).copy()
+    if verb != "prioritize":
+        rank[codes != FEASIBLE] = -1.0
+    best = best_position(snap, pos, rank)
+    j = best
+    if chosen is not None:
+        hits = np.flatnonzero(pos == snap.index.get(chosen, -2))
+        j = int(hits[0]) if len(hits) else -1
+    if j < 0 or rank[j] < 0:
+        return ""
+
+    def row(i: int) -> dict[str, Any]:
+        score = MAX_SCORE if i == best else min(int(np.floor(rank[i] * MAX_SCORE + 1e-9)), 9)
+        comps = components(snap, req, pos[i : i + 1])
+        return _node_row(snap, req, int(pos[i]), comps, 0, float(rank[i]), score, params)
+
+    c = row(j)
+    c["engine_choice"] = j == best
+    top = rank[j]
+    count = int((rank == top).sum())
+    others = rank.copy()
+    others[j] = -1.0
+    r = best_position(snap, pos, others)
+    runners = []
+    if r >= 0:
+        other = row(r)
+        cmp = int(np.sign(rank[r] - top))
+        other["why_lost"] = _why_lost(c, other, cmp, other["node"] < c["node"])
+        runners.append(other)
+    broken = "lowest node name" if j == best else "its scheduler (not the engine's choice)"
+    return summary_line(
+        {
+            "chosen": c,
+            "ties": {"count": count, "broken_by": broken if count > 1 else ""},
+            "runners_up": runners,
+        }
+    )
+
+
 def _fmt(x: float) -> str:
     return f"{x:.2f}"
 

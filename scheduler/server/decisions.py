@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from scheduler.core.explain import PARTS, explain
+from scheduler.core.explain import PARTS, explain, summarize
 from scheduler.core.model import PodRequest
 from scheduler.core.snapshot import ClusterSnapshot
 
@@ -196,8 +196,8 @@ class DecisionLog:
         rec = self.latest(pod)
         if rec is None or rec.req is None or rec.pos is None or rec.snap is None:
             return ""
-        exp = explain(rec.snap, rec.req, rec.pos, self._params(), rec.verb, chosen=node)
-        return str(exp["summary"])[:SUMMARY_MAX_CHARS]
+        line = summarize(rec.snap, rec.req, rec.pos, self._params(), rec.verb, chosen=node)
+        return line[:SUMMARY_MAX_CHARS]
 
 
 def with_why(annotation: str, why: str) -> str:

@@ -20,7 +20,7 @@ import yaml
 from scheduler.cli.clusterfile import demo_cluster_path, load_cluster
 from scheduler.cli.demo import ServerThread, scripted_pods, scripted_steps
 from scheduler.cli.main import build_file_extender, load_params, main
-from scheduler.core.explain import PARTS, explain
+from scheduler.core.explain import PARTS, explain, summarize
 from scheduler.core.model import PLACEMENT_ANNOTATION
 from scheduler.core.objects import placement_of, request_from_pod
 from scheduler.core.schedule import filter_nodes, score_positions
@@ -153,6 +153,30 @@ def test_explain_matches_score_positions_on_every_node() -> None:
         assert len(shown) == int((want > 0).sum()) or exp["chosen"] is None
         # Deterministic, and the same snapshot gives the same answer twice.
         assert explain(snap, req, pos, params, "prioritize", runners_up=len(pos)) == exp
+
+
+def test_bind_summary_is_the_explanations_summary() -> None:
+    """The light path bind uses gives the same line as the full explanation, for the
+    engine's choice and for another node, on every demo pod."""
+    params = load_params(None)
+    nodes, pods, extra = load_cluster(str(demo_cluster_path()))
+    snap = build_snapshot(nodes, pods, params, extra)
+    pos = np.arange(len(snap.nodes), dtype=np.int64)
+    compared = 0
+    for _, pod in scripted_pods():
+        req = request_from_pod(pod, params.fabric)
+        for verb in ("filter", "prioritize"):
+            exp = explain(snap, req, pos, params, verb)
+            if exp["chosen"] is None:
+                assert summarize(snap, req, pos, params, verb) == ""
+                continue
+            assert summarize(snap, req, pos, params, verb) == exp["summary"]
+            for other in exp["runners_up"]:
+                full = explain(snap, req, pos, params, verb, chosen=other["node"])
+                line = summarize(snap, req, pos, params, verb, chosen=other["node"])
+                assert line == full["summary"] and "not the engine's choice" in line
+                compared += 1
+    assert compared > 20
 
 
 def test_tie_and_runner_up_reasons() -> None:
