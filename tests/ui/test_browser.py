@@ -2,7 +2,7 @@
 Playwright's Python API through its executable path) on the demo cluster.
 
 Skipped, with the reason, where Playwright or Chromium is missing (``.ci/run`` installs
-both). The screenshot goes to ``$TOPOPLACE_ARTIFACTS`` (default: the test's tmp dir).
+both). The screenshot goes to ``$TOPOPLACE_ARTIFACTS`` (default: ``artifacts/`` at the repository root, git-ignored).
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ XID_TRAY = "gb200-r000-t05"
 
 
 def test_demo_cluster_view_in_chromium(tmp_path: Path) -> None:
-    artifacts = Path(os.environ.get("TOPOPLACE_ARTIFACTS") or tmp_path)
+    artifacts = Path(
+        os.environ.get("TOPOPLACE_ARTIFACTS") or Path(__file__).resolve().parents[2] / "artifacts"
+    )
     artifacts.mkdir(parents=True, exist_ok=True)
     with (
         ServerThread(demo_app()) as srv,
