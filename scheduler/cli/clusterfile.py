@@ -2,7 +2,9 @@
 
 The format is exactly what ``kubectl get nodes,pods -A -o json`` prints (JSON or YAML,
 also multi-document YAML or a bare list of objects). PodGroup objects of the gang APIs
-are kept in ``extra["podgroups"]`` keyed ``namespace/name``. Other kinds are ignored.
+are kept in ``extra["podgroups"]`` keyed ``namespace/name``; DRA objects (ResourceSlice,
+ResourceClaim, DeviceClass) in ``extra`` as ``scheduler.core.dra.extra_of`` keeps them.
+Other kinds are ignored.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import orjson
 import yaml
 
+from scheduler.core.dra import extra_of
 from scheduler.core.objects import object_key
 
 
@@ -64,7 +67,9 @@ def parse_cluster(
             groups[object_key(obj)] = dict(obj)
     if not nodes:
         raise ClusterFileError(f"{source}: no Node objects found")
-    return nodes, pods, {"podgroups": groups} if groups else {}
+    extra: dict[str, Any] = {"podgroups": groups} if groups else {}
+    extra.update(extra_of(items))
+    return nodes, pods, extra
 
 
 def load_cluster(

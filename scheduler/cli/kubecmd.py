@@ -79,7 +79,8 @@ def check_kubeconfig(kubeconfig: str | None, context: str | None = None) -> None
 
 
 def snapshot_list(api: Any, all_pods: bool = False, podgroups: bool = True) -> dict[str, Any]:
-    """The cluster as a ``List`` (Nodes sorted by name, then Pods, then PodGroups by key).
+    """The cluster as a ``List`` (Nodes sorted by name, then Pods, then PodGroups by key,
+    then the DRA DeviceClasses, ResourceSlices and ResourceClaims when served).
 
     Args:
         api: a :class:`~scheduler.kube.client.KubeApi` (or anything with its methods).
@@ -101,10 +102,17 @@ def snapshot_list(api: Any, all_pods: bool = False, podgroups: bool = True) -> d
             names = {r.get("name") for r in (res or {}).get("resources") or ()}
             if kind.plural in names:
                 groups += api.list(kind).get("items") or []
+    from scheduler.core.dra import extra_of, objects_of
+    from scheduler.kube.dra import discover
+
+    dra_objs: list[dict[str, Any]] = []
+    for kind in discover(api):  # ResourceSlices, ResourceClaims, DeviceClasses when served
+        dra_objs += api.list(kind).get("items") or []
     items = (
         sorted(nodes, key=lambda n: str(meta(n).get("name") or ""))
         + sorted(pods, key=object_key)
         + sorted(groups, key=lambda g: (object_key(g), str(g.get("apiVersion"))))
+        + objects_of(extra_of(dra_objs))
     )
     return {"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items}
 
@@ -134,7 +142,12 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         counts: dict[str, int] = {}
         for item in lst["items"]:
             counts[item.get("kind", "?")] = counts.get(item.get("kind", "?"), 0) + 1
-        summary = ", ".join(f"{n} {k}s" for k, n in sorted(counts.items())) or "no objects"
+        summary = (
+            ", ".join(
+                f"{n} {k}{'es' if k.endswith('s') else 's'}" for k, n in sorted(counts.items())
+            )
+            or "no objects"
+        )
         print(f"wrote {args.output}: {summary}", file=sys.stderr)
     return 0
 
@@ -153,7 +166,7 @@ def add_snapshot_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``topoplace snapshot`` on the top-level sub-parsers."""
     p = subparsers.add_parser(
         "snapshot",
-        help="write the live cluster (Nodes, Pods, PodGroups) as a cluster file",
+        help="write the live cluster (Nodes, Pods, PodGroups, DRA objects) as a cluster file",
         description=__doc__.split("\n\n")[1] if __doc__ else None,
     )
     p.add_argument("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, in-cluster, ~/.kube)")

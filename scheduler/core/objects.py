@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from scheduler.core.dra import dra_gpu_count
 from scheduler.core.health import REASON_UNMODELED, HealthParams, assess_node
 from scheduler.core.linkclass import class_rank
 from scheduler.core.model import (
@@ -230,6 +231,9 @@ def _modeled_node(
     labels = frozen_map(_strmap(m.get("labels"), "metadata.labels"))
     annotations = frozen_map(_strmap(m.get("annotations"), "metadata.annotations"))
     cap, alloc = _node_gpu_counts(node)
+    if cap == 0 and devices:
+        # A DRA node: its GPUs are ResourceSlice devices, not an extended resource.
+        cap = alloc = dra_gpu_count(_lmap(devices).get(name, ()))
     shape, how = resolve_node_shape(labels, annotations, cap)
     allocatable = _obj(_obj(node.get("status"), "status").get("allocatable"), "allocatable")
     cpu = allocatable.get("cpu")

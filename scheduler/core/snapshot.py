@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from scheduler.core import dra
 from scheduler.core.health import NOW_KEY, RESOURCESLICES_KEY, devices_by_node, parse_time
 from scheduler.core.linkclass import LINK_CLASSES, feasible_sizes
 from scheduler.core.model import (
@@ -337,6 +338,7 @@ def build_snapshot(
     cpu: dict[str, int] = {}
     mem: dict[str, int] = {}
     pods: dict[str, PodInfo] = {}
+    taken.update(_claim_holdings(extra or EMPTY_MAP, nodes, pods))  # DRA: before pods
     for p, node_name in bound:
         node = nodes.get(node_name)
         if node is None:
@@ -372,6 +374,56 @@ def build_snapshot(
         policy=params.selection_policy,
         generation=0,
         extra=MappingProxyType(dict(extra or {})),
+    )
+
+
+def _claim_holdings(
+    extra: Mapping[str, Any], nodes: Mapping[str, NodeInfo], pods: dict[str, PodInfo]
+) -> dict[str, int]:
+    """Allocated ResourceClaims of ``extra`` as ledger holdings (``dra.HOLDER_PREFIX`` keys)
+    added to ``pods``; returns the GPU masks they hold per node. Claims are exact facts
+    (device names), so they are counted before pods whose indices may be inferred."""
+    claims = extra.get(dra.CLAIMS_KEY)
+    if not claims:
+        return {}
+    values = claims.values() if isinstance(claims, Mapping) else claims
+    inv = dra.inventory(extra.get(RESOURCESLICES_KEY))
+    taken: dict[str, int] = {}
+    for c in sorted((c for c in values if isinstance(c, Mapping)), key=dra.object_key):
+        info = claim_holding_info(c, inv, nodes.get)
+        if info is None:
+            continue
+        mask = indices_to_mask(info.gpus)
+        if mask & taken.get(info.node, 0):
+            log.warning("claim %s names a GPU another claim holds; not counted", info.key)
+            continue
+        taken[info.node] = taken.get(info.node, 0) | mask
+        pods[info.key] = info
+    return taken
+
+
+def claim_holding_info(
+    claim: Mapping[str, Any], inv: dra.Inventory, node_of: Any, assumed: bool = False
+) -> PodInfo | None:
+    """The ledger holding of an allocated claim (None: it holds no GPU of a known node).
+    ``node_of(name)`` returns the snapshot's NodeInfo or None."""
+    held = dra.claim_holding(claim, inv)
+    if held is None:
+        return None
+    node = node_of(held[0])
+    if node is None:
+        return None
+    gpus = tuple(g for g in held[1] if g < node.gpu_capacity)
+    if not gpus:
+        return None
+    uid = meta(claim).get("uid")
+    return PodInfo(
+        key=dra.holder_key(dra.object_key(claim)),
+        uid=uid if isinstance(uid, str) else "",
+        node=node.name,
+        gpus=gpus,
+        assumed=assumed,
+        raw=claim,
     )
 
 

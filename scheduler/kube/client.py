@@ -478,6 +478,49 @@ class KubeApi:
             raise decode_status(resp.data, int(resp.status), str(resp.reason or ""))
         return json_object(resp.data)
 
+    def request_json(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        """A raw JSON request to ``path`` (GET/PUT/PATCH/POST/DELETE) on the client's pool,
+        with its credentials (as :meth:`create_binding`); the answer decoded. For the few
+        writes that have no generated method shape worth using (claim status, JSON
+        patches). Errors map as for every other call."""
+        import urllib3
+
+        client = self.api_client
+        connect, read = self.timeouts.request
+        data = None if body is None else orjson.dumps(body)
+        for attempt in (0, 1):
+            headers = self._post_headers(fresh=attempt > 0)
+            headers["Content-Type"] = content_type
+            try:
+                resp = client.rest_client.pool_manager.request(
+                    method,
+                    client.configuration.host + path,
+                    body=data,
+                    headers=headers,
+                    timeout=urllib3.Timeout(connect=connect, read=read),
+                    preload_content=True,
+                    retries=False,
+                )
+            except Exception as exc:  # urllib3.exceptions.HTTPError, OSError, ...
+                raise _unavailable(exc) from None
+            if resp.status != 401:
+                break
+        if not 200 <= resp.status < 300:
+            raise decode_status(resp.data, int(resp.status), str(resp.reason or ""))
+        try:
+            out = orjson.loads(resp.data)
+        except orjson.JSONDecodeError as exc:
+            raise ApiUnavailable(f"response is not JSON: {exc}") from None
+        if not isinstance(out, dict):
+            raise ApiUnavailable("response is not a JSON object")
+        return out
+
     def patch_pod_annotations(
         self, namespace: str, name: str, annotations: Mapping[str, str]
     ) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from scheduler.core.dra import HOLDER_PREFIX
 from scheduler.core.model import RESERVATION_PREFIX
 from scheduler.core.objects import ObjectError, object_key, placement_of, request_from_pod
 from scheduler.runtime.cache import ClusterCache
@@ -184,7 +185,7 @@ def recover(
     placements = inferred = mismatched = 0
     pods = 0
     for key, p in snap.pods.items():
-        if key.startswith(RESERVATION_PREFIX):
+        if key.startswith((RESERVATION_PREFIX, HOLDER_PREFIX)):
             continue
         pods += 1
         if not p.gpus:

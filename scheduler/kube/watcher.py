@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.core.objects import gang_of, meta, object_key, pod_gpus, pod_terminated
+from scheduler.kube import dra as kdra
 from scheduler.kube.client import (
     NODES,
     PODS,
@@ -92,6 +93,8 @@ class WatchOptions:
         seed: seed of the jitter RNG (deterministic delays in tests).
         watch_seconds: server-side duration of one watch request (None: the client's).
         podgroups: discover and watch PodGroup APIs.
+        dra: discover and watch ``resource.k8s.io`` ResourceSlices, ResourceClaims and
+            DeviceClasses (:mod:`scheduler.kube.dra`).
     """
 
     broken_after_s: float = 30.0
@@ -101,6 +104,7 @@ class WatchOptions:
     seed: int = 0
     watch_seconds: int | None = None
     podgroups: bool = True
+    dra: bool = True
 
 
 class Backoff:
@@ -278,12 +282,14 @@ class KubeWatcher:
         kinds = [NODES, PODS]
         if self.options.podgroups:
             kinds += self.discover_podgroups()
+        if self.options.dra:
+            kinds += kdra.discover(self.api)
         lists: dict[str, dict[str, Any]] = {}
         for kind in kinds:
             try:
                 lists[kind.name] = self.api.list(kind)
             except ApiError as exc:
-                if kind in POD_GROUP_KINDS and exc.status in (403, 404):
+                if (kind in POD_GROUP_KINDS or kdra.is_dra_kind(kind)) and exc.status in (403, 404):
                     log.warning("not watching %s: %s", kind.name, exc)
                     continue
                 raise
@@ -332,6 +338,8 @@ class KubeWatcher:
         """Rebuild the cache from every store, keeping other ``extra`` entries (lock held)."""
         extra = dict(self.cache.snapshot().extra)
         extra[PODGROUPS_EXTRA] = self.podgroups()
+        if self._dra_stores():
+            extra.update(kdra.extra_from_stores(self._dra_stores()))
         self.cache.replace_all(
             self.streams[NODES.name].store.values(),
             self.streams[PODS.name].store.values(),
@@ -381,6 +389,8 @@ class KubeWatcher:
                 self._node_event(s, typ, obj)
             elif s.kind == PODS:
                 self._pod_event(s, typ, obj)
+            elif kdra.is_dra_kind(s.kind):
+                self._dra_event(s, typ, obj)
             else:
                 self._group_event(s, typ, obj)
             if rv:
@@ -417,6 +427,25 @@ class KubeWatcher:
                 self.cache.remember_pending(obj)
         elif s.store.pop(key, None) is not None:
             self.cache.delete_pod(key)
+
+    def _dra_stores(self) -> dict[str, dict[str, Any]]:
+        """Stores of the watched DRA kinds by plural (lock held)."""
+        return {s.kind.plural: s.store for s in self.streams.values() if kdra.is_dra_kind(s.kind)}
+
+    def _dra_event(self, s: ResourceStream, typ: str, obj: dict[str, Any]) -> None:
+        """Claims change one ledger holding; slices and classes re-read every node."""
+        key = self._key(s.kind, obj)  # namespace/name ("default/" for cluster-scoped kinds)
+        if typ == "DELETED":
+            s.store.pop(key, None)
+        else:
+            s.store[key] = obj
+        if s.kind.plural == "resourceclaims":
+            self.cache.apply_claim(key, None if typ == "DELETED" else obj)
+        elif s.kind.plural == "resourceslices":
+            self._rebuild()  # node GPU counts and device taints: rare events
+        else:
+            extra = kdra.extra_from_stores(self._dra_stores())
+            self.cache.set_extra(kdra.dra.CLASSES_KEY, extra[kdra.dra.CLASSES_KEY])
 
     def _group_event(self, s: ResourceStream, typ: str, obj: dict[str, Any]) -> None:
         key = object_key(obj)

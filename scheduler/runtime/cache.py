@@ -30,13 +30,16 @@ from typing import Any
 
 import orjson
 
+from scheduler.core import dra
 from scheduler.core.model import NodeInfo, PodInfo
 from scheduler.core.objects import ObjectError, object_key, pod_terminated, redacted_pod
 from scheduler.core.params import SchedParams
 from scheduler.core.podmap import PodMap
 from scheduler.core.snapshot import (
     ClusterSnapshot,
+    DoubleBookingError,
     build_snapshot,
+    claim_holding_info,
     node_from_update,
     pod_info_for,
     with_node_health,
@@ -118,6 +121,7 @@ class ClusterCache:
         self._pending: OrderedDict[str, PendingPod] = OrderedDict()
         self._pending_bytes = 0
         self._nominated: dict[str, str] = {}
+        self._dra_inv: tuple[Any, dra.Inventory] = (None, dra.EMPTY_INVENTORY)
         self.plans: dict[str, Any] = {}
         """Gang plans by gang key; owned by the gang layer, guarded by :attr:`lock`."""
 
@@ -395,6 +399,68 @@ class ClusterCache:
             self._snap = replace(
                 self._snap, extra=MappingProxyType(extra), generation=self._snap.generation + 1
             )
+
+    def dra_inventory(self, snap: ClusterSnapshot | None = None) -> dra.Inventory:
+        """The DRA devices of ``snap`` (the current snapshot when None), computed once per
+        list of ResourceSlices."""
+        slices = (snap or self._snap).extra.get(dra.SLICES_KEY)
+        cached = self._dra_inv
+        if cached[0] is not slices:
+            cached = (slices, dra.inventory(slices) if slices else dra.EMPTY_INVENTORY)
+            self._dra_inv = cached
+        return cached[1]
+
+    def apply_claim(self, key: str, claim: Mapping[str, Any] | None) -> None:
+        """A ResourceClaim from the API (None: deleted): stored in ``extra`` and, when
+        allocated, holding its GPUs in the ledger whoever allocated it; a claim that is not
+        (or no longer) allocated releases them, except topoplace's own assumed allocation
+        of a claim whose write the watch has not shown yet. The API is the truth: an
+        allocation that collides with an *assumed* holding (kube-scheduler allocated the
+        same device at the same moment) replaces that assumption, which
+        ``scheduler.kube.allocator`` then detects and retries."""
+        with self._lock:
+            snap = self._snap
+            claims = dict(snap.extra.get(dra.CLAIMS_KEY) or {})
+            if claim is None:
+                claims.pop(key, None)
+            else:
+                claims[key] = claim
+            extra = dict(snap.extra)
+            extra[dra.CLAIMS_KEY] = claims
+            snap = replace(snap, extra=MappingProxyType(extra), generation=snap.generation + 1)
+            hk = dra.holder_key(key)
+            old = snap.pods.get(hk)
+            info = None
+            if claim is not None:
+                info = claim_holding_info(claim, self.dra_inventory(snap), snap.node)
+            if info is None:
+                if old is not None and not (old.assumed and claim is not None):
+                    snap = without_pod(snap, hk)
+                    self._expiry.pop(hk, None)
+                self._snap = snap
+                return
+            try:
+                snap = _holding(snap, info)
+            except DoubleBookingError:
+                mask = sum(1 << g for g in info.gpus)
+                for k, p in list(snap.pods.items()):
+                    if (
+                        p.assumed
+                        and p.node == info.node
+                        and k != hk
+                        and sum(1 << g for g in p.gpus) & mask
+                    ):
+                        log.warning("claim %s took GPUs assumed for %s: assumption dropped", key, k)
+                        snap = without_pod(snap, k)
+                        self._expiry.pop(k, None)
+                try:
+                    snap = _holding(snap, info)
+                except ValueError as exc:
+                    log.error("claim %s conflicts with held GPUs on %s: %s", key, info.node, exc)
+            except KeyError:
+                pass
+            self._expiry.pop(hk, None)
+            self._snap = snap
 
     def delete_pod(self, key: str) -> None:
         """A pod is gone: release its resources (idempotent)."""

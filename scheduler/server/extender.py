@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 import orjson
 
+from scheduler.core import dra
 from scheduler.core.model import PLACEMENT_ANNOTATION, RESERVATION_PREFIX, PodInfo, PodRequest
 from scheduler.core.objects import (
     ObjectError,
@@ -684,9 +685,10 @@ class Extender:
             items.append({"kind": "Node", "apiVersion": "v1", **n.raw})
         for key in sorted(snap.pods):
             p = snap.pods[key]
-            if p.key.startswith(RESERVATION_PREFIX) or not p.raw:
+            if p.key.startswith((RESERVATION_PREFIX, dra.HOLDER_PREFIX)) or not p.raw:
                 continue
             items.append({"kind": "Pod", "apiVersion": "v1", **redacted_pod(p.raw)})
+        items += dra.objects_of(snap.extra)
         return {"kind": "List", "apiVersion": "v1", "metadata": {}, "items": items}
 
     def placements(self) -> dict[str, Any]:

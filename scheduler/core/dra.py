@@ -1,0 +1,814 @@
+"""DRA (``resource.k8s.io``) GPUs as facts of the per-node GPU ledger. Pure.
+
+Kubernetes Dynamic Resource Allocation publishes GPUs as ResourceSlice devices and hands
+them to pods through ResourceClaims. This module turns those objects into what the rest of
+topoplace already reasons about, a node's GPU indices, and predicts what kube-scheduler's
+own allocator will hand out:
+
+* :func:`inventory`: ResourceSlices -> devices per node, in the order kube-scheduler's
+  allocator tries them, each mapped to a GPU index (the ``index`` attribute, the parent
+  of a MIG device, a ``gpu-<n>`` name, else the position among the node's full GPUs).
+  Only the newest generation of each pool counts; incomplete pools (fewer slices than
+  ``resourceSliceCount``) are left out, as the allocator leaves them out.
+* :func:`claim_holding`: an allocated claim -> (node, GPU indices) it holds, whoever
+  allocated it (kube-scheduler, topoplace, another allocator). A MIG device holds its
+  parent GPU as far as whole-GPU placement is concerned.
+* :func:`claim_requests` / :func:`first_fit`: the devices kube-scheduler's allocator
+  (``k8s.io/dynamic-resource-allocation/structured``, 1.32-1.34) picks for unallocated
+  claims on one node: requests in order, each device in slice order, the first full
+  solution with backtracking over ``matchAttribute`` constraints, NoSchedule/NoExecute
+  device taints without a toleration skipped, shared counters (partitionable devices)
+  respected.
+
+Every DRA API version is read: v1beta1 (``basic`` devices, requests with
+``deviceClassName``/``count`` at the top), v1beta2 and v1 (flat devices, ``exactly``).
+
+Device selectors are CEL. :func:`cel_predicate` understands the forms DeviceClasses and
+claims use for GPUs (``device.driver == '...'``, ``device.attributes['d'].name == / !=
+<literal>``, ``&&`` of those); a selector outside that subset makes the prediction
+*unknown* (:class:`Prediction` ``known=False``), never a guess.
+
+Pool order: the allocator walks pools in Go map order (unspecified) and a pool's slices in
+lister order. With the NVIDIA driver's layout, one pool of one slice per node and driver,
+the order is exactly the slice's device order; with several slices per pool the
+prediction assumes slice-name order (:attr:`Inventory.exact_order` says which nodes).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from scheduler.core.health import device_gpu_index
+from scheduler.core.model import EMPTY_MAP, MAX_NODE_GPUS
+from scheduler.core.quantity import quantity_int
+
+GROUP = "resource.k8s.io"
+SLICES_KEY = "resourceslices"
+"""``ClusterSnapshot.extra`` key of ResourceSlice objects (a list; shared with core.health)."""
+CLAIMS_KEY = "resourceclaims"
+"""``ClusterSnapshot.extra`` key of ResourceClaim objects (``namespace/name`` -> object)."""
+CLASSES_KEY = "deviceclasses"
+"""``ClusterSnapshot.extra`` key of DeviceClass objects (name -> object)."""
+HOLDER_PREFIX = "resourceclaim:"
+"""Ledger key prefix of an allocated claim's holding (``resourceclaim:ns/name``); pod keys
+never contain ``:``, so the two never collide."""
+DELETE_PROTECTION = "resource.kubernetes.io/delete-protection"
+"""The finalizer kube-scheduler puts on claims it allocates (an external allocator must too)."""
+GPU_DRIVERS = ("gpu.nvidia.com",)
+MAX_STEPS = 200_000
+"""Search budget of :func:`first_fit` (device attempts); beyond it the prediction is unknown."""
+
+_BLOCKING = ("NoSchedule", "NoExecute")
+_GPU_NAME = re.compile(r"^gpu-([0-9]+)$")
+
+DeviceId = tuple[str, str, str]
+"""(driver, pool, device name): how claims name devices."""
+
+
+def _map(v: Any) -> Mapping[str, Any]:
+    return v if isinstance(v, Mapping) else EMPTY_MAP
+
+
+def _seq(v: Any) -> Sequence[Any]:
+    return v if isinstance(v, list | tuple) else ()
+
+
+def _str(v: Any) -> str:
+    return v if isinstance(v, str) else ""
+
+
+def _int(v: Any, default: int = 0) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else default
+
+
+def object_key(obj: Mapping[str, Any]) -> str:
+    """``namespace/name`` of a claim (``default`` namespace if absent)."""
+    m = _map(obj.get("metadata"))
+    return f"{_str(m.get('namespace')) or 'default'}/{_str(m.get('name'))}"
+
+
+def holder_key(claim_key: str) -> str:
+    """Ledger key of a claim's holding."""
+    return HOLDER_PREFIX + claim_key
+
+
+# ---- devices ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One ResourceSlice device, as the allocator and the ledger see it.
+
+    Attributes:
+        driver / pool / name: its identity in claims (``id``).
+        slice: the ResourceSlice it is published in.
+        node: the node of its slice (``spec.nodeName``).
+        gpu: GPU index on the node (a MIG device's parent), None if it is not a GPU.
+        kind: the ``type`` attribute (``gpu``, ``mig``, ...; ``gpu`` for ``gpu-<n>`` names
+            without one).
+        uuid: the ``uuid`` attribute.
+        attributes: qualified name -> scalar value (plain names are the driver's own).
+        capacity: capacity name -> quantity text.
+        taints: NoSchedule/NoExecute device taints (key, value, effect).
+        consumes: (counter set, counter -> amount in base units) this device uses.
+    """
+
+    driver: str
+    pool: str
+    name: str
+    slice: str
+    node: str
+    gpu: int | None
+    kind: str
+    uuid: str
+    attributes: Mapping[str, Any] = field(default_factory=lambda: EMPTY_MAP, compare=False)
+    capacity: Mapping[str, str] = field(default_factory=lambda: EMPTY_MAP, compare=False)
+    taints: tuple[tuple[str, str, str], ...] = ()
+    consumes: tuple[tuple[str, Mapping[str, int]], ...] = ()
+
+    @property
+    def id(self) -> DeviceId:
+        """(driver, pool, name)."""
+        return (self.driver, self.pool, self.name)
+
+    @property
+    def whole_gpu(self) -> bool:
+        """A full GPU (not a partition)."""
+        return self.gpu is not None and self.kind == "gpu"
+
+    def attribute(self, qualified: str) -> Any:
+        """Attribute value by fully qualified name (``driver/name`` finds plain ``name``)."""
+        if qualified in self.attributes:
+            return self.attributes[qualified]
+        domain, _, ident = qualified.rpartition("/")
+        if domain == self.driver and ident in self.attributes:
+            return self.attributes[ident]
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """DRA devices of a cluster, by node and by id.
+
+    Attributes:
+        by_node: node -> devices in allocator order.
+        by_id: (driver, pool, name) -> device.
+        gpus: node -> GPU count its DRA devices describe (highest GPU index + 1).
+        counters: (driver, pool, counter set) -> counter -> amount (shared counters).
+        exact_order: nodes whose devices come from one slice per pool (allocator order
+            known exactly).
+    """
+
+    by_node: Mapping[str, tuple[Device, ...]]
+    by_id: Mapping[DeviceId, Device]
+    gpus: Mapping[str, int]
+    counters: Mapping[tuple[str, str, str], Mapping[str, int]]
+    exact_order: frozenset[str]
+
+
+EMPTY_INVENTORY = Inventory(EMPTY_MAP, EMPTY_MAP, EMPTY_MAP, EMPTY_MAP, frozenset())
+
+
+def _spec_devices(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [d for d in _seq(spec.get("devices")) if isinstance(d, Mapping)]
+
+
+def _body(device: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The device's fields (v1beta1 nests them under ``basic``)."""
+    basic = device.get("basic")
+    return basic if isinstance(basic, Mapping) else device
+
+
+def _scalar(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        for kind in ("int", "bool", "string", "version"):
+            if kind in v:
+                return v[kind]
+        return None
+    return v
+
+
+def _device(
+    driver: str, pool: str, sname: str, node: str, raw: Mapping[str, Any], position: int
+) -> Device:
+    body = _body(raw)
+    attrs = {str(k): _scalar(v) for k, v in _map(body.get("attributes")).items()}
+    name = _str(raw.get("name"))
+    kind = _str(attrs.get("type")).lower()
+    m = _GPU_NAME.match(name)
+    if not kind and m:
+        kind = "gpu"
+    gpu: int | None = None
+    if kind in ("gpu", "mig"):
+        gpu = device_gpu_index(raw, (), MAX_NODE_GPUS)
+        if gpu is None and kind == "gpu":
+            gpu = position if position < MAX_NODE_GPUS else None
+    taints = tuple(
+        (_str(t.get("key")), _str(t.get("value")), _str(t.get("effect")))
+        for t in (_map(x) for x in _seq(body.get("taints")))
+        if _str(t.get("effect")) in _BLOCKING
+    )
+    consumes = tuple(
+        (
+            _str(c.get("counterSet")),
+            MappingProxyType(
+                {
+                    str(k): quantity_int(_map(v).get("value"))
+                    for k, v in _map(c.get("counters")).items()
+                }
+            ),
+        )
+        for c in (_map(x) for x in _seq(body.get("consumesCounters")))
+    )
+    return Device(
+        driver=driver,
+        pool=pool,
+        name=name,
+        slice=sname,
+        node=node,
+        gpu=gpu,
+        kind=kind,
+        uuid=_str(attrs.get("uuid")),
+        attributes=MappingProxyType(attrs),
+        capacity=MappingProxyType(
+            {str(k): str(_map(v).get("value", "")) for k, v in _map(body.get("capacity")).items()}
+        ),
+        taints=taints,
+        consumes=consumes,
+    )
+
+
+def inventory(slices: Any, drivers: Sequence[str] = GPU_DRIVERS) -> Inventory:
+    """Index node-local ResourceSlices (``spec.nodeName``) of ``drivers`` (all when empty).
+
+    Never raises on odd objects: anything unreadable is skipped. Deterministic: slices are
+    taken in (driver, pool, slice name) order whatever order they come in.
+    """
+    pools: dict[tuple[str, str], list[tuple[int, str, Mapping[str, Any]]]] = {}
+    for s in _seq(slices):
+        if not isinstance(s, Mapping):
+            continue
+        spec = _map(s.get("spec"))
+        driver = _str(spec.get("driver"))
+        node = _str(spec.get("nodeName"))
+        if not node or not driver or (drivers and driver not in drivers):
+            continue
+        pool = _map(spec.get("pool"))
+        pname = _str(pool.get("name"))
+        gen = _int(pool.get("generation"))
+        sname = _str(_map(s.get("metadata")).get("name"))
+        pools.setdefault((driver, pname), []).append((gen, sname, s))
+    by_node: dict[str, list[Device]] = {}
+    by_id: dict[DeviceId, Device] = {}
+    counters: dict[tuple[str, str, str], Mapping[str, int]] = {}
+    slices_of: dict[str, int] = {}
+    for (driver, pname), entries in sorted(pools.items()):
+        newest = max(g for g, _, _ in entries)
+        current = sorted((n, s) for g, n, s in entries if g == newest)
+        want = _int(_map(_map(current[0][1].get("spec")).get("pool")).get("resourceSliceCount"), 1)
+        if len(current) != want:
+            continue  # incomplete pool: the allocator does not use it
+        names: set[str] = set()
+        devs: list[Device] = []
+        for sname, s in current:
+            spec = _map(s.get("spec"))
+            node = _str(spec.get("nodeName"))
+            slices_of[node] = slices_of.get(node, 0) + 1
+            for c in _seq(spec.get("sharedCounters")):
+                c = _map(c)
+                counters[(driver, pname, _str(c.get("name")))] = MappingProxyType(
+                    {
+                        str(k): quantity_int(_map(v).get("value"))
+                        for k, v in _map(c.get("counters")).items()
+                    }
+                )
+            whole = 0
+            for raw in _spec_devices(spec):
+                d = _device(driver, pname, sname, node, raw, whole)
+                if d.kind == "gpu":
+                    whole += 1
+                devs.append(d)
+                names.add(d.name)
+        if len(names) != len(devs):
+            continue  # duplicate device names: an invalid pool, not used by the allocator
+        for d in devs:
+            by_node.setdefault(d.node, []).append(d)
+            by_id[d.id] = d
+    gpus = {
+        n: min(MAX_NODE_GPUS, max((d.gpu for d in ds if d.gpu is not None), default=-1) + 1)
+        for n, ds in by_node.items()
+    }
+    return Inventory(
+        by_node=MappingProxyType({n: tuple(ds) for n, ds in sorted(by_node.items())}),
+        by_id=MappingProxyType(by_id),
+        gpus=MappingProxyType({n: g for n, g in gpus.items() if g > 0}),
+        counters=MappingProxyType(counters),
+        exact_order=frozenset(n for n, c in slices_of.items() if c == 1),
+    )
+
+
+def dra_gpu_count(devices: Iterable[Any]) -> int:
+    """GPUs a node's raw DRA devices (``health.devices_by_node``) describe: the highest
+    full-GPU index + 1 (0 when none; at most ``MAX_NODE_GPUS``)."""
+    top = -1
+    whole = 0
+    for raw in devices if isinstance(devices, Iterable) else ():
+        if not isinstance(raw, Mapping):
+            continue
+        kind = _str(_scalar(_map(_body(raw).get("attributes")).get("type"))).lower()
+        if kind not in ("gpu", "") or (not kind and not _GPU_NAME.match(_str(raw.get("name")))):
+            continue
+        i = device_gpu_index(raw, (), MAX_NODE_GPUS)
+        top = max(top, whole if i is None else i)
+        whole += 1
+    return min(MAX_NODE_GPUS, top + 1)
+
+
+# ---- claims ----------------------------------------------------------------------------------
+
+
+def allocated_ids(claim: Mapping[str, Any]) -> tuple[DeviceId, ...]:
+    """Devices in a claim's ``status.allocation`` (empty when not allocated)."""
+    alloc = _map(_map(claim.get("status")).get("allocation"))
+    out = []
+    for r in _seq(_map(alloc.get("devices")).get("results")):
+        r = _map(r)
+        out.append((_str(r.get("driver")), _str(r.get("pool")), _str(r.get("device"))))
+    return tuple(out)
+
+
+def is_allocated(claim: Mapping[str, Any]) -> bool:
+    """Whether the claim has ``status.allocation``."""
+    return bool(_map(_map(claim.get("status")).get("allocation")))
+
+
+def allocation_node(claim: Mapping[str, Any]) -> str:
+    """The node an allocation's ``nodeSelector`` pins (``metadata.name In [node]``), or ""."""
+    sel = _map(_map(_map(claim.get("status")).get("allocation")).get("nodeSelector"))
+    for term in _seq(sel.get("nodeSelectorTerms")):
+        for f in _seq(_map(term).get("matchFields")):
+            f = _map(f)
+            vals = _seq(f.get("values"))
+            if f.get("key") == "metadata.name" and f.get("operator") == "In" and len(vals) == 1:
+                return _str(vals[0])
+    return ""
+
+
+def claim_holding(claim: Mapping[str, Any], inv: Inventory) -> tuple[str, tuple[int, ...]] | None:
+    """(node, sorted GPU indices) an allocated claim holds, or None when it holds no known
+    GPU (not allocated, other drivers, or devices on several nodes)."""
+    node = ""
+    gpus: set[int] = set()
+    for did in allocated_ids(claim):
+        d = inv.by_id.get(did)
+        if d is None or d.gpu is None:
+            continue
+        if node and d.node != node:
+            return None
+        node = d.node
+        gpus.add(d.gpu)
+    return (node, tuple(sorted(gpus))) if node and gpus else None
+
+
+def pod_claim_names(pod: Mapping[str, Any]) -> tuple[str, ...]:
+    """``namespace/name`` of every ResourceClaim a pod uses, in ``spec.resourceClaims``
+    order: named claims directly, template claims through ``status.resourceClaimStatuses``
+    (absent until the claim is created)."""
+    m = _map(pod.get("metadata"))
+    ns = _str(m.get("namespace")) or "default"
+    generated = {
+        _str(_map(s).get("name")): _str(_map(s).get("resourceClaimName"))
+        for s in _seq(_map(pod.get("status")).get("resourceClaimStatuses"))
+    }
+    out = []
+    for rc in _seq(_map(pod.get("spec")).get("resourceClaims")):
+        rc = _map(rc)
+        name = _str(rc.get("resourceClaimName")) or generated.get(_str(rc.get("name")), "")
+        if name:
+            out.append(f"{ns}/{name}")
+    return tuple(out)
+
+
+def uses_claims(pod: Mapping[str, Any]) -> bool:
+    """Whether a pod references any ResourceClaim (cheap: one key lookup)."""
+    return bool(_seq(_map(pod.get("spec")).get("resourceClaims")))
+
+
+# ---- requests --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One device request of a claim (v1beta1 top-level fields or ``exactly``).
+
+    Attributes:
+        name: request name (results name it).
+        device_class: DeviceClass name.
+        count: devices for ``ExactCount``.
+        all_devices: ``allocationMode: All``.
+        selectors: the request's CEL expressions.
+        tolerations: (key, operator, value, effect) tolerations of device taints.
+        supported: False for forms the prediction does not model (``firstAvailable``,
+            admin access).
+    """
+
+    name: str
+    device_class: str
+    count: int = 1
+    all_devices: bool = False
+    selectors: tuple[str, ...] = ()
+    tolerations: tuple[tuple[str, str, str, str], ...] = ()
+    supported: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimSpec:
+    """What an unallocated claim asks for: its requests and ``matchAttribute`` constraints
+    ((attribute, request names; empty = all requests))."""
+
+    key: str
+    requests: tuple[Request, ...]
+    constraints: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    supported: bool = True
+
+
+def _request(raw: Mapping[str, Any]) -> Request:
+    exact = _map(raw.get("exactly")) or raw
+    mode = _str(exact.get("allocationMode")) or "ExactCount"
+    sels = tuple(
+        _str(_map(_map(s).get("cel")).get("expression")) for s in _seq(exact.get("selectors"))
+    )
+    tols = tuple(
+        (
+            _str(t.get("key")),
+            _str(t.get("operator")) or "Equal",
+            _str(t.get("value")),
+            _str(t.get("effect")),
+        )
+        for t in (_map(x) for x in _seq(exact.get("tolerations")))
+    )
+    ok = (
+        not _seq(raw.get("firstAvailable"))
+        and exact.get("adminAccess") is not True
+        and all(sels)
+        and mode in ("ExactCount", "All")
+    )
+    return Request(
+        name=_str(raw.get("name")),
+        device_class=_str(exact.get("deviceClassName")),
+        count=max(1, _int(exact.get("count"), 1)),
+        all_devices=mode == "All",
+        selectors=sels,
+        tolerations=tols,
+        supported=ok,
+    )
+
+
+def claim_spec(claim: Mapping[str, Any]) -> ClaimSpec:
+    """The requests and constraints of a claim (any API version)."""
+    devices = _map(_map(claim.get("spec")).get("devices"))
+    reqs = tuple(_request(_map(r)) for r in _seq(devices.get("requests")))
+    cons = []
+    ok = all(r.supported for r in reqs)
+    for c in _seq(devices.get("constraints")):
+        c = _map(c)
+        attr = _str(c.get("matchAttribute"))
+        if not attr:
+            ok = False  # distinctAttribute or a future kind
+            continue
+        cons.append((attr, tuple(_str(x) for x in _seq(c.get("requests")))))
+    return ClaimSpec(object_key(claim), reqs, tuple(cons), ok)
+
+
+def gpus_requested(spec: ClaimSpec) -> int:
+    """Whole GPUs an ``ExactCount`` claim asks for (0 for ``All``-only claims)."""
+    return sum(r.count for r in spec.requests if not r.all_devices)
+
+
+# ---- CEL subset ------------------------------------------------------------------------------
+
+_LIT = r"""(?:'(?P<s1>[^']*)'|"(?P<s2>[^"]*)"|(?P<i>-?[0-9]+)|(?P<b>true|false))"""
+_KEY = r"""(?:'(?P<k1>[^']*)'|"(?P<k2>[^"]*)")"""
+_DRIVER = re.compile(rf"^device\.driver\s*(?P<op>==|!=)\s*{_LIT}$")
+_ATTR = re.compile(
+    rf"^device\.attributes\[{_KEY}\]\s*\.\s*(?P<name>[A-Za-z][A-Za-z0-9_]*)"
+    rf"\s*(?P<op>==|!=)\s*{_LIT}$"
+)
+
+Predicate = Callable[[Device], bool]
+
+
+def _literal(m: re.Match[str]) -> Any:
+    if m.group("i") is not None:
+        return int(m.group("i"))
+    if m.group("b") is not None:
+        return m.group("b") == "true"
+    s1 = m.group("s1")
+    return s1 if s1 is not None else m.group("s2")
+
+
+def _atom(text: str) -> Predicate | None:
+    t = text.strip()
+    while t.startswith("(") and t.endswith(")") and "(" not in t[1:-1]:
+        t = t[1:-1].strip()
+    m = _DRIVER.match(t)
+    if m:
+        want, eq = _literal(m), m.group("op") == "=="
+        return lambda d: (d.driver == want) == eq
+    m = _ATTR.match(t)
+    if m:
+        domain = m.group("k1") if m.group("k1") is not None else m.group("k2")
+        qualified = f"{domain}/{m.group('name')}"
+        want, eq = _literal(m), m.group("op") == "=="
+
+        def pred(d: Device) -> bool:
+            v = d.attribute(qualified)
+            if v is None:
+                return False  # CEL: a missing attribute is an error, the device is not selected
+            return (v == want and type(v) is type(want)) == eq
+
+        return pred
+    return None
+
+
+def cel_predicate(expression: str) -> Predicate | None:
+    """A device predicate for a CEL selector in the supported subset, else None."""
+    parts = [p for p in expression.split("&&")]
+    if any("||" in p or p.strip().startswith("!") for p in parts):
+        return None
+    preds = [_atom(p) for p in parts]
+    if not preds or any(p is None for p in preds):
+        return None
+    ps = [p for p in preds if p is not None]
+    return lambda d: all(p(d) for p in ps)
+
+
+def class_selectors(classes: Mapping[str, Any], name: str) -> tuple[str, ...] | None:
+    """CEL expressions of DeviceClass ``name`` (None when the class is unknown)."""
+    cls = classes.get(name)
+    if not isinstance(cls, Mapping):
+        return None
+    sels = _seq(_map(cls.get("spec")).get("selectors"))
+    return tuple(_str(_map(_map(s).get("cel")).get("expression")) for s in sels)
+
+
+# ---- the allocator's first fit -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """What kube-scheduler's allocator would hand out on one node.
+
+    Attributes:
+        known: the claims are in the modelled subset (else nothing else is meaningful).
+        feasible: a full solution exists.
+        devices: per claim, the chosen devices in request order.
+        gpus: GPU indices of the chosen devices (whole-GPU ledger view), sorted.
+    """
+
+    known: bool
+    feasible: bool = False
+    devices: tuple[tuple[Device, ...], ...] = ()
+    gpus: tuple[int, ...] = ()
+
+
+UNKNOWN = Prediction(False)
+INFEASIBLE = Prediction(True, False)
+
+
+def _tolerated(taint: tuple[str, str, str], tols: Sequence[tuple[str, str, str, str]]) -> bool:
+    key, value, effect = taint
+    for tk, op, tv, te in tols:
+        if te and te != effect:
+            continue
+        if op == "Exists" and (not tk or tk == key):
+            return True
+        if op == "Equal" and tk == key and tv == value:
+            return True
+    return False
+
+
+def _consumption_ok(
+    d: Device, inv: Inventory, used: Mapping[tuple[str, str, str], Mapping[str, int]]
+) -> bool:
+    for cs, amounts in d.consumes:
+        ref = (d.driver, d.pool, cs)
+        total = inv.counters.get(ref)
+        if total is None:
+            return False
+        have = used.get(ref, EMPTY_MAP)
+        for c, n in amounts.items():
+            if have.get(c, 0) + n > total.get(c, 0):
+                return False
+    return True
+
+
+def _add_consumption(
+    d: Device, used: dict[tuple[str, str, str], dict[str, int]], sign: int
+) -> None:
+    for cs, amounts in d.consumes:
+        slot = used.setdefault((d.driver, d.pool, cs), {})
+        for c, n in amounts.items():
+            slot[c] = slot.get(c, 0) + sign * n
+
+
+def first_fit(
+    inv: Inventory,
+    node: str,
+    claims: Sequence[ClaimSpec],
+    classes: Mapping[str, Any],
+    in_use: Iterable[DeviceId],
+    max_steps: int = MAX_STEPS,
+) -> Prediction:
+    """The devices kube-scheduler's allocator picks for ``claims`` on ``node``.
+
+    Args:
+        inv: the cluster's DRA devices.
+        node: the node.
+        claims: unallocated claims, in the pod's ``spec.resourceClaims`` order.
+        classes: DeviceClass objects by name.
+        in_use: devices other claims hold (allocated, or being allocated).
+        max_steps: search budget; past it the prediction is unknown.
+
+    Returns:
+        The prediction (``known=False`` when a request, class or selector is outside the
+        modelled subset, or the budget ran out).
+    """
+    devices = inv.by_node.get(node, ())
+    busy = set(in_use)
+    used: dict[tuple[str, str, str], dict[str, int]] = {}
+    for did in busy:
+        d = inv.by_id.get(did)
+        if d is not None and d.consumes:
+            _add_consumption(d, used, 1)
+    # Flatten: (claim index, request, device slot) in allocation order, with predicates.
+    slots: list[tuple[int, Request, list[Device]]] = []
+    for ci, spec in enumerate(claims):
+        if not spec.supported:
+            return UNKNOWN
+        for r in spec.requests:
+            sels = class_selectors(classes, r.device_class)
+            if sels is None:
+                return UNKNOWN
+            preds = [cel_predicate(e) for e in (*sels, *r.selectors)]
+            if any(p is None for p in preds):
+                return UNKNOWN
+            ok = [p for p in preds if p is not None]
+            cands = [
+                d
+                for d in devices
+                if all(p(d) for p in ok) and all(_tolerated(t, r.tolerations) for t in d.taints)
+            ]
+            if r.all_devices:
+                if not cands:
+                    return INFEASIBLE
+                slots.extend((ci, r, [d]) for d in cands)
+            else:
+                slots.extend((ci, r, cands) for _ in range(r.count))
+    chosen: list[Device | None] = [None] * len(slots)
+    # Constraint state per (claim, constraint index): attribute value, count.
+    cons_state: dict[tuple[int, int], list[Any]] = {}
+    steps = [0]
+
+    def constraints_for(ci: int, req: str) -> list[tuple[int, str]]:
+        return [
+            (k, attr)
+            for k, (attr, names) in enumerate(claims[ci].constraints)
+            if not names or req in names
+        ]
+
+    def place(i: int) -> bool | None:
+        if i == len(slots):
+            return True
+        ci, r, cands = slots[i]
+        cons = constraints_for(ci, r.name)
+        for d in cands:
+            steps[0] += 1
+            if steps[0] > max_steps:
+                return None
+            if d.id in busy or not _consumption_ok(d, inv, used):
+                continue
+            touched: list[tuple[list[Any], Any]] = []
+            good = True
+            for k, attr in cons:
+                v = d.attribute(attr)
+                st = cons_state.setdefault((ci, k), [None, 0])
+                if v is None or (st[1] and st[0] != v):
+                    good = False
+                    break
+                touched.append((st, v))
+            if not good:
+                continue
+            for st, v in touched:
+                st[0] = v
+                st[1] += 1
+            busy.add(d.id)
+            _add_consumption(d, used, 1)
+            chosen[i] = d
+            res = place(i + 1)
+            if res is None or res:
+                return res
+            busy.discard(d.id)
+            _add_consumption(d, used, -1)
+            chosen[i] = None
+            for st, _ in touched:
+                st[1] -= 1
+                if not st[1]:
+                    st[0] = None
+            if r.all_devices:
+                return False  # "all" tries only the device that is up next
+        return False
+
+    res = place(0)
+    if res is None:
+        return UNKNOWN
+    if not res:
+        return INFEASIBLE
+    per_claim: list[list[Device]] = [[] for _ in claims]
+    for (ci, _, _), d in zip(slots, chosen, strict=True):
+        if d is not None:
+            per_claim[ci].append(d)
+    gpus = sorted({d.gpu for d in chosen if d is not None and d.gpu is not None})
+    return Prediction(True, True, tuple(tuple(c) for c in per_claim), tuple(gpus))
+
+
+def held_device_ids(claims: Iterable[Mapping[str, Any]]) -> frozenset[DeviceId]:
+    """Every device some allocated claim holds."""
+    out: set[DeviceId] = set()
+    for c in claims:
+        if isinstance(c, Mapping):
+            out.update(allocated_ids(c))
+    return frozenset(out)
+
+
+def allocation_status(node: str, claim: ClaimSpec, devices: Sequence[Device]) -> dict[str, Any]:
+    """``status.allocation`` for ``claim`` given ``devices`` in request order (the shape
+    kube-scheduler writes: results per device, ``nodeSelector`` on ``metadata.name``)."""
+    results = []
+    it = iter(devices)
+    for r in claim.requests:
+        for _ in range(r.count):
+            d = next(it)
+            results.append(
+                {"request": r.name, "driver": d.driver, "pool": d.pool, "device": d.name}
+            )
+    return {
+        "devices": {"results": results},
+        "nodeSelector": {
+            "nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+            ]
+        },
+    }
+
+
+DRA_KINDS = {"ResourceSlice": SLICES_KEY, "ResourceClaim": CLAIMS_KEY, "DeviceClass": CLASSES_KEY}
+"""Object kinds a snapshot carries for DRA, and their ``extra`` keys."""
+
+
+def extra_of(objects: Iterable[Any]) -> dict[str, Any]:
+    """The snapshot ``extra`` entries for the DRA objects among ``objects`` (others are
+    ignored): slices as a list sorted by name, claims by ``namespace/name``, classes by
+    name. Empty entries are left out."""
+    slices: dict[str, Any] = {}
+    claims: dict[str, Any] = {}
+    classes: dict[str, Any] = {}
+    for o in objects:
+        if not isinstance(o, Mapping) or _str(_map(o.get("metadata")).get("name")) == "":
+            continue
+        kind = o.get("kind")
+        name = _str(_map(o.get("metadata")).get("name"))
+        if kind == "ResourceSlice":
+            slices[name] = o
+        elif kind == "ResourceClaim":
+            claims[object_key(o)] = o
+        elif kind == "DeviceClass":
+            classes[name] = o
+    out: dict[str, Any] = {}
+    if slices:
+        out[SLICES_KEY] = [slices[k] for k in sorted(slices)]
+    if claims:
+        out[CLAIMS_KEY] = dict(sorted(claims.items()))
+    if classes:
+        out[CLASSES_KEY] = dict(sorted(classes.items()))
+    return out
+
+
+def objects_of(extra: Mapping[str, Any]) -> list[Any]:
+    """The DRA objects a snapshot's ``extra`` carries (classes, slices, claims), for a
+    snapshot file; the inverse of :func:`extra_of`."""
+    out: list[Any] = []
+    classes = extra.get(CLASSES_KEY)
+    if isinstance(classes, Mapping):
+        out += [classes[k] for k in sorted(classes)]
+    out += list(_seq(extra.get(SLICES_KEY)))
+    claims = extra.get(CLAIMS_KEY)
+    if isinstance(claims, Mapping):
+        out += [claims[k] for k in sorted(claims)]
+    elif isinstance(claims, list | tuple):
+        out += list(claims)
+    return out
