@@ -45,6 +45,7 @@ from typing import Any
 from scheduler.core.health import device_gpu_index
 from scheduler.core.model import EMPTY_MAP, MAX_NODE_GPUS
 from scheduler.core.quantity import quantity_int
+from topology.select import ring_bottleneck
 
 GROUP = "resource.k8s.io"
 SLICES_KEY = "resourceslices"
@@ -811,4 +812,139 @@ def objects_of(extra: Mapping[str, Any]) -> list[Any]:
         out += [claims[k] for k in sorted(claims)]
     elif isinstance(claims, list | tuple):
         out += list(claims)
+    return out
+
+
+# ---- claim pods: what each node would give, and the verdicts and scores ----------------------
+
+REASON_CLAIM_NOT_ALLOCATABLE = "DRA claims cannot be allocated on this node"
+REASON_CLAIM_IN_FLIGHT = "the DRA allocator would pick GPUs topoplace is allocating"
+REASON_CLAIM_PINNED = "DRA claim is allocated on another node"
+
+
+def pod_claims(
+    pod: Mapping[str, Any], claims: Mapping[str, Any]
+) -> tuple[list[Mapping[str, Any]], bool]:
+    """(the pod's claim objects in order, whether every one is known)."""
+    out = []
+    complete = True
+    names = pod_claim_names(pod)
+    if len(names) != len(_seq(_map(pod.get("spec")).get("resourceClaims"))):
+        complete = False  # a template claim not created yet
+    for k in names:
+        c = claims.get(k)
+        if isinstance(c, Mapping):
+            out.append(c)
+        else:
+            complete = False
+    return out, complete
+
+
+@dataclass(frozen=True, slots=True)
+class PodPlan:
+    """What a claim pod would get on one node.
+
+    Attributes:
+        node: the node.
+        prediction: the devices kube-scheduler's allocator picks for its unallocated
+            claims (with what it knows: allocated claims only).
+        gpus: every GPU index the pod would hold there (allocated claims included).
+        verdict: "" when the node can take the pod, else a constant reason.
+        never: the verdict does not go away by waiting (unhealthy node).
+    """
+
+    node: str
+    prediction: Prediction
+    gpus: tuple[int, ...]
+    verdict: str = ""
+    never: bool = False
+
+
+def plan_pod(
+    pod: Mapping[str, Any],
+    node: str,
+    inv: Inventory,
+    extra: Mapping[str, Any],
+    held: frozenset[DeviceId],
+    in_flight: frozenset[DeviceId] = frozenset(),
+) -> PodPlan:
+    """The devices a claim pod gets on ``node`` if kube-scheduler allocates its claims.
+
+    Args:
+        pod: the Pod.
+        node: the candidate node.
+        inv: the cluster's DRA devices.
+        extra: a snapshot's ``extra`` (claims and classes).
+        held: devices allocated claims hold (what kube-scheduler knows).
+        in_flight: devices topoplace is allocating and kube-scheduler may not see yet;
+            a node whose first fit would take one is refused.
+    """
+    claims, complete = pod_claims(pod, _map(extra.get(CLAIMS_KEY)))
+    pending = []
+    gpus: set[int] = set()
+    for c in claims:
+        if is_allocated(c):
+            pinned = allocation_node(c)
+            if pinned and pinned != node:
+                return PodPlan(node, UNKNOWN, (), REASON_CLAIM_PINNED)
+            h = claim_holding(c, inv)
+            if h is not None and h[0] == node:
+                gpus.update(h[1])
+        else:
+            pending.append(claim_spec(c))
+    if not complete:
+        return PodPlan(node, UNKNOWN, tuple(sorted(gpus)))
+    if not pending:
+        return PodPlan(node, Prediction(True, True), tuple(sorted(gpus)))
+    p = first_fit(inv, node, pending, _map(extra.get(CLASSES_KEY)), held)
+    if not p.known:
+        return PodPlan(node, p, tuple(sorted(gpus)))
+    if not p.feasible:
+        return PodPlan(node, p, (), REASON_CLAIM_NOT_ALLOCATABLE)
+    if in_flight and any(d.id in in_flight for c in p.devices for d in c):
+        return PodPlan(node, p, (), REASON_CLAIM_IN_FLIGHT)
+    return PodPlan(node, p, tuple(sorted(gpus | set(p.gpus))))
+
+
+def plan_value(node: Any, gpus: Sequence[int]) -> tuple[float, float, float]:
+    """(ring bandwidth of ``gpus`` on ``node`` in GB/s, packing, health) of a plan: the
+    bottleneck of the best ring through the set (0 for one GPU), the share of the node's
+    GPUs in use once it is placed (fuller is better: whole nodes stay free), and
+    ``1 - risk``. ``node`` is a snapshot ``NodeInfo``."""
+    cap = int(node.gpu_capacity)
+    ok = [g for g in gpus if 0 <= g < node.shape.num_gpus]
+    bw = ring_bottleneck(node.shape, ok) if len(ok) >= 2 else 0.0
+    used = (node.used_mask | sum(1 << g for g in ok)).bit_count()
+    pack = used / cap if cap else 0.0
+    return bw, pack, 1.0 - float(node.health.risk)
+
+
+def plan_scores(plans: Sequence[PodPlan], node_of: Callable[[str], Any]) -> list[int]:
+    """Scores 0..10 for plans (request order): refused nodes 0; among the others the best
+    by (0.7 bandwidth + 0.2 packing + 0.1 health, each normalised over the candidates;
+    ties by name) scores 10, the rest ``min(9, floor(10 * value))``. Bandwidth is what the
+    DRA allocator will really hand out on that node (:func:`plan_pod`), not the best set."""
+    vals: list[tuple[float, float, float] | None] = []
+    for p in plans:
+        n = node_of(p.node)
+        vals.append(None if p.verdict or n is None else plan_value(n, p.gpus))
+    live = [v for v in vals if v is not None]
+    if not live:
+        return [0] * len(plans)
+    top_bw = max(v[0] for v in live) or 1.0
+    raw = [
+        None if v is None else 0.7 * v[0] / top_bw + 0.2 * v[1] + 0.1 * v[2] for v in vals
+    ]
+    best = min(
+        (i for i, r in enumerate(raw) if r is not None),
+        key=lambda i: (-round(raw[i] or 0.0, 9), plans[i].node),
+    )
+    out = []
+    for i, r in enumerate(raw):
+        if r is None:
+            out.append(0)
+        elif i == best:
+            out.append(10)
+        else:
+            out.append(min(9, int(10 * r + 1e-9)))
     return out

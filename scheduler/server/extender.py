@@ -55,6 +55,7 @@ from scheduler.core.schedule import (
 )
 from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.runtime.cache import ClusterCache
+from scheduler.runtime.dra import DraRouter
 from scheduler.server import wire
 from scheduler.server.decisions import DecisionLog, gang_member_summary, with_why
 from scheduler.server.metrics import Metrics
@@ -244,6 +245,8 @@ class Extender:
         self._names_memo = wire.NamesMemo()
         self.decisions = DecisionLog(lambda: self.params)
         """Decision records (inputs only; explained on demand, see ``decisions.py``)."""
+        self.dra = DraRouter(cache)
+        """Claim pods (DRA): filter/prioritize by what the DRA allocator will give."""
 
     @property
     def params(self) -> Any:
@@ -286,6 +289,15 @@ class Extender:
                 feasible = pos[codes == FEASIBLE]
                 self._count_groups(len(feasible), groups)
                 return table.filter_result(feasible, [(n, r, pos[i]) for n, r, i in _sent(groups)])
+        elif items is None and req.gpus <= 0 and not req.gang and not dra.uses_claims(pod):
+            # No GPUs asked (every pod comes here when managedResources is empty, for
+            # claim pods): every node passes, answered from positions.
+            snap = self.cache.snapshot()
+            pos = known_positions(snap, names)
+            table = self._name_table(snap)
+            if table is not None and pos is not None:
+                self._count_groups(len(pos), [])
+                return table.filter_result(pos, [])
         return orjson.dumps(self._filter(pod, req, wire.names_list(names), items))
 
     def _decision_snapshot(self, req: PodRequest) -> ClusterSnapshot:
@@ -353,6 +365,9 @@ class Extender:
                 self.decisions.record_info(
                     "filter", req.key, req.gang, _gang_filter_info(out, len(names))
                 )
+        if out is None and req.gpus <= 0 and dra.uses_claims(pod):
+            self.cache.remember_pending(pod)  # bind finds it without a GET
+            out = self.dra.filter(pod, names)
         if out is None and req.gpus > 0:
             with self.cache.lock:
                 snap = self._decision_snapshot(req)
@@ -416,7 +431,7 @@ class Extender:
     def prioritize(self, body: Any) -> list[dict[str, Any]]:
         """``ExtenderArgs`` -> ``HostPriorityList``. Raises WireError on bad input."""
         pod, names, _ = wire.extender_args(body)
-        return self._prioritize(self._score_request(pod), names)
+        return self._prioritize(self._score_request(pod), names, pod)
 
     def prioritize_json(self, body: Any, raw: bytes | None = None) -> bytes:
         """:meth:`prioritize` serialized as JSON bytes.
@@ -427,6 +442,8 @@ class Extender:
         """
         pod, names, _ = wire.extender_args(body, raw, self._names_memo, defer_names=True)
         req = self._score_request(pod)
+        if req is not None and req.gpus <= 0 and dra.uses_claims(pod):
+            return orjson.dumps(self._prioritize(req, wire.names_list(names), pod))
         if req is not None and not (self.gangs is not None and req.gang):
             snap = self.cache.snapshot()
             pos = known_positions(snap, names)
@@ -443,11 +460,15 @@ class Extender:
         except ObjectError:
             return None
 
-    def _prioritize(self, req: PodRequest | None, names: list[str]) -> list[dict[str, Any]]:
+    def _prioritize(
+        self, req: PodRequest | None, names: list[str], pod: Mapping[str, Any] | None = None
+    ) -> list[dict[str, Any]]:
         if req is None:
             return [{"Host": n, "Score": 0} for n in names]
         scores = None
-        if self.gangs is not None and req.gang:
+        if pod is not None and req.gpus <= 0 and dra.uses_claims(pod):
+            scores = self.dra.prioritize(pod, names)
+        if scores is None and self.gangs is not None and req.gang:
             scores = self.gangs.prioritize(self, req, names)
             if scores is not None:
                 top = [(n, s) for n, s in scores if s]

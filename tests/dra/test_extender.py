@@ -1,0 +1,138 @@
+"""Claim pods at the extender, with the bodies kube-scheduler v1.33.0 really sent."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import orjson
+import pytest
+
+from scheduler.core import dra
+from scheduler.core.model import PodInfo
+from scheduler.core.params import SchedParams
+from scheduler.runtime.cache import ClusterCache
+from scheduler.server.extender import Extender
+from tests.dra import recorded
+
+PARAMS = SchedParams()
+CAPTURED = (
+    Path(__file__).resolve().parents[2]
+    / ".."
+    / "shared"
+    / "fixtures"
+    / "extender"
+    / "captured-kube-scheduler-v1.33.0-dra"
+)
+
+
+def _captured(name: str) -> dict:
+    if not CAPTURED.is_dir():
+        pytest.skip(f"needs ../shared ({CAPTURED} is absent)")
+    return json.loads((CAPTURED / name).read_text())
+
+
+def _pure_c1() -> dict:
+    """The claim of the captured pod (count 2 of gpu.nvidia.com, not allocated), in the
+    v1beta2 shape of the recorded claims."""
+    c = copy.deepcopy(recorded.claims()["default/pending-four"])
+    c["metadata"]["name"] = "pure-c1"
+    c["spec"]["devices"]["requests"][0]["exactly"]["count"] = 2
+    return c
+
+
+def _ext(extra_claims: dict | None = None) -> Extender:
+    extra = recorded.extra()
+    extra[dra.CLAIMS_KEY]["default/pure-c1"] = _pure_c1()
+    extra[dra.CLAIMS_KEY].update(extra_claims or {})
+    cache = ClusterCache.from_objects(recorded.nodes(), recorded.pods(), PARAMS, extra=extra)
+    return Extender(cache)
+
+
+def test_claim_pod_filter_uses_the_dra_ledger() -> None:
+    body = _captured("filter.json")
+    assert dra.uses_claims(body["Pod"]) and not body.get("NodeNames")
+    res = _ext().filter(body)
+    kept = [n["metadata"]["name"] for n in res["Nodes"]["items"]]
+    # gpu-node-0 has 4 free GPUs; gpu-node-1 none (7 allocated + 1 tainted); the other two
+    # are not in the recorded cluster.
+    assert kept == ["gpu-node-0"]
+    assert res["FailedNodes"] == {
+        "gpu-node-1": dra.REASON_CLAIM_NOT_ALLOCATABLE,
+        "gpu-node-2": "node unknown to topoplace",
+        "gpu-node-3": "node unknown to topoplace",
+    }
+
+
+def test_claim_pod_is_scored_by_the_predicted_first_fit_set() -> None:
+    ext = _ext()
+    body = _captured("prioritize.json")
+    names = [n["metadata"]["name"] for n in body["Nodes"]["items"]]
+    plans = ext.dra.plans(body["Pod"], names)
+    assert [p.gpus for p in plans] == [(4, 5), (), ()]  # the pod's own GPUs there
+    assert [d.name for d in plans[0].prediction.devices[0]] == ["gpu-4", "gpu-5"]
+    scores = {h["Host"]: h["Score"] for h in ext.prioritize(body)}
+    assert scores == {"gpu-node-0": 10, "gpu-node-1": 0, "gpu-node-2": 0}
+    raw = orjson.loads(ext.prioritize_json(body))
+    assert {h["Host"]: h["Score"] for h in raw} == scores
+
+
+def test_filter_refuses_nodes_whose_first_fit_collides_with_an_allocation_in_flight() -> None:
+    ext = _ext()
+    # topoplace is writing gpu-4 and gpu-5 of gpu-node-0 for another claim (assumed,
+    # not yet visible to kube-scheduler): its first fit would take them.
+    other = copy.deepcopy(_pure_c1())
+    other["metadata"]["name"] = "in-flight"
+    spec = dra.claim_spec(other)
+    inv = ext.cache.dra_inventory()
+    devs = [d for d in inv.by_node["gpu-node-0"] if d.name in ("gpu-4", "gpu-5")]
+    other["status"] = {"allocation": dra.allocation_status("gpu-node-0", spec, devs)}
+    ext.cache.assume(
+        PodInfo(
+            key=dra.holder_key("default/in-flight"),
+            uid="",
+            node="gpu-node-0",
+            gpus=(4, 5),
+            raw=other,
+        )
+    )
+    res = ext.filter(_captured("filter.json"))
+    assert res["FailedNodes"]["gpu-node-0"] == dra.REASON_CLAIM_IN_FLIGHT
+
+
+def test_filtered_claim_pod_predictions_are_remembered_for_the_allocator() -> None:
+    ext = _ext()
+    ext.filter(_captured("filter.json"))
+    picks = ext.dra.likely_kube_picks()
+    assert picks == {
+        ("gpu.nvidia.com", "gpu-node-0", "gpu-4"),
+        ("gpu.nvidia.com", "gpu-node-0", "gpu-5"),
+    }
+    # Once kube-scheduler's allocation shows up, the memory is dropped.
+    done = _pure_c1()
+    done["status"] = {
+        "allocation": dra.allocation_status(
+            "gpu-node-0",
+            dra.claim_spec(done),
+            [
+                d
+                for d in ext.cache.dra_inventory().by_node["gpu-node-0"]
+                if d.name in ("gpu-4", "gpu-5")
+            ],
+        )
+    }
+    ext.cache.apply_claim("default/pure-c1", done)
+    assert ext.dra.likely_kube_picks() == frozenset()
+
+
+def test_non_gpu_pods_pass_every_node_on_the_fast_path() -> None:
+    ext = _ext()
+    pod = {
+        "metadata": {"name": "web", "namespace": "default", "uid": "u"},
+        "spec": {"containers": [{"name": "c"}]},
+    }
+    body = orjson.dumps({"Pod": pod, "NodeNames": ["gpu-node-1", "gpu-node-0"]})
+    out = orjson.loads(ext.filter_json(orjson.loads(body), body))
+    assert [n.strip() for n in out["NodeNames"]] == ["gpu-node-1", "gpu-node-0"]
+    assert not out.get("FailedNodes")
