@@ -318,9 +318,16 @@ class Topoplace:
             start_new_session=True,
             env={
                 **os.environ,
-                # bind acts only for these profiles: the shipped one and up.sh's
+                # bind acts only for these profiles: the shipped one, its DRA variant's
+                # (tests/kube/test_dra.py) and up.sh's
                 "TOPOPLACE_SCHEDULER_NAMES": ",".join(
-                    {"topoplace", os.environ.get("SCHEDULER_NAME", "topology-gpu")}
+                    sorted(
+                        {
+                            "topoplace",
+                            "topoplace-dra",
+                            os.environ.get("SCHEDULER_NAME", "topology-gpu"),
+                        }
+                    )
                 ),
             },
         )

@@ -1,0 +1,348 @@
+"""DRA GPUs against a real API server and a real kube-scheduler (>= 1.32 with DRA on).
+
+Skips unless the server serves ``resource.k8s.io`` (``up.sh`` with ``DRA=1``) and
+``KUBE_BIN`` holds kube-scheduler: this module runs its own kube-scheduler with the DRA
+variant of the shipped configuration (``config/deploy/dra/``: no ``managedResources``,
+profile renamed ``topoplace-dra``, feature gate ``DynamicResourceAllocation`` on 1.32/1.33),
+calling the suite's topoplace. Slices are published by ``../shared/controlplane/fake_dra.py``
+(the NVIDIA driver's shape); pods never run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler.cli.clusterfile import parse_cluster
+from scheduler.core import dra
+from scheduler.core.params import SchedParams
+from scheduler.runtime.cache import ClusterCache
+from scheduler.runtime.dra import DraRouter
+from tests.kube.conftest import NODE_LABEL, REPO, Topoplace, make_gpu_node
+
+SHARED_CP = REPO / ".." / "shared" / "controlplane"
+VARIANT = REPO / "config" / "deploy" / "dra" / "scheduler-config-dra.yaml"
+PROFILE = "topoplace-dra"
+DRA_SCHED_PORT = int(
+    os.environ.get(
+        "TOPOPLACE_KUBE_DRA_SCHED_PORT",
+        str(int(os.environ.get("TOPOPLACE_KUBE_SCHED_PORT", "10269")) + 1),
+    )
+)
+CLASS = "gpu.nvidia.com"
+
+
+def wait_for(cond: Callable[[], Any], timeout: float, what: str, every: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(every)
+
+
+# ---- fixtures ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kube_api(kubeconfig: str, core: Any) -> Iterator[Any]:
+    from scheduler.kube.client import KubeApi
+
+    api = KubeApi.from_config(kubeconfig)
+    yield api
+    api.close()
+
+
+@pytest.fixture(scope="module")
+def dra_version(kube_api: Any) -> str:
+    from scheduler.kube.dra import served_version
+
+    v = served_version(kube_api)
+    if v is None:
+        pytest.skip(
+            "the API server does not serve resource.k8s.io (DRA): start the control plane "
+            "with DRA=1 on Kubernetes >= 1.32 (../shared/controlplane/README.md)"
+        )
+    if not (SHARED_CP / "fake_dra.py").is_file():
+        pytest.skip(f"needs ../shared/controlplane/fake_dra.py ({SHARED_CP} is absent)")
+    return v
+
+
+@pytest.fixture(scope="module")
+def dra_scheduler(
+    kubeconfig: str,
+    port: int,
+    tls_dir: Path | None,
+    dra_version: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Any]:
+    """kube-scheduler with the DRA variant of the shipped configuration."""
+    from tests.kube.conftest import shipped_scheduler_wanted
+
+    if not shipped_scheduler_wanted():
+        pytest.skip("needs KUBE_BIN with kube-scheduler (the DRA variant configuration is run)")
+    from benchmarks.live.kubesched import KubeScheduler, binary_version
+
+    kube_bin = os.environ["KUBE_BIN"]
+    version = binary_version(Path(kube_bin) / "kube-scheduler")
+    gates = "DynamicResourceAllocation=true" if version.startswith(("v1.32", "v1.33")) else ""
+    ks = KubeScheduler(
+        kubeconfig,
+        f"http://127.0.0.1:{port}/scheduler",
+        tmp_path_factory.mktemp("kube-scheduler-dra"),
+        port=DRA_SCHED_PORT,
+        kube_bin=kube_bin,
+        scheduler_name=PROFILE,
+        config_path=VARIANT,
+        extra_args=("--feature-gates", gates) if gates else (),
+        tls_dir=tls_dir,
+    )
+    with ks:
+        yield ks
+
+
+class DraCluster:
+    """DRA nodes of one test: Node objects (no ``nvidia.com/gpu``) plus their slices."""
+
+    def __init__(self, core: Any, kubeconfig: str, run_id: str, tag: str) -> None:
+        self.core = core
+        self.kubeconfig = kubeconfig
+        self.run_id = run_id
+        self.tag = tag
+        self.nodes: list[str] = []
+
+    def add_nodes(
+        self,
+        count: int,
+        *,
+        annotations: dict[str, str] | None = None,
+        labels: dict[str, str] | None = None,
+        fake_dra_args: tuple[str, ...] = (),
+    ) -> list[str]:
+        names = [f"tp-dra-{self.run_id}-{self.tag}-{len(self.nodes) + i}" for i in range(count)]
+        for n in names:
+            make_gpu_node(
+                self.core,
+                n,
+                self.run_id,
+                gpus=0,
+                labels={"nvidia.com/gpu.count": "8", "topoplace-dra": self.tag, **(labels or {})},
+            )
+            if annotations:
+                self.core.patch_node(n, {"metadata": {"annotations": annotations}})
+        out = subprocess.run(
+            [
+                sys.executable,
+                str(SHARED_CP / "fake_dra.py"),
+                "--kubeconfig",
+                self.kubeconfig,
+                "--nodes",
+                ",".join(names),
+                *fake_dra_args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        self.nodes += names
+        return names
+
+    def slice_name(self, node: str) -> str:
+        return f"{node}-{CLASS}"
+
+    def delete(self, kube_api: Any, version: str) -> None:
+        for n in self.nodes:
+            with contextlib.suppress(Exception):
+                kube_api.request_json(
+                    "DELETE", f"/apis/resource.k8s.io/{version}/resourceslices/{self.slice_name(n)}"
+                )
+            with contextlib.suppress(Exception):
+                self.core.delete_node(n)
+
+
+@pytest.fixture
+def cluster(
+    core: Any, kubeconfig: str, run_id: str, kube_api: Any, dra_version: str, request: Any
+) -> Iterator[DraCluster]:
+    c = DraCluster(core, kubeconfig, run_id, request.node.name[-24:].replace("_", "-").strip("-"))
+    yield c
+    c.delete(kube_api, dra_version)
+
+
+@pytest.fixture
+def claims(kube_api: Any, dra_version: str, namespace: str, core: Any) -> Iterator["Claims"]:
+    c = Claims(kube_api, dra_version, namespace, core)
+    yield c
+    c.cleanup()
+
+
+class Claims:
+    """ResourceClaims and their pods in the test namespace; cleaned up after (pods force
+    deleted, finalizers dropped: there is no kube-controller-manager or kubelet)."""
+
+    def __init__(self, api: Any, version: str, ns: str, core: Any) -> None:
+        self.api = api
+        self.version = version
+        self.ns = ns
+        self.core = core
+        self.claims: list[str] = []
+        self.pods: list[str] = []
+
+    def path(self, name: str = "", sub: str = "") -> str:
+        p = f"/apis/resource.k8s.io/{self.version}/namespaces/{self.ns}/resourceclaims"
+        return p + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
+
+    def create(self, name: str, count: int, constraints: list[dict] | None = None) -> dict:
+        if self.version == "v1beta1":
+            req = {"name": "gpus", "deviceClassName": CLASS, "count": count}
+        else:
+            req = {"name": "gpus", "exactly": {"deviceClassName": CLASS, "count": count}}
+        body = {
+            "apiVersion": f"resource.k8s.io/{self.version}",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": self.ns},
+            "spec": {"devices": {"requests": [req], "constraints": constraints or []}},
+        }
+        self.claims.append(name)
+        return self.api.request_json("POST", self.path(), body)
+
+    def get(self, name: str) -> dict:
+        return self.api.request_json("GET", self.path(name))
+
+    def pod(
+        self,
+        name: str,
+        claim: str,
+        run_id: str,
+        *,
+        gated: bool = False,
+        selector: dict | None = None,
+    ) -> dict:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": self.ns},
+            "spec": {
+                "schedulerName": PROFILE,
+                "nodeSelector": {NODE_LABEL: run_id, **(selector or {})},
+                "terminationGracePeriodSeconds": 0,
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+                **({"schedulingGates": [{"name": "topoplace.io/allocate"}]} if gated else {}),
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.k8s.io/pause:3.9",
+                        "resources": {
+                            "requests": {"cpu": "1", "memory": "1Gi"},
+                            "claims": [{"name": "gpu"}],
+                        },
+                    }
+                ],
+            },
+        }
+        self.pods.append(name)
+        self.core.create_namespaced_pod(self.ns, body)
+        return body
+
+    def devices(self, name: str) -> tuple[str, list[str]]:
+        """(node, device names) of an allocated claim."""
+        c = self.get(name)
+        return dra.allocation_node(c), [d for _, _, d in dra.allocated_ids(c)]
+
+    def wait_allocated(self, name: str, timeout: float = 30) -> tuple[str, list[str]]:
+        wait_for(lambda: dra.is_allocated(self.get(name)), timeout, f"claim {name} allocated")
+        return self.devices(name)
+
+    def node_of(self, pod: str) -> str:
+        return self.core.read_namespaced_pod(pod, self.ns).spec.node_name or ""
+
+    def cleanup(self) -> None:
+        for p in self.pods:
+            with contextlib.suppress(Exception):
+                self.core.delete_namespaced_pod(p, self.ns, grace_period_seconds=0)
+        for c in self.claims:
+            with contextlib.suppress(Exception):
+                cur = self.get(c)
+                cur["metadata"]["finalizers"] = []
+                self.api.request_json("PUT", self.path(c), cur)
+            with contextlib.suppress(Exception):
+                self.api.request_json("DELETE", self.path(c))
+
+
+def topoplace_view(tp: Topoplace) -> ClusterCache:
+    """topoplace's own live view (its /v1/inspect/snapshot, DRA objects included)."""
+    nodes, pods, extra = parse_cluster(json.dumps(tp.get("/v1/inspect/snapshot")))
+    return ClusterCache.from_objects(nodes, pods, SchedParams(), extra=extra)
+
+
+def wait_seen(tp: Topoplace, claim_key: str, allocated: bool, timeout: float = 20) -> None:
+    def seen() -> bool:
+        claims = tp.get("/v1/inspect/snapshot")["items"]
+        for c in claims:
+            if c.get("kind") == "ResourceClaim" and dra.object_key(c) == claim_key:
+                return dra.is_allocated(c) == allocated
+        return False
+
+    wait_for(seen, timeout, f"topoplace to see claim {claim_key}")
+
+
+# ---- (2) kube-scheduler allocates; topoplace predicts and scores ------------------------------
+
+
+def test_prediction_equals_the_real_first_fit_allocation(
+    topoplace: Topoplace,
+    dra_scheduler: Any,
+    cluster: DraCluster,
+    claims: Claims,
+    run_id: str,
+    namespace: str,
+) -> None:
+    """Claims of 1, 3, 2, 2 GPUs one after another on two DRA nodes: for each, the node
+    topoplace scores best and the devices it predicts there are exactly the node and
+    devices the real kube-scheduler allocated."""
+    nodes = cluster.add_nodes(2)
+    wait_for(
+        lambda: (
+            all(n["gpus"] == 8 for n in tp_nodes(topoplace) if n["name"] in nodes)
+            and len([n for n in tp_nodes(topoplace) if n["name"] in nodes]) == 2
+        ),
+        30,
+        "topoplace to see the DRA nodes with 8 GPUs",
+    )
+    for i, count in enumerate((1, 3, 2, 2, 5)):
+        name = f"ff-{i}"
+        claims.create(name, count)
+        wait_seen(topoplace, f"{namespace}/{name}", allocated=False)
+        view = topoplace_view(topoplace)
+        pod = {
+            "metadata": {"name": f"pod-{name}", "namespace": namespace},
+            "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": name}]},
+        }
+        router = DraRouter(view)
+        plans = router.plans(pod, nodes)
+        scores = dict(router.prioritize(pod, nodes))
+        best = max(nodes, key=lambda n: (scores[n], n == min(nodes)))
+        plan = next(p for p in plans if p.node == best)
+        predicted = [d.name for c in plan.prediction.devices for d in c]
+        claims.pod(f"pod-{name}", name, run_id, selector={"topoplace-dra": cluster.tag})
+        node, devices = claims.wait_allocated(name)
+        wait_for(lambda n=f"pod-{name}": claims.node_of(n), 30, f"pod-{name} bound")
+        assert (node, devices) == (best, predicted), (scores, plans)
+        assert claims.node_of(f"pod-{name}") == node
+        wait_seen(topoplace, f"{namespace}/{name}", allocated=True)
+
+
+def tp_nodes(tp: Topoplace) -> list[dict[str, Any]]:
+    return tp.get("/v1/inspect/nodes")["nodes"]
