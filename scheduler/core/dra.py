@@ -932,9 +932,7 @@ def plan_scores(plans: Sequence[PodPlan], node_of: Callable[[str], Any]) -> list
     if not live:
         return [0] * len(plans)
     top_bw = max(v[0] for v in live) or 1.0
-    raw = [
-        None if v is None else 0.7 * v[0] / top_bw + 0.2 * v[1] + 0.1 * v[2] for v in vals
-    ]
+    raw = [None if v is None else 0.7 * v[0] / top_bw + 0.2 * v[1] + 0.1 * v[2] for v in vals]
     best = min(
         (i for i, r in enumerate(raw) if r is not None),
         key=lambda i: (-round(raw[i] or 0.0, 9), plans[i].node),

@@ -182,7 +182,7 @@ def cluster(
 
 
 @pytest.fixture
-def claims(kube_api: Any, dra_version: str, namespace: str, core: Any) -> Iterator["Claims"]:
+def claims(kube_api: Any, dra_version: str, namespace: str, core: Any) -> Iterator[Claims]:
     c = Claims(kube_api, dra_version, namespace, core)
     yield c
     c.cleanup()
