@@ -45,7 +45,7 @@ from typing import Any
 from scheduler.core.health import device_gpu_index
 from scheduler.core.model import EMPTY_MAP, MAX_NODE_GPUS
 from scheduler.core.quantity import quantity_int
-from topology.select import ring_bottleneck
+from topology.select import ring_bottleneck, select_gpus
 
 GROUP = "resource.k8s.io"
 SLICES_KEY = "resourceslices"
@@ -946,3 +946,224 @@ def plan_scores(plans: Sequence[PodPlan], node_of: Callable[[str], Any]) -> list
         else:
             out.append(min(9, int(10 * r + 1e-9)))
     return out
+
+
+# ---- topoplace's own allocation (pods gated with topoplace.io/allocate) ----------------------
+
+ALLOCATE_GATE = "topoplace.io/allocate"
+"""Scheduling gate a pod template adds to have topoplace allocate its claims."""
+ALLOCATED_BY = "topoplace.io/allocated-by"
+"""Claim annotation topoplace writes with its allocation (so a restart knows its own)."""
+REASON_CLAIMS_UNKNOWN = "the pod's ResourceClaims do not all exist yet"
+REASON_CLAIMS_UNSUPPORTED = "the pod's ResourceClaims use a form topoplace does not allocate"
+REASON_NO_DRA_NODE = "no node has the free healthy DRA GPUs the claims ask for"
+
+
+def gated(pod: Mapping[str, Any]) -> bool:
+    """Whether a pod carries the :data:`ALLOCATE_GATE` scheduling gate."""
+    gates = _seq(_map(pod.get("spec")).get("schedulingGates"))
+    return any(_map(g).get("name") == ALLOCATE_GATE for g in gates)
+
+
+@dataclass(frozen=True, slots=True)
+class Pick:
+    """Devices chosen for a pod's unallocated claims on one node.
+
+    Attributes:
+        node: the node.
+        claims: (claim key, spec, devices in request order) per unallocated claim.
+        gpus: the GPU indices, sorted.
+        bottleneck: ring bottleneck of ``gpus`` (GB/s; 0 for one GPU).
+    """
+
+    node: str
+    claims: tuple[tuple[str, ClaimSpec, tuple[Device, ...]], ...]
+    gpus: tuple[int, ...]
+    bottleneck: float = 0.0
+
+
+def whole_gpu_candidates(
+    inv: Inventory,
+    node: str,
+    specs: Sequence[ClaimSpec],
+    classes: Mapping[str, Any],
+    unavailable: Iterable[DeviceId] = (),
+) -> dict[int, Device] | None:
+    """GPU index -> its device, for whole-GPU devices on ``node`` that every request of
+    ``specs`` may take (class and request selectors, taints tolerated, not ``unavailable``);
+    None when a request is outside what topoplace allocates (``All`` mode, partitions,
+    selectors outside the CEL subset, unknown classes, unsupported forms)."""
+    preds: list[tuple[Request, list[Predicate]]] = []
+    for spec in specs:
+        if not spec.supported:
+            return None
+        for r in spec.requests:
+            if r.all_devices:
+                return None
+            sels = class_selectors(classes, r.device_class)
+            if sels is None:
+                return None
+            ps = [cel_predicate(e) for e in (*sels, *r.selectors)]
+            if any(p is None for p in ps):
+                return None
+            preds.append((r, [p for p in ps if p is not None]))
+    busy = set(unavailable)
+    out: dict[int, Device] = {}
+    for d in inv.by_node.get(node, ()):
+        if not d.whole_gpu or d.id in busy or d.gpu is None or d.gpu in out:
+            continue
+        if all(
+            all(p(d) for p in ps) and all(_tolerated(t, r.tolerations) for t in d.taints)
+            for r, ps in preds
+        ):
+            out[d.gpu] = d
+    if any(
+        d.whole_gpu is False and any(all(p(d) for p in ps) for _, ps in preds)
+        for d in inv.by_node.get(node, ())
+    ):
+        return None  # the class also selects partitions: not a whole-GPU request
+    return out
+
+
+def _constraint_groups(specs: Sequence[ClaimSpec], cands: Mapping[int, Device]) -> list[int] | None:
+    """Masks of candidate GPUs that satisfy every claim's ``matchAttribute`` constraints
+    together (one mask per combination of attribute values); None when there are none."""
+    attrs = sorted({a for s in specs for a, _ in s.constraints})
+    if not attrs:
+        return None
+    groups: dict[tuple[Any, ...], int] = {}
+    for g, d in cands.items():
+        vals = tuple(d.attribute(a) for a in attrs)
+        if any(v is None for v in vals):
+            continue
+        groups[vals] = groups.get(vals, 0) | 1 << g
+    return [groups[k] for k in sorted(groups, key=repr)]
+
+
+def best_set(
+    node: Any, cands: Mapping[int, Device], k: int, specs: Sequence[ClaimSpec], policy: str
+) -> tuple[tuple[int, ...], float]:
+    """The NVLink-best ``k`` GPUs of ``cands`` on ``node`` (a snapshot ``NodeInfo``) under
+    the selection policy, within one ``matchAttribute`` group when the claims constrain
+    one; ((), 0.0) when none fits. Only GPUs free and healthy in the ledger count."""
+    free = node.free_mask
+    mask = sum(1 << g for g in cands) & free
+    groups = _constraint_groups(specs, cands)
+    options = [mask] if groups is None else [g & free for g in groups]
+    best: tuple[float, float, tuple[int, ...]] | None = None
+    for m in options:
+        if m.bit_count() < k:
+            continue
+        gs = select_gpus(node.shape, m, k, 0, policy)
+        if not gs.gpus:
+            continue
+        key = (gs.bottleneck_gbps, gs.score, tuple(-g for g in gs.gpus))
+        if best is None or key > (best[0], best[1], tuple(-g for g in best[2])):
+            best = (gs.bottleneck_gbps, gs.score, gs.gpus)
+    return ((), 0.0) if best is None else (best[2], best[0])
+
+
+def split_devices(
+    specs: Sequence[ClaimSpec], devices: Sequence[Device]
+) -> list[tuple[Device, ...]]:
+    """``devices`` handed to the claims' requests in order (counts per request)."""
+    out = []
+    i = 0
+    for s in specs:
+        n = gpus_requested(s)
+        out.append(tuple(devices[i : i + n]))
+        i += n
+    return out
+
+
+def pick_for_pod(
+    pod: Mapping[str, Any],
+    nodes: Sequence[Any],
+    inv: Inventory,
+    extra: Mapping[str, Any],
+    policy: str,
+    unavailable: Iterable[DeviceId] = (),
+) -> Pick | str:
+    """Node and NVLink-best devices for a gated pod's unallocated claims, or why not.
+
+    ``nodes`` are the candidate snapshot ``NodeInfo`` objects (healthy, schedulable and
+    matching the pod's nodeSelector: the caller filters). The best node has the highest
+    ring bottleneck for the set, then the fewest free GPUs left (packing), then the lowest
+    risk, then the name. ``unavailable``: devices kube-scheduler may be allocating now.
+    """
+    claims, complete = pod_claims(pod, _map(extra.get(CLAIMS_KEY)))
+    if not complete:
+        return REASON_CLAIMS_UNKNOWN
+    pending = [(object_key(c), claim_spec(c)) for c in claims if not is_allocated(c)]
+    specs = [s for _, s in pending]
+    k = sum(gpus_requested(s) for s in specs)
+    if not pending or k <= 0:
+        return REASON_CLAIMS_UNSUPPORTED
+    classes = _map(extra.get(CLASSES_KEY))
+    busy = frozenset(unavailable)
+    best: tuple[tuple[Any, ...], Pick] | None = None
+    unsupported = False
+    for node in nodes:
+        cands = whole_gpu_candidates(inv, node.name, specs, classes, busy)
+        if cands is None:
+            unsupported = True
+            continue
+        gpus, bw = best_set(node, cands, k, specs, policy)
+        if not gpus:
+            continue
+        left = (node.free_mask & ~sum(1 << g for g in gpus)).bit_count()
+        key = (-bw, left, float(node.health.risk), node.name)
+        if best is None or key < best[0]:
+            devs = [cands[g] for g in gpus]
+            parts = split_devices(specs, devs)
+            pick = Pick(
+                node.name,
+                tuple((ck, s, p) for (ck, s), p in zip(pending, parts, strict=True)),
+                tuple(gpus),
+                bw,
+            )
+            best = (key, pick)
+    if best is None:
+        return REASON_CLAIMS_UNSUPPORTED if unsupported else REASON_NO_DRA_NODE
+    return best[1]
+
+
+def allocated_claim(
+    claim: Mapping[str, Any], node: str, spec: ClaimSpec, devices: Sequence[Device]
+) -> dict[str, Any]:
+    """``claim`` as topoplace writes it: the delete-protection finalizer, the
+    :data:`ALLOCATED_BY` annotation and ``status.allocation`` (the input is not changed)."""
+    meta = dict(_map(claim.get("metadata")))
+    fins = list(_seq(meta.get("finalizers")))
+    if DELETE_PROTECTION not in fins:
+        fins.append(DELETE_PROTECTION)
+    meta["finalizers"] = fins
+    meta["annotations"] = {**_map(meta.get("annotations")), ALLOCATED_BY: "topoplace"}
+    status = dict(_map(claim.get("status")))
+    status["allocation"] = allocation_status(node, spec, devices)
+    return {**claim, "metadata": meta, "status": status}
+
+
+def allocated_by_topoplace(claim: Mapping[str, Any]) -> bool:
+    """Whether ``claim`` carries topoplace's allocation mark."""
+    ann = _map(_map(claim.get("metadata")).get("annotations"))
+    return ann.get(ALLOCATED_BY) == "topoplace"
+
+
+def conflicts(
+    mine: Mapping[str, Sequence[DeviceId]], claims: Iterable[Mapping[str, Any]]
+) -> dict[str, list[str]]:
+    """Claims (by key) other than ``mine``'s own that hold a device ``mine`` allocated:
+    claim key of mine -> keys of the others (sorted)."""
+    owner: dict[DeviceId, str] = {}
+    for key, ids in mine.items():
+        for i in ids:
+            owner[i] = key
+    out: dict[str, set[str]] = {}
+    for c in claims:
+        k = object_key(c)
+        for i in allocated_ids(c):
+            o = owner.get(i)
+            if o is not None and o != k:
+                out.setdefault(o, set()).add(k)
+    return {k: sorted(v) for k, v in sorted(out.items())}

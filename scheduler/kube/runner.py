@@ -32,8 +32,10 @@ from typing import Any
 
 from scheduler.core.params import SchedParams
 from scheduler.core.snapshot import build_snapshot
+from scheduler.kube.allocator import GateAllocator
 from scheduler.kube.binder import KubeBinder
 from scheduler.kube.client import KubeApi, Timeouts
+from scheduler.kube.dra import ClaimWriter, is_dra_kind
 from scheduler.kube.metrics import KubeMetrics
 from scheduler.kube.recovery import RecoveryReport, recover
 from scheduler.kube.waker import PodWaker
@@ -65,6 +67,8 @@ class KubeOptions:
             bind refuses pods of any other profile (empty: :data:`DEFAULT_PROFILES`), and
             after a restart, pending gangs of these profiles are planned (reserved) again
             before readiness. Gangs with a member bound by topoplace always are.
+        dra_allocate: when the server serves DRA, allocate the claims of pods gated with
+            ``topoplace.io/allocate`` (``scheduler.kube.allocator``).
         health_refresh_interval_s: how often every node is re-assessed by the health
             tracker (heartbeats age, settle times and failure memories expire without any
             watch event); 0 disables it.
@@ -77,6 +81,7 @@ class KubeOptions:
     expire_interval_s: float = 1.0
     scheduler_names: tuple[str, ...] = ()
     health_refresh_interval_s: float = 30.0
+    dra_allocate: bool = True
 
 
 ENV_SCHEDULER_NAMES = "TOPOPLACE_SCHEDULER_NAMES"
@@ -220,6 +225,7 @@ class KubeRuntime:
     options: KubeOptions
     kube_metrics: KubeMetrics
     waker: PodWaker | None = None
+    allocator: Any = None
     _janitor_stop: threading.Event = field(default_factory=threading.Event)
     _janitor: threading.Thread | None = None
     _stopped: bool = False
@@ -272,6 +278,8 @@ class KubeRuntime:
                 wait,
             )
         self._janitor_stop.set()
+        if self.allocator is not None:
+            self.allocator.stop()
         if self.waker is not None:
             self.waker.close()
         self.watcher.stop()
@@ -328,16 +336,25 @@ def build_kube_runtime(
         profiles=opts.scheduler_names or DEFAULT_PROFILES,
     )
 
-    def after_sync() -> None:
-        readiness.report = recover(ext, watcher.pending_pods(), opts.scheduler_names)
-        readiness.recovered.set()
-
-    watcher.on_synced = after_sync
     waker = None
     if gangs is not None and hasattr(gangs, "waker"):
         waker = PodWaker(api, km)
         gangs.waker = waker.wake
-    return KubeRuntime(api, cache, watcher, binder, ext, readiness, opts, km, waker)
+    rt = KubeRuntime(api, cache, watcher, binder, ext, readiness, opts, km, waker)
+
+    def after_sync() -> None:
+        readiness.report = recover(ext, watcher.pending_pods(), opts.scheduler_names)
+        readiness.recovered.set()
+        version = next((k.version for k in watcher.kinds if is_dra_kind(k)), None)
+        if opts.dra_allocate and version is not None and rt.allocator is None:
+            # DRA served: allocate claims of pods gated with topoplace.io/allocate.
+            rt.allocator = GateAllocator(
+                cache, ClaimWriter(api, version), watcher.pending_pods, ext.dra.likely_kube_picks
+            )
+            rt.allocator.start()
+
+    watcher.on_synced = after_sync
+    return rt
 
 
 def build_kube_extender(

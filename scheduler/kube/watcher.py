@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from scheduler.core.dra import gated
 from scheduler.core.objects import gang_of, meta, object_key, pod_gpus, pod_terminated
 from scheduler.kube import dra as kdra
 from scheduler.kube.client import (
@@ -74,10 +75,11 @@ later API's object with the same ``namespace/name`` replaces an earlier one's)."
 
 
 def feeds_cache(pod: Mapping[str, Any]) -> bool:
-    """True for pods the cache must know: bound to a node, holding GPUs, or in a gang."""
+    """True for pods the cache must know: bound to a node, holding GPUs, in a gang, or
+    gated for topoplace's DRA allocator (``topoplace.io/allocate``)."""
     if (pod.get("spec") or {}).get("nodeName"):
         return True
-    if pod_gpus(pod) > 0:
+    if pod_gpus(pod) > 0 or gated(pod):
         return True
     return bool(gang_of(pod)[0])
 

@@ -1,0 +1,488 @@
+"""topoplace allocates the ResourceClaims of pods gated with ``topoplace.io/allocate``.
+
+kube-scheduler's DRA allocator takes the first devices that fit; it knows nothing of
+NVLink. A pod template that adds the scheduling gate ``topoplace.io/allocate`` hands the
+choice to topoplace instead. kube-scheduler ignores a gated pod; :class:`GateAllocator`:
+
+1. picks the node and the NVLink-best free healthy devices for the pod's unallocated
+   claims (``scheduler.core.dra.pick_for_pod``; a gang, declared by
+   ``topoplace.io/gang`` + ``topoplace.io/gang-size``, is planned whole with the gang
+   solver over the DRA nodes, all or nothing);
+2. holds them in the ledger at once (assumed holdings, under the cache lock, so topoplace
+   never hands a device twice), then writes each claim: the delete-protection finalizer
+   and the ``topoplace.io/allocated-by`` annotation, then ``status.allocation`` with the
+   node's ``nodeSelector`` (a client may pre-allocate; kube-scheduler then only filters
+   to that node and reserves);
+3. waits ``settle_s`` and re-lists every claim from the API (a consistent read): if
+   another claim holds one of its devices (kube-scheduler allocating at the same moment
+   from a view that did not have topoplace's write yet), topoplace's allocation yields:
+   it is removed again (the pod is still gated, nothing uses it) and the pod is retried
+   with the other claim's devices known;
+4. removes the gate; kube-scheduler schedules the pod onto the pinned node and calls
+   topoplace's bind.
+
+**The race with kube-scheduler.** Nothing in the API stops two claims naming one device,
+so both sides must avoid it: topoplace (a) never picks a device an allocated claim or its
+own in-flight allocation holds (the ledger), (b) avoids the devices kube-scheduler's first
+fit would take for claim pods it filtered in the last seconds
+(``DraRouter.likely_kube_picks``, when kube-scheduler calls topoplace for claim pods: the
+DRA deploy variant), (c) refuses, in filter, nodes where kube-scheduler's first fit would
+take a device topoplace is writing (``REASON_CLAIM_IN_FLIGHT``), and (d) verifies after
+writing and yields on a conflict (step 3). What is left: kube-scheduler allocating, more
+than ``settle_s`` after its filter, devices it chose from a view that predates both
+topoplace's write and its own filter call; docs/dra.md says so.
+
+**Restart.** Nothing is kept in memory that the API does not hold: allocated claims come
+back through the watch as ledger holdings, a gated pod whose claims are all allocated is
+verified and released, a claim topoplace allocated for a pod whose other claims are not
+is completed on the same node, and a gang's members whose claims are allocated are fixed
+in its re-plan.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from scheduler.core import dra
+from scheduler.core.gang import GangSizeError, gang_request, plan_gangs
+from scheduler.core.model import Health, NodeInfo, PodInfo
+from scheduler.core.objects import ObjectError, object_key, request_from_pod
+from scheduler.core.schedule import Assignment, selector_matches
+from scheduler.core.snapshot import ClusterSnapshot, DoubleBookingError, build_snapshot, with_pod
+from scheduler.kube.client import ApiError, ApiUnavailable
+from scheduler.runtime.cache import ClusterCache
+
+log = logging.getLogger(__name__)
+
+SETTLE_S = 2.0
+"""Seconds between writing an allocation and checking it against every claim."""
+INTERVAL_S = 0.5
+"""Seconds between passes over the gated pods."""
+
+WAITING = "waiting"
+RELEASED = "released"
+YIELDED = "yielded"
+FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one pass did for one pod (tests, logs).
+
+    Attributes:
+        pod: ``namespace/name``.
+        state: ``released`` (allocated and ungated), ``waiting`` (nothing fits yet, or the
+            gang is incomplete), ``yielded`` (a conflict: allocation removed, retried
+            later), ``failed`` (an API error; retried later).
+        node: the node (released / yielded).
+        devices: the device names allocated (released / yielded).
+        reason: why waiting / yielded / failed.
+    """
+
+    pod: str
+    state: str
+    node: str = ""
+    devices: tuple[str, ...] = ()
+    reason: str = ""
+
+
+class ClaimApi:
+    """What the allocator needs from the API (``scheduler.kube.dra.ClaimWriter``)."""
+
+    def get_claim(self, ns: str, name: str) -> dict[str, Any]: ...  # pragma: no cover
+    def list_claims(self) -> list[dict[str, Any]]: ...  # pragma: no cover
+    def update_claim(self, claim: Mapping[str, Any]) -> dict[str, Any]: ...  # pragma: no cover
+    def update_claim_status(
+        self, claim: Mapping[str, Any]
+    ) -> dict[str, Any]: ...  # pragma: no cover
+    def remove_gate(
+        self, pod: Mapping[str, Any], gate: str
+    ) -> dict[str, Any]: ...  # pragma: no cover
+
+
+def _ns_name(key: str) -> tuple[str, str]:
+    ns, _, name = key.partition("/")
+    return ns, name
+
+
+class GateAllocator:
+    """Allocates claims of gated pods (see the module docstring).
+
+    Args:
+        cache: the cluster cache (DRA objects and holdings).
+        api: claim and pod writes (:class:`ClaimApi`).
+        pending: the pending pods the watch knows (``KubeWatcher.pending_pods``).
+        kube_picks: devices kube-scheduler may be allocating now
+            (``DraRouter.likely_kube_picks``).
+        settle_s: see :data:`SETTLE_S`.
+        sleep: interruptible sleep (tests pass a recorder).
+    """
+
+    def __init__(
+        self,
+        cache: ClusterCache,
+        api: ClaimApi,
+        pending: Callable[[], Sequence[Mapping[str, Any]]],
+        kube_picks: Callable[[], Iterable[dra.DeviceId]] = frozenset,
+        settle_s: float = SETTLE_S,
+        sleep: Callable[[float], Any] | None = None,
+    ) -> None:
+        self.cache = cache
+        self.api = api
+        self.pending = pending
+        self.kube_picks = kube_picks
+        self.settle_s = settle_s
+        self._stop = threading.Event()
+        self._sleep = sleep or self._stop.wait
+        self._thread: threading.Thread | None = None
+
+    # ---- one pass -----------------------------------------------------------------------
+
+    def step(self) -> list[Outcome]:
+        """One pass over the gated pods (gangs first, then single pods, by key)."""
+        pods = sorted((p for p in self.pending() if dra.gated(p)), key=object_key)
+        gangs: dict[str, list[Mapping[str, Any]]] = {}
+        singles = []
+        for p in pods:
+            try:
+                req = request_from_pod(p, self.cache.params.fabric)
+            except ObjectError as exc:
+                log.warning("gated pod %s is invalid: %s", object_key(p), exc)
+                continue
+            (gangs.setdefault(req.gang, []) if req.gang else singles).append(p)
+        out: list[Outcome] = []
+        for key in sorted(gangs):
+            out += self._gang(key, gangs[key])
+        for p in singles:
+            out.append(self._single(p))
+        return out
+
+    def _claims(self, pod: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]], bool]:
+        claims = self.cache.snapshot().extra.get(dra.CLAIMS_KEY) or {}
+        return dra.pod_claims(pod, claims)
+
+    def _nodes(
+        self, snap: ClusterSnapshot, pod: Mapping[str, Any], inv: dra.Inventory, pin: str = ""
+    ) -> list[NodeInfo]:
+        selector = (pod.get("spec") or {}).get("nodeSelector") or {}
+        out = []
+        for name in inv.by_node:
+            n = snap.node(name)
+            if n is None or n.health.state >= Health.UNHEALTHY or n.health.unschedulable:
+                continue
+            if (pin and name != pin) or not selector_matches(n.labels, selector):
+                continue
+            out.append(n)
+        return out
+
+    def _single(self, pod: Mapping[str, Any]) -> Outcome:
+        key = object_key(pod)
+        claims, complete = self._claims(pod)
+        if not complete:
+            return Outcome(key, WAITING, reason=dra.REASON_CLAIMS_UNKNOWN)
+        done = [c for c in claims if dra.is_allocated(c)]
+        pins = {dra.allocation_node(c) for c in done}
+        if len(pins) > 1:
+            return Outcome(key, WAITING, reason="the pod's claims are allocated on two nodes")
+        if len(done) == len(claims):
+            return self._release([pod], [object_key(c) for c in claims])
+        picks = frozenset(self.kube_picks())
+        with self.cache.lock:
+            snap = self.cache.snapshot()
+            inv = self.cache.dra_inventory(snap)
+            nodes = self._nodes(snap, pod, inv, next(iter(pins), ""))
+            pick = dra.pick_for_pod(
+                pod, nodes, inv, snap.extra, self.cache.params.selection_policy, picks
+            )
+            if isinstance(pick, str):
+                return Outcome(key, WAITING, reason=pick)
+            self._assume(pick, {object_key(c): c for c in claims})
+        err = self._write(pick, {object_key(c): c for c in claims})
+        if err:
+            return Outcome(key, FAILED, pick.node, reason=err)
+        log.info(
+            "allocated %s on %s: GPUs %s (ring %.1f GB/s)",
+            key,
+            pick.node,
+            list(pick.gpus),
+            pick.bottleneck,
+        )
+        return self._release([pod], [object_key(c) for c in claims])
+
+    # ---- gangs --------------------------------------------------------------------------
+
+    def _gang(self, gang: str, members: list[Mapping[str, Any]]) -> list[Outcome]:
+        """Plan a whole gang of gated claim pods with the gang solver, all or nothing."""
+        params = self.cache.params
+        reqs = []
+        fixed: list[Assignment] = []
+        claims_of: dict[str, list[Mapping[str, Any]]] = {}
+        for p in members:
+            claims, complete = self._claims(p)
+            if not complete:
+                return [Outcome(object_key(p), WAITING, reason=dra.REASON_CLAIMS_UNKNOWN)]
+            claims_of[object_key(p)] = claims
+        snap0 = self.cache.snapshot()
+        inv0 = self.cache.dra_inventory(snap0)
+        for p in members:
+            k = object_key(p)
+            claims = claims_of[k]
+            req = request_from_pod(p, params.fabric)
+            if all(dra.is_allocated(c) for c in claims):
+                held = [dra.claim_holding(c, inv0) for c in claims]
+                gpus = tuple(sorted({g for h in held if h for g in h[1]}))
+                node = next((h[0] for h in held if h), "")
+                fixed.append(Assignment(k, node, gpus))
+                continue
+            if any(dra.is_allocated(c) for c in claims):
+                return [Outcome(k, WAITING, reason="gang member partly allocated")]
+            n = sum(dra.gpus_requested(dra.claim_spec(c)) for c in claims)
+            reqs.append(replace(req, gpus=n))
+        size = max((r.gang_size for r in reqs), default=0)
+        if reqs and len(reqs) + len(fixed) < size:
+            return [
+                Outcome(object_key(p), WAITING, reason="gang incomplete: members not created yet")
+                for p in members
+            ]
+        if not reqs:
+            keys = [object_key(c) for p in members for c in claims_of[object_key(p)]]
+            return [self._release(members, keys, gang)]
+        picks = frozenset(self.kube_picks())
+        with self.cache.lock:
+            snap = self.cache.snapshot()
+            inv = self.cache.dra_inventory(snap)
+            sub = self._dra_view(snap, inv, picks)
+            try:
+                greq = gang_request(reqs, size, fixed)
+            except (GangSizeError, ValueError) as exc:
+                return [Outcome(object_key(p), WAITING, reason=str(exc)) for p in members]
+            res = plan_gangs(sub, [greq], params)[0]
+            if not res.ok:
+                return [Outcome(object_key(p), WAITING, reason=res.reason) for p in members]
+            by_key = {object_key(p): p for p in members}
+            picks_out: list[dra.Pick] = []
+            for a in res.assignments:
+                pod = by_key.get(a.pod)
+                if pod is None or any(f.pod == a.pod for f in fixed):
+                    continue
+                pick = self._pick_of(a, pod, claims_of[a.pod], inv, snap, picks)
+                if isinstance(pick, str):
+                    return [Outcome(object_key(p), WAITING, reason=pick) for p in members]
+                picks_out.append(pick)
+            all_claims = {object_key(c): c for cs in claims_of.values() for c in cs}
+            for pick in picks_out:
+                self._assume(pick, all_claims)
+        for pick in picks_out:
+            err = self._write(pick, all_claims)
+            if err:
+                return [Outcome(object_key(p), FAILED, reason=err) for p in members]
+        log.info(
+            "allocated gang %s: %s",
+            gang,
+            ", ".join(f"{p.node}:{list(p.gpus)}" for p in picks_out),
+        )
+        keys = [object_key(c) for p in members for c in claims_of[object_key(p)]]
+        return [self._release(members, keys, gang)]
+
+    def _dra_view(
+        self, snap: ClusterSnapshot, inv: dra.Inventory, avoid: frozenset[dra.DeviceId]
+    ) -> ClusterSnapshot:
+        """The snapshot restricted to DRA nodes (the gang solver places only there), with
+        topoplace's in-flight holdings and the devices kube-scheduler may be allocating
+        held too."""
+        names = [n for n in inv.by_node if snap.node(n) is not None]
+        nodes = [snap.node(n).raw for n in names]  # type: ignore[union-attr]
+        pods = [
+            p.raw
+            for p in snap.pods.values()
+            if p.node in inv.by_node
+            and p.raw
+            and not p.key.startswith(dra.HOLDER_PREFIX)
+            and not p.assumed
+        ]
+        sub = build_snapshot(nodes, pods, self.cache.params, snap.extra)
+        for k, p in snap.pods.items():
+            if p.assumed and k.startswith(dra.HOLDER_PREFIX) and p.node in sub.index:
+                with contextlib.suppress(DoubleBookingError, KeyError):
+                    sub = with_pod(sub, p)
+        extra: dict[str, set[int]] = {}
+        for did in avoid:
+            d = inv.by_id.get(did)
+            if d is not None and d.gpu is not None:
+                extra.setdefault(d.node, set()).add(d.gpu)
+        for node, gpus in sorted(extra.items()):
+            n = sub.node(node)
+            if n is None:
+                continue
+            free = tuple(g for g in sorted(gpus) if n.free_mask >> g & 1)
+            if free:
+                sub = with_pod(sub, PodInfo(f"kube-picks:{node}", "", node, free))
+        return sub
+
+    def _pick_of(
+        self,
+        a: Assignment,
+        pod: Mapping[str, Any],
+        claims: Sequence[Mapping[str, Any]],
+        inv: dra.Inventory,
+        snap: ClusterSnapshot,
+        avoid: frozenset[dra.DeviceId],
+    ) -> dra.Pick | str:
+        specs = [(object_key(c), dra.claim_spec(c)) for c in claims if not dra.is_allocated(c)]
+        extra = snap.extra
+        cands = dra.whole_gpu_candidates(
+            inv, a.node, [s for _, s in specs], extra.get(dra.CLASSES_KEY) or {}, avoid
+        )
+        if cands is None:
+            return dra.REASON_CLAIMS_UNSUPPORTED
+        if any(g not in cands for g in a.gpus):
+            return "a GPU of the gang plan has no device the claims may take"
+        parts = dra.split_devices([s for _, s in specs], [cands[g] for g in a.gpus])
+        return dra.Pick(
+            a.node, tuple((k, s, p) for (k, s), p in zip(specs, parts, strict=True)), a.gpus
+        )
+
+    # ---- writes -------------------------------------------------------------------------
+
+    def _assume(self, pick: dra.Pick, claims: Mapping[str, Mapping[str, Any]]) -> None:
+        """Hold the picked GPUs in the ledger (cache lock held by the caller)."""
+        for ck, spec, devs in pick.claims:
+            body = dra.allocated_claim(claims[ck], pick.node, spec, devs)
+            info = PodInfo(
+                key=dra.holder_key(ck),
+                uid=str((claims[ck].get("metadata") or {}).get("uid") or ""),
+                node=pick.node,
+                gpus=tuple(sorted({d.gpu for d in devs if d.gpu is not None})),
+                assumed=True,
+                raw=body,
+            )
+            self.cache.assume(info)
+
+    def _write(self, pick: dra.Pick, claims: Mapping[str, Mapping[str, Any]]) -> str:
+        """Write finalizer + annotation, then the allocation, of each picked claim; on an
+        error, undo what was written and drop the assumptions. Returns "" or the error."""
+        written: list[str] = []
+        for ck, spec, devs in pick.claims:
+            ns, name = _ns_name(ck)
+            try:
+                cur = self.api.get_claim(ns, name)
+                if dra.is_allocated(cur):
+                    raise ApiError(409, "Conflict", "claim allocated meanwhile")
+                body = dra.allocated_claim(cur, pick.node, spec, devs)
+                meta_only = {**body, "status": cur.get("status") or {}}
+                updated = self.api.update_claim(meta_only)
+                updated["status"] = body["status"]
+                self.api.update_claim_status(updated)
+                written.append(ck)
+            except (ApiError, ApiUnavailable) as exc:
+                log.warning("allocating %s failed: %s; undoing", ck, exc)
+                for w in written:
+                    self._undo(w)
+                for c, _, _ in pick.claims:
+                    self.cache.forget(dra.holder_key(c))
+                return f"claim write failed: {exc}"
+        return ""
+
+    def _undo(self, claim_key: str) -> bool:
+        """Remove topoplace's allocation of a claim nothing uses yet (status first, then
+        the finalizer and mark). Returns whether it was undone."""
+        ns, name = _ns_name(claim_key)
+        for _ in range(3):
+            try:
+                cur = self.api.get_claim(ns, name)
+                if not dra.allocated_by_topoplace(cur):
+                    return False
+                if (cur.get("status") or {}).get("reservedFor"):
+                    return False  # in use already: never pull it from under a pod
+                if dra.is_allocated(cur):
+                    st = dict(cur.get("status") or {})
+                    st.pop("allocation", None)
+                    cur = self.api.update_claim_status({**cur, "status": st})
+                m = dict(cur.get("metadata") or {})
+                m["finalizers"] = [
+                    f for f in m.get("finalizers") or () if f != dra.DELETE_PROTECTION
+                ]
+                ann = dict(m.get("annotations") or {})
+                ann.pop(dra.ALLOCATED_BY, None)
+                m["annotations"] = ann
+                self.api.update_claim({**cur, "metadata": m})
+                return True
+            except ApiError as exc:
+                if exc.conflict:
+                    continue
+                log.warning("undoing %s failed: %s", claim_key, exc)
+                return False
+            except ApiUnavailable as exc:
+                log.warning("undoing %s failed: %s", claim_key, exc)
+                return False
+        return False
+
+    def _release(
+        self, pods: Sequence[Mapping[str, Any]], claim_keys: Sequence[str], gang: str = ""
+    ) -> Outcome:
+        """Settle, check the pods' claims against every claim, then remove the gates (or
+        yield on a conflict)."""
+        what = gang or object_key(pods[0])
+        if self.settle_s > 0:
+            self._sleep(self.settle_s)
+        try:
+            fresh = self.api.list_claims()
+        except (ApiError, ApiUnavailable) as exc:
+            return Outcome(what, FAILED, reason=f"listing claims failed: {exc}")
+        by_key = {object_key(c): c for c in fresh}
+        mine = {k: dra.allocated_ids(by_key[k]) for k in claim_keys if k in by_key}
+        bad = dra.conflicts(mine, fresh)
+        node = next((dra.allocation_node(by_key[k]) for k in claim_keys if k in by_key), "")
+        devices = tuple(sorted(d for ids in mine.values() for _, _, d in ids))
+        if bad:
+            for k, others in bad.items():
+                log.warning("claim %s shares devices with %s: topoplace yields", k, others)
+            for k in claim_keys:
+                if k in by_key and dra.allocated_by_topoplace(by_key[k]):
+                    self._undo(k)
+                self.cache.forget(dra.holder_key(k))
+            return Outcome(
+                what, YIELDED, node, devices, f"devices also held by {sorted(bad.items())}"
+            )
+        for p in pods:
+            try:
+                self.api.remove_gate(p, dra.ALLOCATE_GATE)
+            except ApiError as exc:
+                if exc.not_found:
+                    continue
+                return Outcome(what, FAILED, node, devices, f"removing the gate failed: {exc}")
+            except ApiUnavailable as exc:
+                return Outcome(what, FAILED, node, devices, f"removing the gate failed: {exc}")
+        return Outcome(what, RELEASED, node, devices)
+
+    # ---- thread -------------------------------------------------------------------------
+
+    def run(self, interval: float = INTERVAL_S) -> None:
+        """Passes every ``interval`` seconds until :meth:`stop`."""
+        while not self._stop.is_set():
+            try:
+                for o in self.step():
+                    if o.state in (YIELDED, FAILED):
+                        log.info("allocation of %s %s: %s", o.pod, o.state, o.reason)
+            except Exception:  # keep the loop alive; the next pass starts from the API's view
+                log.exception("allocator pass failed")
+            self._stop.wait(interval)
+
+    def start(self, interval: float = INTERVAL_S) -> None:
+        """Run :meth:`run` in a daemon thread."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self.run, args=(interval,), name="dra-allocator", daemon=True
+            )
+            self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread (waits up to ``timeout``)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
