@@ -105,6 +105,20 @@ class ClaimApi:
     ) -> dict[str, Any]: ...  # pragma: no cover
 
 
+@dataclass(frozen=True, slots=True)
+class _Written:
+    """Allocations written in this pass, to check and release: the pods (a gang's all),
+    their claims, the gang key ("" for one pod)."""
+
+    pods: tuple[Mapping[str, Any], ...]
+    claims: tuple[str, ...]
+    gang: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.gang or object_key(self.pods[0])
+
+
 def _ns_name(key: str) -> tuple[str, str]:
     ns, _, name = key.partition("/")
     return ns, name
@@ -144,7 +158,8 @@ class GateAllocator:
     # ---- one pass -----------------------------------------------------------------------
 
     def step(self) -> list[Outcome]:
-        """One pass over the gated pods (gangs first, then single pods, by key)."""
+        """One pass over the gated pods (gangs first, then single pods, by key): every
+        allocation of the pass is written, then one settle and one list check them all."""
         pods = sorted((p for p in self.pending() if dra.gated(p)), key=object_key)
         gangs: dict[str, list[Mapping[str, Any]]] = {}
         singles = []
@@ -155,12 +170,14 @@ class GateAllocator:
                 log.warning("gated pod %s is invalid: %s", object_key(p), exc)
                 continue
             (gangs.setdefault(req.gang, []) if req.gang else singles).append(p)
-        out: list[Outcome] = []
+        done: list[Outcome | _Written] = []
         for key in sorted(gangs):
-            out += self._gang(key, gangs[key])
+            done += self._gang(key, gangs[key])
         for p in singles:
-            out.append(self._single(p))
-        return out
+            done.append(self._single(p))
+        written = [w for w in done if isinstance(w, _Written)]
+        checked = iter(self._release(written) if written else [])
+        return [next(checked) if isinstance(w, _Written) else w for w in done]
 
     def _claims(self, pod: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]], bool]:
         claims = self.cache.snapshot().extra.get(dra.CLAIMS_KEY) or {}
@@ -180,7 +197,7 @@ class GateAllocator:
             out.append(n)
         return out
 
-    def _single(self, pod: Mapping[str, Any]) -> Outcome:
+    def _single(self, pod: Mapping[str, Any]) -> Outcome | _Written:
         key = object_key(pod)
         claims, complete = self._claims(pod)
         if not complete:
@@ -190,7 +207,7 @@ class GateAllocator:
         if len(pins) > 1:
             return Outcome(key, WAITING, reason="the pod's claims are allocated on two nodes")
         if len(done) == len(claims):
-            return self._release([pod], [object_key(c) for c in claims])
+            return _Written((pod,), tuple(object_key(c) for c in claims))
         picks = frozenset(self.kube_picks())
         with self.cache.lock:
             snap = self.cache.snapshot()
@@ -212,11 +229,11 @@ class GateAllocator:
             list(pick.gpus),
             pick.bottleneck,
         )
-        return self._release([pod], [object_key(c) for c in claims])
+        return _Written((pod,), tuple(object_key(c) for c in claims))
 
     # ---- gangs --------------------------------------------------------------------------
 
-    def _gang(self, gang: str, members: list[Mapping[str, Any]]) -> list[Outcome]:
+    def _gang(self, gang: str, members: list[Mapping[str, Any]]) -> list[Outcome | _Written]:
         """Plan a whole gang of gated claim pods with the gang solver, all or nothing."""
         params = self.cache.params
         reqs = []
@@ -251,7 +268,7 @@ class GateAllocator:
             ]
         if not reqs:
             keys = [object_key(c) for p in members for c in claims_of[object_key(p)]]
-            return [self._release(members, keys, gang)]
+            return [_Written(tuple(members), tuple(keys), gang)]
         picks = frozenset(self.kube_picks())
         with self.cache.lock:
             snap = self.cache.snapshot()
@@ -287,7 +304,7 @@ class GateAllocator:
             ", ".join(f"{p.node}:{list(p.gpus)}" for p in picks_out),
         )
         keys = [object_key(c) for p in members for c in claims_of[object_key(p)]]
-        return [self._release(members, keys, gang)]
+        return [_Written(tuple(members), tuple(keys), gang)]
 
     def _dra_view(
         self, snap: ClusterSnapshot, inv: dra.Inventory, avoid: frozenset[dra.DeviceId]
@@ -422,43 +439,44 @@ class GateAllocator:
                 return False
         return False
 
-    def _release(
-        self, pods: Sequence[Mapping[str, Any]], claim_keys: Sequence[str], gang: str = ""
-    ) -> Outcome:
-        """Settle, check the pods' claims against every claim, then remove the gates (or
-        yield on a conflict)."""
-        what = gang or object_key(pods[0])
+    def _release(self, written: Sequence[_Written]) -> list[Outcome]:
+        """Settle, check every written allocation against every claim (one consistent
+        list), then remove the gates, or yield where a conflict shows."""
         if self.settle_s > 0:
             self._sleep(self.settle_s)
         try:
             fresh = self.api.list_claims()
         except (ApiError, ApiUnavailable) as exc:
-            return Outcome(what, FAILED, reason=f"listing claims failed: {exc}")
+            return [
+                Outcome(w.name, FAILED, reason=f"listing claims failed: {exc}") for w in written
+            ]
+        return [self._check(w, fresh) for w in written]
+
+    def _check(self, w: _Written, fresh: Sequence[Mapping[str, Any]]) -> Outcome:
         by_key = {object_key(c): c for c in fresh}
-        mine = {k: dra.allocated_ids(by_key[k]) for k in claim_keys if k in by_key}
+        mine = {k: dra.allocated_ids(by_key[k]) for k in w.claims if k in by_key}
         bad = dra.conflicts(mine, fresh)
-        node = next((dra.allocation_node(by_key[k]) for k in claim_keys if k in by_key), "")
+        node = next((dra.allocation_node(by_key[k]) for k in w.claims if k in by_key), "")
         devices = tuple(sorted(d for ids in mine.values() for _, _, d in ids))
         if bad:
             for k, others in bad.items():
                 log.warning("claim %s shares devices with %s: topoplace yields", k, others)
-            for k in claim_keys:
+            for k in w.claims:
                 if k in by_key and dra.allocated_by_topoplace(by_key[k]):
                     self._undo(k)
                 self.cache.forget(dra.holder_key(k))
-            return Outcome(
-                what, YIELDED, node, devices, f"devices also held by {sorted(bad.items())}"
-            )
-        for p in pods:
+            why = f"devices also held by {sorted(bad.items())}"
+            return Outcome(w.name, YIELDED, node, devices, why)
+        for p in w.pods:
             try:
                 self.api.remove_gate(p, dra.ALLOCATE_GATE)
             except ApiError as exc:
                 if exc.not_found:
                     continue
-                return Outcome(what, FAILED, node, devices, f"removing the gate failed: {exc}")
+                return Outcome(w.name, FAILED, node, devices, f"removing the gate failed: {exc}")
             except ApiUnavailable as exc:
-                return Outcome(what, FAILED, node, devices, f"removing the gate failed: {exc}")
-        return Outcome(what, RELEASED, node, devices)
+                return Outcome(w.name, FAILED, node, devices, f"removing the gate failed: {exc}")
+        return Outcome(w.name, RELEASED, node, devices)
 
     # ---- thread -------------------------------------------------------------------------
 

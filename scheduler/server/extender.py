@@ -17,7 +17,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -357,7 +357,11 @@ class Extender:
         items: list[Mapping[str, Any]] | None,
     ) -> dict[str, Any]:
         out: FilterOutcome | None = None
-        if self.gangs is not None and req.gang:
+        if req.gpus <= 0 and dra.uses_claims(pod):
+            # Claim pods: DRA decides (a claim gang is placed whole by kube/allocator.py).
+            self.cache.remember_pending(pod)  # bind finds it without a GET
+            out = self.dra.filter(pod, names)
+        if out is None and self.gangs is not None and req.gang:
             planned = self.gangs.filter(self, pod, req, names)
             if planned is not None:
                 base = filter_nodes(self.cache.snapshot(), req, names, self.params)
@@ -365,9 +369,6 @@ class Extender:
                 self.decisions.record_info(
                     "filter", req.key, req.gang, _gang_filter_info(out, len(names))
                 )
-        if out is None and req.gpus <= 0 and dra.uses_claims(pod):
-            self.cache.remember_pending(pod)  # bind finds it without a GET
-            out = self.dra.filter(pod, names)
         if out is None and req.gpus > 0:
             with self.cache.lock:
                 snap = self._decision_snapshot(req)
@@ -466,7 +467,7 @@ class Extender:
         if req is None:
             return [{"Host": n, "Score": 0} for n in names]
         scores = None
-        if pod is not None and req.gpus <= 0 and dra.uses_claims(pod):
+        if pod is not None and req.gpus <= 0 and dra.uses_claims(pod):  # before gangs
             scores = self.dra.prioritize(pod, names)
         if scores is None and self.gangs is not None and req.gang:
             scores = self.gangs.prioritize(self, req, names)
@@ -598,6 +599,8 @@ class Extender:
             req = request_from_pod(pod, self.params.fabric)
         except ObjectError as exc:
             return f"invalid pod: {exc}"
+        if req.gang and req.gpus <= 0 and dra.uses_claims(pod):
+            req = replace(req, gang="")  # its claims are allocated: a claim gang is whole already
         cpu = pod_resource(pod, "cpu", cpu_milli)
         memory = pod_resource(pod, "memory", quantity_int)
         summary = self._why(req, node)

@@ -31,6 +31,7 @@ class MockClaimApi:
         self.ungated: list[str] = []
         self.writes: list[tuple[str, str]] = []
         self.rv = 1000
+        self.lists = 0
 
     def _bump(self, c: dict) -> dict:
         self.rv += 1
@@ -47,6 +48,7 @@ class MockClaimApi:
         return copy.deepcopy(c)
 
     def list_claims(self) -> list[dict]:
+        self.lists += 1
         return [copy.deepcopy(c) for c in self.claims.values()] + copy.deepcopy(self.sneak)
 
     def update_claim(self, claim: Mapping[str, Any]) -> dict:
@@ -298,3 +300,23 @@ def test_gang_restart_keeps_allocated_members_and_plans_the_rest() -> None:
     flat = [(n, d) for n, devs in (_devices(api, k) for k in claims) for d in devs]
     assert len(flat) == len(set(flat)) == 12
     assert sorted(api.ungated) == [f"default/m{i}" for i in range(3)]
+
+
+def test_one_pass_writes_every_pick_then_checks_them_with_one_list() -> None:
+    claims = {f"default/c{i}": _claim(f"c{i}", 2) for i in range(4)}
+    pods = [_pod(f"p{i}", f"c{i}") for i in range(4)]
+    cache, api, alloc = _setup(claims, pods)
+    outs = alloc.step()
+    assert [o.state for o in outs] == [al.RELEASED] * 4
+    assert api.lists == 1
+    flat = [(n, d) for n, devs in (_devices(api, k) for k in claims) for d in devs]
+    assert len(flat) == len(set(flat)) == 8
+    # Every pair is a doubled NVLink pair of the DGX-1 (50 GB/s); the fuller node (7
+    # healthy GPUs: gpu-5 is tainted) is packed first, its tainted GPU never used.
+    nodes = []
+    for k in claims:
+        node, devs = _devices(api, k)
+        nodes.append(node)
+        assert ring_bottleneck(DGX1, tuple(int(d[4:]) for d in devs)) == 50.0
+    assert nodes.count("gpu-node-1") == 3
+    assert ("gpu-node-1", "gpu-5") not in flat
