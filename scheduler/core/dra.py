@@ -880,6 +880,7 @@ def plan_pod(
             a node whose first fit would take one is refused.
     """
     claims, complete = pod_claims(pod, _map(extra.get(CLAIMS_KEY)))
+    claims = gpu_claims(claims, _map(extra.get(CLASSES_KEY)))  # channels, NICs: not ours
     pending = []
     gpus: set[int] = set()
     for c in claims:
@@ -1094,6 +1095,7 @@ def pick_for_pod(
     claims, complete = pod_claims(pod, _map(extra.get(CLAIMS_KEY)))
     if not complete:
         return REASON_CLAIMS_UNKNOWN
+    claims = gpu_claims(claims, _map(extra.get(CLASSES_KEY)))
     pending = [(object_key(c), claim_spec(c)) for c in claims if not is_allocated(c)]
     specs = [s for _, s in pending]
     k = sum(gpus_requested(s) for s in specs)
@@ -1129,16 +1131,24 @@ def pick_for_pod(
 
 
 def allocated_claim(
-    claim: Mapping[str, Any], node: str, spec: ClaimSpec, devices: Sequence[Device]
+    claim: Mapping[str, Any],
+    node: str,
+    spec: ClaimSpec,
+    devices: Sequence[Device],
+    domain: str = "",
 ) -> dict[str, Any]:
     """``claim`` as topoplace writes it: the delete-protection finalizer, the
-    :data:`ALLOCATED_BY` annotation and ``status.allocation`` (the input is not changed)."""
+    :data:`ALLOCATED_BY` annotation (and :data:`CD_ANNOTATION` for a ComputeDomain pod) and
+    ``status.allocation`` (the input is not changed)."""
     meta = dict(_map(claim.get("metadata")))
     fins = list(_seq(meta.get("finalizers")))
     if DELETE_PROTECTION not in fins:
         fins.append(DELETE_PROTECTION)
     meta["finalizers"] = fins
-    meta["annotations"] = {**_map(meta.get("annotations")), ALLOCATED_BY: "topoplace"}
+    ann = {**_map(meta.get("annotations")), ALLOCATED_BY: "topoplace"}
+    if domain:
+        ann[CD_ANNOTATION] = domain
+    meta["annotations"] = ann
     status = dict(_map(claim.get("status")))
     status["allocation"] = allocation_status(node, spec, devices)
     return {**claim, "metadata": meta, "status": status}
@@ -1167,3 +1177,103 @@ def conflicts(
             if o is not None and o != k:
                 out.setdefault(o, set()).add(k)
     return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+# ---- claims that are not GPUs, and ComputeDomains ---------------------------------------------
+
+CD_DRIVER = "compute-domain.nvidia.com"
+"""The NVIDIA DRA driver of ComputeDomain channels (multi-node NVLink, IMEX)."""
+CD_ANNOTATION = "topoplace.io/compute-domain"
+"""Claim annotation topoplace writes on the GPU claims it allocates for a ComputeDomain pod,
+so the node counts as serving that domain before the channel claim is allocated."""
+REASON_CD_NODE_BUSY = "node serves another ComputeDomain"
+REASON_CD_CLIQUE = "node outside the ComputeDomain's NVLink domain"
+REASON_CD_NO_CLIQUE = "node in no NVLink domain (nvidia.com/gpu.clique)"
+REASON_CD_NO_SINGLE_CLIQUE = "no single NVLink domain can hold the ComputeDomain's gang"
+
+_DRIVER_LIT = re.compile(r"device\.driver\s*==\s*(?:'([^']*)'|\"([^\"]*)\")")
+
+
+def request_is_gpu(
+    r: Request, classes: Mapping[str, Any], drivers: Sequence[str] = GPU_DRIVERS
+) -> bool:
+    """Whether a request asks for devices of a GPU driver: False only when its class or
+    selectors name another driver (``device.driver == '...'``), so unknown forms count as
+    GPUs (the prediction then says it does not know)."""
+    exprs = list(class_selectors(classes, r.device_class) or ()) + list(r.selectors)
+    for e in exprs:
+        m = _DRIVER_LIT.search(e)
+        if m:
+            return (m.group(1) if m.group(1) is not None else m.group(2)) in drivers
+    return True
+
+
+def gpu_claims(
+    claims: Sequence[Mapping[str, Any]], classes: Mapping[str, Any]
+) -> list[Mapping[str, Any]]:
+    """The claims with at least one GPU request (a ComputeDomain channel or a NIC claim is
+    left to kube-scheduler's allocator)."""
+    return [c for c in claims if any(request_is_gpu(r, classes) for r in claim_spec(c).requests)]
+
+
+def compute_domain_of(claim: Mapping[str, Any]) -> str:
+    """The ComputeDomain (its UID, the channel config's ``domainID``) a claim belongs to:
+    a channel claim's opaque config for :data:`CD_DRIVER`, or topoplace's
+    :data:`CD_ANNOTATION`; "" for none."""
+    for cfg in _seq(_map(_map(claim.get("spec")).get("devices")).get("config")):
+        opaque = _map(_map(cfg).get("opaque"))
+        if opaque.get("driver") == CD_DRIVER:
+            d = _str(_map(opaque.get("parameters")).get("domainID"))
+            if d:
+                return d
+    return _str(_map(_map(claim.get("metadata")).get("annotations")).get(CD_ANNOTATION))
+
+
+def pod_compute_domain(pod: Mapping[str, Any], claims: Mapping[str, Any]) -> str:
+    """The ComputeDomain of a pod's claims ("" for none)."""
+    for c in pod_claims(pod, claims)[0]:
+        d = compute_domain_of(c)
+        if d:
+            return d
+    return ""
+
+
+def serving_domains(claims: Iterable[Mapping[str, Any]]) -> dict[str, frozenset[str]]:
+    """node -> the ComputeDomains it serves (allocated claims of a domain pinned there)."""
+    out: dict[str, set[str]] = {}
+    for c in claims:
+        if not isinstance(c, Mapping) or not is_allocated(c):
+            continue
+        d = compute_domain_of(c)
+        node = allocation_node(c)
+        if d and node:
+            out.setdefault(node, set()).add(d)
+    return {n: frozenset(v) for n, v in sorted(out.items())}
+
+
+def domain_cliques(
+    domain: str, serving: Mapping[str, frozenset[str]], clique_of: Callable[[str], str | None]
+) -> frozenset[str]:
+    """NVLink domains (cliques) the nodes serving ``domain`` are in."""
+    return frozenset(
+        c for n, ds in serving.items() if domain in ds and (c := clique_of(n)) is not None
+    )
+
+
+def cd_verdict(
+    domain: str,
+    node: str,
+    clique: str | None,
+    serving: Mapping[str, frozenset[str]],
+    cliques: frozenset[str],
+) -> str:
+    """Why a pod of ComputeDomain ``domain`` may not use ``node`` ("" when it may): the node
+    serves another domain (one IMEX domain per node), has no NVLink domain, or is outside
+    the NVLink domain the domain's other nodes are in."""
+    if serving.get(node, frozenset()) - {domain}:
+        return REASON_CD_NODE_BUSY
+    if not clique:
+        return REASON_CD_NO_CLIQUE
+    if cliques and clique not in cliques:
+        return REASON_CD_CLIQUE
+    return ""

@@ -56,6 +56,7 @@ from scheduler.core.schedule import Assignment, selector_matches
 from scheduler.core.snapshot import ClusterSnapshot, DoubleBookingError, build_snapshot, with_pod
 from scheduler.kube.client import ApiError, ApiUnavailable
 from scheduler.runtime.cache import ClusterCache
+from scheduler.runtime.dra import all_claims, clique_reader
 
 log = logging.getLogger(__name__)
 
@@ -179,14 +180,34 @@ class GateAllocator:
         checked = iter(self._release(written) if written else [])
         return [next(checked) if isinstance(w, _Written) else w for w in done]
 
-    def _claims(self, pod: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]], bool]:
-        claims = self.cache.snapshot().extra.get(dra.CLAIMS_KEY) or {}
-        return dra.pod_claims(pod, claims)
+    def _claims(self, pod: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]], bool, str]:
+        """(the pod's GPU claims, whether all its claims exist, its ComputeDomain)."""
+        extra = self.cache.snapshot().extra
+        claims = extra.get(dra.CLAIMS_KEY) or {}
+        every, complete = dra.pod_claims(pod, claims)
+        domain = dra.pod_compute_domain(pod, claims)
+        return dra.gpu_claims(every, extra.get(dra.CLASSES_KEY) or {}), complete, domain
+
+    def _cd_allows(self, snap: ClusterSnapshot, domain: str) -> Callable[[str], bool]:
+        """Whether a node may take a pod of ComputeDomain ``domain`` (always, without one):
+        not serving another domain, in an NVLink domain, the same as the domain's others."""
+        if not domain:
+            return lambda _name: True
+        serving = dra.serving_domains(all_claims(snap))
+        clique = clique_reader(snap, self.cache.params.fabric)
+        cliques = dra.domain_cliques(domain, serving, clique)
+        return lambda name: not dra.cd_verdict(domain, name, clique(name), serving, cliques)
 
     def _nodes(
-        self, snap: ClusterSnapshot, pod: Mapping[str, Any], inv: dra.Inventory, pin: str = ""
+        self,
+        snap: ClusterSnapshot,
+        pod: Mapping[str, Any],
+        inv: dra.Inventory,
+        pin: str = "",
+        domain: str = "",
     ) -> list[NodeInfo]:
         selector = (pod.get("spec") or {}).get("nodeSelector") or {}
+        allows = self._cd_allows(snap, domain)
         out = []
         for name in inv.by_node:
             n = snap.node(name)
@@ -194,12 +215,13 @@ class GateAllocator:
                 continue
             if (pin and name != pin) or not selector_matches(n.labels, selector):
                 continue
-            out.append(n)
+            if allows(name):
+                out.append(n)
         return out
 
     def _single(self, pod: Mapping[str, Any]) -> Outcome | _Written:
         key = object_key(pod)
-        claims, complete = self._claims(pod)
+        claims, complete, domain = self._claims(pod)
         if not complete:
             return Outcome(key, WAITING, reason=dra.REASON_CLAIMS_UNKNOWN)
         done = [c for c in claims if dra.is_allocated(c)]
@@ -212,14 +234,14 @@ class GateAllocator:
         with self.cache.lock:
             snap = self.cache.snapshot()
             inv = self.cache.dra_inventory(snap)
-            nodes = self._nodes(snap, pod, inv, next(iter(pins), ""))
+            nodes = self._nodes(snap, pod, inv, next(iter(pins), ""), domain)
             pick = dra.pick_for_pod(
                 pod, nodes, inv, snap.extra, self.cache.params.selection_policy, picks
             )
             if isinstance(pick, str):
                 return Outcome(key, WAITING, reason=pick)
-            self._assume(pick, {object_key(c): c for c in claims})
-        err = self._write(pick, {object_key(c): c for c in claims})
+            self._assume(pick, {object_key(c): c for c in claims}, domain)
+        err = self._write(pick, {object_key(c): c for c in claims}, domain)
         if err:
             return Outcome(key, FAILED, pick.node, reason=err)
         log.info(
@@ -239,17 +261,27 @@ class GateAllocator:
         reqs = []
         fixed: list[Assignment] = []
         claims_of: dict[str, list[Mapping[str, Any]]] = {}
+        domains: set[str] = set()
         for p in members:
-            claims, complete = self._claims(p)
+            claims, complete, domain = self._claims(p)
             if not complete:
                 return [Outcome(object_key(p), WAITING, reason=dra.REASON_CLAIMS_UNKNOWN)]
             claims_of[object_key(p)] = claims
+            domains.add(domain)
+        if len(domains) > 1:
+            why = "gang members use different ComputeDomains"
+            return [Outcome(object_key(p), WAITING, reason=why) for p in members]
+        domain = next(iter(domains), "")
         snap0 = self.cache.snapshot()
         inv0 = self.cache.dra_inventory(snap0)
+        no_gpus = 0
         for p in members:
             k = object_key(p)
             claims = claims_of[k]
             req = request_from_pod(p, params.fabric)
+            if not claims:
+                no_gpus += 1  # nothing to allocate: released with the gang
+                continue
             if all(dra.is_allocated(c) for c in claims):
                 held = [dra.claim_holding(c, inv0) for c in claims]
                 gpus = tuple(sorted({g for h in held if h for g in h[1]}))
@@ -261,7 +293,7 @@ class GateAllocator:
             n = sum(dra.gpus_requested(dra.claim_spec(c)) for c in claims)
             reqs.append(replace(req, gpus=n))
         size = max((r.gang_size for r in reqs), default=0)
-        if reqs and len(reqs) + len(fixed) < size:
+        if reqs and len(reqs) + len(fixed) + no_gpus < size:
             return [
                 Outcome(object_key(p), WAITING, reason="gang incomplete: members not created yet")
                 for p in members
@@ -273,14 +305,24 @@ class GateAllocator:
         with self.cache.lock:
             snap = self.cache.snapshot()
             inv = self.cache.dra_inventory(snap)
-            sub = self._dra_view(snap, inv, picks)
             try:
                 greq = gang_request(reqs, size, fixed)
             except (GangSizeError, ValueError) as exc:
                 return [Outcome(object_key(p), WAITING, reason=str(exc)) for p in members]
-            res = plan_gangs(sub, [greq], params)[0]
-            if not res.ok:
-                return [Outcome(object_key(p), WAITING, reason=res.reason) for p in members]
+            allows = self._cd_allows(snap, domain)
+            res = None
+            reasons = []
+            for part in self._partitions(snap, inv, domain, allows):
+                sub = self._dra_view(snap, inv, picks, part)
+                res = plan_gangs(sub, [greq], params)[0]
+                if res.ok:
+                    break
+                reasons.append(res.reason)
+            if res is None or not res.ok:
+                why = reasons[0] if reasons and not domain else "; ".join(sorted(set(reasons)))
+                if domain:
+                    why = f"{dra.REASON_CD_NO_SINGLE_CLIQUE} ({why or 'no free NVLink domain'})"
+                return [Outcome(object_key(p), WAITING, reason=why) for p in members]
             by_key = {object_key(p): p for p in members}
             picks_out: list[dra.Pick] = []
             for a in res.assignments:
@@ -293,9 +335,9 @@ class GateAllocator:
                 picks_out.append(pick)
             all_claims = {object_key(c): c for cs in claims_of.values() for c in cs}
             for pick in picks_out:
-                self._assume(pick, all_claims)
+                self._assume(pick, all_claims, domain)
         for pick in picks_out:
-            err = self._write(pick, all_claims)
+            err = self._write(pick, all_claims, domain)
             if err:
                 return [Outcome(object_key(p), FAILED, reason=err) for p in members]
         log.info(
@@ -306,13 +348,39 @@ class GateAllocator:
         keys = [object_key(c) for p in members for c in claims_of[object_key(p)]]
         return [_Written(tuple(members), tuple(keys), gang)]
 
+    def _partitions(
+        self,
+        snap: ClusterSnapshot,
+        inv: dra.Inventory,
+        domain: str,
+        allows: Callable[[str], bool],
+    ) -> list[Callable[[str], bool]]:
+        """Node sets a gang is planned in, tried in order: every DRA node it may use; for a
+        ComputeDomain gang one NVLink partition (``nvidia.com/gpu.clique``) at a time, the
+        one with the most free GPUs first (ties by name)."""
+        if not domain:
+            return [allows]
+        clique = clique_reader(snap)
+        free: dict[str, int] = {}
+        for name in inv.by_node:
+            n = snap.node(name)
+            c = clique(name)
+            if n is not None and c is not None and allows(name):
+                free[c] = free.get(c, 0) + n.free_gpus
+        order = sorted(free, key=lambda c: (-free[c], c))
+        return [lambda n, c=c: allows(n) and clique(n) == c for c in order]
+
     def _dra_view(
-        self, snap: ClusterSnapshot, inv: dra.Inventory, avoid: frozenset[dra.DeviceId]
+        self,
+        snap: ClusterSnapshot,
+        inv: dra.Inventory,
+        avoid: frozenset[dra.DeviceId],
+        allows: Callable[[str], bool] = lambda _name: True,
     ) -> ClusterSnapshot:
-        """The snapshot restricted to DRA nodes (the gang solver places only there), with
-        topoplace's in-flight holdings and the devices kube-scheduler may be allocating
-        held too."""
-        names = [n for n in inv.by_node if snap.node(n) is not None]
+        """The snapshot restricted to DRA nodes that ``allows`` (the gang solver places only
+        there), with topoplace's in-flight holdings and the devices kube-scheduler may be
+        allocating held too."""
+        names = [n for n in inv.by_node if snap.node(n) is not None and allows(n)]
         nodes = [snap.node(n).raw for n in names]  # type: ignore[union-attr]
         pods = [
             p.raw
@@ -366,10 +434,12 @@ class GateAllocator:
 
     # ---- writes -------------------------------------------------------------------------
 
-    def _assume(self, pick: dra.Pick, claims: Mapping[str, Mapping[str, Any]]) -> None:
+    def _assume(
+        self, pick: dra.Pick, claims: Mapping[str, Mapping[str, Any]], domain: str = ""
+    ) -> None:
         """Hold the picked GPUs in the ledger (cache lock held by the caller)."""
         for ck, spec, devs in pick.claims:
-            body = dra.allocated_claim(claims[ck], pick.node, spec, devs)
+            body = dra.allocated_claim(claims[ck], pick.node, spec, devs, domain)
             info = PodInfo(
                 key=dra.holder_key(ck),
                 uid=str((claims[ck].get("metadata") or {}).get("uid") or ""),
@@ -380,7 +450,9 @@ class GateAllocator:
             )
             self.cache.assume(info)
 
-    def _write(self, pick: dra.Pick, claims: Mapping[str, Mapping[str, Any]]) -> str:
+    def _write(
+        self, pick: dra.Pick, claims: Mapping[str, Mapping[str, Any]], domain: str = ""
+    ) -> str:
         """Write finalizer + annotation, then the allocation, of each picked claim; on an
         error, undo what was written and drop the assumptions. Returns "" or the error."""
         written: list[str] = []
@@ -390,7 +462,7 @@ class GateAllocator:
                 cur = self.api.get_claim(ns, name)
                 if dra.is_allocated(cur):
                     raise ApiError(409, "Conflict", "claim allocated meanwhile")
-                body = dra.allocated_claim(cur, pick.node, spec, devs)
+                body = dra.allocated_claim(cur, pick.node, spec, devs, domain)
                 meta_only = {**body, "status": cur.get("status") or {}}
                 updated = self.api.update_claim(meta_only)
                 updated["status"] = body["status"]
@@ -426,6 +498,7 @@ class GateAllocator:
                 ]
                 ann = dict(m.get("annotations") or {})
                 ann.pop(dra.ALLOCATED_BY, None)
+                ann.pop(dra.CD_ANNOTATION, None)
                 m["annotations"] = ann
                 self.api.update_claim({**cur, "metadata": m})
                 return True
@@ -485,8 +558,15 @@ class GateAllocator:
         while not self._stop.is_set():
             try:
                 for o in self.step():
-                    if o.state in (YIELDED, FAILED):
-                        log.info("allocation of %s %s: %s", o.pod, o.state, o.reason)
+                    if o.state != WAITING:
+                        log.info(
+                            "allocation of %s %s: %s %s %s",
+                            o.pod,
+                            o.state,
+                            o.node,
+                            o.devices,
+                            o.reason,
+                        )
             except Exception:  # keep the loop alive; the next pass starts from the API's view
                 log.exception("allocator pass failed")
             self._stop.wait(interval)

@@ -35,6 +35,35 @@ PICKS_TTL_S = 10.0
 (kube-scheduler allocates in PreBind, well within this unless its binding cycle stalls)."""
 
 
+CLIQUE_LABEL = "nvidia.com/gpu.clique"
+"""``<ClusterUUID>.<CliqueID>``: the NVLink partition a node's GPUs are in. A ComputeDomain
+(IMEX) spans one partition, so the whole value counts (the fabric's ``nvlink-domain``
+level keeps only the ClusterUUID, the physical rack)."""
+
+
+def clique_reader(snap: ClusterSnapshot, fabric: Any = None) -> Callable[[str], str | None]:
+    """node name -> its NVLink partition (the :data:`CLIQUE_LABEL` value), None without."""
+
+    def clique(name: str) -> str | None:
+        n = snap.node(name)
+        v = n.labels.get(CLIQUE_LABEL) if n is not None else None
+        return v if isinstance(v, str) and v else None
+
+    return clique
+
+
+def all_claims(snap: ClusterSnapshot) -> list[Mapping[str, Any]]:
+    """Claims from the API plus topoplace's own allocations not visible there yet."""
+    claims = snap.extra.get(dra.CLAIMS_KEY) or EMPTY_MAP
+    out = list(claims.values() if isinstance(claims, Mapping) else claims)
+    out += [
+        p.raw
+        for k, p in snap.pods.items()
+        if p.assumed and k.startswith(dra.HOLDER_PREFIX) and p.raw
+    ]
+    return out
+
+
 def held_and_in_flight(
     snap: ClusterSnapshot,
 ) -> tuple[frozenset[dra.DeviceId], frozenset[dra.DeviceId]]:
@@ -79,14 +108,27 @@ class DraRouter:
             self._memo = memo
         return memo[2]
 
-    def plans(self, pod: Mapping[str, Any], names: Sequence[str]) -> list[dra.PodPlan]:
-        """One plan per name (unknown nodes, unhealthy and cordoned nodes refused)."""
+    def plans(
+        self,
+        pod: Mapping[str, Any],
+        names: Sequence[str],
+        also_held: frozenset[dra.DeviceId] = frozenset(),
+    ) -> list[dra.PodPlan]:
+        """One plan per name (unknown nodes, unhealthy and cordoned nodes refused);
+        ``also_held``: devices to count as taken besides allocated claims."""
         snap = self.cache.snapshot()
         inv = self.cache.dra_inventory(snap)
         held, flying = self._held(snap)
+        held = held | also_held
+        domain = dra.pod_compute_domain(pod, snap.extra.get(dra.CLAIMS_KEY) or EMPTY_MAP)
+        if domain:
+            serving = dra.serving_domains(all_claims(snap))
+            clique = clique_reader(snap, self.cache.params.fabric)
+            cliques = dra.domain_cliques(domain, serving, clique)
         out = []
         for name in names:
             node = snap.node(name)
+            why = dra.cd_verdict(domain, name, clique(name), serving, cliques) if domain else ""
             if node is None:
                 out.append(dra.PodPlan(name, dra.UNKNOWN, (), REASON_UNKNOWN_NODE))
             elif node.health.state >= Health.UNHEALTHY:
@@ -94,6 +136,8 @@ class DraRouter:
                 out.append(dra.PodPlan(name, dra.UNKNOWN, (), reason, never=True))
             elif node.health.unschedulable:
                 out.append(dra.PodPlan(name, dra.UNKNOWN, (), REASON_CORDONED))
+            elif why:
+                out.append(dra.PodPlan(name, dra.UNKNOWN, (), why))
             else:
                 out.append(dra.plan_pod(pod, name, inv, snap.extra, held, flying))
         return out
@@ -105,12 +149,17 @@ class DraRouter:
         feasible = tuple(p.node for p in plans if not p.verdict)
         failed = {p.node: p.verdict for p in plans if p.verdict and not p.never}
         never = {p.node: p.verdict for p in plans if p.verdict and p.never}
-        picks = frozenset(
-            d.id for p in plans if not p.verdict for c in p.prediction.devices for d in c
-        )
+        picks = {d.id for p in plans if not p.verdict for c in p.prediction.devices for d in c}
+        # kube-scheduler also counts the devices of pods it filtered before this one and has
+        # not written yet (its in-flight allocations): the first fit may land past them.
+        others = self.likely_kube_picks(exclude=object_key(pod))
+        if others and picks:
+            ok = [p.node for p in plans if not p.verdict]
+            for p in self.plans(pod, ok, others):
+                picks.update(d.id for c in p.prediction.devices for d in c)
         with self._lock:
             if picks:
-                self._picks[object_key(pod)] = (self._clock() + self.picks_ttl_s, picks)
+                self._picks[object_key(pod)] = (self._clock() + self.picks_ttl_s, frozenset(picks))
             else:
                 self._picks.pop(object_key(pod), None)
         return FilterOutcome(feasible, MappingProxyType(failed), MappingProxyType(never))
@@ -121,9 +170,9 @@ class DraRouter:
         plans = self.plans(pod, names)
         return list(zip(names, dra.plan_scores(plans, snap.node), strict=True))
 
-    def likely_kube_picks(self) -> frozenset[dra.DeviceId]:
+    def likely_kube_picks(self, exclude: str = "") -> frozenset[dra.DeviceId]:
         """Devices kube-scheduler may be allocating now for claim pods topoplace filtered
-        (until their claims show allocated, or :attr:`picks_ttl_s`)."""
+        (until their claims show allocated, or :attr:`picks_ttl_s`), but pod ``exclude``."""
         now = self._clock()
         snap = self.cache.snapshot()
         claims = snap.extra.get(dra.CLAIMS_KEY) or EMPTY_MAP
@@ -136,6 +185,6 @@ class DraRouter:
                 )
                 if deadline < now or done:
                     del self._picks[key]
-                else:
+                elif key != exclude:
                     out |= ids
         return frozenset(out)

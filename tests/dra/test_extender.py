@@ -136,3 +136,27 @@ def test_non_gpu_pods_pass_every_node_on_the_fast_path() -> None:
     out = orjson.loads(ext.filter_json(orjson.loads(body), body))
     assert [n.strip() for n in out["NodeNames"]] == ["gpu-node-1", "gpu-node-0"]
     assert not out.get("FailedNodes")
+
+
+def test_remembered_picks_account_for_kube_schedulers_in_flight_allocations() -> None:
+    """kube-scheduler allocates pods one after another from its own view, which already
+    holds the devices of the pods it filtered before (not written yet): the second pod's
+    first fit lands after the first's, and topoplace's allocator must avoid both."""
+    second = _pure_c1()
+    second["metadata"]["name"] = "pure-c2"
+    ext = _ext({"default/pure-c2": second})
+    body = _captured("filter.json")
+    ext.filter(body)
+    pod2 = copy.deepcopy(body)
+    pod2["Pod"]["metadata"]["name"] = "pod-pure-c2"
+    pod2["Pod"]["metadata"]["uid"] = "uid-2"
+    pod2["Pod"]["spec"]["resourceClaims"][0]["resourceClaimName"] = "pure-c2"
+    ext.filter(pod2)
+    names = sorted(d for _, _, d in ext.dra.likely_kube_picks())
+    assert names == ["gpu-4", "gpu-5", "gpu-6", "gpu-7"]
+    assert sorted(d for _, _, d in ext.dra.likely_kube_picks(exclude="default/pod-pure-c1")) == [
+        "gpu-4",
+        "gpu-5",
+        "gpu-6",
+        "gpu-7",
+    ]
