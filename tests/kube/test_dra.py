@@ -230,7 +230,13 @@ class Claims:
         gated: bool = False,
         selector: dict | None = None,
         annotations: dict | None = None,
+        more_claims: tuple[str, ...] = (),
     ) -> dict:
+        names = ("gpu", *(f"c{i}" for i in range(len(more_claims))))
+        refs = [
+            {"name": n, "resourceClaimName": c}
+            for n, c in zip(names, (claim, *more_claims), strict=True)
+        ]
         body = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -239,7 +245,7 @@ class Claims:
                 "schedulerName": PROFILE,
                 "nodeSelector": {NODE_LABEL: run_id, **(selector or {})},
                 "terminationGracePeriodSeconds": 0,
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+                "resourceClaims": refs,
                 **({"schedulingGates": [{"name": "topoplace.io/allocate"}]} if gated else {}),
                 "containers": [
                     {
@@ -247,7 +253,7 @@ class Claims:
                         "image": "registry.k8s.io/pause:3.9",
                         "resources": {
                             "requests": {"cpu": "1", "memory": "1Gi"},
-                            "claims": [{"name": "gpu"}],
+                            "claims": [{"name": n} for n in names],
                         },
                     }
                 ],
@@ -551,3 +557,150 @@ def test_race_gated_and_ungated_claims_never_share_a_device(
     assert len(flat) == len(set(flat)) == 12, got
     for i in range(12):
         assert claims.node_of(f"pod-r{i}") == got[i][0]
+
+
+# ---- (4) ComputeDomains ------------------------------------------------------------------------
+
+CHANNEL_CLASS = "compute-domain-default-channel.nvidia.com"
+
+
+def _publish_channels(kube_api: Any, version: str, nodes: list[str]) -> list[str]:
+    """A channel DeviceClass and, per node, a slice of 8 IMEX channels in the shape of the
+    NVIDIA driver's compute-domain kubelet plugin (driver compute-domain.nvidia.com)."""
+    base = f"/apis/resource.k8s.io/{version}"
+    cls = {
+        "apiVersion": f"resource.k8s.io/{version}",
+        "kind": "DeviceClass",
+        "metadata": {"name": CHANNEL_CLASS},
+        "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{dra.CD_DRIVER}'"}}]},
+    }
+    with contextlib.suppress(Exception):
+        kube_api.request_json("POST", f"{base}/deviceclasses", cls)
+    names = []
+    for n in nodes:
+        devs = []
+        for i in range(8):
+            body = {"attributes": {"type": {"string": "channel"}, "id": {"int": i}}}
+            devs.append(
+                {"name": f"channel-{i}", "basic": body}
+                if version == "v1beta1"
+                else {"name": f"channel-{i}", **body}
+            )
+        name = f"{n}-{dra.CD_DRIVER}"
+        kube_api.request_json(
+            "POST",
+            f"{base}/resourceslices",
+            {
+                "apiVersion": f"resource.k8s.io/{version}",
+                "kind": "ResourceSlice",
+                "metadata": {"name": name},
+                "spec": {
+                    "driver": dra.CD_DRIVER,
+                    "nodeName": n,
+                    "pool": {"name": n, "generation": 1, "resourceSliceCount": 1},
+                    "devices": devs,
+                },
+            },
+        )
+        names.append(name)
+    return names
+
+
+def _channel_claim(claims: Claims, name: str, domain: str) -> None:
+    if claims.version == "v1beta1":
+        req = {"name": "channel", "deviceClassName": CHANNEL_CLASS}
+    else:
+        req = {"name": "channel", "exactly": {"deviceClassName": CHANNEL_CLASS}}
+    body = {
+        "apiVersion": f"resource.k8s.io/{claims.version}",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": claims.ns},
+        "spec": {
+            "devices": {
+                "requests": [req],
+                "config": [
+                    {
+                        "requests": ["channel"],
+                        "opaque": {
+                            "driver": dra.CD_DRIVER,
+                            "parameters": {
+                                "apiVersion": "resource.nvidia.com/v1beta1",
+                                "kind": "ComputeDomainChannelConfig",
+                                "domainID": domain,
+                            },
+                        },
+                    }
+                ],
+            }
+        },
+    }
+    claims.claims.append(name)
+    claims.api.request_json("POST", claims.path(), body)
+
+
+def _cd_pod(claims: Claims, name: str, gpu: str, channel: str, run_id: str, **kw: Any) -> None:
+    """A pod with a GPU claim and a ComputeDomain channel claim."""
+    claims.pod(name, gpu, run_id, more_claims=(channel,), **kw)
+
+
+def test_compute_domains_one_per_node_and_one_nvlink_domain(
+    topoplace: Topoplace,
+    dra_scheduler: Any,
+    cluster: DraCluster,
+    claims: Claims,
+    run_id: str,
+    kube_api: Any,
+    dra_version: str,
+) -> None:
+    """Three DGX-1 nodes, a in NVLink partition X, b and c in Y. A ComputeDomain gang of two
+    8-GPU members (gated) lands on b and c; a pod of a second domain (not gated: kube-scheduler
+    allocates, topoplace filters) can only go to a; a pod of a third domain finds no node."""
+    (a,) = cluster.add_nodes(1, annotations=DGX1, labels={"nvidia.com/gpu.clique": "feed.1"})
+    b, c = cluster.add_nodes(2, annotations=DGX1, labels={"nvidia.com/gpu.clique": "feed.2"})
+    channel_slices = _publish_channels(kube_api, dra_version, [a, b, c])
+    try:
+        _wait_nodes(topoplace, [a, b, c], "dgx1-v100")
+        sel = {"topoplace-dra": cluster.tag}
+        ann = {"topoplace.io/gang": "cd-gang", "topoplace.io/gang-size": "2"}
+        for i in range(2):
+            claims.create(f"g{i}", 8)
+            _channel_claim(claims, f"g{i}-ch", "cd-g")
+            _cd_pod(
+                claims,
+                f"pod-g{i}",
+                f"g{i}",
+                f"g{i}-ch",
+                run_id,
+                gated=True,
+                selector=sel,
+                annotations=ann,
+            )
+        nodes = sorted(claims.wait_allocated(f"g{i}", 60)[0] for i in range(2))
+        assert nodes == sorted([b, c])
+        for i in range(2):
+            wait_for(lambda i=i: claims.node_of(f"pod-g{i}"), 60, f"pod-g{i} bound")
+            ch_node, ch = claims.wait_allocated(f"g{i}-ch")
+            assert ch_node == claims.node_of(f"pod-g{i}") and ch
+        claims.create("h", 1)
+        _channel_claim(claims, "h-ch", "cd-h")
+        _cd_pod(claims, "pod-h", "h", "h-ch", run_id, selector=sel)
+        assert claims.wait_allocated("h", 60)[0] == a
+        wait_for(lambda: claims.node_of("pod-h") == a, 60, "pod-h bound to a")
+        claims.create("i", 1)
+        _channel_claim(claims, "i-ch", "cd-i")
+        _cd_pod(claims, "pod-i", "i", "i-ch", run_id, selector=sel)
+
+        def refused() -> str:
+            st = claims.core.read_namespaced_pod("pod-i", claims.ns).status
+            msgs = [x.message or "" for x in st.conditions or [] if x.type == "PodScheduled"]
+            return next((m for m in msgs if dra.REASON_CD_NODE_BUSY in m), "")
+
+        msg = wait_for(refused, 60, "pod-i refused: every node serves another ComputeDomain")
+        assert not claims.node_of("pod-i")
+        print(f"\nthird ComputeDomain: {msg}")
+    finally:
+        for name in channel_slices:
+            with contextlib.suppress(Exception):
+                kube_api.request_json(
+                    "DELETE", f"/apis/resource.k8s.io/{dra_version}/resourceslices/{name}"
+                )
