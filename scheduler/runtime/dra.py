@@ -5,8 +5,9 @@ extender entry has no ``managedResources`` (see ``docs/dra.md``). Its own Dynami
 filter runs first, so the nodes offered can allocate the claims in its view. For each
 one, :class:`DraRouter` predicts the devices kube-scheduler's first-fit allocator will
 pick there (``scheduler.core.dra.plan_pod``), refuses unhealthy nodes, nodes where the
-claims cannot be allocated in topoplace's view, and nodes where the first fit would take
-a device topoplace's own allocator is writing at that moment; and scores the rest by the
+claims cannot be allocated in topoplace's view, nodes where the first fit would take a
+device topoplace's own allocator is writing at that moment, and, for a ComputeDomain pod,
+nodes serving another domain or outside the domain's NVLink partition; and scores the rest by the
 ring bandwidth of the predicted set (``plan_scores``), not of the best set.
 
 It also remembers, for a few seconds, the devices the first fit would take on every node
