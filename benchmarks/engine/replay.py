@@ -23,7 +23,7 @@ from typing import Any
 from benchmarks.clusters import make_pod
 from benchmarks.engine.jobs import PRODUCT_LABEL, Job
 from benchmarks.engine.scenario import Scenario, load
-from benchmarks.engine.sources import materialize
+from benchmarks.engine.sources import Inputs, materialize
 from scheduler.core.objects import TOPOLOGY_PREFERRED, TOPOLOGY_REQUIRED
 
 GPU_MILLI_ANNOTATION = "topoplace.io/gpu-milli"
@@ -95,6 +95,35 @@ def pod_objects(job: Job, namespace: str, scheduler_name: str) -> list[dict[str,
     return out
 
 
+def first_run(scenario: str | Path | Scenario, seed: int | None = None) -> Scenario:
+    """The run :func:`objects` replays: the first run of ``scenario``'s sweep (a file or a
+    loaded scenario), with ``seed`` if given.
+
+    Raises:
+        OSError / ScenarioError: unreadable or malformed file.
+    """
+    sc = scenario if isinstance(scenario, Scenario) else load(scenario)
+    run = sc.runs()[0]
+    return replace(run, seed=seed) if seed is not None else run
+
+
+def from_inputs(
+    run: Scenario,
+    inputs: Inputs,
+    *,
+    namespace: str = "default",
+    scheduler_name: str = "default-scheduler",
+) -> LiveScenario:
+    """``inputs`` (materialised from ``run``, possibly with fewer jobs) as objects: what
+    :func:`objects` returns for the whole run."""
+    pods = [
+        TimedPod(p, job.arrive, job.depart, job.duration, job.name)
+        for job in sorted(inputs.jobs, key=lambda j: j.arrive)
+        for p in pod_objects(job, namespace, scheduler_name)
+    ]
+    return LiveScenario(run.name, run.description, inputs.nodes, pods)
+
+
 def objects(
     scenario: str | Path | Scenario,
     *,
@@ -108,14 +137,5 @@ def objects(
     Raises:
         OSError / ScenarioError: unreadable or malformed file.
     """
-    sc = scenario if isinstance(scenario, Scenario) else load(scenario)
-    run = sc.runs()[0]
-    if seed is not None:
-        run = replace(run, seed=seed)
-    inputs = materialize(run)
-    pods = [
-        TimedPod(p, job.arrive, job.depart, job.duration, job.name)
-        for job in sorted(inputs.jobs, key=lambda j: j.arrive)
-        for p in pod_objects(job, namespace, scheduler_name)
-    ]
-    return LiveScenario(run.name, run.description, inputs.nodes, pods)
+    run = first_run(scenario, seed)
+    return from_inputs(run, materialize(run), namespace=namespace, scheduler_name=scheduler_name)

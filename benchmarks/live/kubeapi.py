@@ -236,6 +236,15 @@ class Api:
         params = {"labelSelector": label_selector} if label_selector else {}
         return self.get(f"/api/v1/namespaces/{ns}/pods", **params)  # type: ignore[no-any-return]
 
+    def delete_pod(self, ns: str, name: str) -> None:
+        """Delete one pod at once (grace 0: no kubelet confirms); gone already is fine."""
+        self.call(
+            "DELETE",
+            f"/api/v1/namespaces/{ns}/pods/{name}",
+            {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
+            ok=(404,),
+        )
+
     def delete_pods(self, ns: str, timeout: float = 120.0) -> float:
         """Delete every pod of ``ns`` at once (grace 0: no kubelet confirms) and wait until
         none is left; seconds taken."""

@@ -110,6 +110,11 @@ class Figures:
     gangs_partial_max_concurrent: int = 0
     gang_leaves_max: int = 0
     """Most distinct leaves one complete gang spans (0: no leaf labels / no gangs)."""
+    wait_mean_scn_s: float = math.nan
+    """Scenarios where pods leave or arrive over time: mean wait from arrival to bound, in
+    scenario seconds (live: seconds x time scale; a backlog arrives at the first bind)."""
+    pods_deleted: int = 0
+    """Pods deleted while the arm ran because the scenario says they leave."""
     same_node_as_offline: int = -1
     first_divergence: int = -1
     """Arrival index of the first pod placed on another node than offline (-1: none)."""

@@ -53,6 +53,9 @@ class OfflineResult:
             (decided among those nodes, see the module docstring).
         gangs: gang name -> "placed" or the policy's reason.
         policy: gang policy used.
+        source: ``replay`` (:func:`replay`, built-in scenarios) or ``engine`` (the offline
+            engine on a scenario file, :mod:`benchmarks.live.scenariofile`).
+        engine: how the engine ran (``engine`` source).
     """
 
     placements: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
@@ -61,6 +64,8 @@ class OfflineResult:
     narrowed: int = 0
     gangs: dict[str, str] = field(default_factory=dict)
     policy: str = ""
+    source: str = "replay"
+    engine: str = ""
 
 
 def _allocatable(node: Mapping[str, Any]) -> tuple[int, int, int]:

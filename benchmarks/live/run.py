@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import heapq
 import math
 import os
 import platform
@@ -59,6 +60,7 @@ from typing import Any
 
 import yaml
 
+from benchmarks.engine.scenario import ScenarioError
 from benchmarks.live.kubeapi import Api, parallel
 from benchmarks.live.kubesched import (
     DEFAULT_KUBE_BIN,
@@ -97,6 +99,7 @@ from benchmarks.live.scenario import (
     mix_scenario,
     openb_scenario,
 )
+from benchmarks.live.scenariofile import FileReplay, engine_offline, load_file, merged_policy
 
 CONTROLPLANE = REPO.parent / "shared" / "controlplane"
 ARMS = ("topoplace", "default", "default-adaptive")
@@ -200,6 +203,8 @@ class ArmResult:
     created: dict[str, float] = field(default_factory=dict)
     """Pod -> when it was released to the scheduler (create, or ungate, request sent)."""
     bound: dict[str, float] = field(default_factory=dict)
+    deleted: dict[str, float] = field(default_factory=dict)
+    """Pod -> when its deletion was sent (it left: :class:`Departures`)."""
 
 
 @dataclass
@@ -309,7 +314,7 @@ def cost_figures(
     return fig
 
 
-RELEASES = ("cold", "ungate", "create")
+RELEASES = ("cold", "ungate", "create", "timed")
 """How an arm hands its pods to the scheduler (``--release``):
 
 * ``cold``: a backlog the scheduler finds at start. Every pod is created (one client, arrival
@@ -321,7 +326,115 @@ RELEASES = ("cold", "ungate", "create")
 * ``ungate``: a backlog released by clients. Every pod is created held by a scheduling
   gate while the scheduler runs, then the gates are removed in arrival order by
   ``ungate_workers`` concurrent clients (order kept to within that many pods).
-* ``create``: the pods are created one after another (``create_workers`` clients)."""
+* ``create``: the pods are created one after another (``create_workers`` clients).
+* ``timed``: each pod is created at its arrival time in the scenario (scenario seconds /
+  ``time_scale`` after the first release), the scheduler running (scenario files with
+  arrival times).
+
+Pods that leave (a scenario file's ``depart`` or ``duration``) are deleted by
+:class:`Departures` while the arm runs, whatever the release."""
+
+
+class Departures:
+    """Deletes the arm's pods when the scenario says they leave, on a thread of its own.
+
+    A pod with an explicit departure is deleted ``depart / time_scale`` seconds after the
+    first release (bound or not: the offline engine drops it from its queue too); a pod
+    with a duration ``duration / time_scale`` seconds after it was bound, a gang's members
+    all together that long after its last member was bound (the offline engine starts a
+    gang's work when all its members are placed). Deletions use grace period 0 (no
+    kubelet confirms them).
+    """
+
+    def __init__(
+        self,
+        api: Api,
+        namespace: str,
+        scenario: Scenario,
+        live_name: Mapping[str, str],
+        time_scale: float = 1.0,
+    ) -> None:
+        if time_scale <= 0:
+            raise ValueError("time_scale must be positive")
+        self.api = api
+        self.namespace = namespace
+        self.scale = time_scale
+        self.live_name = dict(live_name)
+        self.pods = {p.name: p for p in scenario.pods}
+        self.gangs = scenario.gangs()
+        self.deleted: dict[str, float] = {}
+        """Pod -> when its deletion was sent (monotonic)."""
+        self.errors: list[str] = []
+        self._heap: list[tuple[float, int, tuple[str, ...]]] = []
+        self._seq = 0
+        self._bound: dict[str, float] = {}
+        self._cv = threading.Condition()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def active(self) -> bool:
+        """True if some pod of the scenario leaves."""
+        return any(p.depart is not None or p.duration is not None for p in self.pods.values())
+
+    def _push(self, t: float, names: Sequence[str]) -> None:
+        heapq.heappush(self._heap, (t, self._seq, tuple(names)))
+        self._seq += 1
+        self._cv.notify()
+
+    def start(self, t_release: float) -> None:
+        """Schedule the explicit departures (relative to ``t_release``) and start deleting."""
+        with self._cv:
+            for p in self.pods.values():
+                if p.depart is not None:
+                    self._push(t_release + p.depart / self.scale, [p.name])
+        self._thread = threading.Thread(target=self._loop, name="departures", daemon=True)
+        self._thread.start()
+
+    def bound(self, name: str, t: float) -> None:
+        """Pod ``name`` was seen bound at ``t``: schedule its end of work, if it has one."""
+        p = self.pods.get(name)
+        if p is None or p.duration is None:
+            return
+        with self._cv:
+            self._bound[name] = t
+            if not p.gang:
+                self._push(t + p.duration / self.scale, [name])
+                return
+            members = self.gangs[p.gang]
+            if all(m in self._bound for m in members):
+                last = max(self._bound[m] for m in members)
+                self._push(last + p.duration / self.scale, members)
+
+    def pending(self) -> int:
+        """Deletions scheduled and not yet sent."""
+        with self._cv:
+            return sum(len(n) for _, _, n in self._heap)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop and (not self._heap or self._heap[0][0] > time.monotonic()):
+                    wait = self._heap[0][0] - time.monotonic() if self._heap else None
+                    self._cv.wait(timeout=wait)
+                if self._stop:
+                    return
+                _, _, names = heapq.heappop(self._heap)
+            for n in names:
+                if n in self.deleted:
+                    continue
+                self.deleted[n] = time.monotonic()
+                try:
+                    self.api.delete_pod(self.namespace, self.live_name.get(n, n))
+                except Exception as exc:  # reported with the arm
+                    self.errors.append(f"{n}: {exc}")
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join(5.0)
 
 
 def run_arm(
@@ -344,12 +457,18 @@ def run_arm(
     settle: float = 2.0,
     launch: Callable[[], Any] | None = None,
     on_release: Callable[[], None] | None = None,
+    time_scale: float = 1.0,
+    horizon: float | None = None,
 ) -> ArmResult:
     """Release the scenario's pods to ``scheduler_name`` in arrival order (see
-    :data:`RELEASES`), watch them bind, take the figures.
+    :data:`RELEASES`), delete those that leave (:class:`Departures`), watch them bind, take
+    the figures.
 
     ``launch`` starts the scheduler (``cold`` only: it must not be running before).
-    ``on_release`` is called just before the release (e.g. to start a profiler)."""
+    ``on_release`` is called just before the release (e.g. to start a profiler).
+    ``time_scale``: scenario seconds per live second (arrivals, departures, durations);
+    ``horizon``: scenario seconds after the first release at which the arm stops (pods bound
+    later do not count, as the offline engine's horizon)."""
     if release not in RELEASES:
         raise ValueError(f"release must be one of {RELEASES}")
     cold = release == "cold"
@@ -365,6 +484,7 @@ def run_arm(
         for i, (sp, obj) in enumerate(zip(scenario.pods, pods, strict=True)):
             live_name[sp.name] = obj["metadata"]["name"] = f"a{i:0{width}d}-{sp.name}"
     scenario_name = {v: k for k, v in live_name.items()}
+    deps = Departures(api, namespace, scenario, live_name, time_scale)
     path = f"/api/v1/namespaces/{namespace}/pods"
     rv = api.list_pods(namespace, selector)["metadata"]["resourceVersion"]
     res = ArmResult(Figures(arm=arm, run=run, release=release))
@@ -386,6 +506,8 @@ def run_arm(
                     res.bound[name] = t
                     res.nodes_of[name] = node
                     last[0] = t
+                    if deps.active:
+                        deps.bound(name, t)
 
     stop = threading.Event()
 
@@ -415,6 +537,10 @@ def run_arm(
                         wait = t + i / rate - time.monotonic()
                         if wait > 0:
                             time.sleep(wait)
+                    elif release == "timed":
+                        wait = t + scenario.pods[i].arrive / time_scale - time.monotonic()
+                        if wait > 0:
+                            time.sleep(wait)
                     if release != "ungate":
                         res.created[scenario.pods[i].name] = time.monotonic()
                 api.create_pod(namespace, pod)
@@ -422,7 +548,7 @@ def run_arm(
         parallel(lambda _: creator(), list(range(workers)), workers)
         return time.monotonic() - t
 
-    if release != "create":
+    if release not in ("create", "timed"):
         secs = create_all(1 if cold else create_workers)
         what = "ready for the scheduler to start" if cold else f"held by gate {HOLD_GATE}"
         log(f"{phase}: {len(pods)} pods created ({what}) in {secs:.1f}s; settling {settle:g}s")
@@ -431,6 +557,8 @@ def run_arm(
     if on_release is not None:
         on_release()
     t_start = time.monotonic()
+    if deps.active:
+        deps.start(t_start)
     if cold:
         assert launch is not None
         res.created.clear()
@@ -466,18 +594,35 @@ def run_arm(
         last[0] = max(last[0], t_created)
     n = len(pods)
     reported = 0.0
+    t_horizon = t_start + horizon / time_scale if horizon is not None else math.inf
     while True:
         now = time.monotonic()
+        gone = dict(deps.deleted)
         with lock:
-            done = len(res.bound)
-            idle = now - last[0]
-        if done >= n or now - t_start > timeout or idle > idle_timeout or errors:
+            done = len(res.bound.keys() | gone.keys())
+            idle = now - max(last[0], max(gone.values(), default=0.0))
+        if deps.pending() and done < n:
+            idle = 0.0  # pods wait for the departures still to come
+        if done >= n or now - t_start > timeout or now > t_horizon or idle > idle_timeout or errors:
             break
         if now - reported > 10:
-            log(f"{phase}: {done}/{n} bound")
+            log(
+                f"{phase}: {len(res.bound)}/{n} bound"
+                + (f", {len(gone)} deleted" if deps.active else "")
+            )
             reported = now
         time.sleep(0.05)
     t_end = time.monotonic()
+    deps.stop()
+    res.deleted = dict(deps.deleted)
+    if deps.errors:
+        log(f"{phase}: {len(deps.errors)} deletions failed, first: {deps.errors[0]}")
+    if horizon is not None:
+        with lock:
+            late = [k for k, t in res.bound.items() if t > t_horizon]
+            for k in late:
+                del res.bound[k]
+                res.nodes_of.pop(k, None)
     after = probes.snap(metrics_first=False) if probes else {}
     stop.set()
     th.join(1.0)  # a daemon; its stream ends within server_timeout
@@ -489,7 +634,8 @@ def run_arm(
         name = scenario_name.get(obj["metadata"]["name"], obj["metadata"]["name"])
         node = (obj.get("spec") or {}).get("nodeName")
         if node:
-            res.nodes_of.setdefault(name, node)
+            if horizon is None:
+                res.nodes_of.setdefault(name, node)
         else:
             msg = next(
                 (
@@ -515,6 +661,15 @@ def run_arm(
     else:
         timing_figures(fig, scenario, res.created, res.bound, t_created, t_end)
     fig.pending_reasons = "; ".join(f"{k} (x{v})" for k, v in pending.most_common(3))
+    if scenario.lifetimes or release == "timed":
+        # arrival -> bound in scenario seconds (a backlog arrives at its first bind)
+        zero = min(res.bound.values(), default=t_start) if cold else None
+        waits = [
+            (b - (zero if zero is not None else res.created.get(k, b))) * time_scale
+            for k, b in res.bound.items()
+        ]
+        fig.wait_mean_scn_s = statistics.fmean(waits) if waits else math.nan
+        fig.pods_deleted = len(res.deleted)
     if probes is not None:
         cost_figures(fig, first or before, after, scheduler_name, before_metrics=before)
         per = fig.pods_bound - 1 if cold else fig.pods_bound  # pods between the readings
@@ -741,6 +896,8 @@ ROWS: tuple[tuple[str, str, bool], ...] = (
     ("longest partly-bound window, s", "gang_partial_max_s", False),
     ("gangs partly bound at one instant (max)", "gangs_partial_max_concurrent", False),
     ("most leaves one gang spans", "gang_leaves_max", True),
+    ("mean wait arrival -> bound, scenario s", "wait_mean_scn_s", True),
+    ("pods deleted (left as the scenario says)", "pods_deleted", False),
     ("pods placed as offline (same node, or unplaced in both)", "same_node_as_offline", False),
     ("first pod placed elsewhere than offline (arrival index)", "first_divergence", False),
 )
@@ -774,11 +931,19 @@ def render_summary(
     for k, v in conditions.items():
         lines.append(f"- {k}: {v}")
     lines.append("")
-    lines.append(
-        f"Best possible: {scenario.best_nodes_used()} nodes used, "
-        f"{scenario.best_whole_free()} whole nodes free (a bound: fewest nodes, largest "
-        "first, whose GPUs cover the request)."
-    )
+    if scenario.lifetimes:
+        lines.append(
+            "Pods leave during the run: the placement figures count every pod bound at some "
+            "time before the arm ended (nodes used = nodes that ever held one of the "
+            "scenario's pods; whole nodes free = nodes that never did; the offline column "
+            "the same, from each job's first placement by the engine)."
+        )
+    else:
+        lines.append(
+            f"Best possible: {scenario.best_nodes_used()} nodes used, "
+            f"{scenario.best_whole_free()} whole nodes free (a bound: fewest nodes, largest "
+            "first, whose GPUs cover the request)."
+        )
     lines.append("")
     ratios = speed_ratios(med)
     if ratios:
@@ -798,6 +963,8 @@ def render_summary(
     lines.append("|" + "---|" * len(head))
     for label, key, gap in ROWS:
         if key.startswith("gang") and not scenario.gangs():
+            continue
+        if key in ("wait_mean_scn_s", "pods_deleted") and not scenario.lifetimes:
             continue
         vals = [med[a].get(key) for a in arms]
         if all(v is None or (isinstance(v, float) and math.isnan(v)) for v in vals) and not gap:
@@ -829,14 +996,27 @@ def render_summary(
                 f"{r['p99_ms']} | {r['mean_ms']} |"
             )
         lines.append("")
-    if offline is not None:
+    if offline is not None and offline.source == "engine":
+        reasons = Counter(offline.refused.values())
+        lines.append(
+            f"Offline: {offline.engine}. {len(offline.placements)} pods placed, "
+            f"{len(offline.refused)} not"
+            + (
+                " (" + ", ".join(f"{k}: {v}" for k, v in reasons.most_common()) + ")"
+                if reasons
+                else ""
+            )
+            + f", in {offline.seconds:.2f}s."
+        )
+        lines.append("")
+    elif offline is not None:
         lines.append(
             f"Offline: {len(offline.placements)} placed, {len(offline.refused)} refused in "
             f"{offline.seconds:.2f}s; gang policy `{offline.policy}`; {offline.narrowed} pod(s) "
             "decided among the nodes kube-scheduler's own filters leave (CPU/memory/pods, "
             "node affinity), the others by `place_pod` over all nodes."
         )
-        if offline.gangs:
+        if offline.gangs and len(offline.gangs) <= 20:
             lines.append(
                 "Offline gangs: " + ", ".join(f"{k}: {v}" for k, v in offline.gangs.items())
             )
@@ -914,19 +1094,22 @@ def pod_rows(
     t0 = min(res.created.values()) if res.created else 0.0
     for i, p in enumerate(scenario.pods):
         c, b = res.created.get(p.name), res.bound.get(p.name)
-        rows.append(
-            {
-                "arrival": i,
-                "pod": p.name,
-                "gpus": p.gpus,
-                "gang": p.gang,
-                "node": res.nodes_of.get(p.name, ""),
-                "offline_node": (offline or {}).get(p.name, ""),
-                "created_s": round(c - t0, 6) if c is not None else "",
-                "bound_s": round(b - t0, 6) if b is not None else "",
-                "latency_s": round(b - c, 6) if b is not None and c is not None else "",
-            }
-        )
+        row = {
+            "arrival": i,
+            "pod": p.name,
+            "gpus": p.gpus,
+            "gang": p.gang,
+            "node": res.nodes_of.get(p.name, ""),
+            "offline_node": (offline or {}).get(p.name, ""),
+            "created_s": round(c - t0, 6) if c is not None else "",
+            "bound_s": round(b - t0, 6) if b is not None else "",
+            "latency_s": round(b - c, 6) if b is not None and c is not None else "",
+        }
+        if scenario.lifetimes or scenario.source:
+            d = res.deleted.get(p.name)
+            row["arrive_scn_s"] = p.arrive
+            row["deleted_s"] = round(d - t0, 6) if d is not None else ""
+        rows.append(row)
     return rows
 
 
@@ -934,6 +1117,18 @@ def pod_rows(
 
 
 def build_scenario(args: argparse.Namespace) -> Scenario:
+    """The scenario the flags describe (``--scenario-file``: also ``args.file_replay``)."""
+    args.file_replay = None
+    if args.scenario_file:
+        fr = load_file(
+            args.scenario_file,
+            seed=args.seed,
+            max_pods=args.max_pods,
+            until=args.until,
+            namespace=args.namespace,
+        )
+        args.file_replay = fr
+        return fr.scenario
     if args.scenario == "mix":
         return mix_scenario(
             args.nodes,
@@ -1013,7 +1208,32 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--scenario", choices=("mix", "openb"), default="mix")
+    p.add_argument(
+        "--scenario-file",
+        default=None,
+        metavar="PATH",
+        help="replay a scenario file (benchmarks/scenarios/*.yaml; the first run of its "
+        "sweep) instead of --scenario; the offline column is the offline engine on the same "
+        "file and seed",
+    )
     p.add_argument("--out", required=True, help="results directory (created)")
+    g = p.add_argument_group("scenario file")
+    g.add_argument("--seed", type=int, default=None, help="the run's seed (default: the file's)")
+    g.add_argument(
+        "--until",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="keep the jobs arriving up to this scenario time; also the run's horizon "
+        "(offline and live)",
+    )
+    g.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="scenario seconds per live second (arrivals with --release timed, departures, "
+        "durations)",
+    )
     g = p.add_argument_group("mix")
     g.add_argument("--nodes", type=int, default=50)
     g.add_argument("--big", type=int, default=10, help="8-GPU pods, first")
@@ -1028,7 +1248,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     g = p.add_argument_group("openb")
     g.add_argument("--workload", default="default")
     g.add_argument("--data", default=None, help="trace dir (default ../shared/data/...)")
-    g.add_argument("--max-pods", type=int, default=None)
+    g.add_argument(
+        "--max-pods",
+        type=int,
+        default=None,
+        help="keep at most this many pods (scenario files: whole jobs in arrival order)",
+    )
     g.add_argument("--max-nodes", type=int, default=None, help="an evenly spaced sample of N nodes")
     g.add_argument("--resources", choices=("trace", "minimal"), default="trace")
     g = p.add_argument_group("run")
@@ -1046,7 +1271,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         choices=RELEASES,
         default="cold",
         help="cold: a backlog kube-scheduler finds at start (default); ungate: a backlog of "
-        "gated pods released by clients; create: pods created one after another",
+        "gated pods released by clients; create: pods created one after another; timed: "
+        "each pod created at its arrival time (scenario files, see --time-scale)",
     )
     g.add_argument(
         "--ungate-workers",
@@ -1108,6 +1334,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if bad:
         p.error(f"unknown arms {bad}; choose from {list(ARMS)}")
     args.arm_list = arms
+    if args.time_scale <= 0:
+        p.error("--time-scale must be positive")
     return args
 
 
@@ -1192,11 +1420,24 @@ def arm_processes(
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     from scheduler import __version__
+    from scheduler.cli.clusterfile import load_policy
     from scheduler.cli.main import load_params
 
-    scenario = build_scenario(args)
+    try:
+        scenario = build_scenario(args)
+    except (OSError, ScenarioError) as exc:
+        print(f"livebench: {exc}", file=sys.stderr)
+        return 2
+    fr: FileReplay | None = args.file_replay
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if fr is not None and fr.params:
+        # the file's policy sections for the live topoplace too (the engine gets the same)
+        merged = merged_policy(load_policy(args.policy), fr.params)
+        policy_file = out / "policy.yaml"
+        policy_file.write_text(yaml.safe_dump(merged, sort_keys=False))
+        args.policy = str(policy_file.resolve())
+        log(f"topoplace policy: {args.policy} (the file's params over the shipped policy)")
     run_id = f"lb{os.getpid()}"
     log(f"scenario: {scenario.description}")
     work = Path(args.work or tempfile.mkdtemp(prefix="livebench-", dir="/tmp"))
@@ -1275,11 +1516,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         pod_objs = [p.to_object(args.namespace, profile, run_id) for p in scenario.pods]
         offline_nodes: dict[str, str] | None = None
         if not args.no_offline:
-            offline_res = replay(nodes, pod_objs, params)
+            wait_scn = math.nan
+            if fr is not None:
+                er = engine_offline(fr, params, backlog=args.release != "timed")
+                offline_res = er.offline
+                arrive = {
+                    p.name: (0.0 if args.release != "timed" else p.arrive) for p in scenario.pods
+                }
+                waits = [er.start[k] - arrive[k] for k in er.start]
+                wait_scn = statistics.fmean(waits) if waits else math.nan
+            else:
+                offline_res = replay(nodes, pod_objs, params)
             offline_nodes = {k: v[0] for k, v in offline_res.placements.items()}
             offline_fig = placement_figures(
                 Figures(arm="offline", run=0), scenario, offline_nodes, labels
             )
+            offline_fig.wait_mean_scn_s = wait_scn
             offline_fig.extra.update(
                 {"seconds": round(offline_res.seconds, 3), "narrowed": offline_res.narrowed}
             )
@@ -1298,8 +1550,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             "concurrent clients as fast as they go",
             "create": f"created back to back by {args.create_workers} client(s)"
             + (f", paced at {args.rate:g}/s" if args.rate else ""),
+            "timed": "each created at its arrival time in the scenario "
+            f"({args.time_scale:g} scenario seconds per live second), the scheduler running",
         }[args.release]
+        if scenario.lifetimes:
+            release += (
+                "; pods leave as the scenario says (explicit departures, or their duration "
+                f"after being bound; {args.time_scale:g} scenario seconds per live second), "
+                "deleted with grace 0"
+            )
+        horizon = fr.run.horizon if fr is not None else None
         conditions = {
+            **({"scenario": scenario.source} if scenario.source else {}),
             "nodes": f"{len(scenario.nodes)} ({scenario.gpu_capacity} GPUs)",
             "pods": f"{len(scenario.pods)} ({scenario.gpus_requested} GPUs), arrival order; "
             + release,
@@ -1331,7 +1593,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (another engineer's control "
             f"plane may share the machine), Python {platform.python_version()}",
             "wait": f"until all bound or no bind for {args.idle_timeout:g}s "
-            f"(cap {args.timeout:g}s per arm)",
+            f"(cap {args.timeout:g}s per arm)"
+            + (
+                f"; the arm stops at the run's horizon, {horizon:g} scenario seconds = "
+                f"{horizon / args.time_scale:g} s after the first release"
+                if horizon is not None
+                else ""
+            ),
         }
         for r in range(1, args.runs + 1):
             order = list(args.arm_list) if r % 2 else list(reversed(args.arm_list))
@@ -1374,6 +1642,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                             settle=args.settle,
                             launch=procs.ks.start if cold and procs.ks else None,
                             on_release=spy.start if spy else None,
+                            time_scale=args.time_scale,
+                            horizon=horizon,
                         )
                     finally:
                         if spy is not None:

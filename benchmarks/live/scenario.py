@@ -18,6 +18,7 @@ only ever lists and deletes its own.
 
 from __future__ import annotations
 
+import copy
 import datetime
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -57,10 +58,14 @@ class NodeSpec:
     memory_mib: int = 2048 * 1024
     pods: int = 110
     labels: Mapping[str, str] = field(default_factory=dict)
+    template: Mapping[str, Any] | None = None
+    """A Node object to create as it is (a scenario file's); the fields above describe it."""
 
     def to_object(self, run: str) -> dict[str, Any]:
         """A Node with Ready status and GPU capacity (kept on create, as a kubelet's)."""
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if self.template is not None:
+            return _node_from_template(self.template, run, now)
         res = {
             "cpu": f"{self.cpu_milli}m",
             "memory": f"{self.memory_mib}Mi",
@@ -106,6 +111,64 @@ class NodeSpec:
         }
 
 
+_SERVER_FIELDS = ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields")
+
+
+def _node_from_template(template: Mapping[str, Any], run: str, now: str) -> dict[str, Any]:
+    """A copy of ``template`` to create: server-set metadata dropped, the run's label added,
+    condition times set to ``now`` (a Ready condition added if it has none)."""
+    obj = copy.deepcopy(dict(template))
+    obj.setdefault("apiVersion", "v1")
+    obj.setdefault("kind", "Node")
+    meta = obj.setdefault("metadata", {})
+    for k in _SERVER_FIELDS:
+        meta.pop(k, None)
+    meta["labels"] = {**(meta.get("labels") or {}), RUN_LABEL: run}
+    status = obj.setdefault("status", {})
+    conds = status.setdefault("conditions", [])
+    if not any(c.get("type") == "Ready" for c in conds):
+        conds.append({"type": "Ready", "status": "True", "reason": "KubeletReady"})
+    for c in conds:
+        c["lastHeartbeatTime"] = c["lastTransitionTime"] = now
+    return obj
+
+
+def _pod_from_template(
+    template: Mapping[str, Any],
+    name: str,
+    namespace: str,
+    scheduler_name: str,
+    run: str,
+    phase: str,
+    gate: str,
+) -> dict[str, Any]:
+    """A copy of ``template`` to create as ``namespace/name`` for ``scheduler_name``: server-set
+    metadata and status dropped, the run's labels added, no grace period (no kubelet), an
+    explicit ``priority`` dropped (the Priority admission plugin sets it), held by ``gate``
+    if given."""
+    obj = copy.deepcopy(dict(template))
+    obj.pop("status", None)
+    meta = obj.setdefault("metadata", {})
+    for k in _SERVER_FIELDS:
+        meta.pop(k, None)
+    meta["name"] = name
+    meta["namespace"] = namespace
+    labels = {**(meta.get("labels") or {}), RUN_LABEL: run}
+    if phase:
+        labels[PHASE_LABEL] = phase
+    meta["labels"] = labels
+    meta.setdefault("annotations", {})
+    spec = obj.setdefault("spec", {})
+    spec["schedulerName"] = scheduler_name
+    spec["terminationGracePeriodSeconds"] = 0
+    spec.pop("nodeName", None)
+    if not spec.get("priorityClassName"):
+        spec.pop("priority", None)
+    if gate:
+        spec["schedulingGates"] = [{"name": gate}]
+    return obj
+
+
 @dataclass(frozen=True, slots=True)
 class PodSpec:
     """One pod of the arrival sequence."""
@@ -119,12 +182,27 @@ class PodSpec:
     preferred: str = ""
     gpu_models: tuple[str, ...] = ()
     """Allowed ``nvidia.com/gpu.product`` values (required node affinity); empty = any."""
+    template: Mapping[str, Any] | None = None
+    """A Pod object to create (a scenario file's, :mod:`benchmarks.engine.replay`); the
+    fields above describe it."""
+    arrive: float = 0.0
+    """Arrival time in scenario seconds (or the position, for scenarios without times)."""
+    depart: float | None = None
+    """Explicit deletion time in scenario seconds (a trace's), if any."""
+    duration: float | None = None
+    """Scenario seconds the job runs once placed (a gang: once all members are bound)."""
+    job: str = ""
+    """The job (gang, or the pod itself) in the scenario file."""
 
     def to_object(
         self, namespace: str, scheduler_name: str, run: str, phase: str = "", gate: str = ""
     ) -> dict[str, Any]:
         """The Pod to create (requests = limits; never runs: no kubelet); with ``gate``, held
         by that scheduling gate (``spec.schedulingGates``) until it is removed."""
+        if self.template is not None:
+            return _pod_from_template(
+                self.template, self.name, namespace, scheduler_name, run, phase, gate
+            )
         res = {"cpu": f"{self.cpu_milli}m", "memory": f"{self.memory_mib}Mi", GPU: str(self.gpus)}
         ann: dict[str, str] = {}
         if self.gang:
@@ -187,6 +265,13 @@ class Scenario:
     description: str
     nodes: tuple[NodeSpec, ...]
     pods: tuple[PodSpec, ...]
+    source: str = ""
+    """Where the scenario comes from (a scenario file, its seed and cap), for reports."""
+
+    @property
+    def lifetimes(self) -> bool:
+        """True if some pod leaves (an explicit departure or a duration)."""
+        return any(p.depart is not None or p.duration is not None for p in self.pods)
 
     @property
     def gpu_capacity(self) -> int:
