@@ -406,6 +406,11 @@ class Departures:
                 last = max(self._bound[m] for m in members)
                 self._push(last + p.duration / self.scale, members)
 
+    def planned(self) -> list[tuple[float, tuple[str, ...]]]:
+        """Deletions scheduled and not yet sent: (monotonic time, pods), earliest first."""
+        with self._cv:
+            return [(t, n) for t, _, n in sorted(self._heap)]
+
     def pending(self) -> int:
         """Deletions scheduled and not yet sent."""
         with self._cv:

@@ -222,15 +222,15 @@ class FirstPlacements(Hook):
 
     def __init__(self) -> None:
         self.members: dict[str, tuple[float, tuple[Any, ...]]] = {}
-        self.rejected: set[str] = set()
+        self.rejects: set[str] = set()
 
     def started(self, engine: Engine, run: Run) -> None:
         """Record the job's first placement (its members in member order)."""
         self.members.setdefault(run.job.name, (run.start, tuple(run.members)))
 
-    def rejected(self, engine: Engine, run: Run) -> None:  # type: ignore[override]
+    def rejected(self, engine: Engine, run: Run) -> None:
         """Record a rejection (``reject`` queue)."""
-        self.rejected.add(run.job.name)
+        self.rejects.add(run.job.name)
 
 
 @dataclass(slots=True)
@@ -273,7 +273,7 @@ def engine_offline(fr: FileReplay, params: SchedParams, *, backlog: bool) -> Eng
         names = pod_names(j)
         got = hook.members.get(j.name)
         if got is None:
-            why = "rejected" if j.name in hook.rejected else "not placed by the end of the run"
+            why = "rejected" if j.name in hook.rejects else "not placed by the end of the run"
             for n in names:
                 res.refused[n] = why
             if j.gang:
