@@ -30,6 +30,27 @@ Example (small; the acceptance scale is ``--nodes 500 --big 100 --small 2000``):
     python -m benchmarks.live.run --scenario mix --nodes 50 --big 10 --small 200 \\
         --out /tmp/livebench-out
 
+Scenario files (``benchmarks/scenarios/*.yaml``, the offline engine's format) replay the
+same way: ``--scenario-file PATH [--seed N]`` takes the nodes and the pods of the file's
+first run from :func:`benchmarks.engine.replay.from_inputs` (Node objects as the file makes
+them; Pods in arrival order, a gang's members together with ``topoplace.io/gang`` /
+``gang-size`` / ``topology-required`` / ``-preferred``). ``--max-pods N`` keeps whole jobs
+in arrival order, ``--until S`` the jobs arriving up to scenario time S (also the run's
+horizon, live and offline). Pods that leave are deleted while an arm runs: an explicit
+departure at that time after the first release, a duration after the pod (a gang: its last
+member) was bound; ``--time-scale X`` runs X scenario seconds per live second. By default
+the pods are a backlog in arrival order (``--release cold``); ``--release timed`` creates
+each at its arrival time. The offline column is then the offline engine
+(:mod:`benchmarks.live.scenariofile`) on the same file, seed and jobs: every job at time 0
+for a backlog, the file's times for ``timed``; the file's ``params`` go to the live
+topoplace as well (``policy.yaml`` in the results). ``--scenario-file
+benchmarks/scenarios/mix.yaml`` creates the nodes and pods of ``--scenario mix --nodes 500
+--big 100 --small 2000`` (same names, order, GPUs, CPU, memory, product and leaf/spine
+labels; the file's nodes also carry GFD's family/memory labels)::
+
+    python -m benchmarks.live.run --scenario-file benchmarks/scenarios/gangs-h100.yaml \
+        --until 10800 --release timed --time-scale 30 --out /tmp/livebench-gangs
+
 Results: ``summary.md`` (conditions, medians over runs, gaps, costs, bind floor),
 ``runs.csv`` (one row per run and arm), ``pods-<arm>-<run>.csv`` (node and latency of every
 pod), ``bind-floor.csv``, the rendered ``scheduler-config*.yaml``, and with ``--py-spy``
