@@ -371,3 +371,37 @@ def test_summary_of_a_file_with_lifetimes_names_the_engine(tmp_path: Path) -> No
     assert "| mean wait arrival -> bound, scenario s | 1.50 | 0 | 1.50 |" in text
     assert "| gangs complete | 2 | 2 | 0 |" in text
     assert not math.isnan(off.allocation_ratio)
+
+
+def test_gang_members_are_interchangeable_when_compared_with_offline(tmp_path: Path) -> None:
+    from benchmarks.live.metrics import compare_with_offline
+
+    sc = load_file(_write(tmp_path, GANGS_DOC)).scenario
+    offline = {
+        "first": "h100-0000",
+        "g-0-0": "h100-0004",
+        "g-0-1": "h100-0005",
+        "g-0-2": "h100-0006",
+        "g-1-0": "h100-0001",
+        "g-1-1": "h100-0002",
+        "g-1-2": "h100-0003",
+        "late-0": "h100-0007",
+        "late-1": "h100-0007",
+    }
+    # g-0 on the same three nodes, members swapped: placed as offline
+    live = {**offline, "g-0-0": "h100-0006", "g-0-2": "h100-0004"}
+    fig = compare_with_offline(Figures("topoplace", 1), sc, live, offline)
+    assert (fig.same_node_as_offline, fig.first_divergence) == (9, -1)
+    # g-1 with one member elsewhere: two of its three members match, the third diverges
+    live["g-1-1"] = "h100-0007"
+    fig = compare_with_offline(Figures("topoplace", 1), sc, live, offline)
+    assert (fig.same_node_as_offline, fig.first_divergence) == (8, 6)
+    # a single pod elsewhere is compared by itself
+    live["late-0"] = "h100-0005"
+    fig = compare_with_offline(Figures("topoplace", 1), sc, live, offline)
+    assert fig.same_node_as_offline == 7
+    # a member unplaced in both counts as the same
+    del live["g-1-1"]
+    off = {k: v for k, v in offline.items() if k != "g-1-1"}
+    fig = compare_with_offline(Figures("topoplace", 1), sc, live, off)
+    assert fig.same_node_as_offline == 8

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -221,12 +222,32 @@ def timing_figures(
 def compare_with_offline(
     fig: Figures, scenario: Scenario, nodes_of: Mapping[str, str], offline: Mapping[str, str]
 ) -> Figures:
-    """Pods on the same node as offline, and the arrival index of the first that is not."""
+    """Pods on the same node as offline, and the arrival index of the first that is not.
+
+    A gang's members are identical and interchangeable (which member lands on which of the
+    gang's nodes is the planner's naming, not a placement decision): a member counts as
+    placed as offline when the multiset of its gang's nodes live and offline share one more
+    node, members taken in arrival order."""
     same = 0
     first = -1
+    gangs = scenario.gangs()
+    matched: dict[str, int] = {}
+    for g, members in gangs.items():
+        live = Counter(nodes_of[m] for m in members if m in nodes_of)
+        off = Counter(offline[m] for m in members if m in offline)
+        unplaced = min(
+            sum(1 for m in members if m not in nodes_of),
+            sum(1 for m in members if m not in offline),
+        )
+        matched[g] = sum((live & off).values()) + unplaced
+    seen: Counter[str] = Counter()
     for i, p in enumerate(scenario.pods):
-        a, b = nodes_of.get(p.name), offline.get(p.name)
-        if a == b:
+        if p.gang and p.gang in matched:
+            seen[p.gang] += 1
+            ok = seen[p.gang] <= matched[p.gang]
+        else:
+            ok = nodes_of.get(p.name) == offline.get(p.name)
+        if ok:
             same += 1
         elif first < 0:
             first = i
