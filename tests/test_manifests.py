@@ -1164,6 +1164,7 @@ def test_policy_config_map_holds_a_minimal_policy(deploy_docs: list[Doc]) -> Non
         "gang": {
             "plan_ttl_seconds": 60,
             "solver_time_limit_seconds": 1.0,
+            "plan_deadline_seconds": 3.0,
             "seed": 7,
             "workers": 1,
         },

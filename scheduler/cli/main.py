@@ -25,6 +25,14 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from scheduler import __version__
+from scheduler.server.guard import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_PER_CLIENT,
+    DEFAULT_READ_TIMEOUT_S,
+    HEALTH_MAX_CONNECTIONS,
+    HEALTH_MAX_PER_CLIENT,
+    GuardState,
+)
 
 log = logging.getLogger("topoplace")
 
@@ -76,6 +84,17 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (argparse ``type``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a finite number above 0")
     return value
 
 
@@ -134,6 +153,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--health-host", help="address of --health-port (default: the same as --host)"
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=positive_int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        help="open connections on --port; more are reset at once (--health-port has its "
+        f"own cap of {HEALTH_MAX_CONNECTIONS})",
+    )
+    serve.add_argument(
+        "--max-connections-per-client",
+        type=positive_int,
+        default=DEFAULT_MAX_PER_CLIENT,
+        help="open connections from one client address on --port "
+        f"(--health-port: {HEALTH_MAX_PER_CLIENT})",
+    )
+    serve.add_argument(
+        "--read-timeout",
+        type=positive_float,
+        default=DEFAULT_READ_TIMEOUT_S,
+        help="seconds a client has to send a whole request (headers and body) once its "
+        "connection is open or its previous answer was sent; slower connections are cut",
     )
     serve.set_defaults(func=cmd_serve)
 
@@ -257,20 +297,34 @@ def run_servers(
     sock: socket.socket,
     ssl: dict[str, Any],
     health_sock: socket.socket | None = None,
+    guard: GuardState | None = None,
+    health_guard: GuardState | None = None,
 ) -> bool:
     """Serve ``app`` on ``sock`` (with ``ssl``) and, when given, the health paths on
     ``health_sock`` (plain HTTP, no lifespan) in the same event loop, until SIGTERM/SIGINT.
 
     The main server owns the signals, the lifespan (drain on shutdown) and the graceful
-    timeout; the health server stops with it. Returns whether the main server started.
+    timeout; the health server stops with it. Each port has its own connection guard
+    (``scheduler/server/guard.py``: connection caps, request read deadline; defaults when
+    None). Returns whether the main server started.
     """
     import asyncio
 
     import uvicorn
 
+    from scheduler.server.guard import raise_fd_limit, uvicorn_guard_kwargs
+
+    raise_fd_limit()
+    guard = guard or GuardState()
     host, port = sock.getsockname()[:2]
     config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30, **ssl
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        timeout_graceful_shutdown=30,
+        **uvicorn_guard_kwargs(guard),
+        **ssl,
     )
     server = uvicorn.Server(config)
     if health_sock is None:
@@ -296,6 +350,10 @@ def run_servers(
             log_level="warning",
             lifespan="off",
             ws="none",
+            **uvicorn_guard_kwargs(
+                health_guard
+                or GuardState(HEALTH_MAX_CONNECTIONS, HEALTH_MAX_PER_CLIENT, guard.read_timeout_s)
+            ),
         )
     )
 
@@ -380,7 +438,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         f"; health on http://{health_host}:{args.health_port}" if health_sock else "",
     )
     try:
-        started = run_servers(app, sock, ssl, health_sock)
+        guard = GuardState(args.max_connections, args.max_connections_per_client, args.read_timeout)
+        health_guard = GuardState(HEALTH_MAX_CONNECTIONS, HEALTH_MAX_PER_CLIENT, args.read_timeout)
+        started = run_servers(app, sock, ssl, health_sock, guard, health_guard)
     finally:
         if stop is not None:
             stop()

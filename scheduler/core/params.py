@@ -36,6 +36,12 @@ class GangParams:
     spare_nodes: int = 0
     weights: Mapping[str, float] = field(default_factory=dict)
     max_reserved_gpus_per_namespace: int = 1024
+    plan_deadline_seconds: float = 3.0
+    """Wall-clock deadline of one gang planning in the extender (from the filter request's
+    arrival, queueing included), below kube-scheduler's extender ``httpTimeout`` (5 s in
+    the shipped configuration). The solver's result depends only on its deterministic
+    limit (``solver_time_limit_seconds``); the deadline is a guard: a planning that
+    overruns it is refused whole (nothing reserved) and is not remembered as a refusal."""
     """GPUs the unbound slots of one namespace's gang plans may hold at once (a filter
     call plans and reserves a whole gang; this bounds what any caller can lock up for a
     TTL). 0: no bound."""
@@ -123,9 +129,15 @@ class SchedParams:
         if set(g) - gknown:
             raise ValueError(f"unknown gang settings: {sorted(set(g) - gknown)}")
         gp = GangParams(**{k: (dict(v) if isinstance(v, Mapping) else v) for k, v in g.items()})
-        if gp.workers < 1 or gp.solver_time_limit_seconds <= 0 or gp.plan_ttl_seconds <= 0:
+        if (
+            gp.workers < 1
+            or gp.solver_time_limit_seconds <= 0
+            or gp.plan_ttl_seconds <= 0
+            or not gp.plan_deadline_seconds > 0
+        ):
             raise ValueError(
-                "gang: workers >= 1, solver_time_limit_seconds > 0, plan_ttl_seconds > 0"
+                "gang: workers >= 1, solver_time_limit_seconds > 0, plan_ttl_seconds > 0, "
+                "plan_deadline_seconds > 0"
             )
         if not isinstance(gp.max_reserved_gpus_per_namespace, int) or (
             gp.max_reserved_gpus_per_namespace < 0

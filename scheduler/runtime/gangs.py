@@ -60,12 +60,27 @@ members fixed; if that is refused, only the bound members are installed and the 
 planned when its members come. Records without a slot table (older records, or plans
 above ``PLAN_SLOTS_MAX_BYTES``) give the bound members only, as before.
 
+Off the event loop
+------------------
+Planning a gang (CP-SAT over the whole cluster) is the one heavy step of a verb. It never
+runs on a thread that runs an event loop: :meth:`GangRuntime.filter` raises
+:class:`PlanOffLoop` there before it changes anything, and the HTTP layer
+(``scheduler/server/app.py``) calls the verb again on its planner thread, with
+:data:`PLAN_DEADLINE` set to the request's arrival plus ``params.gang.plan_deadline_seconds``
+(below kube-scheduler's extender ``httpTimeout``). The solver's result depends only on its
+deterministic limit and pinned parameters; the deadline is a wall-clock guard checked when
+the planner gets its turn and again before reserving: a planning past it is refused whole
+(nothing reserved, :data:`REASON_PLAN_DEADLINE`), and not remembered, so the next member's
+filter plans again.
+
 Events (``ext.metrics.gang_events``): planned, refused, replanned, expired, bound,
 recovered (a plan replayed from the records after a restart).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import logging
 import threading
 import time
@@ -104,6 +119,30 @@ REASON_GANG_UNPLACEABLE = "the pod's gang cannot be placed as a whole now"
 REASON_PLANNED_NODE_NOT_OFFERED = "the pod's planned node was filtered out by kube-scheduler"
 ERR_NO_PLAN = "no live gang plan for this pod; it will be planned again"
 ERR_PLAN_BROKEN = "the gang plan expired or broke; the gang will be planned again"
+
+REASON_PLAN_DEADLINE = "gang planning did not finish within its deadline; it is retried"
+
+PLAN_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "topoplace_plan_deadline", default=None
+)
+"""``time.monotonic()`` by which the gang planning of the current request must be done
+(set by the HTTP layer; None: ``plan_deadline_seconds`` from when planning starts)."""
+
+
+class PlanOffLoop(Exception):
+    """Raised by :meth:`GangRuntime.filter`, before it changes anything, when a gang must
+    be planned on a thread that runs an event loop: call the verb again on a worker
+    thread."""
+
+
+def on_event_loop() -> bool:
+    """Whether the calling thread is running an asyncio event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
 
 REFUSAL_HOLD_SECONDS = 2.0
 WAKE_BACKOFF_SECONDS = (2.0, 4.0, 8.0, 16.0, 30.0)
@@ -225,10 +264,14 @@ class GangRuntime:
     """
 
     def __init__(
-        self, policy: str | None = None, wall_clock: Callable[[], float] = time.time
+        self,
+        policy: str | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        deadline_clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.policy = policy
         self._wall = wall_clock
+        self._deadline_clock = deadline_clock
         self._plan_lock = threading.RLock()
         self._members: dict[str, dict[str, PodRequest]] = {}
         self._refusals: dict[str, _Refusal] = {}
@@ -367,12 +410,20 @@ class GangRuntime:
         params = ext.params
         name = self.policy_name(ext)
         fn = get_policy(name)
+        now = self._deadline_clock
+        deadline = PLAN_DEADLINE.get()
+        if deadline is None:
+            deadline = now() + float(params.gang.plan_deadline_seconds)
         for _ in range(RESERVE_RETRIES + 1):
+            if now() >= deadline:
+                break
             snap = cache.snapshot()
             greq = build(snap)
             started = time.perf_counter()
             result: PlacementResult = fn(snap, greq, params)
             _observe(ext, "gang_plan_seconds", time.perf_counter() - started)
+            if now() >= deadline:
+                break
             if not result.ok:
                 return self._refuse(ext, gang, result.reason, snap, greq.size, result.details)
             over = _over_namespace_cap(snap, greq, result, params.gang)
@@ -391,13 +442,15 @@ class GangRuntime:
                     result.details.get("status", ""),
                 )
                 return plan
-        return self._refuse(
-            ext,
-            gang,
-            "the cluster kept changing while the gang was being reserved",
-            cache.snapshot(),
-            0,
-        )
+        else:
+            return self._refuse(
+                ext,
+                gang,
+                "the cluster kept changing while the gang was being reserved",
+                cache.snapshot(),
+                0,
+            )
+        return self._refuse(ext, gang, REASON_PLAN_DEADLINE, cache.snapshot(), 0, remember=False)
 
     def _refuse(
         self,
@@ -407,8 +460,10 @@ class GangRuntime:
         snap: ClusterSnapshot,
         members: int,
         details: Mapping[str, Any] | None = None,
+        remember: bool = True,
     ) -> _Refusal:
-        """Record and count a refusal of ``gang`` seen on ``snap``."""
+        """Record and count a refusal of ``gang`` seen on ``snap`` (``remember``: hold it
+        for the gang's other members, see the module docstring)."""
         ref = _Refusal(
             reason,
             snap.generation,
@@ -417,7 +472,8 @@ class GangRuntime:
             dict(details or {}),
             _free_gpus(snap),
         )
-        self._refusals[gang] = ref
+        if remember:
+            self._refusals[gang] = ref
         self._event(ext, "refused")
         need = sum(r.gpus for r in self._members.get(gang, {}).values())
         _note(
@@ -532,6 +588,8 @@ class GangRuntime:
                 self._members.setdefault(req.gang, {})[req.key] = req
                 self._park(req)
                 return _refused(names)
+            if on_event_loop():
+                raise PlanOffLoop(req.gang)
             try:
                 out = self._plan(ext, req, event)
             except GangSizeError as exc:

@@ -13,15 +13,24 @@ Status codes follow STYLE.md's "not now / never / broken":
 
 Nothing a client sends can crash the server or produce a 500: unexpected exceptions in a
 verb are logged and answered with the protocol's failure channel.
+
+Nothing heavy runs on the event loop, so ``/healthz`` and ``/readyz`` always answer: a
+verb that must plan a gang (``GangRuntime.filter`` raises ``PlanOffLoop`` before changing
+anything) is run again on a planner thread under the gang planning deadline, and a body
+over :data:`OFFLOAD_BODY_BYTES` is parsed and served on a worker thread. Neither costs the
+common request anything (one length comparison). Connection limits and read deadlines are
+the HTTP protocol's (``guard.py``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import inspect
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
@@ -32,6 +41,7 @@ from starlette.concurrency import run_in_threadpool
 
 from scheduler import __version__
 from scheduler.core.model import Health
+from scheduler.runtime.gangs import PLAN_DEADLINE, PlanOffLoop
 from scheduler.server import ui, wire
 from scheduler.server.extender import Extender
 
@@ -42,6 +52,14 @@ CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("topoplace_caller",
 
 DEFAULT_MAX_BODY = 64 * 1024 * 1024
 """64 MiB: a full ``Nodes`` payload of 10,000 GPU nodes is about 50 MiB."""
+
+OFFLOAD_BODY_BYTES = 1024 * 1024
+"""Bodies larger than this (1 MiB; kube-scheduler's ``NodeNames`` for 5,000 nodes are about
+150 KiB) are parsed and served on a worker thread, not on the event loop."""
+PLAN_GRACE_S = 0.5
+"""How long past the gang planning deadline a verb waits for its planner thread before it
+answers with an error (the planner checks the deadline itself and then reserves nothing)."""
+ERR_PLAN_DEADLINE = "gang planning did not finish within its deadline; retry"
 
 JSON = "application/json"
 JSON_BYTES = JSON.encode()
@@ -123,10 +141,13 @@ class VerbRoutes:
         verbs: dict[str, tuple[str, Handler, Callable[[str], Any], bool, bool]],
         metrics: Any,
         max_body_bytes: int,
+        plan_deadline_s: float = 3.0,
     ) -> None:
         self.verbs = verbs
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
+        self.plan_deadline_s = plan_deadline_s
+        self._planner: ThreadPoolExecutor | None = None
 
     async def handle(self, scope: Any, receive: Any, send: Any) -> bool:
         """Serve the request if it is for a verb; False if it is not."""
@@ -138,7 +159,9 @@ class VerbRoutes:
             return True
         name, handler, fallback, threaded, lazy = verb
         start = time.perf_counter()
-        status, reply = await self._answer(name, handler, fallback, threaded, lazy, scope, receive)
+        status, reply = await self._answer(
+            name, handler, fallback, threaded, lazy, scope, receive, start
+        )
         if reply is not None:
             await _send(send, status, reply)
         m = self.metrics
@@ -155,6 +178,7 @@ class VerbRoutes:
         lazy: bool,
         scope: Any,
         receive: Any,
+        start: float,
     ) -> tuple[int, bytes | None]:
         try:
             body = await _read_body(scope, receive, self.max_body_bytes)
@@ -165,24 +189,48 @@ class VerbRoutes:
         client = scope.get("client")
         CALLER.set(f"{client[0]}:{client[1]}" if client else "")
         payload: Any = wire.RawBody(body)
+        big = len(body) > OFFLOAD_BODY_BYTES
         if not lazy:
             try:
-                payload = orjson.loads(body)
+                payload = await run_in_threadpool(orjson.loads, body) if big else orjson.loads(body)
             except orjson.JSONDecodeError as exc:
                 return 400, _error_body(f"malformed JSON: {exc}")
         try:
-            if threaded:
-                result = await run_in_threadpool(handler, payload, body)
-            else:
-                result = handler(payload, body)
+            try:
+                if threaded or big:
+                    result = await run_in_threadpool(handler, payload, body)
+                else:
+                    result = handler(payload, body)
                 if inspect.isawaitable(result):
                     result = await result
+            except PlanOffLoop:
+                result = await self._plan(handler, payload, body, start)
+                if result is None:
+                    result = fallback(ERR_PLAN_DEADLINE)
         except wire.WireError as exc:
             return 400, _error_body(str(exc))
         except Exception:  # a bug: answer through the protocol, never crash
             log.exception("%s failed", name)
             result = fallback("internal error in topoplace; see its log")
         return 200, result if isinstance(result, bytes) else orjson.dumps(result)
+
+    async def _plan(self, handler: Handler, payload: Any, body: bytes, start: float) -> Any:
+        """Run ``handler`` on the planner thread with the gang planning deadline counted from
+        the request's arrival (``start``, ``time.perf_counter``); None if it is not done by
+        the deadline plus :data:`PLAN_GRACE_S` (the planner then reserves nothing)."""
+        if self._planner is None:
+            self._planner = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gang-planner")
+        left = self.plan_deadline_s - (time.perf_counter() - start)
+        ctx = contextvars.copy_context()
+        ctx.run(PLAN_DEADLINE.set, time.monotonic() + left)
+        fut = asyncio.get_running_loop().run_in_executor(
+            self._planner, ctx.run, handler, payload, body
+        )
+        try:
+            return await asyncio.wait_for(fut, max(left, 0.0) + PLAN_GRACE_S)
+        except TimeoutError:
+            log.warning("gang planning still running past its deadline; answered with an error")
+            return None
 
 
 def _asset(name: str) -> Response:
@@ -250,7 +298,12 @@ def create_app(
         ),
     )
 
-    app.verbs = VerbRoutes({f"{prefix}/{r[0]}": r for r in routes}, metrics, max_body_bytes)
+    app.verbs = VerbRoutes(
+        {f"{prefix}/{r[0]}": r for r in routes},
+        metrics,
+        max_body_bytes,
+        float(extender.params.gang.plan_deadline_seconds),
+    )
 
     @app.get("/healthz")
     async def healthz() -> Response:
