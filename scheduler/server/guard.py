@@ -1,11 +1,13 @@
 """Connection guard: the HTTP protocol uvicorn runs, with limits a hostile client cannot get
 around.
 
-uvicorn (h11) reads a request for as long as the client keeps the connection open: a client
-that sends its headers one byte every few seconds (slowloris), or a body that never ends,
-holds a connection and its file descriptor forever, and nothing bounds how many
-connections are open. :func:`guarded_protocol` returns a subclass of uvicorn's
-``H11Protocol`` (:func:`protocol_class`, passed as ``uvicorn.Config(http=...)``) that adds, per listening port:
+uvicorn reads a request for as long as the client keeps the connection open: a client that
+sends its headers one byte every few seconds (slowloris), or a body that never ends, holds
+a connection and its file descriptor forever; httptools bounds neither the time nor the
+size of a request head, and nothing bounds how many connections are open.
+:func:`guarded_protocol` returns a subclass of the protocol uvicorn would pick itself
+(:func:`protocol_class`: httptools, else h11; passed as ``uvicorn.Config(http=...)``) that
+adds, per listening port:
 
 * **connection cap**: at most ``max_connections`` open connections, and at most
   ``max_per_client`` from one client address; a connection over either cap is aborted as
@@ -15,12 +17,14 @@ connections are open. :func:`guarded_protocol` returns a subclass of uvicorn's
   was sent) the next request's headers *and* body must arrive within
   ``read_timeout_s``; a connection still reading when it expires is aborted. A request
   already read and being answered is never cut;
-* **JSON 400**: malformed HTTP (bad request line, headers over h11's 16 KiB limit) is
-  answered ``{"error": ...}`` like every other refusal, not uvicorn's text.
+* **head size**: a request line and headers over :data:`MAX_HEAD_BYTES` get 400;
+* **JSON 400**: malformed HTTP is answered ``{"error": ...}`` like every other refusal,
+  not uvicorn's text.
 
-Nothing here runs per request on an accepted connection beyond arming one timer per
-request; the verbs' hot path is unchanged. ``uvicorn``'s own ``timeout_keep_alive``
-still closes idle keep-alive connections.
+Per request this costs two attribute stores and a clock read (measured with
+``benchmarks/extender_latency.py``); deadlines are checked by one sweep per port every
+:data:`SWEEP_S` seconds. uvicorn's own ``timeout_keep_alive`` (5 s) still closes idle
+keep-alive connections first.
 
 With TLS, asyncio calls ``connection_made`` after the handshake, so the cap counts
 established connections; connections in their handshake are bounded by asyncio's
@@ -31,7 +35,6 @@ smaller cap.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 from collections import Counter
@@ -70,6 +73,22 @@ class GuardState:
     per_client: Counter[str] = field(default_factory=Counter)
     refused: int = 0
     timed_out: int = 0
+    live: set[Any] = field(default_factory=set)
+    _sweeper: Any = None
+
+    def start_sweeping(self, loop: Any) -> None:
+        """Check the read deadlines of the live connections every :data:`SWEEP_S` seconds
+        (started by the first connection, on the server's loop)."""
+        if self._sweeper is not None:
+            return
+
+        def sweep() -> None:
+            now = loop.time()
+            for proto in list(self.live):
+                proto.read_expired(now)
+            self._sweeper = loop.call_later(SWEEP_S, sweep)
+
+        self._sweeper = loop.call_later(SWEEP_S, sweep)
 
     def __post_init__(self) -> None:
         if self.max_connections < 1 or self.max_per_client < 1 or self.read_timeout_s <= 0:
@@ -78,23 +97,45 @@ class GuardState:
             )
 
 
+MAX_HEAD_BYTES = 64 * 1024
+"""Request line and headers larger than this are refused with 400 (httptools has no limit
+of its own; h11's is 16 KiB of a buffered, incomplete head)."""
+SWEEP_S = 0.25
+"""How often the read deadlines of a port's connections are checked."""
+
+
 @functools.cache
 def protocol_class() -> type[Any]:
-    """The guarded protocol class (built on first use: importing this module does not load
-    uvicorn or h11, so the CLI's other commands start fast)."""
-    import h11
-    import orjson
-    from uvicorn.protocols.http.h11_impl import H11Protocol
+    """The guarded protocol class over the HTTP implementation uvicorn would pick itself
+    (httptools when installed, else h11), built on first use: importing this module does
+    not load uvicorn, so the CLI's other commands start fast.
 
-    class GuardedH11Protocol(H11Protocol):
-        """uvicorn's h11 protocol with a connection cap and a request read deadline (see the
+    Per request it costs two attribute stores and a clock read; deadlines are checked by
+    one sweep per port every :data:`SWEEP_S` seconds, not by a timer per request.
+    """
+    import orjson
+
+    try:
+        import httptools  # noqa: F401
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Base
+
+        h11 = None
+    except ImportError:  # pragma: no cover - uvicorn without its [standard] extras
+        import h11  # type: ignore[no-redef]
+        from uvicorn.protocols.http.h11_impl import H11Protocol as Base
+
+    class GuardedProtocol(Base):  # type: ignore[misc, valid-type]
+        """uvicorn's protocol with connection caps and a request read deadline (see the
         module docstring). Subclassed per port by :func:`guarded_protocol`."""
 
         guard: GuardState = GuardState()
-        _read_timer: asyncio.TimerHandle | None = None
         _counted: str | None = None
+        _read_since: float | None = None
+        """Loop time the request being read started to be awaited (None: none is)."""
+        _head: int = 0
+        """Bytes of the current request's head received so far (-1: head complete)."""
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             g = self.guard
             host = self.client[0] if self.client else ""
@@ -102,8 +143,8 @@ def protocol_class() -> type[Any]:
                 g.refused += 1
                 if g.refused == 1 or g.refused % 1000 == 0:
                     log.warning(
-                        "connection from %s refused: %d open (cap %d), %d from it (cap %d); "
-                        "%d refused so far",
+                        "connection from %s refused: %d open (cap %d), %d from it (cap "
+                        "%d); %d refused so far",
                         host or "?",
                         g.open,
                         g.max_connections,
@@ -115,69 +156,81 @@ def protocol_class() -> type[Any]:
                 return
             g.open += 1
             g.per_client[host] += 1
+            g.live.add(self)
             self._counted = host
-            self._arm_read_timer()
+            self._read_since = self.loop.time()
+            self._head = 0
+            g.start_sweeping(self.loop)
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._cancel_read_timer()
             host = self._counted
             if host is not None:
                 self._counted = None
                 g = self.guard
                 g.open -= 1
+                g.live.discard(self)
                 g.per_client[host] -= 1
                 if g.per_client[host] <= 0:
                     del g.per_client[host]
             super().connection_lost(exc)
 
+        def data_received(self, data: bytes) -> None:
+            if self._head >= 0:
+                self._head += len(data)
+                if self._head > MAX_HEAD_BYTES:
+                    self._head = -1
+                    self.send_400_response("request line and headers too large")
+                    return
+                if self._read_since is None:
+                    self._read_since = self.loop.time()
+            super().data_received(data)
+            if h11 is not None:  # h11: the state machine says where the request is
+                state = self.conn.their_state
+                if state is h11.SEND_BODY:
+                    self._head = -1
+                elif state is h11.DONE:
+                    self._head = -1
+                    self._read_since = None
+
+        def on_headers_complete(self) -> None:  # httptools
+            self._head = -1
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:  # httptools
+            self._read_since = None
+            super().on_message_complete()
+
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            if not self.transport.is_closing():
-                self._arm_read_timer()  # the next request has its own deadline
+            self._read_since = self.loop.time()  # the next request has its own deadline
+            self._head = 0
 
-        def _arm_read_timer(self) -> None:
-            self._cancel_read_timer()
-            self._read_timer = self.loop.call_later(self.guard.read_timeout_s, self._read_expired)
-
-        def _cancel_read_timer(self) -> None:
-            if self._read_timer is not None:
-                self._read_timer.cancel()
-                self._read_timer = None
-
-        def _read_expired(self) -> None:
-            """The read deadline passed: abort if the request is still being read (or has not
-            started); leave a request that is being answered alone."""
-            self._read_timer = None
+        def read_expired(self, now: float) -> bool:
+            """Abort the connection if its request has been read for longer than the
+            deadline; True if it was aborted."""
+            since = self._read_since
+            if since is None or now - since < self.guard.read_timeout_s:
+                return False
             if self.transport.is_closing():
-                return
-            if self.conn.their_state in (h11.IDLE, h11.SEND_BODY):  # headers or body due
-                self.guard.timed_out += 1
-                if self.cycle is not None and not self.cycle.response_complete:
-                    self.cycle.disconnected = True
-                    self.cycle.message_event.set()
-                self.transport.abort()
+                return False
+            self.guard.timed_out += 1
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
+            self.transport.abort()
+            return True
 
         def send_400_response(self, msg: str) -> None:
             """Malformed HTTP: a JSON 400 and close (uvicorn's answer is text/plain)."""
             body = orjson.dumps({"error": msg})
-            headers = [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
-            ]
-            try:
-                for event in (
-                    h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
-                    h11.Data(data=body),
-                    h11.EndOfMessage(),
-                ):
-                    self.transport.write(self.conn.send(event) or b"")
-            except h11.LocalProtocolError:  # a response had started: nothing more to say
-                self.transport.abort()
-                return
+            self.transport.write(
+                b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+            )
             self.transport.close()
 
-    return GuardedH11Protocol
+    return GuardedProtocol
 
 
 def guarded_protocol(state: GuardState) -> type[Any]:
