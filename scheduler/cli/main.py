@@ -175,6 +175,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a client has to send a whole request (headers and body) once its "
         "connection is open or its previous answer was sent; slower connections are cut",
     )
+    serve.add_argument(
+        "--leader-lease",
+        metavar="NAMESPACE/NAME",
+        help="HA: act only while the kube-scheduler beside this replica holds this Lease "
+        "(its leaderElection resourceNamespace/resourceName); otherwise stand by with a warm "
+        "cache (default: $TOPOPLACE_LEADER_LEASE; unset: always act)",
+    )
+    serve.add_argument(
+        "--leader-identity",
+        help="this replica's identity prefix in the Lease (default: the hostname, which "
+        "kube-scheduler in the same pod uses as <hostname>_<uuid>)",
+    )
     serve.set_defaults(func=cmd_serve)
 
     demo = sub.add_parser(
@@ -376,6 +388,26 @@ def run_servers(
     return bool(server.started)
 
 
+def _kube_options(args: argparse.Namespace) -> Any:
+    """Kube-mode options: the environment's, with the --leader-* flags over them."""
+    from dataclasses import replace
+
+    from scheduler.kube.leader import parse_lease_ref
+    from scheduler.kube.runner import options_from_env
+
+    try:
+        opts = options_from_env()
+        if args.leader_lease:
+            opts = replace(opts, leader_lease=parse_lease_ref(args.leader_lease))
+    except ValueError as exc:
+        raise CliError(f"--leader-lease: {exc}") from None
+    if args.leader_identity:
+        if opts.leader_lease is None:
+            raise CliError("--leader-identity needs --leader-lease")
+        opts = replace(opts, leader_identity=args.leader_identity.strip())
+    return opts
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the extender until interrupted.
 
@@ -392,10 +424,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError("--health-host needs --health-port")
     params = load_params(args.config)
     kube = not args.cluster and _kube_configured(args)
+    kube_options = None
+    if (args.leader_lease or args.leader_identity) and not kube:
+        raise CliError("--leader-lease and --leader-identity need a Kubernetes API")
     if kube:
         from scheduler.cli.kubecmd import check_kubeconfig
 
         check_kubeconfig(args.kubeconfig)
+        kube_options = _kube_options(args)
     sock = listen(args.host, args.port)
     health_sock = None
     if args.health_port is not None:
@@ -406,7 +442,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     elif kube:
         from scheduler.kube.runner import build_kube_extender
 
-        extender, stop = build_kube_extender(args.kubeconfig, params)
+        extender, stop = build_kube_extender(args.kubeconfig, params, options=kube_options)
         what = "Kubernetes API" + (f" ({args.kubeconfig})" if args.kubeconfig else "")
     else:
         extender, what = build_file_extender(None, params)

@@ -59,3 +59,9 @@ class KubeMetrics:
         self.binds_in_flight = Gauge(
             "topoplace_kube_binds_in_flight", "Bind calls being processed", registry=r
         )
+        self.leader = Gauge(
+            "topoplace_leader",
+            "1 while this replica acts (its kube-scheduler holds the Lease and the takeover "
+            "is done); 0 otherwise (always 0 without serve --leader-lease)",
+            registry=r,
+        )

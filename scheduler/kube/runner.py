@@ -16,9 +16,16 @@ Life cycle::
 Readiness (``/readyz`` via ``Extender.ready``): initial sync done AND recovery done AND no
 watch broken for longer than ``WatchOptions.broken_after_s``.
 
-HA: several replicas may run this; only the replica whose kube-scheduler holds the Lease
-gets calls, and since every decision is persisted on the Binding, the others' caches stay
-correct from their own watches. No election happens in topoplace itself.
+HA (``KubeOptions.leader_lease``, see ``leader.py``): each replica follows the Lease its
+kube-scheduler elects on. A replica whose kube-scheduler does not hold it is a warm standby:
+it lists and watches (its cache stays current, ``/readyz`` is true) but holds nothing and
+refuses filter and bind with :data:`ERR_NOT_LEADER` (kube-scheduler retries with backoff),
+and does not wake parked gang members. On **takeover** it drops whatever it held in memory
+(nominations, gang reservations and plans of an earlier term), replays the gang plans from
+the bound members' placement records and reserves the open slots again
+(``recovery.recover``, the same path as a restart), and only then acts. On **step-down** it
+refuses at once and drops what it held. Every decision is persisted on the Binding, so
+nothing else has to move between replicas.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+import orjson
 
 from scheduler.core.params import SchedParams
 from scheduler.core.snapshot import build_snapshot
@@ -50,6 +59,10 @@ log = logging.getLogger(__name__)
 
 ERR_NOT_READY = "topoplace is not ready: cluster state is not synced or a watch is broken"
 ERR_SHUTTING_DOWN = "topoplace is shutting down"
+ERR_NOT_LEADER = (
+    "this topoplace replica is not the leader (its kube-scheduler does not hold the Lease, "
+    "or it is taking over); retry"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +85,12 @@ class KubeOptions:
         health_refresh_interval_s: how often every node is re-assessed by the health
             tracker (heartbeats age, settle times and failure memories expire without any
             watch event); 0 disables it.
+        leader_lease: (namespace, name) of the Lease this replica's kube-scheduler elects
+            its leader on; this replica acts only while that kube-scheduler holds it (see
+            the module docstring). None: always act (one replica).
+        leader_identity: this replica's identity prefix in the Lease (default: the
+            hostname, shared with kube-scheduler in the same pod).
+        leader_poll_s: seconds between two reads of the Lease.
     """
 
     context: str | None = None
@@ -82,6 +101,9 @@ class KubeOptions:
     scheduler_names: tuple[str, ...] = ()
     health_refresh_interval_s: float = 30.0
     dra_allocate: bool = True
+    leader_lease: tuple[str, str] | None = None
+    leader_identity: str = ""
+    leader_poll_s: float = 1.0
 
 
 ENV_SCHEDULER_NAMES = "TOPOPLACE_SCHEDULER_NAMES"
@@ -89,12 +111,16 @@ DEFAULT_PROFILES = ("topoplace",)
 """Profiles topoplace binds for when ``TOPOPLACE_SCHEDULER_NAMES`` names none (the
 profile of the shipped scheduler configuration)."""
 ENV_BROKEN_AFTER = "TOPOPLACE_WATCH_BROKEN_AFTER_S"
+ENV_LEADER_LEASE = "TOPOPLACE_LEADER_LEASE"
+ENV_LEADER_IDENTITY = "TOPOPLACE_LEADER_IDENTITY"
 
 
 def options_from_env(environ: Mapping[str, str] | None = None) -> KubeOptions:
     """Defaults overridable without CLI flags (e.g. in the Deployment):
     ``TOPOPLACE_SCHEDULER_NAMES`` (comma-separated profiles that call topoplace) and
-    ``TOPOPLACE_WATCH_BROKEN_AFTER_S`` (readiness threshold for a broken watch)."""
+    ``TOPOPLACE_WATCH_BROKEN_AFTER_S`` (readiness threshold for a broken watch),
+    ``TOPOPLACE_LEADER_LEASE`` (``NAMESPACE/NAME``: follow that Lease) and
+    ``TOPOPLACE_LEADER_IDENTITY``."""
     import os
 
     env = os.environ if environ is None else environ
@@ -105,6 +131,14 @@ def options_from_env(environ: Mapping[str, str] | None = None) -> KubeOptions:
     broken = env.get(ENV_BROKEN_AFTER, "").strip()
     if broken:
         opts = replace(opts, watch=replace(opts.watch, broken_after_s=float(broken)))
+    lease = env.get(ENV_LEADER_LEASE, "").strip()
+    if lease:
+        from scheduler.kube.leader import parse_lease_ref
+
+        opts = replace(opts, leader_lease=parse_lease_ref(lease))
+    identity = env.get(ENV_LEADER_IDENTITY, "").strip()
+    if identity:
+        opts = replace(opts, leader_identity=identity)
     return opts
 
 
@@ -163,21 +197,66 @@ class KubeReadiness:
         return self.watcher.synced and self.recovered.is_set() and self.watcher.healthy()
 
 
-class KubeExtender(Extender):
-    """An :class:`Extender` that refuses filter and bind until ready, and counts binds so
-    shutdown can drain them. Prioritize and preempt are never refused (a prioritize error
-    is ignored by kube-scheduler anyway)."""
+class Leadership:
+    """Whether this replica acts (HA, see the module docstring).
 
-    def __init__(self, *args: Any, inflight: InFlight | None = None, **kwargs: Any) -> None:
+    Attributes:
+        leader: the kube-scheduler beside this replica holds the Lease (set by the
+            follower before its callbacks run).
+        active: leader AND the takeover (drop what was held, replay plans) is done: the
+            verbs act only then.
+        takeovers: how many takeovers completed.
+    """
+
+    def __init__(self) -> None:
+        self.leader = False
+        self.active = False
+        self.takeovers = 0
+        self.lock = threading.Lock()
+        """Serializes takeover, step-down and the initial recovery."""
+
+
+class KubeExtender(Extender):
+    """An :class:`Extender` that refuses filter and bind until ready (and, with HA, while
+    this replica does not lead), and counts binds so shutdown can drain them. Prioritize
+    and preempt are never refused (they change nothing; a prioritize error is ignored by
+    kube-scheduler anyway)."""
+
+    def __init__(
+        self,
+        *args: Any,
+        inflight: InFlight | None = None,
+        leadership: Leadership | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.inflight = inflight or InFlight()
+        self.leadership = leadership
+
+    def _refusal(self) -> str:
+        """Why filter and bind must not act now ("" when they may)."""
+        if not self.ready():
+            return ERR_NOT_READY
+        lead = self.leadership
+        if lead is not None and not lead.active:
+            return ERR_NOT_LEADER
+        return ""
 
     def filter(self, body: Any) -> dict[str, Any]:
-        """``ExtenderFilterResult``; ``Error`` while not ready."""
-        if not self.ready():
+        """``ExtenderFilterResult``; ``Error`` while not ready or not leading."""
+        why = self._refusal()
+        if why:
             self.metrics.filter_errors.labels(reason="not ready").inc()
-            return wire.filter_result(None, None, {}, {}, ERR_NOT_READY)
+            return wire.filter_result(None, None, {}, {}, why)
         return super().filter(body)
+
+    def filter_json(self, body: Any, raw: bytes | None = None) -> bytes:
+        """:meth:`Extender.filter_json`; ``Error`` while not ready or not leading."""
+        why = self._refusal()
+        if why:
+            self.metrics.filter_errors.labels(reason="not ready").inc()
+            return orjson.dumps(wire.filter_result(None, None, {}, {}, why))
+        return super().filter_json(body, raw)
 
     def bind(self, body: Any, caller: str = "") -> dict[str, str]:
         """``ExtenderBindingResult``; ``Error`` while not ready or shutting down."""
@@ -201,14 +280,15 @@ class KubeExtender(Extender):
 
     def _admit_bind(self) -> dict[str, str] | None:
         """Count a bind as in flight (the caller then calls ``inflight.exit()``), or its
-        refusal, with nothing counted, while shutting down or not ready."""
+        refusal, with nothing counted, while shutting down, not ready or not leading."""
         if not self.inflight.enter():
             self.metrics.binds.labels(result="error").inc()
             return {"Error": ERR_SHUTTING_DOWN}
-        if not self.ready():
+        why = self._refusal()
+        if why:
             self.inflight.exit()
             self.metrics.binds.labels(result="error").inc()
-            return {"Error": ERR_NOT_READY}
+            return {"Error": why}
         return None
 
 
@@ -226,13 +306,18 @@ class KubeRuntime:
     kube_metrics: KubeMetrics
     waker: PodWaker | None = None
     allocator: Any = None
+    follower: Any = None
+    """The :class:`~scheduler.kube.leader.LeaseFollower` (HA), or None."""
     _janitor_stop: threading.Event = field(default_factory=threading.Event)
     _janitor: threading.Thread | None = None
     _stopped: bool = False
 
     def start(self) -> None:
-        """Start the reflectors (and recovery after the initial sync) and the janitor."""
+        """Start the reflectors (and recovery after the initial sync), the janitor and the
+        Lease follower."""
         self.watcher.start()
+        if self.follower is not None:
+            self.follower.start()
         if self.options.expire_interval_s > 0 and self._janitor is None:
             self._janitor = threading.Thread(
                 target=self._expire_loop, name="kube-expire", daemon=True
@@ -249,7 +334,8 @@ class KubeRuntime:
             except Exception:
                 log.exception("expiring assumptions failed")
             poll = getattr(self.extender.gangs, "poll", None)
-            if callable(poll):
+            lead = self.extender.leadership
+            if callable(poll) and (lead is None or lead.active):
                 try:
                     poll(self.extender)
                 except Exception:
@@ -280,6 +366,8 @@ class KubeRuntime:
         self._janitor_stop.set()
         if self.allocator is not None:
             self.allocator.stop()
+        if self.follower is not None:
+            self.follower.stop()
         if self.waker is not None:
             self.waker.close()
         self.watcher.stop()
@@ -334,27 +422,114 @@ def build_kube_runtime(
         fetch_pod=binder.fetch_pod,
         inflight=InFlight(km.binds_in_flight),
         profiles=opts.scheduler_names or DEFAULT_PROFILES,
+        leadership=Leadership() if opts.leader_lease is not None else None,
     )
-
+    lead = ext.leadership
     waker = None
     if gangs is not None and hasattr(gangs, "waker"):
         waker = PodWaker(api, km)
         gangs.waker = waker.wake
     rt = KubeRuntime(api, cache, watcher, binder, ext, readiness, opts, km, waker)
 
-    def after_sync() -> None:
-        readiness.report = recover(ext, watcher.pending_pods(), opts.scheduler_names)
-        readiness.recovered.set()
+    def start_allocator() -> None:
+        """DRA served: allocate claims of pods gated with topoplace.io/allocate (only
+        where this replica acts: the allocation is a write)."""
         version = next((k.version for k in watcher.kinds if is_dra_kind(k)), None)
         if opts.dra_allocate and version is not None and rt.allocator is None:
-            # DRA served: allocate claims of pods gated with topoplace.io/allocate.
             rt.allocator = GateAllocator(
                 cache, ClaimWriter(api, version), watcher.pending_pods, ext.dra.likely_kube_picks
             )
             rt.allocator.start()
 
+    def after_sync() -> None:
+        if lead is None:
+            readiness.report = recover(ext, watcher.pending_pods(), opts.scheduler_names)
+            readiness.recovered.set()
+            start_allocator()
+            return
+        with lead.lock:  # a standby has nothing to recover until it takes over
+            if lead.leader:
+                _take_over(ext, watcher, readiness, opts, km)
+                start_allocator()
+        readiness.recovered.set()
+
     watcher.on_synced = after_sync
+    if lead is not None and opts.leader_lease is not None:
+        from scheduler.kube.leader import LeaseFollower, default_identity, kube_lease_getter
+
+        ns, name = opts.leader_lease
+
+        def started() -> None:
+            lead.leader = True
+            with lead.lock:
+                if watcher.synced:  # else the initial recovery takes over
+                    _take_over(ext, watcher, readiness, opts, km)
+                    start_allocator()
+
+        def stopped() -> None:
+            lead.leader = False
+            lead.active = False  # refuse at once
+            km.leader.set(0)
+            with lead.lock:
+                if rt.allocator is not None:
+                    rt.allocator.stop()
+                    rt.allocator = None
+                _drop_held(ext)
+
+        rt.follower = LeaseFollower(
+            kube_lease_getter(api, ns, name),
+            opts.leader_identity or default_identity(),
+            f"{ns}/{name}",
+            on_started=started,
+            on_stopped=stopped,
+            poll_s=opts.leader_poll_s,
+            **clock_kw,
+        )
     return rt
+
+
+def _drop_held(ext: KubeExtender) -> None:
+    """Forget every assumption (nominations, gang reservations, binds never confirmed) and
+    every gang plan, and start the gang handler afresh: what a replica held in memory in an
+    earlier term may be stale. Bound pods (the API's truth) stay."""
+    cache = ext.cache
+    with cache.lock:
+        for key, pod in list(cache.snapshot().pods.items()):
+            if pod.assumed:
+                cache.forget(key)
+        cache.plans.clear()
+    old = ext.gangs
+    if old is not None:
+        fresh = type(old)(policy=getattr(old, "policy", None))
+        if hasattr(old, "waker"):
+            fresh.waker = old.waker
+        ext.gangs = fresh
+
+
+def _take_over(
+    ext: KubeExtender,
+    watcher: KubeWatcher,
+    readiness: KubeReadiness,
+    opts: KubeOptions,
+    km: KubeMetrics,
+) -> None:
+    """Become the acting replica (``leadership.lock`` held, cache synced): drop what was
+    held, replay the gang plans from the placement records and reserve again, then act."""
+    lead = ext.leadership
+    assert lead is not None
+    _drop_held(ext)
+    report = recover(ext, watcher.pending_pods(), opts.scheduler_names)
+    readiness.report = report
+    if lead.leader:  # still leading after the replay
+        lead.active = True
+        lead.takeovers += 1
+        km.leader.set(1)
+        log.info(
+            "takeover %d done: %d gang plan(s) replayed, %d gang(s) planned again",
+            lead.takeovers,
+            report.gangs,
+            report.replanned,
+        )
 
 
 def build_kube_extender(

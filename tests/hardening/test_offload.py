@@ -28,7 +28,6 @@ from scheduler.core.schedule import PlacementResult
 from scheduler.runtime.cache import ClusterCache
 from scheduler.runtime.gangs import (
     PLAN_DEADLINE,
-    REASON_PLAN_DEADLINE,
     GangRuntime,
     PlanOffLoop,
     on_event_loop,
