@@ -264,12 +264,20 @@ class Topoplace:
     """``topoplace serve --kubeconfig`` as a subprocess this suite owns (by pid)."""
 
     def __init__(
-        self, kubeconfig: str, port: int, logdir: Path, tls_dir: Path | None = None
+        self,
+        kubeconfig: str,
+        port: int,
+        logdir: Path,
+        tls_dir: Path | None = None,
+        extra_args: tuple[str, ...] = (),
+        scheduler_names: tuple[str, ...] = (),
     ) -> None:
         self.kubeconfig = kubeconfig
         self.port = port
         self.logdir = logdir
         self.tls_dir = tls_dir
+        self.extra_args = extra_args
+        self.scheduler_names = scheduler_names
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.url = f"{'https' if tls_dir is not None else 'http'}://127.0.0.1:{port}"
@@ -311,6 +319,7 @@ class Topoplace:
                 "--port",
                 str(self.port),
                 *self._tls_args(),
+                *self.extra_args,
             ],
             cwd=REPO,
             stdout=log,
@@ -321,7 +330,8 @@ class Topoplace:
                 # bind acts only for these profiles: the shipped one, its DRA variant's
                 # (tests/kube/test_dra.py) and up.sh's
                 "TOPOPLACE_SCHEDULER_NAMES": ",".join(
-                    sorted(
+                    self.scheduler_names
+                    or sorted(
                         {
                             "topoplace",
                             "topoplace-dra",
