@@ -388,6 +388,16 @@ def run_servers(
     return bool(server.started)
 
 
+def _warm_up(extender: Any) -> None:
+    """Load the gang solver now: its first import (OR-Tools) costs about a second, which the
+    first gang's filter would otherwise pay."""
+    if getattr(extender, "gangs", None) is None:
+        return
+    from scheduler.core.policies.registry import DEFAULT_GANG_POLICY, get_policy
+
+    get_policy(DEFAULT_GANG_POLICY)
+
+
 def _kube_options(args: argparse.Namespace) -> Any:
     """Kube-mode options: the environment's, with the --leader-* flags over them."""
     from dataclasses import replace
@@ -452,6 +462,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "demo cluster",
             file=sys.stderr,
         )
+    _warm_up(extender)
     snap = extender.cache.snapshot()
     log.info(
         "serving %s: %d nodes, %d GPUs free, %d node(s) with unknown interconnect",

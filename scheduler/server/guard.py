@@ -175,14 +175,11 @@ def protocol_class() -> type[Any]:
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
-            if self._head >= 0:
-                self._head += len(data)
-                if self._head > MAX_HEAD_BYTES:
-                    self._head = -1
-                    self.send_400_response("request line and headers too large")
-                    return
-                if self._read_since is None:
-                    self._read_since = self.loop.time()
+            if self._head < 0:  # reading a body (or answering): nothing to count
+                super().data_received(data)
+                return
+            if self._read_since is None:
+                self._read_since = self.loop.time()
             super().data_received(data)
             if h11 is not None:  # h11: the state machine says where the request is
                 state = self.conn.their_state
@@ -191,6 +188,11 @@ def protocol_class() -> type[Any]:
                 elif state is h11.DONE:
                     self._head = -1
                     self._read_since = None
+            if self._head >= 0:  # the head is still incomplete after these bytes
+                self._head += len(data)
+                if self._head > MAX_HEAD_BYTES and not self.transport.is_closing():
+                    self._head = -1
+                    self.send_400_response("request line and headers too large")
 
         def on_headers_complete(self) -> None:  # httptools
             self._head = -1

@@ -41,6 +41,16 @@ class Served:
                 return int(line.split()[1]) * 1024
         raise RuntimeError("no VmRSS")
 
+    def cpu_ns(self) -> int:
+        """CPU time the server process has used so far, in ns: the sum over its threads of
+        the first field of ``/proc/<pid>/task/<tid>/schedstat`` (time on a CPU). Unlike wall
+        time, it does not grow while the process waits for a CPU on a loaded machine."""
+        total = 0
+        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+            with contextlib.suppress(OSError, ValueError, IndexError):  # a thread that ended
+                total += int((task / "schedstat").read_text().split()[0])
+        return total
+
     def open_fds(self) -> int:
         return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
