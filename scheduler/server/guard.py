@@ -180,6 +180,11 @@ def protocol_class() -> type[Any]:
                 return
             if self._read_since is None:
                 self._read_since = self.loop.time()
+            room = MAX_HEAD_BYTES - self._head
+            if len(data) > room and data.find(b"\r\n\r\n", 0, room + 4) < 0:
+                self._head = -1  # the head would not end within the limit
+                self.send_400_response("request line and headers too large")
+                return
             super().data_received(data)
             if h11 is not None:  # h11: the state machine says where the request is
                 state = self.conn.their_state
