@@ -40,6 +40,7 @@ from tests.kube.test_live import (
     assert_no_double_booking,
     assert_rivals_wait,
     bound,
+    clean,  # noqa: F401  (autouse: pods deleted after each test)
     gang_annotations,
     gpu_pod,
     needs_gangs,

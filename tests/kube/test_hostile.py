@@ -22,7 +22,11 @@ from typing import Any
 import httpx
 
 from tests.kube.conftest import Topoplace
-from tests.kube.test_live import gpu_pod, wait_for
+from tests.kube.test_live import (
+    clean,  # noqa: F401  (autouse: pods deleted after each test)
+    gpu_pod,
+    wait_for,
+)
 
 HOSTILE = "1e1000000"
 EXTRA_CPU_NS = 100_000_000
