@@ -15,7 +15,8 @@ Meanwhile another client GETs ``/healthz`` every 10 ms, each on a new connection
 health port and on the main port, and records the wall time of each. Prints conditions,
 the number of plannings, and p50 / p99 / max of ``/healthz`` per case and port.
 
-Run: ``python -m benchmarks.hardening_health [--seconds 20] [--nodes 2000] [--source DIR]``
+Run: ``python -m benchmarks.hardening_health [--seconds 20] [--nodes 2000] [--source DIR]
+[--max-body-bytes N] [--cases idle gangs body]``
 (``--source`` runs the server from another checkout, e.g. ``/work/main``, for a before /
 after comparison; its ``serve`` must know ``--health-port``).
 """
@@ -115,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=2000)
     ap.add_argument("--body-mb", type=int, default=50)
     ap.add_argument("--source", default=str(REPO), help="checkout whose serve is run")
+    ap.add_argument(
+        "--max-body-bytes", type=int, help="passed to serve (the shipped Deployment: 16 MiB)"
+    )
+    ap.add_argument("--cases", nargs="+", default=["idle", "gangs", "body"])
     args = ap.parse_args(argv)
     nodes, pods = dgx_fleet(args.nodes)
     names = [n["metadata"]["name"] for n in nodes]
@@ -125,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         log = open(Path(tmp) / "serve.log", "wb")  # noqa: SIM115
         proc = subprocess.Popen(
             [sys.executable, "-m", "scheduler.cli.main", "--log-level", "WARNING", "serve"]
-            + ["--cluster", str(cluster), "--port", str(port), "--health-port", str(health)],
+            + ["--cluster", str(cluster), "--port", str(port), "--health-port", str(health)]
+            + (["--max-body-bytes", str(args.max_body_bytes)] if args.max_body_bytes else []),
             cwd=args.source,
             env={**os.environ, "PYTHONPATH": args.source},
             stdout=log,
@@ -145,10 +151,11 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"conditions: {args.nodes} nodes (dgx_fleet), serve from {args.source} at "
                 f"{commit}, {args.seconds:.0f} s per case, /healthz every 10 ms on a new "
-                f"connection (health port and main port), load average "
+                f"connection (health port and main port), max body "
+                f"{args.max_body_bytes or 'default (64 MiB)'}, load average "
                 f"{os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs"
             )
-            for case in ("idle", "gangs", "body"):
+            for case in args.cases:
                 stop = threading.Event()
                 work: list[float] = []
                 lat = {"health port": [], "main port": []}

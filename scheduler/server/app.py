@@ -65,6 +65,10 @@ JSON = "application/json"
 JSON_BYTES = JSON.encode()
 
 
+_CLOSE = ((b"connection", b"close"),)
+"""Sent with 413: the connection is closed instead of reading the rest of the body."""
+
+
 class BodyTooLarge(Exception):
     """The request body exceeds the configured limit."""
 
@@ -163,7 +167,7 @@ class VerbRoutes:
             name, handler, fallback, threaded, lazy, scope, receive, start
         )
         if reply is not None:
-            await _send(send, status, reply)
+            await _send(send, status, reply, _CLOSE if status == 413 else ())
         m = self.metrics
         m.child(m.requests, name, str(status)).inc()
         m.child(m.latency, name).observe(time.perf_counter() - start)
