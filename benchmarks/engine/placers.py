@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from benchmarks.engine.jobs import MIB, Run
+from scheduler.core.fractional import place_on_view
 from scheduler.core.model import EMPTY_MAP, PodInfo, PodRequest, frozen_map
 from scheduler.core.params import SchedParams
 from scheduler.core.policies.sharing_policies import (
@@ -33,13 +34,11 @@ from scheduler.core.policies.sharing_policies import (
     SharingContext,
     SharingPolicy,
     SharingScores,
-    select_host,
 )
 from scheduler.core.schedule import REASON_NO_FEASIBLE_NODE, Assignment, PlacementResult, place_pod
 from scheduler.core.sharing import (
     SharingClusterView,
     SharingTask,
-    allocate,
     feasible_mask,
 )
 from scheduler.core.snapshot import ClusterSnapshot, with_pod
@@ -260,25 +259,6 @@ class SharingPlacement:
             result = self.cache.scores(self.policy, view, task, ctx)
         else:
             result = self.policy.score(view, task, ctx)
-        i = select_host(result, view.rank)
-        gpus: tuple[int, ...] = ()
-        if task.needs_gpu:
-            chosen_gpu = int(result.gpus[np.searchsorted(result.nodes, i)])
-            if task.is_sharing and chosen_gpu != NO_GPU:
-                if view.gpu_free[i, chosen_gpu] < task.gpu_milli:
-                    raise RuntimeError(
-                        f"policy {self.policy.name} chose GPU {chosen_gpu} of node {i} "
-                        f"without room for {task.name}"
-                    )
-                gpus = (chosen_gpu,)
-            else:
-                snap = view.node(i)
-                draw = None
-                if self.policy.gpu_selection == "random" and task.is_sharing:
-                    room = sum(1 for f in snap.gpu_free_milli if f >= task.gpu_milli)
-                    draw = self.rng.intn(room)  # type: ignore[attr-defined]
-                got = allocate(snap, task, self.policy.gpu_selection, draw)
-                if got is None:  # pragma: no cover - feasible_mask guarantees a fit
-                    raise RuntimeError(f"{task.name} does not fit node {i}")
-                gpus = got
+        # The same host-and-device step the live extender runs (scheduler.core.fractional).
+        i, gpus = place_on_view(view, task, self.policy, result, self.rng)
         return PlacementResult(ok=True, assignments=(Assignment(run.key, view.names[i], gpus),))

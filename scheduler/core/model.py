@@ -116,6 +116,42 @@ HEALTHY = NodeHealth()
 
 
 @dataclass(frozen=True, slots=True)
+class GpuDevice:
+    """One physical GPU as its node publishes it (HAMi's ``hami.io/node-nvidia-register``,
+    gpushare's capacity, or GFD labels); the inventory fractional pods are placed on.
+
+    Attributes:
+        index: GPU index on the node (bit ``index`` of the node's masks).
+        uuid: device UUID ("" when the node does not publish it).
+        type: device type / product ("" when unknown).
+        memory_mib: device memory in MiB (0: unknown; no fractional pod is placed there).
+        cores: compute the device is split into, in percent of its SMs (HAMi ``devcore``).
+        split: most tasks that may share the device (HAMi ``count``; 0: no bound).
+        numa: NUMA node.
+        healthy: the node side reports the device healthy.
+    """
+
+    index: int
+    uuid: str = ""
+    type: str = ""
+    memory_mib: int = 0
+    cores: int = 100
+    split: int = 0
+    numa: int = 0
+    healthy: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class GpuShare:
+    """What one fractional pod holds on one GPU: memory (MiB) and compute (milli of the
+    device's SMs, 0..1000; HAMi ``gpucores`` percent times 10)."""
+
+    gpu: int
+    memory_mib: int
+    milli: int
+
+
+@dataclass(frozen=True, slots=True)
 class NodeInfo:
     """One node as topoplace sees it.
 
@@ -137,6 +173,14 @@ class NodeInfo:
             is the constant ``health.REASON_UNMODELED``, so GPU pods are refused there while
             the rest of the cluster is served; this text (for logs and inspection only,
             not a filter reason) says what was wrong.
+        devices: per-GPU inventory in index order (``GpuDevice``; empty when the node
+            publishes nothing beyond a GPU count).
+        sharing: the fractional backend that hands shares to containers on this node
+            (``"hami"``, ``"gpushare"`` or "" for none).
+        share_used: the per-GPU ledger of fractional pods, index-aligned with the GPUs:
+            (memory MiB, compute milli, tasks) held by shares; empty when no GPU holds a
+            share. A GPU holding a share is also set in ``used_mask``, so whole-GPU pods
+            and gangs never get it; a share never goes on a GPU held whole.
     """
 
     name: str
@@ -155,6 +199,9 @@ class NodeInfo:
     memory_used_bytes: int = 0
     raw: Mapping[str, Any] = field(default_factory=lambda: EMPTY_MAP, compare=False, repr=False)
     unmodeled: str = ""
+    devices: tuple[GpuDevice, ...] = ()
+    sharing: str = ""
+    share_used: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def all_mask(self) -> int:
@@ -176,6 +223,15 @@ class NodeInfo:
         """Number of free healthy GPUs."""
         return popcount(self.free_mask)
 
+    @property
+    def shared_mask(self) -> int:
+        """GPUs holding at least one fractional share (a subset of ``used_mask``)."""
+        m = 0
+        for i, (_, _, tasks) in enumerate(self.share_used):
+            if tasks:
+                m |= 1 << i
+        return m
+
 
 @dataclass(frozen=True, slots=True)
 class PodInfo:
@@ -192,6 +248,8 @@ class PodInfo:
         gang: gang key ``namespace/group`` or "".
         assumed: True while only assumed by topoplace (not yet confirmed by the API).
         raw: the Pod object as received (read-only), for round-tripping.
+        shares: what a fractional pod holds per GPU (``gpus`` is then empty: it holds no
+            whole GPU).
     """
 
     key: str
@@ -204,6 +262,7 @@ class PodInfo:
     gang: str = ""
     assumed: bool = False
     raw: Mapping[str, Any] = field(default_factory=lambda: EMPTY_MAP, compare=False, repr=False)
+    shares: tuple[GpuShare, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,12 +7,13 @@ json`` List, from kube-scheduler's extender payloads (no kind/apiVersion), or fr
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
 
 from scheduler.core.dra import dra_gpu_count
+from scheduler.core.fractional import HAMI_REGISTER, ShareError, hami_devices, node_inventory
 from scheduler.core.health import REASON_UNMODELED, HealthParams, assess_node
 from scheduler.core.linkclass import class_rank
 from scheduler.core.model import (
@@ -29,6 +30,7 @@ from scheduler.core.model import (
     TopologyConstraint,
     frozen_map,
 )
+from scheduler.core.params import SharingParams
 from scheduler.core.quantity import (
     QUANTITY_MAX,
     REASON_OUT_OF_RANGE,
@@ -190,6 +192,7 @@ def node_from_object(
     *,
     now: float | None = None,
     devices: Mapping[str, Any] | None = None,
+    sharing: SharingParams | None = None,
 ) -> NodeInfo:
     """Build a :class:`NodeInfo` from a Node object.
 
@@ -211,7 +214,7 @@ def node_from_object(
     if not name or not isinstance(name, str):
         raise ObjectError("node object without metadata.name")
     try:
-        return _modeled_node(node, name, fabric, health, used_mask, now, devices)
+        return _modeled_node(node, name, fabric, health, used_mask, now, devices, sharing)
     except ObjectError as exc:
         return unmodeled_node(node, fabric, str(exc))
     except Exception as exc:  # any failure to model one node must not stop the others
@@ -226,18 +229,39 @@ def _modeled_node(
     used_mask: int,
     now: float | None,
     devices: Mapping[str, Any] | None,
+    sharing: SharingParams | None = None,
 ) -> NodeInfo:
     m = meta(node)
     labels = frozen_map(_strmap(m.get("labels"), "metadata.labels"))
     annotations = frozen_map(_strmap(m.get("annotations"), "metadata.annotations"))
-    cap, alloc = _node_gpu_counts(node)
+    if HAMI_REGISTER in annotations:
+        # HAMi advertises nvidia.com/gpu as split replicas; its register lists the GPUs.
+        # Unhealthy GPUs it lists are excluded one by one (bad_mask) below.
+        cap = alloc = _hami_gpu_count(annotations)
+    else:
+        cap, alloc = _node_gpu_counts(node)
     if cap == 0 and devices:
         # A DRA node: its GPUs are ResourceSlice devices, not an extended resource.
         cap = alloc = dra_gpu_count(_lmap(devices).get(name, ()))
+    status = _obj(node.get("status"), "status")
+    try:
+        backend, inventory = node_inventory(
+            labels,
+            annotations,
+            _obj(status.get("capacity"), "status.capacity"),
+            cap,
+            sharing or SharingParams(),
+        )
+    except ShareError as exc:
+        raise ObjectError(str(exc)) from None
     shape, how = resolve_node_shape(labels, annotations, cap)
-    allocatable = _obj(_obj(node.get("status"), "status").get("allocatable"), "allocatable")
+    allocatable = _obj(status.get("allocatable"), "allocatable")
     cpu = allocatable.get("cpu")
     mem = allocatable.get("memory")
+    verdict = assess_node(node, cap, alloc, health, now=now, devices=_lmap(devices).get(name, ()))
+    sick = sum(1 << d.index for d in inventory if not d.healthy)
+    if sick & ((1 << cap) - 1) & ~verdict.bad_mask:
+        verdict = replace(verdict, bad_mask=verdict.bad_mask | (sick & ((1 << cap) - 1)))
     return NodeInfo(
         name=name,
         labels=labels,
@@ -247,12 +271,22 @@ def _modeled_node(
         gpu_capacity=cap,
         gpu_allocatable=alloc,
         used_mask=used_mask,
-        health=assess_node(node, cap, alloc, health, now=now, devices=_lmap(devices).get(name, ())),
+        health=verdict,
         fabric_path=fabric.path(labels),
         cpu_milli=0 if cpu is None else _number(cpu, "allocatable cpu", scale10=3),
         memory_bytes=0 if mem is None else _number(mem, "allocatable memory"),
         raw=node,
+        devices=inventory,
+        sharing=backend,
     )
+
+
+def _hami_gpu_count(annotations: Mapping[str, str]) -> int:
+    """GPUs of a HAMi node, from its register (ObjectError if malformed)."""
+    try:
+        return len(hami_devices(annotations[HAMI_REGISTER]))
+    except ShareError as exc:
+        raise ObjectError(str(exc)) from None
 
 
 UNMODELED_SHAPE_SOURCE = "unmodeled"

@@ -64,6 +64,91 @@ class ExtenderParams:
     nomination_ttl_seconds: float = 30.0
 
 
+SHARING_BACKENDS = ("hami", "gpushare")
+"""Fractional backends topoplace can hand a share to (see ``scheduler.core.fractional``)."""
+HAMI_LOCK_MODES = ("hold", "release")
+
+
+@dataclass(frozen=True, slots=True)
+class SharingParams:
+    """Fractional GPUs (``policy.yaml`` section ``sharing``).
+
+    Attributes:
+        policy: registered sharing policy that scores nodes and picks the device of a
+            fractional pod (``scheduler.core.policies.sharing_policies``; ``fgd`` now).
+        backends: backends topoplace hands shares through, in order of preference when a
+            node publishes more than one; a node whose only backend is not listed takes
+            no fractional pod from topoplace (its usage is still counted).
+        backend_label: node label that names a node's backend explicitly (``hami``,
+            ``gpushare`` or ``none``), over what the node publishes.
+        gpushare_memory_unit_mib: MiB in one unit of ``aliyun.com/gpu-mem`` (the device
+            plugin's ``--memory-unit``: GiB = 1024 by default, MiB = 1).
+        popularity: share of the workload seen so far that the typical task shapes of
+            FGD's fragmentation measure cover (the FGD artifact's 0.95).
+        hami_lock: ``hold``: the HAMi node lock taken at bind stays until HAMi's device
+            plugin releases it after Allocate (HAMi's protocol); ``release``: topoplace
+            releases it as soon as the Binding is written (nodes without HAMi's device
+            plugin, tests).
+        hami_lock_expiry_seconds: a lock older than this is taken over (HAMi's 5 min).
+    """
+
+    policy: str = "fgd"
+    backends: tuple[str, ...] = SHARING_BACKENDS
+    backend_label: str = "topoplace.io/gpu-sharing"
+    gpushare_memory_unit_mib: int = 1024
+    popularity: float = 0.95
+    hami_lock: str = "hold"
+    hami_lock_expiry_seconds: float = 300.0
+
+    @classmethod
+    def from_config(cls, obj: Mapping[str, Any] | None) -> SharingParams:
+        """Build from the ``sharing`` mapping; ValueError on unknown keys or bad values."""
+        if not obj:
+            return cls()
+        if not isinstance(obj, Mapping):
+            raise ValueError("sharing must be a mapping")
+        known = set(cls.__dataclass_fields__)
+        if set(obj) - known:
+            raise ValueError(f"unknown sharing settings: {sorted(set(obj) - known)}")
+        p = cls()
+        policy = obj.get("policy", p.policy)
+        from scheduler.core.policies.sharing_policies import SHARING_POLICIES
+
+        if policy not in SHARING_POLICIES or policy == "random":
+            raise ValueError(
+                f"sharing.policy {policy!r} is not a deterministic registered sharing policy"
+            )
+        backends = obj.get("backends", p.backends)
+        if not isinstance(backends, list | tuple) or not all(
+            b in SHARING_BACKENDS for b in backends
+        ):
+            raise ValueError(f"sharing.backends must be a list out of {list(SHARING_BACKENDS)}")
+        unit = obj.get("gpushare_memory_unit_mib", p.gpushare_memory_unit_mib)
+        if not isinstance(unit, int) or isinstance(unit, bool) or not 1 <= unit <= 1 << 20:
+            raise ValueError("sharing.gpushare_memory_unit_mib must be an integer in 1..2^20")
+        pop = obj.get("popularity", p.popularity)
+        if not isinstance(pop, int | float) or isinstance(pop, bool) or not 0 < pop <= 1:
+            raise ValueError("sharing.popularity must be in (0, 1]")
+        lock = obj.get("hami_lock", p.hami_lock)
+        if lock not in HAMI_LOCK_MODES:
+            raise ValueError(f"sharing.hami_lock must be one of {list(HAMI_LOCK_MODES)}")
+        expiry = obj.get("hami_lock_expiry_seconds", p.hami_lock_expiry_seconds)
+        if not isinstance(expiry, int | float) or isinstance(expiry, bool) or expiry <= 0:
+            raise ValueError("sharing.hami_lock_expiry_seconds must be > 0")
+        label = obj.get("backend_label", p.backend_label)
+        if not isinstance(label, str):
+            raise ValueError("sharing.backend_label must be a string")
+        return cls(
+            policy=str(policy),
+            backends=tuple(backends),
+            backend_label=label,
+            gpushare_memory_unit_mib=unit,
+            popularity=float(pop),
+            hami_lock=str(lock),
+            hami_lock_expiry_seconds=float(expiry),
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class SchedParams:
     """Everything a decision depends on besides the snapshot and the request."""
@@ -75,6 +160,7 @@ class SchedParams:
     gang: GangParams = GangParams()
     placement_policy: str = "topoplace"
     extender: ExtenderParams = ExtenderParams()
+    sharing: SharingParams = SharingParams()
 
     @classmethod
     def from_config(cls, obj: Mapping[str, Any] | None) -> SchedParams:
@@ -93,6 +179,7 @@ class SchedParams:
             "selection_policy",
             "placement_policy",
             "extender",
+            "sharing",
         }
         unknown = set(obj) - known
         if unknown:
@@ -158,5 +245,7 @@ class SchedParams:
         if not 0 < ttl <= 3600:
             raise ValueError("extender.nomination_ttl_seconds must be in (0, 3600]")
         return replace(
-            p, extender=ExtenderParams(decide_in_filter=decide, nomination_ttl_seconds=ttl)
+            p,
+            extender=ExtenderParams(decide_in_filter=decide, nomination_ttl_seconds=ttl),
+            sharing=SharingParams.from_config(obj.get("sharing")),
         )

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from scheduler.core import dra
+from scheduler.core.fractional import SHARE_RECORD_KEYS, add_share, bound_shares, check_shares
 from scheduler.core.health import NOW_KEY, RESOURCESLICES_KEY, devices_by_node, parse_time
 from scheduler.core.linkclass import LINK_CLASSES, feasible_sizes
 from scheduler.core.model import (
@@ -321,7 +322,9 @@ def build_snapshot(
     now, devices = _health_inputs(extra or EMPTY_MAP, params)
     for obj in node_objs:
         try:
-            n = node_from_object(obj, params.fabric, params.health, now=now, devices=devices)
+            n = node_from_object(
+                obj, params.fabric, params.health, now=now, devices=devices, sharing=params.sharing
+            )
         except ObjectError as exc:
             log.warning("ignoring a Node object: %s", exc)
             continue
@@ -332,13 +335,15 @@ def build_snapshot(
         if n.unmodeled:
             _log_unmodeled(n)
     bound = [(p, node) for p in pod_objs if (node := _bound_node(p)) is not None]
-    # Known placements first, then the rest, each in key order (deterministic).
-    bound.sort(key=lambda pn: (placement_of(pn[0]) is None, object_key(pn[0])))
+    # Known placements (whole-GPU records, recorded shares) first, then the rest, each in
+    # key order (deterministic).
+    bound.sort(key=lambda pn: (not _has_record(pn[0]), object_key(pn[0])))
     taken: dict[str, int] = {}
     cpu: dict[str, int] = {}
     mem: dict[str, int] = {}
     pods: dict[str, PodInfo] = {}
     taken.update(_claim_holdings(extra or EMPTY_MAP, nodes, pods))  # DRA: before pods
+    shared: dict[str, NodeInfo] = {}  # nodes carrying the share ledger built so far
     for p, node_name in bound:
         node = nodes.get(node_name)
         if node is None:
@@ -348,11 +353,16 @@ def build_snapshot(
             # so every held GPU belongs to exactly one pod of the snapshot.
             log.warning("ignoring a second bound pod %s", object_key(p))
             continue
+        cur = shared.get(node.name, node)
+        used = taken.get(node.name, 0) | cur.shared_mask
         try:
-            info = _bound_pod(p, node, taken.get(node.name, 0))
+            info = _bound_pod(p, replace(cur, used_mask=used), used, params)
         except Exception as exc:  # one unreadable pod must not stop the others
             log.warning("ignoring bound pod %s: %s", object_key(p), type(exc).__name__)
             continue
+        if info.shares:
+            share_used, _ = add_share(replace(cur, used_mask=used), info.shares)
+            shared[node.name] = replace(cur, share_used=share_used)
         taken[node.name] = taken.get(node.name, 0) | indices_to_mask(info.gpus)
         cpu[node.name] = cpu.get(node.name, 0) + info.cpu_milli
         mem[node.name] = mem.get(node.name, 0) + info.memory_bytes
@@ -360,9 +370,10 @@ def build_snapshot(
     ordered = tuple(
         replace(
             nodes[k],
-            used_mask=taken.get(k, 0),
+            used_mask=taken.get(k, 0) | shared.get(k, nodes[k]).shared_mask,
             cpu_used_milli=cpu.get(k, 0),
             memory_used_bytes=mem.get(k, 0),
+            share_used=shared.get(k, nodes[k]).share_used,
         )
         for k in sorted(nodes)
     )
@@ -439,9 +450,37 @@ def _bound_node(pod: Any) -> str | None:
     return node
 
 
-def _bound_pod(p: Mapping[str, Any], node: NodeInfo, taken: int) -> PodInfo:
+def _has_record(pod: Mapping[str, Any]) -> bool:
+    """Whether a bound pod records where it sits (placement record or a share hand-off)."""
+    ann = meta(pod).get("annotations")
+    if not isinstance(ann, Mapping):
+        return False
+    return placement_of(pod) is not None or any(k in ann for k in SHARE_RECORD_KEYS)
+
+
+def _bound_pod(
+    p: Mapping[str, Any], node: NodeInfo, taken: int, params: SchedParams | None = None
+) -> PodInfo:
     """PodInfo of a bound pod during a build: its recorded GPUs, re-inferred when another
-    record already claims one of them (a stale annotation)."""
+    record already claims one of them (a stale annotation). A fractional pod (HAMi,
+    gpushare, KAI) holds shares on the per-GPU ledger instead of whole GPUs (recorded by
+    its hand-off annotations, else inferred); ``node`` carries the ledger so far."""
+    got = bound_shares(p, node, (params or SchedParams()).sharing) if node.gpu_capacity else None
+    if got is not None:
+        shares, recorded = got
+        gang, _ = gang_of(p)
+        return PodInfo(
+            key=object_key(p),
+            uid=uid if isinstance(uid := meta(p).get("uid"), str) else "",
+            node=node.name,
+            gpus=(),
+            gpu_indices_known=recorded,
+            cpu_milli=pod_resource(p, "cpu", cpu_milli),
+            memory_bytes=pod_resource(p, "memory", quantity_int),
+            gang=gang,
+            raw=p,
+            shares=shares,
+        )
     info = _pod_info(p, node, taken)
     if indices_to_mask(info.gpus) & taken:
         # Two records claim one GPU (stale annotation): re-infer this pod's indices.
@@ -503,11 +542,18 @@ def with_pod(snap: ClusterSnapshot, pod: PodInfo) -> ClusterSnapshot:
         raise DoubleBookingError("GPU index beyond the node's capacity")
     if mask & node.used_mask:
         raise DoubleBookingError("GPU already held by another pod")
+    share_used, used = node.share_used, node.used_mask | mask
+    if pod.shares:
+        why = check_shares(node, pod.shares)
+        if why:
+            raise DoubleBookingError(why)
+        share_used, used = add_share(replace(node, used_mask=used), pod.shares)
     new_node = replace(
         node,
-        used_mask=node.used_mask | mask,
+        used_mask=used,
         cpu_used_milli=node.cpu_used_milli + pod.cpu_milli,
         memory_used_bytes=node.memory_used_bytes + pod.memory_bytes,
+        share_used=share_used,
     )
     return _with_changes(base, {node.name: new_node}, _podmap(base.pods).set(pod.key, pod))
 
@@ -521,11 +567,15 @@ def without_pod(snap: ClusterSnapshot, key: str) -> ClusterSnapshot:
     node = snap.node(pod.node)
     if node is None:
         return replace(snap, pods=pods, generation=snap.generation + 1)
+    share_used, used = node.share_used, node.used_mask & ~indices_to_mask(pod.gpus)
+    if pod.shares:
+        share_used, used = add_share(replace(node, used_mask=used), pod.shares, -1)
     new_node = replace(
         node,
-        used_mask=node.used_mask & ~indices_to_mask(pod.gpus),
+        used_mask=used,
         cpu_used_milli=max(0, node.cpu_used_milli - pod.cpu_milli),
         memory_used_bytes=max(0, node.memory_used_bytes - pod.memory_bytes),
+        share_used=share_used,
     )
     return _with_changes(snap, {node.name: new_node}, pods)
 
@@ -563,7 +613,9 @@ def node_from_update(
         ObjectError: the object is not a mapping or has no name.
     """
     now, devices = _health_inputs(snap.extra, params)
-    fresh = node_from_object(obj, params.fabric, params.health, now=now, devices=devices)
+    fresh = node_from_object(
+        obj, params.fabric, params.health, now=now, devices=devices, sharing=params.sharing
+    )
     fresh = _checked(fresh, params)
     old = snap.node(fresh.name)
     return fresh if old is None else with_usage_of(fresh, old)
@@ -572,11 +624,13 @@ def node_from_update(
 def with_usage_of(node: NodeInfo, holder: NodeInfo) -> NodeInfo:
     """``node`` carrying what pods use on ``holder`` (the same node as the snapshot has
     it): held GPUs that still exist, CPU and memory requests."""
+    share_used = holder.share_used[: node.gpu_capacity]
     return replace(
         node,
         used_mask=holder.used_mask & node.all_mask,
         cpu_used_milli=holder.cpu_used_milli,
         memory_used_bytes=holder.memory_used_bytes,
+        share_used=share_used if any(t for _, _, t in share_used) else (),
     )
 
 
@@ -633,7 +687,11 @@ def _rebuilt(
 
 
 def pod_info_for(
-    snap: ClusterSnapshot, pod: Mapping[str, Any], node: str, assumed: bool = False
+    snap: ClusterSnapshot,
+    pod: Mapping[str, Any],
+    node: str,
+    assumed: bool = False,
+    params: SchedParams | None = None,
 ) -> PodInfo:
     """PodInfo for a Pod object bound to ``node`` in this snapshot (indices inferred if no
     placement record, or if the record names GPUs other pods hold or the node does not
@@ -642,11 +700,13 @@ def pod_info_for(
     n = snap.node(node)
     if n is None:
         raise KeyError(node)
-    taken = n.used_mask
     old = snap.pods.get(object_key(pod))
     if old is not None and old.node == node:
-        taken &= ~indices_to_mask(old.gpus)
-    return replace(_bound_pod(pod, n, taken), assumed=assumed)
+        share_used, used = (
+            add_share(n, old.shares, -1) if old.shares else (n.share_used, n.used_mask)
+        )
+        n = replace(n, share_used=share_used, used_mask=used & ~indices_to_mask(old.gpus))
+    return replace(_bound_pod(pod, n, n.used_mask, params), assumed=assumed)
 
 
 def health_state_name(state: int) -> str:

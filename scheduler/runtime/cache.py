@@ -66,11 +66,12 @@ def _holding(snap: ClusterSnapshot, pod: PodInfo) -> ClusterSnapshot:
     holds exactly that usage (a nomination turning into a bind, a bind the watch confirms),
     else :func:`with_pod` (which may raise DoubleBookingError / KeyError)."""
     old = snap.pods.get(pod.key)
-    if old is not None and (old.node, old.gpus, old.cpu_milli, old.memory_bytes) == (
+    if old is not None and (old.node, old.gpus, old.cpu_milli, old.memory_bytes, old.shares) == (
         pod.node,
         pod.gpus,
         pod.cpu_milli,
         pod.memory_bytes,
+        pod.shares,
     ):
         return _with_record(snap, pod)
     return with_pod(snap, pod)
@@ -382,7 +383,7 @@ class ClusterCache:
             if old is not None and old.node == node and not old.assumed:
                 return
             try:
-                info = pod_info_for(self._snap, obj, node)
+                info = pod_info_for(self._snap, obj, node, params=self.params)
                 self._snap = _holding(self._snap, info)
                 self._expiry.pop(key, None)
                 self._nominated.pop(key, None)
