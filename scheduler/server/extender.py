@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
@@ -24,6 +25,12 @@ import numpy as np
 import orjson
 
 from scheduler.core import dra
+from scheduler.core.fractional import (
+    BACKEND_HAMI,
+    hami_annotations,
+    is_share_pod,
+    whole_hami_containers,
+)
 from scheduler.core.model import PLACEMENT_ANNOTATION, RESERVATION_PREFIX, PodInfo, PodRequest
 from scheduler.core.objects import (
     ObjectError,
@@ -58,6 +65,11 @@ from scheduler.runtime.cache import ClusterCache
 from scheduler.runtime.dra import DraRouter
 from scheduler.server import wire
 from scheduler.server.decisions import DecisionLog, gang_member_summary, with_why
+from scheduler.server.fractional_verbs import (
+    share_bind_start,
+    share_filter,
+    share_prioritize,
+)
 from scheduler.server.metrics import Metrics
 from scheduler.server.replies import NameTable
 
@@ -276,6 +288,8 @@ class Extender:
         req = self._filter_request(pod)
         if isinstance(req, dict):
             return orjson.dumps(req)
+        if is_share_pod(pod):  # fractional pods: a branch of their own (fractional_verbs)
+            return orjson.dumps(share_filter(self, pod, req, wire.names_list(names), items))
         if items is None and req.gpus > 0 and not (self.gangs is not None and req.gang):
             with self.cache.lock:
                 snap = self._decision_snapshot(req)
@@ -356,6 +370,8 @@ class Extender:
         names: list[str],
         items: list[Mapping[str, Any]] | None,
     ) -> dict[str, Any]:
+        if is_share_pod(pod):
+            return share_filter(self, pod, req, names, items)
         out: FilterOutcome | None = None
         if req.gpus <= 0 and dra.uses_claims(pod):
             # Claim pods: DRA decides (a claim gang is placed whole by kube/allocator.py).
@@ -432,7 +448,10 @@ class Extender:
     def prioritize(self, body: Any) -> list[dict[str, Any]]:
         """``ExtenderArgs`` -> ``HostPriorityList``. Raises WireError on bad input."""
         pod, names, _ = wire.extender_args(body)
-        return self._prioritize(self._score_request(pod), names, pod)
+        req = self._score_request(pod)
+        if req is not None and is_share_pod(pod):
+            return share_prioritize(self, pod, req, names)
+        return self._prioritize(req, names, pod)
 
     def prioritize_json(self, body: Any, raw: bytes | None = None) -> bytes:
         """:meth:`prioritize` serialized as JSON bytes.
@@ -443,6 +462,8 @@ class Extender:
         """
         pod, names, _ = wire.extender_args(body, raw, self._names_memo, defer_names=True)
         req = self._score_request(pod)
+        if req is not None and is_share_pod(pod):
+            return orjson.dumps(share_prioritize(self, pod, req, wire.names_list(names)))
         if req is not None and req.gpus <= 0 and dra.uses_claims(pod):
             return orjson.dumps(self._prioritize(req, wire.names_list(names), pod))
         if req is not None and not (self.gangs is not None and req.gang):
@@ -599,6 +620,8 @@ class Extender:
             req = request_from_pod(pod, self.params.fabric)
         except ObjectError as exc:
             return f"invalid pod: {exc}"
+        if is_share_pod(pod):
+            return share_bind_start(self, key, pod, req, node, pod_uid)
         if req.gang and req.gpus <= 0 and dra.uses_claims(pod):
             req = replace(req, gang="")  # its claims are allocated: a claim gang is whole already
         cpu = pod_resource(pod, "cpu", cpu_milli)
@@ -648,9 +671,14 @@ class Extender:
                 self.gangs.bound(self, req, False)
             return choice
         annotation = (choice.raw.get("metadata") or {}).get("annotations", {})[PLACEMENT_ANNOTATION]
-        return _BindWrite(
-            key, pod, {PLACEMENT_ANNOTATION: annotation}, req, node, choice.gpus, summary
-        )
+        handoff = {PLACEMENT_ANNOTATION: annotation}
+        target = snap.node(node)
+        if target is not None and target.sharing == BACKEND_HAMI and choice.gpus:
+            # HAMi's device plugin serves every nvidia.com/gpu container on its node from
+            # its annotations: a whole GPU in HAMi's form (full memory, 100 % compute).
+            containers = whole_hami_containers(target, pod, choice.gpus)
+            handoff.update(hami_annotations(target, containers, int(time.time())))
+        return _BindWrite(key, pod, handoff, req, node, choice.gpus, summary)
 
     def _bind_end(self, start: _BindWrite, err: str) -> str:
         """After the binder's write: confirm the held GPUs, or release them."""
@@ -721,13 +749,14 @@ class Extender:
         pods = []
         for key in sorted(snap.pods):
             p = snap.pods[key]
-            if not p.gpus:
+            if not p.gpus and not p.shares:
                 continue
             pods.append(
                 {
                     "pod": key,
                     "node": p.node,
                     "gpus": list(p.gpus),
+                    "shares": [[s.gpu, s.memory_mib, s.milli] for s in p.shares],
                     "state": "assumed" if p.assumed else "bound",
                     "gpu_indices_known": p.gpu_indices_known,
                     "gang": p.gang,

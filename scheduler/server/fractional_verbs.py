@@ -1,0 +1,279 @@
+"""filter / prioritize / bind for fractional (GPU-sharing) pods: a branch of their own.
+
+The whole-GPU hot path (``Extender.filter_json``) only pays :func:`is_share_pod` (a few dict
+lookups) to send a pod here; everything below runs for fractional pods alone.
+
+* filter: every named node gets a verdict (unknown, broken, no backend for the request's
+  form, no GPU with room) and the nodes that fit are scored by the configured sharing
+  policy (``sharing.policy``: FGD) against the workload seen so far
+  (:func:`scheduler.core.fractional.decide`). With ``extender.decide_in_filter`` only the
+  winner is returned and its shares are nominated (held for the bind), exactly as for
+  whole GPUs.
+* prioritize: the same decision's score, 0..10.
+* bind: the nominated shares (or a fresh decision on the bound node), assumed under the
+  cache lock, then the Binding carries the backend's hand-off annotations (HAMi's
+  ``hami.io/*``, gpushare's ``ALIYUN_COM_GPU_MEM_*``), which the API server copies onto the
+  pod in the same write that sets ``spec.nodeName``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from scheduler.core.fractional import (
+    BACKEND_GPUSHARE,
+    BACKEND_HAMI,
+    REASON_NO_SHARE_ROOM,
+    ShareDecision,
+    ShareError,
+    ShareRequest,
+    TaskShape,
+    best_decision,
+    decide,
+    gpushare_annotations,
+    hami_annotations,
+    node_verdict,
+    share_request,
+    task_milli,
+    workload_distribution,
+)
+from scheduler.core.model import PodInfo, PodRequest
+from scheduler.core.objects import meta, pod_resource
+from scheduler.core.quantity import cpu_milli, quantity_int
+from scheduler.core.schedule import (
+    REASON_NOT_CHOSEN,
+    REASON_UNKNOWN_NODE,
+    FilterOutcome,
+    selector_matches,
+    verdict_reason,
+)
+from scheduler.core.snapshot import ClusterSnapshot
+from scheduler.server import wire
+
+if TYPE_CHECKING:
+    from scheduler.server.extender import Extender
+
+REASON_NODE_SELECTOR = "node does not match the pod's nodeSelector"
+
+
+def _request(ext: Extender, pod: Mapping[str, Any]) -> ShareRequest:
+    """The pod's share request (ShareError if malformed)."""
+    req = share_request(pod, pod_resource(pod, "cpu", cpu_milli), ext.params.sharing)
+    if req is None:  # pragma: no cover - callers checked is_share_pod
+        raise ShareError("pod asks for no GPU share")
+    return req
+
+
+def _distribution(ext: Extender, snap: ClusterSnapshot, req: ShareRequest) -> Any:
+    """FGD's target workload: the pods holding GPUs and shares now, plus this request
+    (memoized per pod set: it changes only when pods come and go)."""
+    memo = getattr(ext, "_share_dist_memo", None)
+    ask = next(c for c in req.containers if c.count)
+    key = (id(snap.pods), req.cpu_milli, ask)
+    if memo is not None and memo[0] is snap.pods and memo[1] == key:
+        return memo[2]
+    shapes = []
+    for n in snap.nodes:
+        if n.sharing == req.form and n.devices:
+            from scheduler.core.fractional import resolve
+
+            d = n.devices[0]
+            shapes.append(TaskShape(req.cpu_milli, min(1000, task_milli(resolve(ask, d), d)), 1))
+            break
+    dist = workload_distribution(
+        snap.nodes, snap.pods.values(), shapes, ext.params.sharing.popularity
+    )
+    ext._share_dist_memo = (snap.pods, key, dist)  # type: ignore[attr-defined]
+    return dist
+
+
+def _decisions(
+    ext: Extender, snap: ClusterSnapshot, pod_req: PodRequest, req: ShareRequest, names: list[str]
+) -> tuple[dict[str, ShareDecision], dict[str, str], dict[str, str]]:
+    """(decisions of the nodes that fit, failed, unresolvable) over ``names``."""
+    failed: dict[str, str] = {}
+    unres: dict[str, str] = {}
+    cands = []
+    for name in names:
+        i = snap.index.get(name)
+        if i is None:
+            failed[name] = REASON_UNKNOWN_NODE
+            continue
+        code = int(snap.arrays.blocked[i])
+        if code:
+            unres[name] = verdict_reason(snap, code, i)
+            continue
+        node = snap.nodes[i]
+        if not selector_matches(node.labels, pod_req.node_selector):
+            unres[name] = REASON_NODE_SELECTOR
+            continue
+        why = node_verdict(node, req)
+        if why:
+            unres[name] = why
+            continue
+        cands.append(node)
+    got = decide(
+        cands, req, _distribution(ext, snap, req), ext.params.sharing, ext.params.selection_policy
+    )
+    for n in cands:
+        if n.name not in got:
+            failed[n.name] = REASON_NO_SHARE_ROOM
+    return got, failed, unres
+
+
+def share_filter(
+    ext: Extender,
+    pod: Mapping[str, Any],
+    pod_req: PodRequest,
+    names: list[str],
+    items: list[Mapping[str, Any]] | None,
+) -> dict[str, Any]:
+    """``ExtenderFilterResult`` for a fractional pod."""
+    try:
+        req = _request(ext, pod)
+    except ShareError as exc:
+        ext.metrics.filter_errors.labels(reason="invalid pod").inc()
+        return wire.filter_result(None, None, {}, {}, f"invalid pod: {exc}")
+    ext.cache.remember_pending(pod)
+    with ext.cache.lock:
+        snap = ext._decision_snapshot(pod_req)
+        got, failed, unres = _decisions(ext, snap, pod_req, req, names)
+        feasible = [n for n in names if n in got]
+        best = best_decision(got)
+        if best is not None and ext.params.extender.decide_in_filter and ext._ours(pod):
+            info = PodInfo(
+                key=pod_req.key,
+                uid=str(meta(pod).get("uid") or ""),
+                node=best.node,
+                gpus=(),
+                cpu_milli=pod_resource(pod, "cpu", cpu_milli),
+                memory_bytes=pod_resource(pod, "memory", quantity_int),
+                assumed=True,
+                raw=pod,
+                shares=best.shares,
+            )
+            if ext.cache.nominate(info, ext.params.extender.nomination_ttl_seconds):
+                for n in feasible:
+                    if n != best.node:
+                        failed[n] = REASON_NOT_CHOSEN
+                feasible = [best.node]
+    out = FilterOutcome(tuple(feasible), failed, unres)
+    ext._count_filter(
+        len(out.feasible),
+        len(out.failed),
+        len(out.unresolvable),
+        _reasons(out),
+    )
+    sent = {n: r for n, r in failed.items() if r != REASON_NOT_CHOSEN}
+    if items is None:
+        return wire.filter_result(feasible, None, sent, unres)
+    keep = set(feasible)
+    return wire.filter_result(None, [n for n in items if wire.node_name_of(n) in keep], sent, unres)
+
+
+def _reasons(out: FilterOutcome) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in (*out.failed.values(), *out.unresolvable.values()):
+        counts[r] = counts.get(r, 0) + 1
+    return counts
+
+
+def share_prioritize(
+    ext: Extender, pod: Mapping[str, Any], pod_req: PodRequest, names: list[str]
+) -> list[dict[str, Any]]:
+    """``HostPriorityList`` for a fractional pod: the sharing policy's score / 10."""
+    try:
+        req = _request(ext, pod)
+    except ShareError:
+        return [{"Host": n, "Score": 0} for n in names]
+    snap = ext.cache.snapshot()
+    got, _, _ = _decisions(ext, snap, pod_req, req, names)
+    return [{"Host": n, "Score": (got[n].score // 10) if n in got else 0} for n in names]
+
+
+def _containers(req: ShareRequest, shares: tuple[Any, ...]) -> list[list[Any]]:
+    """Flat shares back into per-container lists (in container order)."""
+    out, k = [], 0
+    for c in req.containers:
+        out.append(list(shares[k : k + c.count]))
+        k += c.count
+    return out
+
+
+def share_bind_start(
+    ext: Extender,
+    key: str,
+    pod: Mapping[str, Any],
+    pod_req: PodRequest,
+    node: str,
+    pod_uid: str,
+    clock: Any = time.time,
+) -> Any:
+    """Start binding a fractional pod: its shares held under the cache lock (the
+    nominated ones, or a fresh decision on ``node``); returns the error, or the
+    extender's ``_BindWrite`` whose annotations are the node backend's hand-off (the
+    extender writes it through its binder and calls ``_bind_end``)."""
+    from scheduler.server.extender import _BindWrite
+
+    try:
+        req = _request(ext, pod)
+    except ShareError as exc:
+        return f"invalid pod: {exc}"
+    cpu = pod_resource(pod, "cpu", cpu_milli)
+    memory = pod_resource(pod, "memory", quantity_int)
+    now = clock()
+    handoff: dict[str, str] = {}
+
+    def choose(s: ClusterSnapshot) -> PodInfo | str:
+        n = s.node(node)
+        if n is None:
+            return REASON_UNKNOWN_NODE
+        i = s.index[node]
+        code = int(s.arrays.blocked[i])
+        if code:
+            return verdict_reason(s, code, i)
+        why = node_verdict(n, req)
+        if why:
+            return why
+        held = s.pods.get(key)
+        if nominated is not None and held is not None and held.node == node and held.shares:
+            shares = held.shares
+        else:
+            got, _, _ = _decisions(ext, s, pod_req, req, [node])
+            if node not in got:
+                return REASON_NO_SHARE_ROOM
+            shares = got[node].shares
+        containers = _containers(req, shares)
+        if n.sharing == BACKEND_HAMI:
+            ann = hami_annotations(n, containers, int(now))
+        elif n.sharing == BACKEND_GPUSHARE:
+            ann = gpushare_annotations(n, shares[0], req.units, ext.params.sharing, int(now * 1e9))
+        else:  # pragma: no cover - node_verdict refuses nodes without a backend
+            return "node has no GPU-sharing backend"
+        handoff.clear()
+        handoff.update(ann)
+        m = dict(meta(pod))
+        m["annotations"] = {**(m.get("annotations") or {}), **ann}
+        spec = {**(pod.get("spec") or {}), "nodeName": node}
+        return PodInfo(
+            key=key,
+            uid=pod_uid,
+            node=node,
+            gpus=(),
+            cpu_milli=cpu,
+            memory_bytes=memory,
+            assumed=True,
+            raw={**pod, "metadata": m, "spec": spec},
+            shares=shares,
+        )
+
+    with ext.cache.lock:
+        nominated = ext.cache.take_nomination(key, node)
+        choice = ext.cache.assume_chosen(choose)
+        if isinstance(choice, str) and nominated is not None:
+            ext.cache.forget(key)
+    if isinstance(choice, str):
+        return choice
+    return _BindWrite(key, pod, dict(handoff), pod_req, node, ())
