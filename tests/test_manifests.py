@@ -935,7 +935,13 @@ def test_scheduler_configuration_values(scheduler_config: dict[str, Any]) -> Non
         },
         "httpTimeout": "5s",
         "nodeCacheCapable": True,
-        "managedResources": [{"name": "nvidia.com/gpu", "ignoredByScheduler": False}],
+        "managedResources": [
+            {"name": "nvidia.com/gpu", "ignoredByScheduler": False},
+            {"name": "nvidia.com/gpumem", "ignoredByScheduler": True},
+            {"name": "nvidia.com/gpumem-percentage", "ignoredByScheduler": True},
+            {"name": "nvidia.com/gpucores", "ignoredByScheduler": True},
+            {"name": "aliyun.com/gpu-mem", "ignoredByScheduler": False},
+        ],
         "ignorable": False,
     }
 
@@ -1422,6 +1428,8 @@ def test_rbac_grants_what_the_scheduler_and_sidecar_need(
     # waking parked gang members (scheduler/kube/waker.py) patches one pod annotation
     assert grants.allows("patch", "", "pods", anywhere)
     assert not grants.allows("update", "", "pods", anywhere)
+    # HAMi's node lock (scheduler/kube/handoff.py) patches one node annotation
+    assert grants.allows("patch", "", "nodes", "")
     # nothing the extender does not need
     assert not grants.allows("update", "", "nodes", "")
     assert not grants.allows("get", "", "secrets", anywhere)

@@ -528,6 +528,20 @@ class KubeApi:
         body = {"metadata": {"annotations": dict(annotations)}}
         return self._json(self._core.patch_namespaced_pod, name, namespace, body)
 
+    def get_node(self, name: str) -> dict[str, Any]:
+        """GET one node (raw JSON, without managedFields). Raises ApiError (404...)."""
+        return strip_object(self._json(self._core.read_node, name), NODES)
+
+    def patch_node_annotations(
+        self, name: str, annotations: Mapping[str, str | None], resource_version: str = ""
+    ) -> dict[str, Any]:
+        """Merge ``annotations`` into a node's metadata (None deletes a key); with
+        ``resource_version`` the patch is conditional (409 Conflict if the node changed)."""
+        md: dict[str, Any] = {"annotations": dict(annotations)}
+        if resource_version:
+            md["resourceVersion"] = resource_version
+        return self._json(self._core.patch_node, name, {"metadata": md})
+
     def api_resources(self, group: str, version: str) -> dict[str, Any] | None:
         """The ``APIResourceList`` of ``group/version``, or None when it is not served."""
         try:

@@ -45,6 +45,7 @@ from scheduler.kube.allocator import GateAllocator
 from scheduler.kube.binder import KubeBinder
 from scheduler.kube.client import KubeApi, Timeouts
 from scheduler.kube.dra import ClaimWriter, is_dra_kind
+from scheduler.kube.handoff import HamiNodeLock, HandoffBinder
 from scheduler.kube.metrics import KubeMetrics
 from scheduler.kube.recovery import RecoveryReport, recover
 from scheduler.kube.waker import PodWaker
@@ -413,9 +414,13 @@ def build_kube_runtime(
     watcher = KubeWatcher(api, cache, opts.watch, km, **clock_kw)
     binder = KubeBinder(api, km)
     readiness = KubeReadiness(watcher)
+    sharing = params.sharing
+    handoff = HandoffBinder(
+        binder, HamiNodeLock(api, sharing.hami_lock_expiry_seconds), sharing.hami_lock
+    )
     ext = KubeExtender(
         cache,
-        binder,
+        handoff,
         metrics,
         ready=readiness,
         gangs=gangs,
