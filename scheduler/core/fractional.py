@@ -538,8 +538,10 @@ def device_fits(
     compute bound does not go on a GPU whose compute is fully held."""
     i = dev.index
     bit = 1 << i
-    if not dev.healthy or dev.memory_mib <= 0 or not node.usable_mask & bit:
+    if not dev.healthy or not node.usable_mask & bit:
         return False
+    if dev.memory_mib <= 0 and share.memory_mib > 0:
+        return False  # memory unknown: only a share of compute alone (KAI accounting) fits
     mem, milli, tasks = usage_of(node, i) if used is None else used
     if node.used_mask & bit and not tasks:
         return False  # held whole

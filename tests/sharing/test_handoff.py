@@ -1,0 +1,118 @@
+"""HAMi's node lock around a HAMi hand-off (scheduler/kube/handoff.py), against an
+in-memory API that behaves like the API server for the calls used (conditional patch ->
+409 on a stale resourceVersion, 404 for a missing pod)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scheduler.core.fractional import HAMI_LOCK
+from scheduler.kube.client import ApiError
+from scheduler.kube.handoff import (
+    ERR_NODE_LOCKED,
+    HamiNodeLock,
+    HandoffBinder,
+    lock_value,
+    parse_lock,
+)
+
+NOW = 1_764_450_000.0
+
+
+class InMemoryApiMock:
+    def __init__(self, pods: set[tuple[str, str]] = frozenset()) -> None:  # type: ignore[assignment]
+        self.node = {"metadata": {"name": "infer-a", "resourceVersion": "1", "annotations": {}}}
+        self.pods = set(pods)
+        self.patches: list[dict[str, Any]] = []
+        self.conflict_once = False
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        return {
+            "metadata": dict(
+                self.node["metadata"], annotations=dict(self.node["metadata"]["annotations"])
+            )
+        }
+
+    def patch_node_annotations(self, name: str, ann: dict, rv: str = "") -> dict[str, Any]:
+        md = self.node["metadata"]
+        if self.conflict_once or (rv and rv != md["resourceVersion"]):
+            self.conflict_once = False
+            md["resourceVersion"] = str(int(md["resourceVersion"]) + 1)
+            raise ApiError(409, "Conflict", "the object has been modified")
+        self.patches.append(dict(ann))
+        for k, v in ann.items():
+            if v is None:
+                md["annotations"].pop(k, None)
+            else:
+                md["annotations"][k] = v
+        md["resourceVersion"] = str(int(md["resourceVersion"]) + 1)
+        return self.node
+
+    def get_pod(self, ns: str, name: str) -> dict[str, Any]:
+        if (ns, name) not in self.pods:
+            raise ApiError(404, "NotFound", "not found")
+        return {"metadata": {"namespace": ns, "name": name}}
+
+
+class RecordingBinder:
+    def __init__(self, err: str = "") -> None:
+        self.err = err
+        self.calls: list[str] = []
+
+    def bind(self, pod: Any, node: str, ann: Any) -> str:
+        self.calls.append(node)
+        return self.err
+
+    def fetch_pod(self, ns: str, name: str) -> None:
+        return None
+
+
+POD = {"metadata": {"namespace": "infer", "name": "p0"}}
+HAMI = {"hami.io/vgpu-node": "infer-a"}
+
+
+def test_lock_format_is_hamis() -> None:
+    v = lock_value("infer", "p0", NOW)
+    assert v == "2025-11-29T21:00:00Z,infer,p0"
+    assert parse_lock(v) == (NOW, "infer", "p0")
+    assert parse_lock("garbage,,") is None
+
+
+def test_hold_mode_keeps_the_lock_and_blocks_a_second_pod() -> None:
+    api = InMemoryApiMock({("infer", "p0")})
+    b = HandoffBinder(RecordingBinder(), HamiNodeLock(api, 300, lambda: NOW), "hold")
+    assert b.bind(POD, "infer-a", HAMI) == ""
+    assert api.node["metadata"]["annotations"][HAMI_LOCK] == "2025-11-29T21:00:00Z,infer,p0"
+    other = {"metadata": {"namespace": "infer", "name": "p1"}}
+    assert b.bind(other, "infer-a", HAMI).startswith(ERR_NODE_LOCKED)
+
+
+def test_release_mode_expiry_dangling_and_failure() -> None:
+    api = InMemoryApiMock({("infer", "p0")})
+    b = HandoffBinder(RecordingBinder(), HamiNodeLock(api, 300, lambda: NOW), "release")
+    api.conflict_once = True  # a concurrent node update: read again, retry
+    assert b.bind(POD, "infer-a", HAMI) == ""
+    assert HAMI_LOCK not in api.node["metadata"]["annotations"]
+    assert api.patches[-1] == {HAMI_LOCK: None}
+    # a lock of a pod that no longer exists is taken over
+    api.node["metadata"]["annotations"][HAMI_LOCK] = lock_value("infer", "gone", NOW)
+    assert b.bind(POD, "infer-a", HAMI) == ""
+    # an expired lock of a live pod is taken over; a fresh one is not
+    api.pods.add(("infer", "live"))
+    api.node["metadata"]["annotations"][HAMI_LOCK] = lock_value("infer", "live", NOW - 301)
+    assert b.bind(POD, "infer-a", HAMI) == ""
+    api.node["metadata"]["annotations"][HAMI_LOCK] = lock_value("infer", "live", NOW - 10)
+    assert b.bind(POD, "infer-a", HAMI).startswith(ERR_NODE_LOCKED)
+    # a failed bind releases the lock even in hold mode
+    api.node["metadata"]["annotations"].pop(HAMI_LOCK)
+    hold = HandoffBinder(RecordingBinder("binding conflict"), HamiNodeLock(api, 300, lambda: NOW))
+    assert hold.bind(POD, "infer-a", HAMI) == "binding conflict"
+    assert HAMI_LOCK not in api.node["metadata"]["annotations"]
+
+
+def test_other_binds_pass_through_without_api_calls() -> None:
+    api = InMemoryApiMock()
+    inner = RecordingBinder()
+    b = HandoffBinder(inner, HamiNodeLock(api, 300, lambda: NOW))
+    assert b.bind(POD, "dgx-0", {"topoplace.io/placement": "{}"}) == ""
+    assert inner.calls == ["dgx-0"] and api.patches == []
