@@ -266,8 +266,23 @@ def dgx_h100_nodes(
     return out
 
 
+def hami_register(node: str, gpus: int, memory_mib: int, gpu_type: str, split: int = 10) -> str:
+    """A ``hami.io/node-nvidia-register`` value as HAMi's device plugin writes it (JSON,
+    Go ``omitempty``: index 0 left out)."""
+    import json
+
+    devs = []
+    for i in range(gpus):
+        d: dict[str, Any] = {"id": "GPU-" + _uid(f"gpu/{node}/{i}"), "count": split}
+        d.update(devmem=memory_mib, devcore=100, type=gpu_type, mode="hami-core", health=True)
+        if i:
+            d["index"] = i
+        devs.append(d)
+    return json.dumps(devs, separators=(",", ":"))
+
+
 def demo_cluster() -> dict[str, Any]:
-    """The embedded demo cluster (``config/clusters/demo.yaml``): 26 nodes.
+    """The embedded demo cluster (``config/clusters/demo.yaml``): 28 nodes.
 
     * one GB200 NVL72 domain of 18 four-GPU trays (one leaf), one tray carrying an
       NVSentinel ``GpuXidError`` condition;
@@ -276,6 +291,7 @@ def demo_cluster() -> dict[str, Any]:
       ``hami.io/device-cordon``;
     * two PCIe 8-GPU servers: one described by a topology annotation, one with no
       topology information at all (treated as all-SYS and reported);
+    * two HAMi-registered inference nodes (4 x T4, 2 x L40S) for fractional pods;
     * a few pods already running with placement records.
     """
     nodes = nvl72_racks(1, prefix="gb200")
@@ -334,6 +350,15 @@ def demo_cluster() -> dict[str, Any]:
         )
     )
     nodes.append(make_node("pcie-l40s-02", 8, "l40s", leaf="leaf-pcie", spine="spine-b"))
+    # Inference nodes running HAMi's device plugin: GPUs registered per device, shared.
+    for name, gpus, product in (("infer-t4-01", 4, "t4"), ("infer-l40s-01", 2, "l40s")):
+        node = make_node(name, gpus, product, leaf="leaf-pcie", spine="spine-b")
+        node["metadata"]["annotations"]["hami.io/node-nvidia-register"] = hami_register(
+            name, gpus, PRODUCTS[product][1], PRODUCTS[product][0]
+        )
+        for k in ("capacity", "allocatable"):
+            node["status"][k]["nvidia.com/gpu"] = str(gpus * 10)  # HAMi's split replicas
+        nodes.append(node)
     pods = [
         make_pod(
             "llama-ft-0", 4, namespace="ml-train", node="dgx-h100-01", gpu_indices=[0, 1, 2, 3]

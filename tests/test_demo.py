@@ -33,9 +33,15 @@ def test_demo_json_decisions() -> None:
         "node has fewer healthy GPUs than requested",
         "node not ready",
     }
-    # No GPU handed out twice.
-    held = [(r["node"], g) for r in rows.values() for g in r["gpus"]]
+    # No GPU handed out twice (fractional pods hold shares, not whole GPUs).
+    held = [(r["node"], g) for r in rows.values() if not r.get("shares") for g in r["gpus"]]
     assert len(held) == len(set(held))
+    # Fractional pods go to the HAMi-registered inference nodes, on one GPU each.
+    shared = [r for r in rows.values() if r.get("shares")]
+    assert len(shared) == 4
+    assert all(r["node"].startswith("infer-") and len(r["shares"]) == 1 for r in shared)
+    assert not {(r["node"], g) for r in shared for g in r["gpus"]} & set(held)
+    assert rows["ml-serve/asr-0"]["shares"][0][1] == 46068 // 2  # 50 % of an L40S
 
 
 def test_demo_table_prints() -> None:

@@ -126,7 +126,25 @@ def scripted_steps() -> list[Step]:
             ),
         ),
         _step("16 GPUs in one pod", make_pod("too-big-0", 16, namespace="ml-train"), "pending"),
+        _step("a HAMi share: 6000 MiB, 30 % of the SMs", share_pod("chat-7b-0", 6000, 30)),
+        _step("the same share again", share_pod("chat-7b-1", 6000, 30)),
+        _step("a HAMi share: 9360 MiB, 40 % of the SMs", share_pod("rerank-0", 9360, 40)),
+        _step("a HAMi share: 50 % of a GPU's memory", share_pod("asr-0", 0, 20, percent=50)),
     ]
+
+
+def share_pod(name: str, mem: int, cores: int, percent: int = 0) -> dict[str, Any]:
+    """A fractional pod as HAMi users write it (``nvidia.com/gpumem`` MiB or
+    ``gpumem-percentage``, ``nvidia.com/gpucores`` %)."""
+    pod = make_pod(name, 1, namespace="ml-serve", cpu="4", memory="16Gi")
+    res = pod["spec"]["containers"][0]["resources"]
+    share = {"nvidia.com/gpucores": str(cores)}
+    if percent:
+        share["nvidia.com/gpumem-percentage"] = str(percent)
+    else:
+        share["nvidia.com/gpumem"] = str(mem)
+    res["limits"].update(share)
+    return pod
 
 
 def scripted_pods() -> list[tuple[str, dict[str, Any]]]:
@@ -176,7 +194,9 @@ def _schedule(client: httpx.Client, names: list[str], pod: dict[str, Any]) -> di
     row["error"] = b["Error"]
     placements = _ok(client.get("/v1/inspect/placements"))["placements"]
     key = f"{m['namespace']}/{m['name']}"
-    row["gpus"] = next((p["gpus"] for p in placements if p["pod"] == key), [])
+    held = next((p for p in placements if p["pod"] == key), {})
+    row["gpus"] = held.get("gpus") or [s[0] for s in held.get("shares") or []]
+    row["shares"] = held.get("shares") or []
     return row
 
 
@@ -377,6 +397,7 @@ def run_demo(
                 ).decode()
             )
         else:
+            _print_ledger(client)
             print(f"{len(rows)} pods in {len(scripted_steps())} steps; ", end="")
             print("every step behaved" if not failures else f"{len(failures)} step(s) FAILED:")
             for f in failures:
@@ -412,7 +433,30 @@ def _caption(step: Step, rows: list[dict[str, Any]], records: list[list[dict[str
             )
             return refusal["summary"] if refusal else "no gang record"
         return _gang_caption(gang_plan)
+    if rows[0].get("shares"):
+        return _share_caption(rows[0])
     single = next((r for r in records[0] if "chosen" in r), None)
     if single is None:
         return f"no decision recorded; rejected: {_reasons(rows[0]) or '-'}"
     return _single_caption(single)
+
+
+def _share_caption(row: Mapping[str, Any]) -> str:
+    """A fractional pod's share, as the extender holds it (GPU, MiB, % of the SMs)."""
+    parts = [
+        f"GPU {g} of {row['node']}: {mem} MiB, {milli // 10} % SMs"
+        for g, mem, milli in row["shares"]
+    ]
+    return "shares " + "; ".join(parts) + " (the sharing policy's choice, FGD by default)"
+
+
+def _print_ledger(client: httpx.Client) -> None:
+    """GPU memory left per GPU on the nodes that share GPUs."""
+    print("shared GPUs (fractional pods): memory left per GPU")
+    for n in _ok(client.get("/v1/inspect/nodes"))["nodes"]:
+        if n.get("sharing"):
+            left = ", ".join(
+                f"GPU{g['gpu']} {g['memory_free_mib']}/{g['memory_mib']} MiB ({g['tasks']} pods)"
+                for g in n["gpu_ledger"]
+            )
+            print(f"  {n['name']:<16} {left}")

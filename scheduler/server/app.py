@@ -40,6 +40,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from scheduler import __version__
+from scheduler.core.fractional import describe_ledger
 from scheduler.core.model import Health
 from scheduler.runtime.gangs import PLAN_DEADLINE, PlanOffLoop
 from scheduler.server import ui, wire
@@ -393,6 +394,8 @@ def create_app(
                         "risk": n.health.risk,
                         "topology": n.shape.name,
                         "topology_source": n.shape_source,
+                        "sharing": n.sharing,
+                        "gpu_ledger": describe_ledger(n) if n.sharing or n.share_used else [],
                         "fabric": dict(
                             zip(
                                 [lvl.name for lvl in extender.params.fabric.levels],
