@@ -18,6 +18,7 @@ through untouched (no extra API call on the whole-GPU path).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -155,6 +156,19 @@ class HandoffBinder:
             if lk is None:
                 lk = self._per_node[node] = threading.Lock()
             return lk
+
+    async def bind_async(
+        self, pod: Mapping[str, Any], node: str, annotations: Mapping[str, str]
+    ) -> str:
+        """:meth:`bind` from the event loop: every bind without a HAMi hand-off is the inner
+        binder's own ``bind_async`` (no thread, no extra API call: the whole-GPU path is
+        untouched); a HAMi hand-off (lock, Binding, release) runs in a worker thread."""
+        if HAMI_NODE not in annotations:
+            inner = getattr(self.inner, "bind_async", None)
+            if inner is not None:
+                return str(await inner(pod, node, annotations))
+            return self.inner.bind(pod, node, annotations)
+        return await asyncio.to_thread(self.bind, pod, node, annotations)
 
     def bind(self, pod: Mapping[str, Any], node: str, annotations: Mapping[str, str]) -> str:
         """Bind through the inner binder; under HAMi's node lock for HAMi hand-offs."""

@@ -116,3 +116,25 @@ def test_other_binds_pass_through_without_api_calls() -> None:
     b = HandoffBinder(inner, HamiNodeLock(api, 300, lambda: NOW))
     assert b.bind(POD, "dgx-0", {"topoplace.io/placement": "{}"}) == ""
     assert inner.calls == ["dgx-0"] and api.patches == []
+
+
+def test_async_path_keeps_the_inner_binders_event_loop_write() -> None:
+    import asyncio
+
+    class AsyncRecordingBinder(RecordingBinder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.async_calls: list[str] = []
+
+        async def bind_async(self, pod: Any, node: str, ann: Any) -> str:
+            self.async_calls.append(node)
+            return ""
+
+    api = InMemoryApiMock({("infer", "p0")})
+    inner = AsyncRecordingBinder()
+    b = HandoffBinder(inner, HamiNodeLock(api, 300, lambda: NOW), "release")
+    assert asyncio.run(b.bind_async(POD, "dgx-0", {"topoplace.io/placement": "{}"})) == ""
+    assert inner.async_calls == ["dgx-0"] and inner.calls == [] and api.patches == []
+    assert asyncio.run(b.bind_async(POD, "infer-a", HAMI)) == ""
+    assert inner.calls == ["infer-a"]  # under the lock, in a worker thread
+    assert [list(p) for p in api.patches] == [[HAMI_LOCK], [HAMI_LOCK]]
