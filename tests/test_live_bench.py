@@ -83,7 +83,14 @@ def test_render_changes_only_what_a_loopback_run_needs() -> None:
     assert ext["nodeCacheCapable"] is True
     assert ext["ignorable"] is False
     assert ext["bindVerb"] == "bind" and ext["filterVerb"] == "filter"
-    assert {r["name"] for r in ext["managedResources"]} == {"nvidia.com/gpu"}
+    assert {r["name"] for r in ext["managedResources"]} == {
+        "nvidia.com/gpu",
+        # fractional GPUs (docs/fractional.md): HAMi's and gpushare's share resources
+        "nvidia.com/gpumem",
+        "nvidia.com/gpumem-percentage",
+        "nvidia.com/gpucores",
+        "aliyun.com/gpu-mem",
+    }
     assert got["percentageOfNodesToScore"] == 100
     assert kubesched.profile_names(got) == ["topoplace"]
 
