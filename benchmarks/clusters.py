@@ -291,7 +291,7 @@ def demo_cluster() -> dict[str, Any]:
       ``hami.io/device-cordon``;
     * two PCIe 8-GPU servers: one described by a topology annotation, one with no
       topology information at all (treated as all-SYS and reported);
-    * two HAMi-registered inference nodes (4 x T4, 2 x L40S) for fractional pods;
+    * two HAMi-registered inference nodes (4 x T4, 4 x L40S) for fractional pods;
     * a few pods already running with placement records.
     """
     nodes = nvl72_racks(1, prefix="gb200")
@@ -351,7 +351,7 @@ def demo_cluster() -> dict[str, Any]:
     )
     nodes.append(make_node("pcie-l40s-02", 8, "l40s", leaf="leaf-pcie", spine="spine-b"))
     # Inference nodes running HAMi's device plugin: GPUs registered per device, shared.
-    for name, gpus, product in (("infer-t4-01", 4, "t4"), ("infer-l40s-01", 2, "l40s")):
+    for name, gpus, product in (("infer-t4-01", 4, "t4"), ("infer-l40s-01", 4, "l40s")):
         node = make_node(name, gpus, product, leaf="leaf-pcie", spine="spine-b")
         node["metadata"]["annotations"]["hami.io/node-nvidia-register"] = hami_register(
             name, gpus, PRODUCTS[product][1], PRODUCTS[product][0]

@@ -32,6 +32,14 @@ from tests.ui.helpers import schedule
 EXTRA = ("rounding", "choice")
 
 
+def whole_gpu_pods() -> list[tuple[str, dict]]:
+    """The demo's whole-GPU pods: fractional pods take the sharing policy's branch, which
+    the decision records and ``explain`` do not cover (docs/fractional.md)."""
+    from scheduler.core.fractional import is_share_pod
+
+    return [(t, p) for t, p in scripted_pods() if not is_share_pod(p)]
+
+
 def _sum(points: dict[str, float]) -> float:
     return sum(points[k] for k in (*PARTS, *EXTRA))
 
@@ -52,7 +60,7 @@ def test_parts_sum_to_prioritize_score_for_every_demo_pod_online() -> None:
         httpx.Client(base_url=srv.url, timeout=30) as client,
     ):
         names = list(ext.cache.snapshot().names)
-        for _, pod in scripted_pods():
+        for _, pod in whole_gpu_pods():
             m = pod["metadata"]
             key = f"{m['namespace']}/{m['name']}"
             body = orjson.dumps({"Pod": pod, "NodeNames": names})
@@ -85,7 +93,7 @@ def test_parts_sum_to_prioritize_score_for_every_demo_pod_online() -> None:
             assert rc == 0
             checked += 1
             schedule(client, pod, names)
-    assert checked == len(scripted_pods()) - 1  # all but the pending pod
+    assert checked == len(whole_gpu_pods()) - 1  # all but the pending pod
 
 
 def _cluster_with(pods: list[dict[str, Any]], path: Path) -> str:
@@ -101,7 +109,7 @@ def test_parts_sum_to_prioritize_score_for_every_demo_pod_offline(tmp_path: Path
     node and runners-up score what prioritize returns over HTTP for the nodes filter
     passes (what kube-scheduler sends it), part by part."""
     params = load_params(None)
-    for _, pod in scripted_pods():
+    for _, pod in whole_gpu_pods():
         m = pod["metadata"]
         key = f"{m['namespace']}/{m['name']}"
         path = _cluster_with([pod], tmp_path / f"{m['name']}.yaml")
@@ -143,7 +151,7 @@ def test_explain_matches_score_positions_on_every_node() -> None:
     nodes, pods, extra = load_cluster(str(demo_cluster_path()))
     snap = build_snapshot(nodes, pods, params, extra)
     pos = np.arange(len(snap.nodes), dtype=np.int64)
-    for _, pod in scripted_pods():
+    for _, pod in whole_gpu_pods():
         req = request_from_pod(pod, params.fabric)
         want = score_positions(snap, req, pos, params)
         exp = explain(snap, req, pos, params, "prioritize", runners_up=len(pos))
@@ -163,7 +171,7 @@ def test_bind_summary_is_the_explanations_summary() -> None:
     snap = build_snapshot(nodes, pods, params, extra)
     pos = np.arange(len(snap.nodes), dtype=np.int64)
     compared = 0
-    for _, pod in scripted_pods():
+    for _, pod in whole_gpu_pods():
         req = request_from_pod(pod, params.fabric)
         for verb in ("filter", "prioritize"):
             exp = explain(snap, req, pos, params, verb)
