@@ -38,7 +38,7 @@ def test_demo_cluster_view_in_chromium(tmp_path: Path) -> None:
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         page.goto(srv.url + "/ui")
         first = wait_drawn(page)
-        assert first["nodes"] == 26
+        assert first["nodes"] == 28  # the demo cluster (two of them HAMi inference nodes)
 
         # The NVL72 rack is one NVLink domain group holding its 18 trays.
         rack = page.locator('section.group[data-level="nvlink-domain"]')
