@@ -428,3 +428,8 @@ PAPER_POLICY_IDS: dict[str, str] = {
     "fgd": "06-FGD",
 }
 """Registry name -> policy id used in the FGD artifact's result files."""
+
+
+# topoplace's own sharing policy registers itself on import (``topoplace-share``); imported
+# here so that every user of this registry sees it.
+from scheduler.core.policies import topoplace_sharing as _topoplace_sharing  # noqa: E402,F401
