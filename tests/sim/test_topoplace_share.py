@@ -23,6 +23,7 @@ from benchmarks.engine.loop import Engine
 from benchmarks.engine.placers import SharingPlacement
 from benchmarks.sim.gorand import GoRand
 from benchmarks.sim.metrics import Recorder
+from benchmarks.sim.policy_compare import compare
 from scheduler.cli import bench
 from scheduler.core.policies.sharing_policies import (
     SHARING_POLICIES,
@@ -286,3 +287,10 @@ def test_bench_cli_runs_it_on_a_tiny_trace(tmp_path: Path) -> None:
         assert 0.0 < float(r["alloc_pct_at_130"]) <= 100.0
         assert float(r["seconds"]) > 0.0
     assert f"| tiny | {POLICY_NAME} |" in (out / "report.md").read_text()
+    table = compare(out / "results.csv", "fgd", POLICY_NAME)
+    mean = {
+        p: sum(float(r["alloc_pct_at_130"]) for r in rows if r["policy"] == p) / 2
+        for p in ("fgd", POLICY_NAME)
+    }
+    assert f"| tiny | {mean['fgd']:.2f} | {mean[POLICY_NAME]:.2f} |" in table
+    assert f"| tiny | {POLICY_NAME} | " in table  # the per-seed run-time table
