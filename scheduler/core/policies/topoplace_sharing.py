@@ -126,28 +126,45 @@ class TopoplaceSharePolicy:
         if frag is None:
             raise ValueError(f"{POLICY_NAME} policy needs ctx.frag (the target workload)")
         idx = ctx.candidates
-        free = view.gpu_free[idx]
-        cpu = view.cpu_free[idx]
-        models = view.model_ids[idx]
-        rho = cpu_per_gpu_milli(frag)
-        g_before = free.sum(axis=1).astype(np.float64)
-        c_before = cpu.astype(np.float64)
-        strand = cpu_stranded(g_before, c_before, rho) - cpu_stranded(
-            g_before - task.total_gpu_milli, c_before - task.cpu_milli, rho
+        # Nodes in the same state (model, free share per device, free CPU) score the same:
+        # score each distinct state once (most nodes are idle early on, full late).
+        rows = np.column_stack([view.model_ids[idx], view.cpu_free[idx], view.gpu_free[idx]])
+        states, inverse = np.unique(rows, axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        delta, gpus = _state_delta(
+            frag, states[:, 2:], states[:, 1], states[:, 0], task, cpu_per_gpu_milli(frag)
         )
-        if task.is_sharing:
-            per_dev = frag.delta_sharing(free, cpu, models, task)  # NaN: no room
-            gpus = np.where(np.isnan(per_dev), -np.inf, per_dev).argmax(axis=1)
-            frag_drop = per_dev[np.arange(len(idx)), gpus]
-            gpu_col: IntArray = gpus.astype(np.int64)
+        return SharingScores(idx, sigmoid_score(delta)[inverse], gpus[inverse])
+
+
+def _state_delta(
+    frag: FragmentationModel,
+    free: IntArray,
+    cpu: IntArray,
+    models: IntArray,
+    task: SharingTask,
+    rho: float,
+) -> tuple[FloatArray, IntArray]:
+    """Per node state: the score input ``delta`` (rounded) and the device of a GPU-sharing
+    task (``NO_GPU`` for other tasks)."""
+    g_before = free.sum(axis=1).astype(np.float64)
+    c_before = cpu.astype(np.float64)
+    strand = cpu_stranded(g_before, c_before, rho) - cpu_stranded(
+        g_before - task.total_gpu_milli, c_before - task.cpu_milli, rho
+    )
+    if task.is_sharing:
+        per_dev = frag.delta_sharing(free, cpu, models, task)  # NaN: no room
+        gpus = np.where(np.isnan(per_dev), -np.inf, per_dev).argmax(axis=1)
+        frag_drop = per_dev[np.arange(len(free)), gpus]
+        gpu_col: IntArray = gpus.astype(np.int64)
+    else:
+        if task.needs_gpu and task.gpu_milli < MILLI:  # fractional on several devices
+            frag_drop = _multi_share_drop(frag, free, cpu, models, task)
         else:
-            if task.needs_gpu and task.gpu_milli < MILLI:  # fractional on several devices
-                frag_drop = _multi_share_drop(frag, free, cpu, models, task)
-            else:
-                frag_drop = frag.delta_exclusive(free, cpu, models, task)
-            gpu_col = np.full(len(idx), NO_GPU, dtype=np.int64)
-        delta = np.round(frag_drop + strand, DELTA_DECIMALS)
-        return SharingScores(idx, sigmoid_score(delta), gpu_col)
+            frag_drop = frag.delta_exclusive(free, cpu, models, task)
+        gpu_col = np.full(len(free), NO_GPU, dtype=np.int64)
+    delta: FloatArray = np.round(frag_drop + strand, DELTA_DECIMALS)
+    return delta, gpu_col
 
 
 def _multi_share_drop(
