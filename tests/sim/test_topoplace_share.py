@@ -170,6 +170,29 @@ def test_deterministic_and_does_not_touch_its_inputs() -> None:
         assert (getattr(view, k) == arr).all(), k
 
 
+def test_nodes_in_the_same_state_score_as_when_scored_alone() -> None:
+    # score() scores each distinct node state once; the answer must be the per-node one.
+    nodes = [openb_node(f"n{i}", i % 3) for i in range(9)]  # three of each shape, idle
+    view = SharingClusterView.from_nodes(nodes)
+    view.gpu_free[3, :3] = (190, 530, 0)  # a used G2
+    view.cpu_free[3] = 20_000
+    view.gpu_free[6, :3] = (190, 530, 0)  # the same state as node 3
+    view.cpu_free[6] = 20_000
+    fm = FragmentationModel.build(typical_tasks(synthetic_tasks()), view.model_names)
+    policy = get_sharing_policy(POLICY_NAME)
+    for task in (
+        SharingTask("share", 4000, 1024, 1, 470),
+        SharingTask("whole", 12_000, 1024, 1, 1000),
+        SharingTask("cpu", 16_000, 1024),
+    ):
+        cand = np.flatnonzero(feasible_mask(view, task))
+        together = policy.score(view, task, SharingContext(cand, fm))
+        alone = [policy.score(view, task, SharingContext(np.array([i]), fm)) for i in cand]
+        assert together.scores.tolist() == [int(a.scores[0]) for a in alone]
+        assert together.gpus.tolist() == [int(a.gpus[0]) for a in alone]
+        assert len(set(together.scores.tolist())) > 1  # the states do differ
+
+
 def _simulate(seed: int) -> tuple[list[int], list[int]]:
     nodes, tasks = synthetic_cluster(), synthetic_tasks()
     ledger = SharingLedger(nodes, typical_tasks(tasks), np.arange(len(nodes))[::-1].copy())
