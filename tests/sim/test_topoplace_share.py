@@ -25,6 +25,9 @@ from benchmarks.sim.gorand import GoRand
 from benchmarks.sim.metrics import Recorder
 from benchmarks.sim.policy_compare import compare
 from scheduler.cli import bench
+from scheduler.core.fractional import best_decision, decide, share_request, workload_distribution
+from scheduler.core.model import PodInfo, PodRequest
+from scheduler.core.params import SchedParams
 from scheduler.core.policies.sharing_policies import (
     SHARING_POLICIES,
     SharingContext,
@@ -37,6 +40,7 @@ from scheduler.core.policies.topoplace_sharing import (
     cpu_per_gpu_milli,
     cpu_stranded,
 )
+from scheduler.core.schedule import place_pod
 from scheduler.core.sharing import (
     MILLI,
     FragmentationModel,
@@ -48,6 +52,9 @@ from scheduler.core.sharing import (
     feasible_mask,
     typical_tasks,
 )
+from scheduler.core.snapshot import with_pod, without_pod
+from tests.sharing.builders import share_pod
+from tests.sharing.test_ledger_property import _cluster, check
 from tests.sim.synthetic import synthetic_cluster, synthetic_tasks, tiny_openb
 
 # Node shapes of the openb cluster (openb_node_list_gpu_node.csv): model, GPUs, CPU, memory.
@@ -317,3 +324,57 @@ def test_bench_cli_runs_it_on_a_tiny_trace(tmp_path: Path) -> None:
     }
     assert f"| tiny | {mean['fgd']:.2f} | {mean[POLICY_NAME]:.2f} |" in table
     assert f"| tiny | {POLICY_NAME} | " in table  # the per-seed run-time table
+
+
+# --------------------------------------------------------------------------- live path
+
+
+LIVE_OPS = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("share"),
+            st.sampled_from([1000, 3000, 5000, 8000, 12000, 20000]),
+            st.sampled_from([0, 10, 25, 50, 100]),
+            st.integers(1, 2),
+        ),
+        st.tuples(st.just("whole"), st.integers(1, 4), st.just(0), st.just(0)),
+        st.tuples(st.just("delete"), st.integers(0, 1000), st.just(0), st.just(0)),
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(LIVE_OPS)
+def test_extender_core_path_with_it_never_overcommits_gpu_memory_or_compute(seq: list) -> None:
+    # The extender's core decision (scheduler.core.fractional.decide) with
+    # sharing.policy = topoplace-share, on HAMi-registered nodes: per GPU, memory (MiB),
+    # compute and split count stay within what the node registered; no GPU is both whole
+    # and shared (tests/sharing/test_ledger_property.check).
+
+    params = SchedParams.from_config({"sharing": {"policy": POLICY_NAME}})
+    assert params.sharing.policy == POLICY_NAME
+    snap = _cluster()
+    placed = 0
+    for k, (kind, a, b, c) in enumerate(seq, 1):
+        if kind == "share":
+            req = share_request(share_pod(f"s{k}", mem=a, cores=b, count=c), 2000, params.sharing)
+            assert req is not None
+            dist = workload_distribution(snap.nodes, snap.pods.values()) if snap.pods else None
+            dist = dist or typical_tasks([SharingTask("x", 2000, num_gpu=1, gpu_milli=250)])
+            best = best_decision(decide(snap.nodes, req, dist, params.sharing))
+            if best is not None:
+                info = PodInfo(key=f"t/s{k}", uid="", node=best.node, gpus=(), shares=best.shares)
+                snap = with_pod(snap, info)
+                placed += 1
+        elif kind == "whole":
+            res = place_pod(snap, PodRequest(key=f"t/w{k}", gpus=a), params)
+            if res.ok:
+                got = res.assignments[0]
+                snap = with_pod(snap, PodInfo(key=f"t/w{k}", uid="", node=got.node, gpus=got.gpus))
+        elif snap.pods:
+            snap = without_pod(snap, sorted(snap.pods)[a % len(snap.pods)])
+        check(snap)
+    if any(op[0] == "share" for op in seq):
+        assert placed > 0  # the first share always fits the empty cluster
