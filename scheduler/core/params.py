@@ -92,7 +92,7 @@ class SharingParams:
         hami_lock_expiry_seconds: a lock older than this is taken over (HAMi's 5 min).
     """
 
-    policy: str = "fgd"
+    policy: str = "topoplace-share"
     backends: tuple[str, ...] = SHARING_BACKENDS
     backend_label: str = "topoplace.io/gpu-sharing"
     gpushare_memory_unit_mib: int = 1024
