@@ -144,6 +144,37 @@ def make_node(
     return node
 
 
+def replica_node(
+    name: str,
+    gpus: int = 8,
+    product: str = "h100",
+    replicas: int = 10,
+    strategy: str = "time-slicing",
+    *,
+    renamed: bool = False,
+    allocatable_replicas: int | None = None,
+    **kw: Any,
+) -> dict[str, Any]:
+    """A GPU node whose NVIDIA device plugin shares each GPU as ``replicas`` time-slicing
+    or MPS replicas, labelled as GPU Feature Discovery does (``nvidia.com/gpu.replicas``,
+    ``nvidia.com/gpu.sharing-strategy``, ``nvidia.com/gpu.count`` = physical GPUs, the
+    product with a ``-SHARED`` suffix), advertising ``gpus * replicas`` of
+    ``nvidia.com/gpu`` (``nvidia.com/gpu.shared`` with ``renamed``: the device plugin's
+    ``renameByDefault``)."""
+    node = make_node(name, gpus, product, **kw)
+    lab = node["metadata"]["labels"]
+    lab["nvidia.com/gpu.product"] += "-SHARED"
+    lab["nvidia.com/gpu.replicas"] = str(replicas)
+    lab["nvidia.com/gpu.sharing-strategy"] = strategy
+    total = gpus * replicas
+    alloc = total if allocatable_replicas is None else allocatable_replicas
+    resource = "nvidia.com/gpu.shared" if renamed else "nvidia.com/gpu"
+    for key, value in (("capacity", total), ("allocatable", alloc)):
+        node["status"][key].pop("nvidia.com/gpu")
+        node["status"][key][resource] = str(value)
+    return node
+
+
 def make_pod(
     name: str,
     gpus: int = 1,

@@ -36,7 +36,7 @@ EMPTY_MAP: Mapping[str, str] = MappingProxyType({})
 MAX_NODE_GPUS = 62
 """Most GPUs a node topoplace models may have. The snapshot keeps, per node and link class,
 a bitmask of feasible set sizes in an int64 column (bit k = a k-GPU set), so k <= 62. A
-node advertising more (device-plugin time-slicing replicas, HAMi split counts) is kept as a
+node advertising more (time-slicing replicas without GFD's replica labels, ...) is kept as a
 node topoplace cannot model (``NodeInfo.unmodeled``): GPU pods are refused there."""
 
 MAX_GANG_SIZE = 65536
@@ -181,6 +181,17 @@ class NodeInfo:
             (memory MiB, compute milli, tasks) held by shares; empty when no GPU holds a
             share. A GPU holding a share is also set in ``used_mask``, so whole-GPU pods
             and gangs never get it; a share never goes on a GPU held whole.
+        replicas: GPU replicas per physical GPU on a time-slicing / MPS node (the NVIDIA
+            device plugin's ``sharing.timeSlicing`` / ``sharing.mps``; GFD label
+            ``nvidia.com/gpu.replicas``); 0 when the node does not share GPUs by replicas.
+            Such a node has no GPUs in the whole-GPU model (``gpu_capacity`` 0): the
+            kubelet picks the device, so topoplace counts replicas per node
+            (``scheduler.core.replicas``).
+        replica_gpus: physical GPUs of a replica node (GFD ``nvidia.com/gpu.count``).
+        replica_capacity: replicas the node can hand out (``min(allocatable, replica_gpus
+            x replicas)``).
+        replica_strategy: ``time-slicing``, ``mps`` or "" (older GFD: replicas only).
+        replicas_used: replicas held by bound or assumed pods on the node.
     """
 
     name: str
@@ -202,6 +213,16 @@ class NodeInfo:
     devices: tuple[GpuDevice, ...] = ()
     sharing: str = ""
     share_used: tuple[tuple[int, int, int], ...] = ()
+    replicas: int = 0
+    replica_gpus: int = 0
+    replica_capacity: int = 0
+    replica_strategy: str = ""
+    replicas_used: int = 0
+
+    @property
+    def replicas_free(self) -> int:
+        """Replicas a pod may still take on a replica node (0 elsewhere)."""
+        return max(0, self.replica_capacity - self.replicas_used)
 
     @property
     def all_mask(self) -> int:
@@ -250,6 +271,8 @@ class PodInfo:
         raw: the Pod object as received (read-only), for round-tripping.
         shares: what a fractional pod holds per GPU (``gpus`` is then empty: it holds no
             whole GPU).
+        replicas: time-slicing / MPS replicas it holds on a replica node (``gpus`` is then
+            empty: the kubelet picks the device).
     """
 
     key: str
@@ -263,6 +286,7 @@ class PodInfo:
     assumed: bool = False
     raw: Mapping[str, Any] = field(default_factory=lambda: EMPTY_MAP, compare=False, repr=False)
     shares: tuple[GpuShare, ...] = ()
+    replicas: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,14 @@ from scheduler.core.quantity import (
     parse_quantity_int,
     quantity_int,
 )
+from scheduler.core.replicas import (
+    MAX_NODE_REPLICAS,
+    REPLICAS_LABEL,
+    STRATEGY_LABEL,
+    ReplicaError,
+    node_replicas,
+    replica_resource,
+)
 from topology.fabric import Fabric
 from topology.shape import assumed_shape, resolve_node_shape
 
@@ -234,6 +242,10 @@ def _modeled_node(
     m = meta(node)
     labels = frozen_map(_strmap(m.get("labels"), "metadata.labels"))
     annotations = frozen_map(_strmap(m.get("annotations"), "metadata.annotations"))
+    if (REPLICAS_LABEL in labels or STRATEGY_LABEL in labels) and HAMI_REGISTER not in annotations:
+        replica = _replica_node(node, name, labels, annotations, fabric, health, now, devices)
+        if replica is not None:
+            return replica
     if HAMI_REGISTER in annotations:
         # HAMi advertises nvidia.com/gpu as split replicas; its register lists the GPUs.
         # Unhealthy GPUs it lists are excluded one by one (bad_mask) below.
@@ -279,6 +291,59 @@ def _modeled_node(
         devices=inventory,
         sharing=backend,
     )
+
+
+def _replica_node(
+    node: Mapping[str, Any],
+    name: str,
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+    fabric: Fabric,
+    health: HealthParams,
+    now: float | None,
+    devices: Mapping[str, Any] | None,
+) -> NodeInfo | None:
+    """The node as a time-slicing / MPS replica node (``scheduler.core.replicas``), or None
+    when its labels do not make it one. No GPUs in the whole-GPU model; node health
+    (conditions, cordons, taints) as for any node.
+
+    Raises:
+        ObjectError: contradictory or out-of-range replica labels or resources.
+    """
+    status = _obj(node.get("status"), "status")
+    allocatable = _obj(status.get("allocatable"), "status.allocatable")
+    try:
+        inv = node_replicas(labels, _obj(status.get("capacity"), "status.capacity"), allocatable)
+    except ReplicaError as exc:
+        raise ObjectError(str(exc)) from None
+    if inv is None:
+        return None
+    cpu = allocatable.get("cpu")
+    mem = allocatable.get("memory")
+    verdict = assess_node(node, 0, 0, health, now=now, devices=_lmap(devices).get(name, ()))
+    return NodeInfo(
+        name=name,
+        labels=labels,
+        annotations=annotations,
+        shape=assumed_shape(0),
+        shape_source=REPLICAS_SHAPE_SOURCE,
+        gpu_capacity=0,
+        gpu_allocatable=0,
+        used_mask=0,
+        health=verdict,
+        fabric_path=fabric.path(labels),
+        cpu_milli=0 if cpu is None else _number(cpu, "allocatable cpu", scale10=3),
+        memory_bytes=0 if mem is None else _number(mem, "allocatable memory"),
+        raw=node,
+        replicas=inv.per_gpu,
+        replica_gpus=inv.gpus,
+        replica_capacity=inv.capacity,
+        replica_strategy=inv.strategy,
+    )
+
+
+REPLICAS_SHAPE_SOURCE = "replicas"
+"""``NodeInfo.shape_source`` of a time-slicing / MPS replica node (no GPU topology)."""
 
 
 def _hami_gpu_count(annotations: Mapping[str, str]) -> int:
@@ -393,6 +458,23 @@ def _strict_resource(pod: Mapping[str, Any], resource: str, **bounds: Any) -> in
 def pod_gpus(pod: Mapping[str, Any]) -> int:
     """Whole GPUs a pod requests (``nvidia.com/gpu``); lenient, as :func:`pod_resource`."""
     return pod_resource(pod, GPU_RESOURCE)
+
+
+def pod_replicas(pod: Mapping[str, Any]) -> int:
+    """GPU replicas a bound pod holds on a replica node (``nvidia.com/gpu.shared`` if it
+    asks for it, else ``nvidia.com/gpu``); lenient, as :func:`pod_resource`."""
+    return min(pod_resource(pod, replica_resource(pod)), MAX_NODE_REPLICAS)
+
+
+def replica_request(pod: Mapping[str, Any]) -> int:
+    """GPU replicas a pending pod asks for, strictly read (``0 .. MAX_NODE_REPLICAS``).
+
+    Raises:
+        ObjectError: malformed containers or values, or a request out of range.
+    """
+    if not isinstance(pod, Mapping):
+        raise ObjectError("pod must be an object")
+    return _strict_resource(pod, replica_resource(pod), high=MAX_NODE_REPLICAS, whole=True)
 
 
 def pod_terminated(pod: Mapping[str, Any]) -> bool:

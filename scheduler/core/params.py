@@ -90,6 +90,10 @@ class SharingParams:
             releases it as soon as the Binding is written (nodes without HAMi's device
             plugin, tests).
         hami_lock_expiry_seconds: a lock older than this is taken over (HAMi's 5 min).
+        replicas: time-slicing / MPS replica nodes (``scheduler.core.replicas``):
+            ``opt-in`` (pods that select replica nodes or ask ``nvidia.com/gpu.shared``
+            take replicas there; no other GPU pod goes there) or ``off`` (replica nodes
+            take no GPU pod from topoplace).
     """
 
     policy: str = "topoplace-share"
@@ -99,6 +103,7 @@ class SharingParams:
     popularity: float = 0.95
     hami_lock: str = "hold"
     hami_lock_expiry_seconds: float = 300.0
+    replicas: str = "opt-in"
 
     @classmethod
     def from_config(cls, obj: Mapping[str, Any] | None) -> SharingParams:
@@ -135,6 +140,9 @@ class SharingParams:
         expiry = obj.get("hami_lock_expiry_seconds", p.hami_lock_expiry_seconds)
         if not isinstance(expiry, int | float) or isinstance(expiry, bool) or expiry <= 0:
             raise ValueError("sharing.hami_lock_expiry_seconds must be > 0")
+        replicas = obj.get("replicas", p.replicas)
+        if replicas not in ("opt-in", "off"):
+            raise ValueError("sharing.replicas must be one of ['opt-in', 'off']")
         label = obj.get("backend_label", p.backend_label)
         if not isinstance(label, str):
             raise ValueError("sharing.backend_label must be a string")
@@ -146,6 +154,7 @@ class SharingParams:
             popularity=float(pop),
             hami_lock=str(lock),
             hami_lock_expiry_seconds=float(expiry),
+            replicas=str(replicas),
         )
 
 

@@ -26,6 +26,7 @@ from scheduler.core.params import SchedParams
 from scheduler.core.snapshot import (
     BLOCKED_CORDONED,
     BLOCKED_NO_GPUS,
+    BLOCKED_SHARED,
     BLOCKED_UNHEALTHY,
     ClusterSnapshot,
 )
@@ -41,6 +42,9 @@ REASON_CORDONED = "node cordoned"
 REASON_NODE_SELECTOR = "node does not match the pod's nodeSelector"
 REASON_NO_FEASIBLE_NODE = "no node can take the pod"
 REASON_NOT_CHOSEN = "another node suits the pod better"
+REASON_REPLICA_NODE = (
+    "node shares its GPUs as time-slicing/MPS replicas (only pods that opt in take them)"
+)
 
 MAX_SCORE = 10
 
@@ -165,6 +169,8 @@ CODE_LINK_NOW = 8
 CODE_NODE_SELECTOR = 9
 CODE_NOT_CHOSEN = 10
 """Feasible, but the engine chose another candidate (see :func:`narrow_to_choice`)."""
+CODE_REPLICA_NODE = BLOCKED_SHARED
+"""A time-slicing / MPS replica node: no whole GPU to give (``scheduler.core.replicas``)."""
 
 FILTER_VERDICTS: Mapping[int, tuple[bool, str]] = MappingProxyType(
     {
@@ -178,6 +184,7 @@ FILTER_VERDICTS: Mapping[int, tuple[bool, str]] = MappingProxyType(
         CODE_LINK_NOW: (False, REASON_LINK_NOW),
         CODE_NODE_SELECTOR: (True, REASON_NODE_SELECTOR),
         CODE_NOT_CHOSEN: (False, REASON_NOT_CHOSEN),
+        CODE_REPLICA_NODE: (True, REASON_REPLICA_NODE),
     }
 )
 """Failing code -> (unresolvable, reason). Unresolvable verdicts go to

@@ -60,6 +60,7 @@ from scheduler.core.objects import (
     object_key,
     placement_of,
     pod_gpus,
+    pod_replicas,
     pod_resource,
     pod_terminated,
     unmodeled_node,
@@ -77,7 +78,10 @@ UNMODELED_DUPLICATE = "several Node objects share this name"
 BLOCKED_UNHEALTHY = 2
 BLOCKED_CORDONED = 3
 BLOCKED_NO_GPUS = 4
-"""Values of ``NodeArrays.blocked``, in precedence order (the filter's verdict codes)."""
+BLOCKED_SHARED = 11
+"""Values of ``NodeArrays.blocked``, in precedence order (the filter's verdict codes).
+``BLOCKED_SHARED``: a time-slicing / MPS replica node (``NodeInfo.replicas``), which no
+whole-GPU pod or gang takes (``scheduler.core.replicas``)."""
 
 
 class DoubleBookingError(ValueError):
@@ -120,6 +124,8 @@ def _row(node: NodeInfo, policy: str, width: int) -> tuple[Any, ...]:
         blocked = BLOCKED_UNHEALTHY
     elif node.health.unschedulable:
         blocked = BLOCKED_CORDONED
+    elif node.replicas:
+        blocked = BLOCKED_SHARED
     elif not node.gpu_capacity:
         blocked = BLOCKED_NO_GPUS
     else:
@@ -341,6 +347,7 @@ def build_snapshot(
     taken: dict[str, int] = {}
     cpu: dict[str, int] = {}
     mem: dict[str, int] = {}
+    replicas: dict[str, int] = {}
     pods: dict[str, PodInfo] = {}
     taken.update(_claim_holdings(extra or EMPTY_MAP, nodes, pods))  # DRA: before pods
     shared: dict[str, NodeInfo] = {}  # nodes carrying the share ledger built so far
@@ -366,6 +373,8 @@ def build_snapshot(
         taken[node.name] = taken.get(node.name, 0) | indices_to_mask(info.gpus)
         cpu[node.name] = cpu.get(node.name, 0) + info.cpu_milli
         mem[node.name] = mem.get(node.name, 0) + info.memory_bytes
+        if info.replicas:
+            replicas[node.name] = replicas.get(node.name, 0) + info.replicas
         pods[info.key] = info
     ordered = tuple(
         replace(
@@ -374,6 +383,7 @@ def build_snapshot(
             cpu_used_milli=cpu.get(k, 0),
             memory_used_bytes=mem.get(k, 0),
             share_used=shared.get(k, nodes[k]).share_used,
+            replicas_used=replicas.get(k, 0),
         )
         for k in sorted(nodes)
     )
@@ -464,7 +474,21 @@ def _bound_pod(
     """PodInfo of a bound pod during a build: its recorded GPUs, re-inferred when another
     record already claims one of them (a stale annotation). A fractional pod (HAMi,
     gpushare, KAI) holds shares on the per-GPU ledger instead of whole GPUs (recorded by
-    its hand-off annotations, else inferred); ``node`` carries the ledger so far."""
+    its hand-off annotations, else inferred); ``node`` carries the ledger so far. On a
+    time-slicing / MPS replica node a pod holds replicas (its request), no GPU."""
+    if node.replicas:
+        gang, _ = gang_of(p)
+        return PodInfo(
+            key=object_key(p),
+            uid=uid if isinstance(uid := meta(p).get("uid"), str) else "",
+            node=node.name,
+            gpus=(),
+            cpu_milli=pod_resource(p, "cpu", cpu_milli),
+            memory_bytes=pod_resource(p, "memory", quantity_int),
+            gang=gang,
+            raw=p,
+            replicas=pod_replicas(p),
+        )
     got = bound_shares(p, node, (params or SchedParams()).sharing) if node.gpu_capacity else None
     if got is not None:
         shares, recorded = got
@@ -527,7 +551,8 @@ def with_pod(snap: ClusterSnapshot, pod: PodInfo) -> ClusterSnapshot:
     Raises:
         KeyError: the pod's node is unknown.
         DoubleBookingError: one of its GPUs is held by another pod, unhealthy, or beyond
-            the node's capacity.
+            the node's capacity; or it holds replicas on a node that has none, or more
+            than the node's free replicas.
     """
     node = snap.node(pod.node)
     if node is None:
@@ -548,12 +573,18 @@ def with_pod(snap: ClusterSnapshot, pod: PodInfo) -> ClusterSnapshot:
         if why:
             raise DoubleBookingError(why)
         share_used, used = add_share(replace(node, used_mask=used), pod.shares)
+    if pod.replicas:
+        if not node.replicas:
+            raise DoubleBookingError("node does not share its GPUs as replicas")
+        if node.replicas_used + pod.replicas > node.replica_capacity:
+            raise DoubleBookingError("GPU replicas overcommitted")
     new_node = replace(
         node,
         used_mask=used,
         cpu_used_milli=node.cpu_used_milli + pod.cpu_milli,
         memory_used_bytes=node.memory_used_bytes + pod.memory_bytes,
         share_used=share_used,
+        replicas_used=node.replicas_used + pod.replicas,
     )
     return _with_changes(base, {node.name: new_node}, _podmap(base.pods).set(pod.key, pod))
 
@@ -576,6 +607,7 @@ def without_pod(snap: ClusterSnapshot, key: str) -> ClusterSnapshot:
         cpu_used_milli=max(0, node.cpu_used_milli - pod.cpu_milli),
         memory_used_bytes=max(0, node.memory_used_bytes - pod.memory_bytes),
         share_used=share_used,
+        replicas_used=max(0, node.replicas_used - pod.replicas),
     )
     return _with_changes(snap, {node.name: new_node}, pods)
 
@@ -631,6 +663,7 @@ def with_usage_of(node: NodeInfo, holder: NodeInfo) -> NodeInfo:
         cpu_used_milli=holder.cpu_used_milli,
         memory_used_bytes=holder.memory_used_bytes,
         share_used=share_used if any(t for _, _, t in share_used) else (),
+        replicas_used=holder.replicas_used if node.replicas else 0,
     )
 
 

@@ -66,6 +66,10 @@ from scheduler.runtime.dra import DraRouter
 from scheduler.server import wire
 from scheduler.server.decisions import DecisionLog, gang_member_summary, with_why
 from scheduler.server.fractional_verbs import (
+    is_replica_pod,
+    replica_bind_start,
+    replica_filter,
+    replica_prioritize,
     share_bind_start,
     share_filter,
     share_prioritize,
@@ -290,6 +294,8 @@ class Extender:
             return orjson.dumps(req)
         if is_share_pod(pod):  # fractional pods: a branch of their own (fractional_verbs)
             return orjson.dumps(share_filter(self, pod, req, wire.names_list(names), items))
+        if is_replica_pod(self, pod, req):  # time-slicing / MPS replicas (fractional_verbs)
+            return orjson.dumps(replica_filter(self, pod, req, wire.names_list(names), items))
         if items is None and req.gpus > 0 and not (self.gangs is not None and req.gang):
             with self.cache.lock:
                 snap = self._decision_snapshot(req)
@@ -372,6 +378,8 @@ class Extender:
     ) -> dict[str, Any]:
         if is_share_pod(pod):
             return share_filter(self, pod, req, names, items)
+        if is_replica_pod(self, pod, req):
+            return replica_filter(self, pod, req, names, items)
         out: FilterOutcome | None = None
         if req.gpus <= 0 and dra.uses_claims(pod):
             # Claim pods: DRA decides (a claim gang is placed whole by kube/allocator.py).
@@ -451,6 +459,8 @@ class Extender:
         req = self._score_request(pod)
         if req is not None and is_share_pod(pod):
             return share_prioritize(self, pod, req, names)
+        if req is not None and is_replica_pod(self, pod, req):
+            return replica_prioritize(self, pod, req, names)
         return self._prioritize(req, names, pod)
 
     def prioritize_json(self, body: Any, raw: bytes | None = None) -> bytes:
@@ -464,6 +474,8 @@ class Extender:
         req = self._score_request(pod)
         if req is not None and is_share_pod(pod):
             return orjson.dumps(share_prioritize(self, pod, req, wire.names_list(names)))
+        if req is not None and is_replica_pod(self, pod, req):
+            return orjson.dumps(replica_prioritize(self, pod, req, wire.names_list(names)))
         if req is not None and req.gpus <= 0 and dra.uses_claims(pod):
             return orjson.dumps(self._prioritize(req, wire.names_list(names), pod))
         if req is not None and not (self.gangs is not None and req.gang):
@@ -622,6 +634,8 @@ class Extender:
             return f"invalid pod: {exc}"
         if is_share_pod(pod):
             return share_bind_start(self, key, pod, req, node, pod_uid)
+        if is_replica_pod(self, pod, req):
+            return replica_bind_start(self, key, pod, req, node, pod_uid)
         if req.gang and req.gpus <= 0 and dra.uses_claims(pod):
             req = replace(req, gang="")  # its claims are allocated: a claim gang is whole already
         cpu = pod_resource(pod, "cpu", cpu_milli)

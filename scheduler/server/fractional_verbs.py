@@ -40,8 +40,11 @@ from scheduler.core.fractional import (
     workload_distribution,
 )
 from scheduler.core.model import PodInfo, PodRequest
-from scheduler.core.objects import meta, pod_resource
+from scheduler.core.objects import ObjectError, meta, pod_resource, replica_request
 from scheduler.core.quantity import cpu_milli, quantity_int
+from scheduler.core.replicas import ReplicaVerdicts, opts_in
+from scheduler.core.replicas import choose as choose_replica_node
+from scheduler.core.replicas import node_reason as replica_reason
 from scheduler.core.schedule import (
     REASON_NOT_CHOSEN,
     REASON_UNKNOWN_NODE,
@@ -49,7 +52,7 @@ from scheduler.core.schedule import (
     selector_matches,
     verdict_reason,
 )
-from scheduler.core.snapshot import ClusterSnapshot
+from scheduler.core.snapshot import BLOCKED_SHARED, ClusterSnapshot
 from scheduler.server import wire
 
 if TYPE_CHECKING:
@@ -277,3 +280,152 @@ def share_bind_start(
     if isinstance(choice, str):
         return choice
     return _BindWrite(key, pod, dict(handoff), pod_req, node, ())
+
+
+# ---- time-slicing / MPS replicas (scheduler.core.replicas) ---------------------------------
+
+
+def is_replica_pod(ext: Extender, pod: Mapping[str, Any], pod_req: PodRequest) -> bool:
+    """Whether the pod takes GPU replicas (``sharing.replicas: opt-in``, not a gang member,
+    and it opts in: :func:`scheduler.core.replicas.opts_in`). Cheap: a few dict lookups."""
+    return ext.params.sharing.replicas == "opt-in" and not pod_req.gang and opts_in(pod)
+
+
+def _replica_verdicts(
+    snap: ClusterSnapshot, pod_req: PodRequest, replicas: int, names: list[str], key: str
+) -> ReplicaVerdicts:
+    """Verdicts of a replica pod over ``names`` (its own held replicas count as free)."""
+    failed: dict[str, str] = {}
+    unres: dict[str, str] = {}
+    cands: list[tuple[str, int, float]] = []
+    own = snap.pods.get(key)
+    for name in names:
+        i = snap.index.get(name)
+        if i is None:
+            failed[name] = REASON_UNKNOWN_NODE
+            continue
+        code = int(snap.arrays.blocked[i])
+        if code and code != BLOCKED_SHARED:
+            unres[name] = verdict_reason(snap, code, i)
+            continue
+        node = snap.nodes[i]
+        if not selector_matches(node.labels, pod_req.node_selector):
+            unres[name] = REASON_NODE_SELECTOR
+            continue
+        held = own.replicas if own is not None and own.node == name else 0
+        never, why = replica_reason(node, replicas, pod_req.min_link, held)
+        if why:
+            (unres if never else failed)[name] = why
+            continue
+        cands.append((name, node.replicas_free + held, node.health.risk))
+    choice, scores = choose_replica_node(cands, replicas)
+    feasible = tuple(n for n in names if n in scores)
+    return ReplicaVerdicts(feasible, failed, unres, choice, scores)
+
+
+def _replica_count(pod: Mapping[str, Any]) -> int | str:
+    try:
+        return replica_request(pod)
+    except ObjectError as exc:
+        return f"invalid pod: {exc}"
+
+
+def replica_filter(
+    ext: Extender,
+    pod: Mapping[str, Any],
+    pod_req: PodRequest,
+    names: list[str],
+    items: list[Mapping[str, Any]] | None,
+) -> dict[str, Any]:
+    """``ExtenderFilterResult`` for a pod that takes GPU replicas."""
+    n = _replica_count(pod)
+    if isinstance(n, str):
+        ext.metrics.filter_errors.labels(reason="invalid pod").inc()
+        return wire.filter_result(None, None, {}, {}, n)
+    if n <= 0:  # asks for no replica: nothing for topoplace to decide
+        return wire.filter_result(names if items is None else None, items, {}, {})
+    ext.cache.remember_pending(pod)
+    with ext.cache.lock:
+        snap = ext._decision_snapshot(pod_req)
+        v = _replica_verdicts(snap, pod_req, n, names, pod_req.key)
+        feasible = list(v.feasible)
+        failed = dict(v.failed)
+        if v.choice and ext.params.extender.decide_in_filter and ext._ours(pod):
+            info = PodInfo(
+                key=pod_req.key,
+                uid=str(meta(pod).get("uid") or ""),
+                node=v.choice,
+                gpus=(),
+                cpu_milli=pod_resource(pod, "cpu", cpu_milli),
+                memory_bytes=pod_resource(pod, "memory", quantity_int),
+                assumed=True,
+                raw=pod,
+                replicas=n,
+            )
+            if ext.cache.nominate(info, ext.params.extender.nomination_ttl_seconds):
+                for name in feasible:
+                    if name != v.choice:
+                        failed[name] = REASON_NOT_CHOSEN
+                feasible = [v.choice]
+    out = FilterOutcome(tuple(feasible), failed, v.unresolvable)
+    ext._count_filter(len(out.feasible), len(out.failed), len(out.unresolvable), _reasons(out))
+    sent = {name: r for name, r in failed.items() if r != REASON_NOT_CHOSEN}
+    if items is None:
+        return wire.filter_result(feasible, None, sent, dict(v.unresolvable))
+    keep = set(feasible)
+    return wire.filter_result(
+        None, [x for x in items if wire.node_name_of(x) in keep], sent, dict(v.unresolvable)
+    )
+
+
+def replica_prioritize(
+    ext: Extender, pod: Mapping[str, Any], pod_req: PodRequest, names: list[str]
+) -> list[dict[str, Any]]:
+    """``HostPriorityList`` for a replica pod: 10 for the choice, else 9 x the share of
+    the node's free replicas the pod takes, 0 where it does not fit."""
+    n = _replica_count(pod)
+    if isinstance(n, str) or n <= 0:
+        return [{"Host": name, "Score": 0} for name in names]
+    v = _replica_verdicts(ext.cache.snapshot(), pod_req, n, names, pod_req.key)
+    return [{"Host": name, "Score": v.scores.get(name, 0)} for name in names]
+
+
+def replica_bind_start(
+    ext: Extender, key: str, pod: Mapping[str, Any], pod_req: PodRequest, node: str, uid: str
+) -> Any:
+    """Start binding a replica pod: its replicas held on ``node`` under the cache lock (the
+    nominated hold, or a fresh check); returns the error, or the extender's ``_BindWrite``
+    with no hand-off annotation (the kubelet picks the device)."""
+    from scheduler.server.extender import _BindWrite
+
+    n = _replica_count(pod)
+    if isinstance(n, str):
+        return n
+    cpu = pod_resource(pod, "cpu", cpu_milli)
+    memory = pod_resource(pod, "memory", quantity_int)
+
+    def choose(s: ClusterSnapshot) -> PodInfo | str:
+        v = _replica_verdicts(s, pod_req, n, [node], key)
+        if node not in v.scores:
+            return v.failed.get(node) or v.unresolvable.get(node) or REASON_UNKNOWN_NODE
+        spec = {**(pod.get("spec") or {}), "nodeName": node}
+        return PodInfo(
+            key=key,
+            uid=uid,
+            node=node,
+            gpus=(),
+            cpu_milli=cpu,
+            memory_bytes=memory,
+            assumed=True,
+            raw={**pod, "spec": spec},
+            replicas=n,
+        )
+
+    with ext.cache.lock:
+        nominated = ext.cache.take_nomination(key, node)
+        choice = ext.cache.assume_chosen(choose)
+        if isinstance(choice, str) and nominated is not None:
+            ext.cache.forget(key)
+    if isinstance(choice, str):
+        return choice
+    return _BindWrite(key, pod, {}, pod_req, node, ())
