@@ -416,6 +416,7 @@ def replica_bind_start(
             gpus=(),
             cpu_milli=cpu,
             memory_bytes=memory,
+            gang=pod_req.gang,
             assumed=True,
             raw={**pod, "spec": spec},
             replicas=n,
