@@ -382,14 +382,22 @@ def summarize(
     params: SchedParams,
     verb: str = "filter",
     chosen: str | None = None,
+    basis: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> str:
     """``explain(...)["summary"]`` for a placed pod, computing only what the line shows
     (the chosen node's parts, the tie count, the runner-up): a few vector operations over
     the candidates, no per-reason grouping, for bind, which writes it into the placement
-    record. "" when the pod would not be placed (a pod that binds was placed)."""
+    record. "" when the pod would not be placed (a pod that binds was placed).
+
+    ``basis``: the filter's own ``(codes, rank)`` for these positions (``rank`` as
+    :func:`~scheduler.core.schedule.narrow_with_rank` returns it: -1 where infeasible), so
+    that a filter decision is not ranked a second time; the line is the same."""
     pos = np.asarray(pos, dtype=np.int64)
-    codes = filter_codes(snap, req, pos, params)
-    rank = rank_positions(snap, req, pos, params).copy()
+    if basis is not None and verb != "prioritize":
+        codes, rank = basis[0], basis[1].copy()
+    else:
+        codes = filter_codes(snap, req, pos, params)
+        rank = rank_positions(snap, req, pos, params).copy()
     if verb != "prioritize":
         rank[codes != FEASIBLE] = -1.0
     best = best_position(snap, pos, rank)

@@ -439,18 +439,32 @@ def narrow_to_choice(
     is left with one feasible node it skips scoring and picks that node, so the live
     decision is exactly the engine's (see ``docs/deploy.md``).
     """
+    out, i, _ = narrow_with_rank(snap, req, pos, codes, params)
+    return out, i
+
+
+def narrow_with_rank(
+    snap: ClusterSnapshot,
+    req: PodRequest,
+    pos: np.ndarray,
+    codes: np.ndarray,
+    params: SchedParams,
+) -> tuple[np.ndarray, int, np.ndarray]:
+    """:func:`narrow_to_choice` plus the ranks it chose by: :func:`rank_positions` at the
+    feasible positions, -1 elsewhere (what an explanation of the same decision needs,
+    see ``core/explain.summarize``)."""
+    rank = np.full(len(pos), -1.0)
     feas = np.flatnonzero(codes == FEASIBLE)
     if not len(feas):
-        return codes, -1
-    rank = np.full(len(pos), -1.0)
+        return codes, -1, rank
     rank[feas] = rank_positions(snap, req, pos[feas], params)
     i = best_position(snap, pos, rank)
     if i < 0:
-        return codes, -1
+        return codes, -1, rank
     out = codes.copy()
     out[feas] = CODE_NOT_CHOSEN
     out[i] = FEASIBLE
-    return out, i
+    return out, i, rank
 
 
 def score_positions(

@@ -53,6 +53,8 @@ class Record:
     pos: np.ndarray | None = None
     info: Mapping[str, Any] = field(default_factory=dict)
     size: int = RECORD_OVERHEAD
+    basis: tuple[np.ndarray, np.ndarray] | None = None
+    """The filter's ``(codes, rank)`` at ``pos`` when it ranked (decide_in_filter)."""
 
 
 def _snapshot_bytes(snap: ClusterSnapshot) -> int:
@@ -89,10 +91,20 @@ class DecisionLog:
 
     # ---- recording (cheap) ---------------------------------------------------------------
 
-    def record(self, verb: str, snap: ClusterSnapshot, req: PodRequest, pos: np.ndarray) -> None:
-        """Record a single pod's filter or prioritize decision: references only."""
-        rec = Record(0, self._clock(), verb, req.key, req.gang, snap, req, pos)
+    def record(
+        self,
+        verb: str,
+        snap: ClusterSnapshot,
+        req: PodRequest,
+        pos: np.ndarray,
+        basis: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
+        """Record a single pod's filter or prioritize decision: references only (and the
+        filter's ``(codes, rank)`` when it ranked, so that bind's summary reuses them)."""
+        rec = Record(0, self._clock(), verb, req.key, req.gang, snap, req, pos, basis=basis)
         rec.size = RECORD_OVERHEAD + int(pos.nbytes)
+        if basis is not None:
+            rec.size += int(basis[0].nbytes + basis[1].nbytes)
         self._add(rec)
 
     def record_info(self, verb: str, pod: str, gang: str, info: Mapping[str, Any]) -> None:
@@ -196,7 +208,9 @@ class DecisionLog:
         rec = self.latest(pod)
         if rec is None or rec.req is None or rec.pos is None or rec.snap is None:
             return ""
-        line = summarize(rec.snap, rec.req, rec.pos, self._params(), rec.verb, chosen=node)
+        line = summarize(
+            rec.snap, rec.req, rec.pos, self._params(), rec.verb, chosen=node, basis=rec.basis
+        )
         return line[:SUMMARY_MAX_CHARS]
 
 

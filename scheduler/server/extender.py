@@ -52,7 +52,7 @@ from scheduler.core.schedule import (
     filter_nodes,
     known_positions,
     name_positions,
-    narrow_to_choice,
+    narrow_with_rank,
     outcome_of,
     score_nodes,
     score_positions,
@@ -302,9 +302,9 @@ class Extender:
                 pos = known_positions(snap, names)
                 table = self._name_table(snap)
                 if table is not None and pos is not None:
-                    codes = self._decide(snap, pod, req, pos)
+                    codes, basis = self._decide(snap, pod, req, pos)
             if table is not None and pos is not None:
-                self.decisions.record("filter", snap, req, pos)
+                self.decisions.record("filter", snap, req, pos, basis)
                 groups = verdict_groups(snap, pos, codes)
                 feasible = pos[codes == FEASIBLE]
                 self._count_groups(len(feasible), groups)
@@ -330,19 +330,21 @@ class Extender:
 
     def _decide(
         self, snap: ClusterSnapshot, pod: Mapping[str, Any], req: PodRequest, pos: Any
-    ) -> Any:
+    ) -> tuple[Any, tuple[Any, Any] | None]:
         """Filter codes for a single GPU pod, narrowed to the engine's choice with its GPUs
-        nominated when ``extender.decide_in_filter`` is on (cache lock held)."""
+        nominated when ``extender.decide_in_filter`` is on (cache lock held); and the
+        ``(codes, rank)`` it chose by, for the decision record (None when it did not rank)."""
         codes = filter_codes(snap, req, pos, self.params)
         if not self.params.extender.decide_in_filter or not self._ours(pod):
-            return codes
-        narrowed, i = narrow_to_choice(snap, req, pos, codes, self.params)
+            return codes, None
+        narrowed, i, rank = narrow_with_rank(snap, req, pos, codes, self.params)
+        basis = (codes, rank)
         if i < 0:
-            return codes
+            return codes, basis
         node = snap.nodes[int(pos[i])].name
         gs = choose_gpus(snap, req, node, self.params)
         if not gs.gpus:  # pragma: no cover - feasible nodes always have a set
-            return codes
+            return codes, basis
         info = PodInfo(
             key=req.key,
             uid=str(meta(pod).get("uid") or ""),
@@ -354,8 +356,8 @@ class Extender:
             raw=pod,
         )
         if not self.cache.nominate(info, self.params.extender.nomination_ttl_seconds):
-            return codes
-        return narrowed
+            return codes, basis
+        return narrowed, basis
 
     def _filter_request(self, pod: Mapping[str, Any]) -> PodRequest | dict[str, Any]:
         """The pod's request (remembered for bind when it asks for GPUs), or the error
@@ -397,8 +399,8 @@ class Extender:
             with self.cache.lock:
                 snap = self._decision_snapshot(req)
                 pos = name_positions(snap, names)
-                codes = self._decide(snap, pod, req, pos)
-            self.decisions.record("filter", snap, req, pos)
+                codes, basis = self._decide(snap, pod, req, pos)
+            self.decisions.record("filter", snap, req, pos, basis)
             out = outcome_of(snap, names, pos, codes)
         if out is None:
             out = filter_nodes(self.cache.snapshot(), req, names, self.params)

@@ -23,7 +23,12 @@ from scheduler.cli.main import build_file_extender, load_params, main
 from scheduler.core.explain import PARTS, explain, summarize
 from scheduler.core.model import PLACEMENT_ANNOTATION
 from scheduler.core.objects import placement_of, request_from_pod
-from scheduler.core.schedule import filter_nodes, score_positions
+from scheduler.core.schedule import (
+    filter_codes,
+    filter_nodes,
+    narrow_with_rank,
+    score_positions,
+)
 from scheduler.core.snapshot import build_snapshot
 from scheduler.server.app import create_app
 from scheduler.server.decisions import DecisionLog
@@ -179,10 +184,21 @@ def test_bind_summary_is_the_explanations_summary() -> None:
                 assert summarize(snap, req, pos, params, verb) == ""
                 continue
             assert summarize(snap, req, pos, params, verb) == exp["summary"]
+            # With the filter's own (codes, rank), as bind gets them from the record.
+            codes = filter_codes(snap, req, pos, params)
+            _, _, rank = narrow_with_rank(snap, req, pos, codes, params)
+            basis = (codes, rank)
+            if verb == "filter":
+                assert summarize(snap, req, pos, params, verb, basis=basis) == exp["summary"]
             for other in exp["runners_up"]:
                 full = explain(snap, req, pos, params, verb, chosen=other["node"])
                 line = summarize(snap, req, pos, params, verb, chosen=other["node"])
                 assert line == full["summary"] and "not the engine's choice" in line
+                if verb == "filter":
+                    reused = summarize(
+                        snap, req, pos, params, verb, chosen=other["node"], basis=basis
+                    )
+                    assert reused == line
                 compared += 1
     assert compared > 20
 
