@@ -90,6 +90,7 @@ def test_render_changes_only_what_a_loopback_run_needs() -> None:
         "nvidia.com/gpumem-percentage",
         "nvidia.com/gpucores",
         "aliyun.com/gpu-mem",
+        "nvidia.com/gpu.shared",  # time-slicing / MPS replicas under a renamed resource
     }
     assert got["percentageOfNodesToScore"] == 100
     assert kubesched.profile_names(got) == ["topoplace"]

@@ -941,6 +941,7 @@ def test_scheduler_configuration_values(scheduler_config: dict[str, Any]) -> Non
             {"name": "nvidia.com/gpumem-percentage", "ignoredByScheduler": True},
             {"name": "nvidia.com/gpucores", "ignoredByScheduler": True},
             {"name": "aliyun.com/gpu-mem", "ignoredByScheduler": False},
+            {"name": "nvidia.com/gpu.shared", "ignoredByScheduler": False},
         ],
         "ignorable": False,
     }
