@@ -88,3 +88,25 @@ def test_ui_files_ship_in_the_package() -> None:
     for name in ui.FILES:
         assert any(Path(name).match(g) for g in globs), name
         assert ui.asset(name)  # read through importlib.resources, as an installed wheel is
+
+
+def test_fractional_shares_show_as_shared_gpus() -> None:
+    """A fractional pod bound on one of the demo's HAMi nodes shows its GPU as a share
+    (state ``shared``), with the memory and compute it holds; whole GPUs stay ``bound``."""
+    from tests.sharing.builders import share_pod
+    from tests.ui.helpers import schedule
+
+    with ServerThread(demo_app()) as srv, httpx.Client(base_url=srv.url, timeout=30) as client:
+        names = node_names(client)
+        pod = share_pod("llm-a", mem=4000, cores=30)
+        node = schedule(client, pod, names)
+        assert node.startswith("infer-")
+        v = client.get("/v1/inspect/view").json()
+        (held,) = [p for p in v["pods"] if p["key"] == "infer/llm-a"]
+        assert held["state"] == "shared" and held["node"] == node
+        ((gpu, mem, milli),) = held["shares"]
+        assert mem == 4000 and milli == 300 and held["gpus"] == [gpu]
+        tile = next(n for n in v["nodes"] if n["name"] == node)
+        assert tile["gpus"][gpu] == ui.GPU_SHARED
+        assert v["gpu_states"][ui.GPU_SHARED] == "shared"
+        assert tile["gpus"].count(ui.GPU_SHARED) == 1

@@ -43,7 +43,8 @@ GPU_BOUND = 1
 GPU_ASSUMED = 2
 GPU_RESERVED = 3
 GPU_BAD = 4
-GPU_STATES = ("free", "bound", "assumed", "reserved", "unhealthy")
+GPU_SHARED = 5
+GPU_STATES = ("free", "bound", "assumed", "reserved", "unhealthy", "shared")
 
 
 def asset(name: str) -> bytes:
@@ -75,6 +76,24 @@ def view_model(ext: Any, description: str = "") -> dict[str, Any]:
     state_at: dict[tuple[str, int], int] = {}
     for key in sorted(snap.pods):
         p = snap.pods[key]
+        if not p.gpus and p.shares:
+            # A fractional pod: its share of each GPU (memory MiB, compute milli).
+            idx = len(pods)
+            pods.append(
+                {
+                    "key": key,
+                    "ns": key.split("/", 1)[0],
+                    "gang": p.gang,
+                    "node": p.node,
+                    "gpus": [sh.gpu for sh in p.shares],
+                    "state": GPU_STATES[GPU_SHARED],
+                    "shares": [[sh.gpu, sh.memory_mib, sh.milli] for sh in p.shares],
+                }
+            )
+            for sh in p.shares:
+                pod_at.setdefault((p.node, sh.gpu), idx)
+                state_at.setdefault((p.node, sh.gpu), GPU_SHARED)
+            continue
         if not p.gpus:
             continue
         if key.startswith(RESERVATION_PREFIX):

@@ -9,7 +9,7 @@ const LEVEL_LABEL = {
   spine: "spine", core: "core", zone: "zone", cluster: "cluster",
 };
 const STATE_LABEL = { free: "free", bound: "whole GPU, bound", assumed: "whole GPU, being bound",
-  reserved: "reserved for a gang", unhealthy: "unhealthy GPU" };
+  reserved: "reserved for a gang", unhealthy: "unhealthy GPU", shared: "fractional share" };
 
 let model = null;             // the view model plus indexes (see indexModel)
 let focus = "";               // id of the group zoomed into ("" = the whole cluster)
