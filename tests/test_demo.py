@@ -83,6 +83,10 @@ def test_demo_captions_come_from_the_decisions() -> None:
     gang = [r for r in doc["decisions"] if r["pod"].startswith("ml-train/llama-pt-")]
     assert len(gang) == 3 and "1 nvlink-domain" in gang[0]["caption"]
     assert rows["ml-train/too-big-0"]["expected"] == "pending"
+    # A fractional step names the GPU it shares and the sharing policy the demo runs with.
+    chat = rows["ml-serve/chat-7b-0"]
+    assert chat["caption"].startswith(f"shares GPU {chat['gpus'][0]} of {chat['node']}")
+    assert chat["caption"].endswith("(chosen by the sharing policy topoplace-share)")
 
 
 def test_demo_exits_1_when_a_step_fails(tmp_path) -> None:

@@ -365,7 +365,7 @@ def run_demo(
                 if not as_json:
                     print(f"{n}. {step.title}: FAILED: {exc}")
                 continue
-            caption = _caption(step, step_rows, records)
+            caption = _caption(step, step_rows, records, params.sharing.policy)
             for r in step_rows:
                 r["caption"] = caption
                 single = next((x for x in records[step_rows.index(r)] if "chosen" in x), None)
@@ -423,8 +423,14 @@ def _weights(params: Any) -> str:
     return f"topology {w.topology:g}, health {w.health:g}, packing {w.packing:g}"
 
 
-def _caption(step: Step, rows: list[dict[str, Any]], records: list[list[dict[str, Any]]]) -> str:
-    """The step's caption, from its decision records."""
+def _caption(
+    step: Step,
+    rows: list[dict[str, Any]],
+    records: list[list[dict[str, Any]]],
+    sharing_policy: str = "",
+) -> str:
+    """The step's caption, from its decision records (and, for a fractional pod, the
+    sharing policy the extender runs with)."""
     gang_plan = next((r for recs in records for r in recs if r.get("verb") == "plan"), None)
     if len(step.pods) > 1 or gang_plan is not None:
         if gang_plan is None:
@@ -434,20 +440,22 @@ def _caption(step: Step, rows: list[dict[str, Any]], records: list[list[dict[str
             return refusal["summary"] if refusal else "no gang record"
         return _gang_caption(gang_plan)
     if rows[0].get("shares"):
-        return _share_caption(rows[0])
+        return _share_caption(rows[0], sharing_policy)
     single = next((r for r in records[0] if "chosen" in r), None)
     if single is None:
         return f"no decision recorded; rejected: {_reasons(rows[0]) or '-'}"
     return _single_caption(single)
 
 
-def _share_caption(row: Mapping[str, Any]) -> str:
-    """A fractional pod's share, as the extender holds it (GPU, MiB, % of the SMs)."""
+def _share_caption(row: Mapping[str, Any], policy: str = "") -> str:
+    """A fractional pod's share, as the extender holds it (GPU, MiB, % of the SMs), and
+    the sharing policy that chose it."""
     parts = [
         f"GPU {g} of {row['node']}: {mem} MiB, {milli // 10} % SMs"
         for g, mem, milli in row["shares"]
     ]
-    return "shares " + "; ".join(parts) + " (the sharing policy's choice, FGD by default)"
+    chose = f" (chosen by the sharing policy {policy})" if policy else ""
+    return "shares " + "; ".join(parts) + chose
 
 
 def _print_ledger(client: httpx.Client) -> None:

@@ -8,7 +8,7 @@ never get it, and a share never goes on a GPU held whole). The snapshot transiti
 (``snapshot.with_pod`` / ``without_pod``) keep both, and refuse any overcommit.
 
 One policy code path. A fractional pod is scored by a registered sharing policy
-(``scheduler.core.policies.sharing_policies``; FGD by default, ``sharing.policy`` in
+(``scheduler.core.policies.sharing_policies``; ``topoplace-share`` by default, ``sharing.policy`` in
 ``policy.yaml``) on a :class:`~scheduler.core.sharing.SharingClusterView` projected from the
 ledger, and :func:`place_on_view` picks host and device exactly as the offline simulator does
 (``benchmarks.engine.placers.SharingPlacement`` calls the same function).
