@@ -118,11 +118,36 @@ def explain_offline(key: str, cluster: str, config: str | None) -> dict[str, Any
     if req.gang and not bound_to:
         out["decisions"].append(_gang_offline(snap, req, pods, params))
         return out
+    from scheduler.core.fractional import is_share_pod
+
+    if is_share_pod(pod):
+        out["decisions"].append(_share_offline(pod, snap, params, bound_to))
+        return out
     pos = np.arange(len(snap.nodes), dtype=np.int64)
     exp = explain(snap, req, pos, params, "filter", chosen=bound_to)
     exp["verb"] = "offline" if not bound_to else "offline (bound pod, cluster without it)"
     out["decisions"].append(exp)
     return out
+
+
+def _share_offline(pod: Any, snap: Any, params: Any, bound_to: str | None) -> dict[str, Any]:
+    """A fractional pod, as the extender's prioritize would score it on the cluster
+    without it (every node a candidate): the sharing policy's record."""
+    from scheduler.core.objects import object_key
+    from scheduler.runtime.cache import ClusterCache
+    from scheduler.server.decisions import info_summary
+    from scheduler.server.extender import Extender
+    from scheduler.server.metrics import Metrics
+
+    ext = Extender(ClusterCache(snap, params), None, Metrics())
+    key = object_key(pod)
+    ext.prioritize_json({"Pod": pod, "NodeNames": list(snap.names)})
+    rec = next((r for r in ext.decisions.records(key) if r.info.get("kind") == "share"), None)
+    if rec is None:
+        return {"pod": key, "verb": "offline", "summary": "no sharing decision recorded"}
+    info = dict(rec.info)
+    verb = "offline" if not bound_to else "offline (bound pod, cluster without it)"
+    return {"pod": key, "verb": verb, **info, "summary": info_summary("prioritize", "", info)}
 
 
 def _gang_offline(snap: Any, req: Any, pods: list[Any], params: Any) -> dict[str, Any]:
@@ -274,6 +299,21 @@ def render_single(exp: Mapping[str, Any], indent: str = "  ") -> list[str]:
     return lines
 
 
+def render_share(d: Mapping[str, Any], indent: str = "  ") -> list[str]:
+    """A fractional pod's record as text: the policy's choice and the runners-up."""
+    lines = [f"{d.get('pod')} [{d.get('verb')}] {d.get('summary', '')}"]
+    for r in ([d["chosen"]] if d.get("chosen") else []) + list(d.get("runners_up") or []):
+        shares = ", ".join(f"GPU {g}: {m} MiB, {k // 10} % SMs" for g, m, k in r["shares"])
+        lost = f" ({r['why_lost']})" if r.get("why_lost") else " (chosen)"
+        lines.append(
+            f"{indent}{r['node']}: score {r['score']}/10, policy {r['policy_score']}/100; "
+            f"{shares}{lost}"
+        )
+    if d.get("reasons"):
+        lines.append(f"{indent}cannot take it: {_reasons(d['reasons'])}")
+    return lines
+
+
 def render(found: Mapping[str, Any]) -> list[str]:
     """Every record of an explain answer as text, newest first."""
     decisions = found.get("decisions") or []
@@ -285,7 +325,9 @@ def render(found: Mapping[str, Any]) -> list[str]:
         return [f"{found.get('pod')}: {why}"]
     lines: list[str] = []
     for d in decisions:
-        if "chosen" in d:
+        if d.get("kind") == "share":
+            lines += render_share(d)
+        elif "chosen" in d:
             lines += render_single(d)
         else:
             lines.append(f"{d.get('pod')} [{d.get('verb')}] {d.get('summary', '')}")

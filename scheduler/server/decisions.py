@@ -248,7 +248,22 @@ def gang_member_summary(plan: Mapping[str, Any], node: str) -> str:
 
 
 def info_summary(verb: str, gang: str, info: Mapping[str, Any]) -> str:
-    """One line for a gang record or a bind record."""
+    """One line for a gang record, a bind record or a fractional pod's record."""
+    if info.get("kind") == "share":
+        c = info.get("chosen")
+        if not c:
+            reasons = ", ".join(f"{n}x {r}" for r, n in (info.get("reasons") or {}).items())
+            return f"no node has a GPU with room for the share ({reasons or 'no candidates'})"
+        shares = "; ".join(f"GPU {g} {m} MiB {k // 10} % SMs" for g, m, k in c["shares"])
+        line = (
+            f"shares {shares} of {c['node']}: sharing policy {info.get('policy')} scores it "
+            f"{c['policy_score']}/100 (prioritize {c['score']}/10) among {info.get('feasible')}"
+            " node(s) that fit"
+        )
+        runners = info.get("runners_up") or []
+        if runners:
+            line += f"; runner-up {runners[0]['node']}: {runners[0]['why_lost']}"
+        return line
     if verb == "plan":
         slots = info.get("slots") or []
         nodes = sorted({s["node"] for s in slots})

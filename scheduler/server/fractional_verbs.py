@@ -162,6 +162,7 @@ def share_filter(
                     if n != best.node:
                         failed[n] = REASON_NOT_CHOSEN
                 feasible = [best.node]
+    _record_share(ext, "filter", pod_req, got, failed, unres)
     out = FilterOutcome(tuple(feasible), failed, unres)
     ext._count_filter(
         len(out.feasible),
@@ -183,6 +184,68 @@ def _reasons(out: FilterOutcome) -> dict[str, int]:
     return counts
 
 
+def share_explanation(
+    policy: str,
+    got: Mapping[str, ShareDecision],
+    failed: Mapping[str, str],
+    unres: Mapping[str, str],
+    runners_up: int = 3,
+) -> dict[str, Any]:
+    """A fractional pod's decision as a record: the sharing policy's choice (node, GPU
+    shares, its 0..100 score and the 0..10 score prioritize returns, as ``points``), the
+    next nodes by score with why they lost, and the reason counts of the nodes that
+    cannot take it. Deterministic (ties by node name, as :func:`best_decision`)."""
+    order = sorted(got.values(), key=lambda d: (-d.score, d.node))
+
+    def row(d: ShareDecision) -> dict[str, Any]:
+        score = d.score // 10
+        return {
+            "node": d.node,
+            "score": score,
+            "policy_score": d.score,
+            "shares": [[sh.gpu, sh.memory_mib, sh.milli] for sh in d.shares],
+            "points": {f"sharing policy {policy}": score},
+        }
+
+    reasons: dict[str, int] = {}
+    for r in (*failed.values(), *unres.values()):
+        if r != REASON_NOT_CHOSEN:
+            reasons[r] = reasons.get(r, 0) + 1
+    chosen = row(order[0]) if order else None
+    runners = []
+    for d in order[1 : 1 + runners_up]:
+        r = row(d)
+        r["why_lost"] = (
+            f"policy score {d.score} < {order[0].score}"
+            if d.score < order[0].score
+            else f"tied at {d.score}, lost the tie-break by name"
+        )
+        runners.append(r)
+    return {
+        "kind": "share",
+        "policy": policy,
+        "outcome": "placed" if chosen else "pending",
+        "chosen": chosen,
+        "runners_up": runners,
+        "feasible": len(order),
+        "reasons": dict(sorted(reasons.items())),
+    }
+
+
+def _record_share(
+    ext: Extender,
+    verb: str,
+    pod_req: PodRequest,
+    got: Mapping[str, ShareDecision],
+    failed: Mapping[str, str],
+    unres: Mapping[str, str],
+) -> None:
+    decisions = getattr(ext, "decisions", None)
+    if decisions is not None:
+        info = share_explanation(ext.params.sharing.policy, got, failed, unres)
+        decisions.record_info(verb, pod_req.key, pod_req.gang, info)
+
+
 def share_prioritize(
     ext: Extender, pod: Mapping[str, Any], pod_req: PodRequest, names: list[str]
 ) -> list[dict[str, Any]]:
@@ -192,7 +255,8 @@ def share_prioritize(
     except ShareError:
         return [{"Host": n, "Score": 0} for n in names]
     snap = ext.cache.snapshot()
-    got, _, _ = _decisions(ext, snap, pod_req, req, names)
+    got, failed, unres = _decisions(ext, snap, pod_req, req, names)
+    _record_share(ext, "prioritize", pod_req, got, failed, unres)
     return [{"Host": n, "Score": (got[n].score // 10) if n in got else 0} for n in names]
 
 

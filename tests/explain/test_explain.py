@@ -38,8 +38,8 @@ EXTRA = ("rounding", "choice")
 
 
 def whole_gpu_pods() -> list[tuple[str, dict]]:
-    """The demo's whole-GPU pods: fractional pods take the sharing policy's branch, which
-    the decision records and ``explain`` do not cover (docs/fractional.md)."""
+    """The demo's whole-GPU pods (fractional pods take the sharing policy's branch: see
+    :func:`test_parts_sum_to_prioritize_score_for_every_demo_share_pod`)."""
     from scheduler.core.fractional import is_share_pod
 
     return [(t, p) for t, p in scripted_pods() if not is_share_pod(p)]
@@ -281,3 +281,54 @@ def test_inspect_decisions_api_errors_and_unknown_pod() -> None:
         with redirect_stdout(buf):
             rc = main(["explain", "a/b", "--url", srv.url])
         assert rc == 1 and "no decision held" in buf.getvalue()
+
+
+def share_pods() -> list[tuple[str, dict]]:
+    from scheduler.core.fractional import is_share_pod
+
+    return [(t, p) for t, p in scripted_pods() if is_share_pod(p)]
+
+
+def test_parts_sum_to_prioritize_score_for_every_demo_share_pod(tmp_path: Path) -> None:
+    """The demo's fractional pods, online (the record prioritize leaves) and offline
+    (``explain --cluster``): the sharing policy's choice scores what prioritize returned,
+    its parts sum to that score, and the runners-up are the next nodes by policy score."""
+    params = load_params(None)
+    ext, what = build_file_extender(None, params)
+    assert share_pods()
+    with (
+        ServerThread(create_app(ext, description=what)) as srv,
+        httpx.Client(base_url=srv.url, timeout=30) as client,
+    ):
+        names = list(ext.cache.snapshot().names)
+        for _, pod in share_pods():
+            m = pod["metadata"]
+            key = f"{m['namespace']}/{m['name']}"
+            body = orjson.dumps({"Pod": pod, "NodeNames": names})
+            returned = {
+                h["Host"]: h["Score"]
+                for h in client.post("/scheduler/prioritize", content=body).json()
+            }
+            rc, found = _cli(["explain", key, "--url", srv.url, "--json"])
+            assert rc == 0
+            rec = next(d for d in found["decisions"] if d["verb"] == "prioritize")
+            assert rec["kind"] == "share" and rec["policy"] == params.sharing.policy
+            c = rec["chosen"]
+            assert returned[c["node"]] == c["score"] == max(returned.values())
+            assert sum(c["points"].values()) == c["score"] == c["policy_score"] // 10
+            for r in rec["runners_up"]:
+                assert sum(r["points"].values()) == returned[r["node"]]
+                assert (r["policy_score"], c["node"]) <= (c["policy_score"], r["node"]) or (
+                    r["policy_score"] < c["policy_score"]
+                )
+            assert c["node"] in rec["summary"] and "sharing policy" in rec["summary"]
+            # Offline, from a cluster file of the extender's state now, the pod pending.
+            state = client.get("/v1/inspect/snapshot").json()
+            state["items"].append({"kind": "Pod", "apiVersion": "v1", **pod})
+            path = str(tmp_path / f"{m['name']}.yaml")
+            Path(path).write_text(yaml.safe_dump(state))
+            rc, off = _cli(["explain", key, "--cluster", path, "--json"])
+            (orec,) = off["decisions"]
+            assert rc == 0 and orec["kind"] == "share"
+            assert orec["chosen"] == c and orec["runners_up"] == rec["runners_up"]
+            schedule(client, pod, names)
