@@ -275,11 +275,16 @@ def _gang_caption(plan: Mapping[str, Any] | None) -> str:
 
 
 def _story(step: Step, rows: list[dict[str, Any]], records: list[list[dict[str, Any]]]) -> None:
-    from scheduler.cli.explain import occupancy_line, render_single
+    from scheduler.cli.explain import occupancy_line, render_share, render_single
 
     for row, recs in zip(rows, records, strict=True):
         single = next((r for r in recs if "chosen" in r), None)
-        if single is not None:
+        if single is not None and single.get("kind") == "share":
+            for line in render_share(single, indent="     "):
+                print(f"   {line}")
+            if row.get("occupancy"):
+                print(f"     occupancy {occupancy_line(row['node'], row['occupancy'])}")
+        elif single is not None:
             for line in render_single(single, indent="     "):
                 print(f"   {line}")
         else:
@@ -441,7 +446,7 @@ def _caption(
         return _gang_caption(gang_plan)
     if rows[0].get("shares"):
         return _share_caption(rows[0], sharing_policy)
-    single = next((r for r in records[0] if "chosen" in r), None)
+    single = next((r for r in records[0] if "chosen" in r and r.get("kind") != "share"), None)
     if single is None:
         return f"no decision recorded; rejected: {_reasons(rows[0]) or '-'}"
     return _single_caption(single)
