@@ -455,28 +455,7 @@ class KubeApi:
         return dict(cached[1])
 
     def _post_json(self, path: str, data: bytes) -> dict[str, Any]:
-        import urllib3
-
-        client = self.api_client
-        connect, read = self.timeouts.request
-        for attempt in (0, 1):
-            try:
-                resp = client.rest_client.pool_manager.request(
-                    "POST",
-                    client.configuration.host + path,
-                    body=data,
-                    headers=self._post_headers(fresh=attempt > 0),
-                    timeout=urllib3.Timeout(connect=connect, read=read),
-                    preload_content=True,
-                    retries=False,
-                )
-            except Exception as exc:  # urllib3.exceptions.HTTPError, OSError, ...
-                raise _unavailable(exc) from None
-            if resp.status != 401:
-                break  # a 401 with cached credentials: refresh them and try once more
-        if not 200 <= resp.status < 300:
-            raise decode_status(resp.data, int(resp.status), str(resp.reason or ""))
-        return json_object(resp.data)
+        return self._request("POST", path, data)
 
     def request_json(
         self,
@@ -489,11 +468,19 @@ class KubeApi:
         with its credentials (as :meth:`create_binding`); the answer decoded. For the few
         writes that have no generated method shape worth using (claim status, JSON
         patches). Errors map as for every other call."""
+        return self._request(
+            method, path, None if body is None else orjson.dumps(body), content_type
+        )
+
+    def _request(
+        self, method: str, path: str, data: bytes | None, content_type: str = "application/json"
+    ) -> dict[str, Any]:
+        """``data`` sent raw to ``path`` with the cached credentials (refreshed and tried once
+        more after a 401); the answer as a JSON object, or the mapped error."""
         import urllib3
 
         client = self.api_client
         connect, read = self.timeouts.request
-        data = None if body is None else orjson.dumps(body)
         for attempt in (0, 1):
             headers = self._post_headers(fresh=attempt > 0)
             headers["Content-Type"] = content_type
@@ -510,16 +497,10 @@ class KubeApi:
             except Exception as exc:  # urllib3.exceptions.HTTPError, OSError, ...
                 raise _unavailable(exc) from None
             if resp.status != 401:
-                break
+                break  # a 401 with cached credentials: refresh them and try once more
         if not 200 <= resp.status < 300:
             raise decode_status(resp.data, int(resp.status), str(resp.reason or ""))
-        try:
-            out = orjson.loads(resp.data)
-        except orjson.JSONDecodeError as exc:
-            raise ApiUnavailable(f"response is not JSON: {exc}") from None
-        if not isinstance(out, dict):
-            raise ApiUnavailable("response is not a JSON object")
-        return out
+        return json_object(resp.data)
 
     def patch_pod_annotations(
         self, namespace: str, name: str, annotations: Mapping[str, str]
