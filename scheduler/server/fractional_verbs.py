@@ -92,6 +92,32 @@ def _distribution(ext: Extender, snap: ClusterSnapshot, req: ShareRequest) -> An
     return dist
 
 
+def _precheck(
+    snap: ClusterSnapshot,
+    pod_req: PodRequest,
+    name: str,
+    failed: dict[str, str],
+    unres: dict[str, str],
+    shared_ok: bool = False,
+) -> int | None:
+    """The row of node ``name`` when it passes the checks every sharing pod shares (known,
+    not blocked, matches the pod's nodeSelector), else None with its reason recorded in
+    ``failed`` / ``unres``. ``shared_ok``: a node blocked only for GPU sharing
+    (``BLOCKED_SHARED``) passes (replica nodes are such nodes)."""
+    i = snap.index.get(name)
+    if i is None:
+        failed[name] = REASON_UNKNOWN_NODE
+        return None
+    code = int(snap.arrays.blocked[i])
+    if code and not (shared_ok and code == BLOCKED_SHARED):
+        unres[name] = verdict_reason(snap, code, i)
+        return None
+    if not selector_matches(snap.nodes[i].labels, pod_req.node_selector):
+        unres[name] = REASON_NODE_SELECTOR
+        return None
+    return i
+
+
 def _decisions(
     ext: Extender, snap: ClusterSnapshot, pod_req: PodRequest, req: ShareRequest, names: list[str]
 ) -> tuple[dict[str, ShareDecision], dict[str, str], dict[str, str]]:
@@ -100,18 +126,10 @@ def _decisions(
     unres: dict[str, str] = {}
     cands = []
     for name in names:
-        i = snap.index.get(name)
+        i = _precheck(snap, pod_req, name, failed, unres)
         if i is None:
-            failed[name] = REASON_UNKNOWN_NODE
-            continue
-        code = int(snap.arrays.blocked[i])
-        if code:
-            unres[name] = verdict_reason(snap, code, i)
             continue
         node = snap.nodes[i]
-        if not selector_matches(node.labels, pod_req.node_selector):
-            unres[name] = REASON_NODE_SELECTOR
-            continue
         why = node_verdict(node, req)
         if why:
             unres[name] = why
@@ -145,31 +163,57 @@ def share_filter(
         got, failed, unres = _decisions(ext, snap, pod_req, req, names)
         feasible = [n for n in names if n in got]
         best = best_decision(got)
-        if best is not None and ext.params.extender.decide_in_filter and ext._ours(pod):
-            info = PodInfo(
-                key=pod_req.key,
-                uid=str(meta(pod).get("uid") or ""),
-                node=best.node,
-                gpus=(),
-                cpu_milli=pod_resource(pod, "cpu", cpu_milli),
-                memory_bytes=pod_resource(pod, "memory", quantity_int),
-                assumed=True,
-                raw=pod,
-                shares=best.shares,
-            )
-            if ext.cache.nominate(info, ext.params.extender.nomination_ttl_seconds):
-                for n in feasible:
-                    if n != best.node:
-                        failed[n] = REASON_NOT_CHOSEN
-                feasible = [best.node]
+        if best is not None:
+            feasible = _nominate(ext, pod, pod_req, best.node, feasible, failed, shares=best.shares)
     _record_share(ext, "filter", pod_req, got, failed, unres)
-    out = FilterOutcome(tuple(feasible), failed, unres)
-    ext._count_filter(
-        len(out.feasible),
-        len(out.failed),
-        len(out.unresolvable),
-        _reasons(out),
+    return _filter_reply(ext, feasible, failed, unres, items)
+
+
+def _nominate(
+    ext: Extender,
+    pod: Mapping[str, Any],
+    pod_req: PodRequest,
+    node: str,
+    feasible: list[str],
+    failed: dict[str, str],
+    **hold: Any,
+) -> list[str]:
+    """With ``extender.decide_in_filter`` (and the pod ours): hold filter's winner ``node``
+    for the pod's bind (``hold``: its shares or replicas); once held, the other feasible
+    nodes fail as not chosen (in ``failed``) and only ``node`` is returned, else
+    ``feasible`` as it was."""
+    if not (ext.params.extender.decide_in_filter and ext._ours(pod)):
+        return feasible
+    info = PodInfo(
+        key=pod_req.key,
+        uid=str(meta(pod).get("uid") or ""),
+        node=node,
+        gpus=(),
+        cpu_milli=pod_resource(pod, "cpu", cpu_milli),
+        memory_bytes=pod_resource(pod, "memory", quantity_int),
+        assumed=True,
+        raw=pod,
+        **hold,
     )
+    if not ext.cache.nominate(info, ext.params.extender.nomination_ttl_seconds):
+        return feasible
+    for n in feasible:
+        if n != node:
+            failed[n] = REASON_NOT_CHOSEN
+    return [node]
+
+
+def _filter_reply(
+    ext: Extender,
+    feasible: list[str],
+    failed: dict[str, str],
+    unres: dict[str, str],
+    items: list[Mapping[str, Any]] | None,
+) -> dict[str, Any]:
+    """Count the filter's outcome and answer it: node names, or the ``items`` (Node
+    objects) kept; nodes that fit but were not chosen are not sent as failed."""
+    out = FilterOutcome(tuple(feasible), failed, unres)
+    ext._count_filter(len(out.feasible), len(out.failed), len(out.unresolvable), _reasons(out))
     sent = {n: r for n, r in failed.items() if r != REASON_NOT_CHOSEN}
     if items is None:
         return wire.filter_result(feasible, None, sent, unres)
@@ -364,18 +408,10 @@ def _replica_verdicts(
     cands: list[tuple[str, int, float]] = []
     own = snap.pods.get(key)
     for name in names:
-        i = snap.index.get(name)
+        i = _precheck(snap, pod_req, name, failed, unres, shared_ok=True)
         if i is None:
-            failed[name] = REASON_UNKNOWN_NODE
-            continue
-        code = int(snap.arrays.blocked[i])
-        if code and code != BLOCKED_SHARED:
-            unres[name] = verdict_reason(snap, code, i)
             continue
         node = snap.nodes[i]
-        if not selector_matches(node.labels, pod_req.node_selector):
-            unres[name] = REASON_NODE_SELECTOR
-            continue
         held = own.replicas if own is not None and own.node == name else 0
         never, why = replica_reason(node, replicas, pod_req.min_link, held)
         if why:
@@ -414,32 +450,9 @@ def replica_filter(
         v = _replica_verdicts(snap, pod_req, n, names, pod_req.key)
         feasible = list(v.feasible)
         failed = dict(v.failed)
-        if v.choice and ext.params.extender.decide_in_filter and ext._ours(pod):
-            info = PodInfo(
-                key=pod_req.key,
-                uid=str(meta(pod).get("uid") or ""),
-                node=v.choice,
-                gpus=(),
-                cpu_milli=pod_resource(pod, "cpu", cpu_milli),
-                memory_bytes=pod_resource(pod, "memory", quantity_int),
-                assumed=True,
-                raw=pod,
-                replicas=n,
-            )
-            if ext.cache.nominate(info, ext.params.extender.nomination_ttl_seconds):
-                for name in feasible:
-                    if name != v.choice:
-                        failed[name] = REASON_NOT_CHOSEN
-                feasible = [v.choice]
-    out = FilterOutcome(tuple(feasible), failed, v.unresolvable)
-    ext._count_filter(len(out.feasible), len(out.failed), len(out.unresolvable), _reasons(out))
-    sent = {name: r for name, r in failed.items() if r != REASON_NOT_CHOSEN}
-    if items is None:
-        return wire.filter_result(feasible, None, sent, dict(v.unresolvable))
-    keep = set(feasible)
-    return wire.filter_result(
-        None, [x for x in items if wire.node_name_of(x) in keep], sent, dict(v.unresolvable)
-    )
+        if v.choice:
+            feasible = _nominate(ext, pod, pod_req, v.choice, feasible, failed, replicas=n)
+    return _filter_reply(ext, feasible, failed, dict(v.unresolvable), items)
 
 
 def replica_prioritize(
