@@ -204,6 +204,22 @@ class ClusterCache:
                 return False
             return self.forget(key)
 
+    def assume_for_bind(
+        self,
+        key: str,
+        node: str,
+        choose: Callable[[ClusterSnapshot, tuple[int, ...] | None], PodInfo | str],
+    ) -> PodInfo | str:
+        """At bind, atomically: take ``key``'s nomination on ``node``
+        (:meth:`take_nomination`), choose with it (``choose(snapshot, nominated GPUs or
+        None)``) and assume the choice; on an error string the nomination is released too."""
+        with self._lock:
+            nominated = self.take_nomination(key, node)
+            choice = self.assume_chosen(lambda s: choose(s, nominated))
+            if isinstance(choice, str) and nominated is not None:
+                self.forget(key)
+            return choice
+
     def take_nomination(self, key: str, node: str) -> tuple[int, ...] | None:
         """At bind: the GPUs nominated for ``key`` on ``node`` (still held, now without a
         TTL, until the caller assumes the bound pod over them), or None. A nomination on

@@ -644,7 +644,7 @@ class Extender:
         memory = pod_resource(pod, "memory", quantity_int)
         summary = self._why(req, node)
 
-        def choose(s: ClusterSnapshot) -> PodInfo | str:
+        def choose(s: ClusterSnapshot, nominated: tuple[int, ...] | None) -> PodInfo | str:
             held_for_it = nominated is not None or (self.gangs is not None and bool(req.gang))
             why = _node_refuses(s, req, node, cpu, memory, not held_for_it, self.params)
             if why:
@@ -677,11 +677,7 @@ class Extender:
                 raw=_bound_pod(pod, node, annotation),
             )
 
-        with self.cache.lock:
-            nominated = self.cache.take_nomination(key, node)
-            choice = self.cache.assume_chosen(choose)
-            if isinstance(choice, str) and nominated is not None:
-                self.cache.forget(key)
+        choice = self.cache.assume_for_bind(key, node, choose)
         if isinstance(choice, str):
             if self.gangs is not None and req.gang:
                 self.gangs.bound(self, req, False)

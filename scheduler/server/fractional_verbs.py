@@ -337,7 +337,7 @@ def share_bind_start(
     now = clock()
     handoff: dict[str, str] = {}
 
-    def choose(s: ClusterSnapshot) -> PodInfo | str:
+    def choose(s: ClusterSnapshot, nominated: tuple[int, ...] | None) -> PodInfo | str:
         n = s.node(node)
         if n is None:
             return REASON_UNKNOWN_NODE
@@ -380,11 +380,7 @@ def share_bind_start(
             shares=shares,
         )
 
-    with ext.cache.lock:
-        nominated = ext.cache.take_nomination(key, node)
-        choice = ext.cache.assume_chosen(choose)
-        if isinstance(choice, str) and nominated is not None:
-            ext.cache.forget(key)
+    choice = ext.cache.assume_for_bind(key, node, choose)
     if isinstance(choice, str):
         return choice
     return _BindWrite(key, pod, dict(handoff), pod_req, node, ())
@@ -481,7 +477,7 @@ def replica_bind_start(
     cpu = pod_resource(pod, "cpu", cpu_milli)
     memory = pod_resource(pod, "memory", quantity_int)
 
-    def choose(s: ClusterSnapshot) -> PodInfo | str:
+    def choose(s: ClusterSnapshot, _nominated: tuple[int, ...] | None) -> PodInfo | str:
         v = _replica_verdicts(s, pod_req, n, [node], key)
         if node not in v.scores:
             return v.failed.get(node) or v.unresolvable.get(node) or REASON_UNKNOWN_NODE
@@ -499,11 +495,7 @@ def replica_bind_start(
             replicas=n,
         )
 
-    with ext.cache.lock:
-        nominated = ext.cache.take_nomination(key, node)
-        choice = ext.cache.assume_chosen(choose)
-        if isinstance(choice, str) and nominated is not None:
-            ext.cache.forget(key)
+    choice = ext.cache.assume_for_bind(key, node, choose)
     if isinstance(choice, str):
         return choice
     return _BindWrite(key, pod, {}, pod_req, node, ())
