@@ -557,6 +557,18 @@ def class_selectors(classes: Mapping[str, Any], name: str) -> tuple[str, ...] | 
     return tuple(_str(_map(_map(s).get("cel")).get("expression")) for s in sels)
 
 
+def _request_predicates(classes: Mapping[str, Any], r: Request) -> list[Predicate] | None:
+    """The compiled CEL selectors a device must pass for request ``r`` (its class's, then
+    its own); None when the class is unknown or a selector is outside the CEL subset."""
+    sels = class_selectors(classes, r.device_class)
+    if sels is None:
+        return None
+    preds = [cel_predicate(e) for e in (*sels, *r.selectors)]
+    if any(p is None for p in preds):
+        return None
+    return [p for p in preds if p is not None]
+
+
 # ---- the allocator's first fit -----------------------------------------------------------------
 
 
@@ -652,13 +664,9 @@ def first_fit(
         if not spec.supported:
             return UNKNOWN
         for r in spec.requests:
-            sels = class_selectors(classes, r.device_class)
-            if sels is None:
+            ok = _request_predicates(classes, r)
+            if ok is None:
                 return UNKNOWN
-            preds = [cel_predicate(e) for e in (*sels, *r.selectors)]
-            if any(p is None for p in preds):
-                return UNKNOWN
-            ok = [p for p in preds if p is not None]
             cands = [
                 d
                 for d in devices
@@ -1001,13 +1009,10 @@ def whole_gpu_candidates(
         for r in spec.requests:
             if r.all_devices:
                 return None
-            sels = class_selectors(classes, r.device_class)
-            if sels is None:
+            ps = _request_predicates(classes, r)
+            if ps is None:
                 return None
-            ps = [cel_predicate(e) for e in (*sels, *r.selectors)]
-            if any(p is None for p in ps):
-                return None
-            preds.append((r, [p for p in ps if p is not None]))
+            preds.append((r, ps))
     busy = set(unavailable)
     out: dict[int, Device] = {}
     for d in inv.by_node.get(node, ()):
