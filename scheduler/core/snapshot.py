@@ -468,6 +468,23 @@ def _has_record(pod: Mapping[str, Any]) -> bool:
     return placement_of(pod) is not None or any(k in ann for k in SHARE_RECORD_KEYS)
 
 
+def _gpuless_pod(p: Mapping[str, Any], node: NodeInfo, **holds: Any) -> PodInfo:
+    """PodInfo of a pod bound to ``node`` that holds no whole GPU (``holds``: its shares or
+    replicas)."""
+    gang, _ = gang_of(p)
+    return PodInfo(
+        key=object_key(p),
+        uid=uid if isinstance(uid := meta(p).get("uid"), str) else "",
+        node=node.name,
+        gpus=(),
+        cpu_milli=pod_resource(p, "cpu", cpu_milli),
+        memory_bytes=pod_resource(p, "memory", quantity_int),
+        gang=gang,
+        raw=p,
+        **holds,
+    )
+
+
 def _bound_pod(
     p: Mapping[str, Any], node: NodeInfo, taken: int, params: SchedParams | None = None
 ) -> PodInfo:
@@ -477,34 +494,11 @@ def _bound_pod(
     its hand-off annotations, else inferred); ``node`` carries the ledger so far. On a
     time-slicing / MPS replica node a pod holds replicas (its request), no GPU."""
     if node.replicas:
-        gang, _ = gang_of(p)
-        return PodInfo(
-            key=object_key(p),
-            uid=uid if isinstance(uid := meta(p).get("uid"), str) else "",
-            node=node.name,
-            gpus=(),
-            cpu_milli=pod_resource(p, "cpu", cpu_milli),
-            memory_bytes=pod_resource(p, "memory", quantity_int),
-            gang=gang,
-            raw=p,
-            replicas=pod_replicas(p),
-        )
+        return _gpuless_pod(p, node, replicas=pod_replicas(p))
     got = bound_shares(p, node, (params or SchedParams()).sharing) if node.gpu_capacity else None
     if got is not None:
         shares, recorded = got
-        gang, _ = gang_of(p)
-        return PodInfo(
-            key=object_key(p),
-            uid=uid if isinstance(uid := meta(p).get("uid"), str) else "",
-            node=node.name,
-            gpus=(),
-            gpu_indices_known=recorded,
-            cpu_milli=pod_resource(p, "cpu", cpu_milli),
-            memory_bytes=pod_resource(p, "memory", quantity_int),
-            gang=gang,
-            raw=p,
-            shares=shares,
-        )
+        return _gpuless_pod(p, node, gpu_indices_known=recorded, shares=shares)
     info = _pod_info(p, node, taken)
     if indices_to_mask(info.gpus) & taken:
         # Two records claim one GPU (stale annotation): re-infer this pod's indices.
