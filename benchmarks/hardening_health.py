@@ -32,7 +32,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -46,6 +50,58 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Served:
+    """A running ``topoplace serve`` (see :func:`serving`)."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    health: int | None
+    commit: str
+
+
+@contextmanager
+def serving(
+    source: str, objects: list[dict[str, Any]], extra: list[str], health_port: bool
+) -> Iterator[Served]:
+    """``topoplace serve --cluster`` over ``objects`` (Nodes and Pods), run from checkout
+    ``source`` with ``extra`` arguments (and its own ``--health-port`` when
+    ``health_port``), up once ``/healthz`` answers 200 (SystemExit with the tail of its log
+    when it exits or is not up within 300 s); terminated on exit."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = Path(tmp) / "cluster.json"
+        cluster.write_bytes(orjson.dumps(as_list(objects)))
+        port = free_port()
+        health = free_port() if health_port else None
+        log = open(Path(tmp) / "serve.log", "wb")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "scheduler.cli.main", "--log-level", "WARNING", "serve"]
+            + ["--cluster", str(cluster), "--port", str(port)]
+            + ([] if health is None else ["--health-port", str(health)])
+            + extra,
+            cwd=source,
+            env={**os.environ, "PYTHONPATH": source},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + 300
+            while http(port if health is None else health, "GET", "/healthz", timeout=2) != 200:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit((Path(tmp) / "serve.log").read_text()[-3000:])
+                time.sleep(0.2)
+            commit = subprocess.run(
+                ["git", "-C", source, "rev-parse", "--short", "HEAD"],
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+            yield Served(proc, port, health, commit)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+            log.close()
 
 
 def http(port: int, method: str, path: str, body: bytes = b"", timeout: float = 30) -> int:
@@ -123,80 +179,54 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     nodes, pods = dgx_fleet(args.nodes)
     names = [n["metadata"]["name"] for n in nodes]
-    with tempfile.TemporaryDirectory() as tmp:
-        cluster = Path(tmp) / "cluster.json"
-        cluster.write_bytes(orjson.dumps(as_list(nodes + pods)))
-        port, health = free_port(), free_port()
-        log = open(Path(tmp) / "serve.log", "wb")  # noqa: SIM115
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "scheduler.cli.main", "--log-level", "WARNING", "serve"]
-            + ["--cluster", str(cluster), "--port", str(port), "--health-port", str(health)]
-            + (["--max-body-bytes", str(args.max_body_bytes)] if args.max_body_bytes else []),
-            cwd=args.source,
-            env={**os.environ, "PYTHONPATH": args.source},
-            stdout=log,
-            stderr=subprocess.STDOUT,
+    body_arg = ["--max-body-bytes", str(args.max_body_bytes)] if args.max_body_bytes else []
+    with serving(args.source, nodes + pods, body_arg, health_port=True) as served:
+        port, health, commit = served.port, served.health, served.commit
+        assert health is not None
+        print(
+            f"conditions: {args.nodes} nodes (dgx_fleet), serve from {args.source} at "
+            f"{commit}, {args.seconds:.0f} s per case, /healthz every 10 ms on a new "
+            f"connection (health port and main port), max body "
+            f"{args.max_body_bytes or 'default (64 MiB)'}, load average "
+            f"{os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs"
         )
-        try:
-            deadline = time.monotonic() + 300
-            while http(health, "GET", "/healthz", timeout=2) != 200:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit((Path(tmp) / "serve.log").read_text()[-3000:])
-                time.sleep(0.2)
-            commit = subprocess.run(
-                ["git", "-C", args.source, "rev-parse", "--short", "HEAD"],
-                capture_output=True,
-                text=True,
-            ).stdout.strip()
-            print(
-                f"conditions: {args.nodes} nodes (dgx_fleet), serve from {args.source} at "
-                f"{commit}, {args.seconds:.0f} s per case, /healthz every 10 ms on a new "
-                f"connection (health port and main port), max body "
-                f"{args.max_body_bytes or 'default (64 MiB)'}, load average "
-                f"{os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs"
-            )
-            for case in args.cases:
-                stop = threading.Event()
-                work: list[float] = []
-                lat = {"health port": [], "main port": []}
-                fails: dict[str, list[int]] = {"health port": [], "main port": []}
-                threads = [
-                    threading.Thread(target=probe, args=(p, stop, lat[k], fails[k]))
-                    for k, p in (("health port", health), ("main port", port))
-                ]
-                if case == "gangs":
-                    threads.append(
-                        threading.Thread(target=gang_load, args=(port, names, stop, work))
+        for case in args.cases:
+            stop = threading.Event()
+            work: list[float] = []
+            lat = {"health port": [], "main port": []}
+            fails: dict[str, list[int]] = {"health port": [], "main port": []}
+            threads = [
+                threading.Thread(target=probe, args=(p, stop, lat[k], fails[k]))
+                for k, p in (("health port", health), ("main port", port))
+            ]
+            if case == "gangs":
+                threads.append(threading.Thread(target=gang_load, args=(port, names, stop, work)))
+            elif case == "body":
+                threads.append(
+                    threading.Thread(
+                        target=body_load, args=(port, args.body_mb * 2**20, stop, work)
                     )
-                elif case == "body":
-                    threads.append(
-                        threading.Thread(
-                            target=body_load, args=(port, args.body_mb * 2**20, stop, work)
-                        )
-                    )
-                for t in threads:
-                    t.start()
-                time.sleep(args.seconds)
-                stop.set()
-                for t in threads:
-                    t.join()
-                extra = ""
-                if work:
-                    extra = (
-                        f"; {len(work)} {case} requests, median "
-                        f"{statistics.median(work) * 1000:.0f} ms each"
-                    )
-                print(f"\n{case}{extra}")
-                for k in lat:
-                    xs = lat[k]
-                    print(
-                        f"  /healthz {k}: n={len(xs)} p50 {pct(xs, 0.5) * 1000:.1f} ms, "
-                        f"p99 {pct(xs, 0.99) * 1000:.1f} ms, max {max(xs) * 1000:.1f} ms, "
-                        f"failed {len(fails[k])}"
-                    )
-        finally:
-            proc.terminate()
-            proc.wait(30)
+                )
+            for t in threads:
+                t.start()
+            time.sleep(args.seconds)
+            stop.set()
+            for t in threads:
+                t.join()
+            extra = ""
+            if work:
+                extra = (
+                    f"; {len(work)} {case} requests, median "
+                    f"{statistics.median(work) * 1000:.0f} ms each"
+                )
+            print(f"\n{case}{extra}")
+            for k in lat:
+                xs = lat[k]
+                print(
+                    f"  /healthz {k}: n={len(xs)} p50 {pct(xs, 0.5) * 1000:.1f} ms, "
+                    f"p99 {pct(xs, 0.99) * 1000:.1f} ms, max {max(xs) * 1000:.1f} ms, "
+                    f"failed {len(fails[k])}"
+                )
     return 0
 
 

@@ -18,17 +18,14 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import orjson
 
-from benchmarks.clusters import as_list, make_pod
+from benchmarks.clusters import make_pod
 from benchmarks.gang_solver import dgx_fleet
-from benchmarks.hardening_health import free_port, http
+from benchmarks.hardening_health import serving
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -71,51 +68,30 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     nodes, pods = dgx_fleet(args.nodes)
     names = [n["metadata"]["name"] for n in nodes]
-    with tempfile.TemporaryDirectory() as tmp:
-        cluster = Path(tmp) / "cluster.json"
-        cluster.write_bytes(orjson.dumps(as_list(nodes + pods)))
-        port = free_port()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "scheduler.cli.main", "--log-level", "WARNING", "serve"]
-            + ["--cluster", str(cluster), "--port", str(port)],
-            cwd=args.source,
-            env={**os.environ, "PYTHONPATH": args.source},
+    with serving(args.source, nodes + pods, [], health_port=False) as served:
+        proc, port, commit = served.proc, served.port, served.commit
+        print(
+            f"conditions: {args.nodes} nodes (dgx_fleet), serve from {args.source} at "
+            f"{commit}, {args.pods} distinct 1-GPU pods through filter (16 candidate "
+            f"nodes each), one keep-alive connection, load average "
+            f"{os.getloadavg()[0]:.1f}"
         )
-        try:
-            while http(port, "GET", "/healthz", timeout=2) != 200:
-                if proc.poll() is not None:
-                    raise SystemExit("server exited")
-                time.sleep(0.2)
-            commit = subprocess.run(
-                ["git", "-C", args.source, "rev-parse", "--short", "HEAD"],
-                capture_output=True,
-                text=True,
-            ).stdout.strip()
-            print(
-                f"conditions: {args.nodes} nodes (dgx_fleet), serve from {args.source} at "
-                f"{commit}, {args.pods} distinct 1-GPU pods through filter (16 candidate "
-                f"nodes each), one keep-alive connection, load average "
-                f"{os.getloadavg()[0]:.1f}"
-            )
-            print(f"RSS at start: {rss_mib(proc.pid):.0f} MiB")
-            client = KeepAlive(port)
-            t0 = time.monotonic()
-            for i in range(args.pods):
-                pod = make_pod(f"rss-{i:06d}", 1, namespace=f"ns-{i % 97}")
-                spec = pod["spec"]["containers"][0]
-                spec["env"] = [{"name": f"VAR_{k}", "value": "x" * 32} for k in range(8)]
-                spec["command"] = ["python", "-m", "train", f"--run={i}"]
-                cands = [names[(i * 16 + k) % len(names)] for k in range(16)]
-                client.post("/scheduler/filter", orjson.dumps({"Pod": pod, "NodeNames": cands}))
-                if (i + 1) % 20_000 == 0:
-                    print(
-                        f"RSS after {i + 1} pods: {rss_mib(proc.pid):.0f} MiB "
-                        f"({time.monotonic() - t0:.0f} s)"
-                    )
-            print(f"RSS at the end: {rss_mib(proc.pid):.0f} MiB")
-        finally:
-            proc.terminate()
-            proc.wait(30)
+        print(f"RSS at start: {rss_mib(proc.pid):.0f} MiB")
+        client = KeepAlive(port)
+        t0 = time.monotonic()
+        for i in range(args.pods):
+            pod = make_pod(f"rss-{i:06d}", 1, namespace=f"ns-{i % 97}")
+            spec = pod["spec"]["containers"][0]
+            spec["env"] = [{"name": f"VAR_{k}", "value": "x" * 32} for k in range(8)]
+            spec["command"] = ["python", "-m", "train", f"--run={i}"]
+            cands = [names[(i * 16 + k) % len(names)] for k in range(16)]
+            client.post("/scheduler/filter", orjson.dumps({"Pod": pod, "NodeNames": cands}))
+            if (i + 1) % 20_000 == 0:
+                print(
+                    f"RSS after {i + 1} pods: {rss_mib(proc.pid):.0f} MiB "
+                    f"({time.monotonic() - t0:.0f} s)"
+                )
+        print(f"RSS at the end: {rss_mib(proc.pid):.0f} MiB")
     return 0
 
 
