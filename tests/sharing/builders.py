@@ -141,3 +141,14 @@ def aliyun_pod(name: str, gib: int | str = 4, node: str | None = None, **kw: Any
         "aliyun.com/gpu-mem": str(gib) if isinstance(gib, int) else gib
     }
     return pod
+
+
+class RecordingBinder:
+    """Records every Binding: (pod name, node, annotations) (stands in for the API server)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, dict[str, str]]] = []
+
+    def bind(self, pod: Any, node: str, annotations: Any) -> str:
+        self.calls.append((pod["metadata"]["name"], node, dict(annotations)))
+        return ""

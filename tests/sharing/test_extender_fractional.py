@@ -15,21 +15,16 @@ from scheduler.core.params import SchedParams
 from scheduler.core.snapshot import build_snapshot
 from scheduler.runtime.cache import ClusterCache
 from scheduler.server.extender import Extender
-from tests.sharing.builders import aliyun_pod, gpushare_node, hami_node, share_pod
+from tests.sharing.builders import (
+    RecordingBinder,
+    aliyun_pod,
+    gpushare_node,
+    hami_node,
+    share_pod,
+)
 
 HAMI_DEVICES = re.compile(r"^(?:(?:GPU-[A-Za-z0-9-]+,NVIDIA,\d+,\d+:)*;)+$")
 NAMES = ["dgx-0", "infer-a", "infer-b", "share-0"]
-
-
-class RecordingBinder:
-    """Records every Binding's annotations (stands in for the API server)."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str, dict[str, str]]] = []
-
-    def bind(self, pod: Any, node: str, annotations: Any) -> str:
-        self.calls.append((pod["metadata"]["name"], node, dict(annotations)))
-        return ""
 
 
 def _ext() -> tuple[Extender, RecordingBinder, list[dict[str, Any]]]:

@@ -38,6 +38,7 @@ from scheduler.core.snapshot import (
 )
 from scheduler.runtime.cache import ClusterCache
 from scheduler.server.extender import Extender
+from tests.sharing.builders import RecordingBinder
 
 PARAMS = SchedParams()
 TS = {"nvidia.com/gpu.sharing-strategy": "time-slicing"}
@@ -250,13 +251,6 @@ def test_whole_gpu_pods_and_gangs_never_land_on_replica_nodes() -> None:
 
 def _ext(replicas: str = "opt-in", **kw: Any) -> tuple[Extender, list]:
     params = replace(PARAMS, sharing=SharingParams(replicas=replicas))
-    calls: list = []
-
-    class RecordingBinder:
-        def bind(self, pod: Any, node: str, annotations: Any) -> str:
-            calls.append((pod["metadata"]["name"], node, dict(annotations)))
-            return ""
-
     nodes = [
         make_node("dgx-0", 8, "h100"),
         replica_node("ts-0", 2, "a100", replicas=4),
@@ -264,7 +258,8 @@ def _ext(replicas: str = "opt-in", **kw: Any) -> tuple[Extender, list]:
         replica_node("mps-0", 2, "h100", replicas=2, strategy="mps", **kw),
     ]
     cache = ClusterCache.from_objects(nodes, [], params)
-    return Extender(cache, RecordingBinder()), calls
+    binder = RecordingBinder()
+    return Extender(cache, binder), binder.calls
 
 
 def _filter(ext: Extender, pod: dict[str, Any], names: list[str] = NAMES) -> dict[str, Any]:

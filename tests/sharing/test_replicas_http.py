@@ -16,20 +16,10 @@ from scheduler.core.schedule import REASON_REPLICA_NODE
 from scheduler.runtime.cache import ClusterCache
 from scheduler.server.extender import Extender
 from tests.helpers import asgi_client
+from tests.sharing.builders import RecordingBinder
 
 NAMES = ["dgx-0", "ts-a", "ts-b"]
 TS = {"nvidia.com/gpu.sharing-strategy": "time-slicing"}
-
-
-class RecordingBinder:
-    """Records every Binding (stands in for the API server)."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str, dict[str, str]]] = []
-
-    def bind(self, pod: Any, node: str, annotations: Any) -> str:
-        self.calls.append((pod["metadata"]["name"], node, dict(annotations)))
-        return ""
 
 
 def _setup() -> tuple[Any, Extender, RecordingBinder]:
