@@ -168,6 +168,18 @@ def _gang_api() -> Any:
     return api
 
 
+def _gang_runtime(identity: str, clock: Clock) -> Any:
+    """The runtime of replica ``identity`` over :func:`_gang_api`, electing on the Lease
+    topoplace-system/topoplace-scheduler, no expiry sweep."""
+    opts = KubeOptions(
+        watch=WatchOptions(podgroups=False),
+        expire_interval_s=0,
+        leader_lease=("topoplace-system", "topoplace-scheduler"),
+        leader_identity=identity,
+    )
+    return build_kube_runtime(_gang_api(), SchedParams(), options=opts, clock=clock)
+
+
 def _reservations(rt: Any) -> list[tuple[str, tuple[int, ...]]]:
     return sorted(
         (p.node, p.gpus)
@@ -179,13 +191,7 @@ def _reservations(rt: Any) -> list[tuple[str, tuple[int, ...]]]:
 def test_standby_acts_only_after_takeover_and_replays_the_plan_first() -> None:
     pytest.importorskip("scheduler.runtime.gangs")
     clock = Clock()
-    opts = KubeOptions(
-        watch=WatchOptions(podgroups=False),
-        expire_interval_s=0,
-        leader_lease=("topoplace-system", "topoplace-scheduler"),
-        leader_identity="replica-b",
-    )
-    rt = build_kube_runtime(_gang_api(), SchedParams(), options=opts, clock=clock)
+    rt = _gang_runtime("replica-b", clock)
     script = Script(lease("held-by-a"))
     rt.follower.get_lease = script
     rt.follower.clock = clock
@@ -229,13 +235,7 @@ def test_standby_acts_only_after_takeover_and_replays_the_plan_first() -> None:
 def test_a_replica_leading_at_start_up_recovers_once_synced() -> None:
     pytest.importorskip("scheduler.runtime.gangs")
     clock = Clock()
-    opts = KubeOptions(
-        watch=WatchOptions(podgroups=False),
-        expire_interval_s=0,
-        leader_lease=("topoplace-system", "topoplace-scheduler"),
-        leader_identity="replica-a",
-    )
-    rt = build_kube_runtime(_gang_api(), SchedParams(), options=opts, clock=clock)
+    rt = _gang_runtime("replica-a", clock)
     rt.follower.get_lease = Script(lease("held-by-a"))
     rt.follower.clock = clock
     assert rt.follower.observe()  # leads before the cache is synced: nothing yet
