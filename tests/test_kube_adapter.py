@@ -721,9 +721,10 @@ def test_gang_plans_rebuilt_from_member_annotations() -> None:
     assert cache.snapshot().pods["rec/train-a"].gpus == (0, 1, 2, 3)
 
 
-def _gang_member_with_plan_cache(other_slot: tuple[str, list[int]]) -> ClusterCache:
-    """rec/train-a bound as the only member of rec/llm (size 2), its record carrying the
-    whole plan: its own slot and ``other_slot`` (node, GPUs) for the member not created."""
+def gang_member_with_plan_api(other_slot: tuple[str, list[int]]) -> Any:
+    """The recorded cluster's fake API with rec/train-a bound as the only member of rec/llm
+    (size 2), its record carrying the whole plan: its own slot and ``other_slot`` (node,
+    GPUs) for the member not created."""
     api = fake_api(podgroups=False)
     for p in api.lists[PODS.name]["items"]:
         if p["metadata"]["name"] == "train-a":
@@ -743,8 +744,13 @@ def _gang_member_with_plan_cache(other_slot: tuple[str, list[int]]) -> ClusterCa
             ann[PLACEMENT_ANNOTATION] = json.dumps(rec)
             ann.update({"topoplace.io/gang": "llm", "topoplace.io/gang-size": "2"})
             ann["topoplace.io/role"] = "llm"
+    return api
+
+
+def _gang_member_with_plan_cache(other_slot: tuple[str, list[int]]) -> ClusterCache:
+    """The cache synced from :func:`gang_member_with_plan_api`."""
     cache = empty_cache(clock=Clock())
-    KubeWatcher(api, cache, WatchOptions(podgroups=False)).sync()
+    KubeWatcher(gang_member_with_plan_api(other_slot), cache, WatchOptions(podgroups=False)).sync()
     return cache
 
 

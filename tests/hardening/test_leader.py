@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.core.model import PLACEMENT_ANNOTATION, PodInfo
+from scheduler.core.model import PodInfo
 from scheduler.core.params import SchedParams
 from scheduler.kube.client import PODS, ApiUnavailable
 from scheduler.kube.leader import LeaseFollower, holds, lease_record, parse_lease_ref
@@ -26,7 +26,7 @@ from scheduler.kube.runner import (
     options_from_env,
 )
 from scheduler.kube.watcher import WatchOptions
-from tests.test_kube_adapter import Clock, fake_api, pending_train_a
+from tests.test_kube_adapter import Clock, gang_member_with_plan_api, pending_train_a
 
 LEASES = Path(__file__).resolve().parents[1] / "fixtures" / "leases"
 
@@ -145,26 +145,9 @@ def _gang_api() -> Any:
     its placement record carrying the whole plan: the other slot is rec-node-1 GPUs 4-7.
     (The recorded pending pod gang-w-0 of another role is left out: it would make the gang
     be planned again, which recovery tests cover elsewhere.)"""
-    api = fake_api(podgroups=False)
+    api = gang_member_with_plan_api(("rec-node-1", [4, 5, 6, 7]))
     items = api.lists[PODS.name]["items"]
     items[:] = [p for p in items if p["metadata"]["name"] != "gang-w-0"]
-    for p in api.lists[PODS.name]["items"]:
-        if p["metadata"]["name"] == "train-a":
-            rec = {
-                "v": 1,
-                "node": "rec-node-0",
-                "gpus": [0, 1, 2, 3],
-                "gang": "rec/llm",
-                "plan": "p-2",
-                "policy": "topoplace",
-                "created": 1_700_000_000.0,
-                "ttl": 60.0,
-                "slots": [["llm", "rec-node-0", [0, 1, 2, 3]], ["llm", "rec-node-1", [4, 5, 6, 7]]],
-            }
-            ann = p["metadata"]["annotations"]
-            ann[PLACEMENT_ANNOTATION] = json.dumps(rec)
-            ann.update({"topoplace.io/gang": "llm", "topoplace.io/gang-size": "2"})
-            ann["topoplace.io/role"] = "llm"
     return api
 
 
