@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from scheduler.core.params import SchedParams
 from scheduler.runtime.cache import ClusterCache
 from scheduler.runtime.dra import DraRouter
 from tests.kube.conftest import NODE_LABEL, REPO, Topoplace, make_gpu_node
+from tests.kube.test_live import wait_for
 
 SHARED_CP = REPO / ".." / "shared" / "controlplane"
 VARIANT = REPO / "config" / "deploy" / "dra" / "scheduler-config-dra.yaml"
@@ -39,17 +40,6 @@ DRA_SCHED_PORT = int(
     )
 )
 CLASS = "gpu.nvidia.com"
-
-
-def wait_for(cond: Callable[[], Any], timeout: float, what: str, every: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(every)
 
 
 # ---- fixtures ---------------------------------------------------------------------------------
