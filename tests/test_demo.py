@@ -7,14 +7,19 @@ import subprocess
 import sys
 
 
-def test_demo_json_decisions() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "scheduler.cli.main", "demo", "--json"],
+def _demo(*flags: str) -> subprocess.CompletedProcess[str]:
+    """``topoplace demo`` run as the console script would (exit status 0 required)."""
+    return subprocess.run(
+        [sys.executable, "-m", "scheduler.cli.main", "demo", *flags],
         capture_output=True,
         text=True,
         timeout=120,
         check=True,
     )
+
+
+def test_demo_json_decisions() -> None:
+    out = _demo("--json")
     rows = {r["pod"]: r for r in json.loads(out.stdout)["decisions"]}
     # Single-GPU pods pack onto the partly used DGX H100 instead of opening a fresh node.
     assert (
@@ -45,25 +50,13 @@ def test_demo_json_decisions() -> None:
 
 
 def test_demo_table_prints() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "scheduler.cli.main", "demo"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
+    out = _demo()
     assert "placed on" in out.stdout and "16 GPUs in one pod: pending" in out.stdout
     assert "every step behaved" in out.stdout
 
 
 def test_demo_captions_come_from_the_decisions() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "scheduler.cli.main", "demo", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
+    out = _demo("--json")
     doc = json.loads(out.stdout)
     assert doc["ok"] is True and doc["failures"] == []
     rows = {r["pod"]: r for r in doc["decisions"]}
