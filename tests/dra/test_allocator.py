@@ -84,16 +84,17 @@ def _claim(name: str, count: int) -> dict:
     return c
 
 
-def _pod(name: str, claim: str, *, gang: str = "", size: int = 0, node: str = "") -> dict:
+def pod_metadata(name: str, gang: str = "", size: int = 0) -> dict:
+    """A test pod's metadata in namespace default (uid ``uid-<name>``), annotated as a
+    member of gang ``gang`` of ``size`` when ``gang`` is set."""
     ann = {"topoplace.io/gang": gang, "topoplace.io/gang-size": str(size)} if gang else {}
+    return {"name": name, "namespace": "default", "uid": f"uid-{name}", "annotations": ann}
+
+
+def _pod(name: str, claim: str, *, gang: str = "", size: int = 0, node: str = "") -> dict:
     return {
         "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": "default",
-            "uid": f"uid-{name}",
-            "annotations": ann,
-        },
+        "metadata": pod_metadata(name, gang, size),
         "spec": {
             "schedulingGates": [{"name": dra.ALLOCATE_GATE}],
             "nodeSelector": {"kubernetes.io/hostname": node} if node else {},

@@ -13,7 +13,7 @@ from scheduler.kube import allocator as al
 from scheduler.runtime.cache import ClusterCache
 from scheduler.runtime.dra import DraRouter
 from tests.dra import recorded
-from tests.dra.test_allocator import MockClaimApi, _claim
+from tests.dra.test_allocator import MockClaimApi, _claim, pod_metadata
 
 PARAMS = SchedParams()
 CHANNEL_CLASS = "compute-domain-default-channel.nvidia.com"
@@ -79,15 +79,9 @@ def _channel_claim(name: str, domain: str, node: str = "") -> dict:
 def _pod(
     name: str, claims: list[str], *, gang: str = "", size: int = 0, gated: bool = True
 ) -> dict:
-    ann = {"topoplace.io/gang": gang, "topoplace.io/gang-size": str(size)} if gang else {}
     return {
         "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": "default",
-            "uid": f"uid-{name}",
-            "annotations": ann,
-        },
+        "metadata": pod_metadata(name, gang, size),
         "spec": {
             "schedulingGates": [{"name": dra.ALLOCATE_GATE}] if gated else [],
             "resourceClaims": [{"name": c, "resourceClaimName": c} for c in claims],
