@@ -547,31 +547,45 @@ def run_arm(
     th.start()
     time.sleep(0.2)  # let the watch connect
 
-    def create_all(workers: int) -> float:
-        t = time.monotonic()
+    def in_order(
+        workers: int,
+        due: Callable[[int], float | None],
+        act: Callable[[dict[str, Any]], Any],
+        stamp: bool,
+    ) -> None:
+        """``act`` on every pod, handed out in arrival order to ``workers`` threads, each
+        taken no earlier than ``due(i)`` (None: at once); ``stamp`` records when."""
         order = iter(enumerate(pods))
         take = threading.Lock()
 
-        def creator() -> None:
+        def worker() -> None:
             while True:
                 with take:  # hand pods out in arrival order
                     item = next(order, None)
                     if item is None:
                         return
                     i, pod = item
-                    if rate > 0 and release == "create":
-                        wait = t + i / rate - time.monotonic()
-                        if wait > 0:
-                            time.sleep(wait)
-                    elif release == "timed":
-                        wait = t + scenario.pods[i].arrive / time_scale - time.monotonic()
-                        if wait > 0:
-                            time.sleep(wait)
-                    if release != "ungate":
+                    at = due(i)
+                    wait = at - time.monotonic() if at is not None else 0.0
+                    if wait > 0:
+                        time.sleep(wait)
+                    if stamp:
                         res.created[scenario.pods[i].name] = time.monotonic()
-                api.create_pod(namespace, pod)
+                act(pod)
 
-        parallel(lambda _: creator(), list(range(workers)), workers)
+        parallel(lambda _: worker(), list(range(workers)), workers)
+
+    def create_all(workers: int) -> float:
+        t = time.monotonic()
+
+        def due(i: int) -> float | None:
+            if rate > 0 and release == "create":
+                return t + i / rate
+            if release == "timed":
+                return t + scenario.pods[i].arrive / time_scale
+            return None
+
+        in_order(workers, due, lambda pod: api.create_pod(namespace, pod), release != "ungate")
         return time.monotonic() - t
 
     if release not in ("create", "timed"):
@@ -592,24 +606,12 @@ def run_arm(
         t_created = t_start
         log(f"{phase}: scheduler started {time.monotonic() - t_start:.1f}s after launch")
     elif release == "ungate":
-        nxt = iter(enumerate(pods))
-        take = threading.Lock()
-
-        def ungater() -> None:
-            while True:
-                with take:  # hand pods out in arrival order
-                    item = next(nxt, None)
-                    if item is None:
-                        return
-                    i, pod = item
-                    if rate > 0:
-                        wait = t_start + i / rate - time.monotonic()
-                        if wait > 0:
-                            time.sleep(wait)
-                    res.created[scenario.pods[i].name] = time.monotonic()
-                api.ungate_pod(namespace, pod["metadata"]["name"])
-
-        parallel(lambda _: ungater(), list(range(ungate_workers)), ungate_workers)
+        in_order(
+            ungate_workers,
+            lambda i: t_start + i / rate if rate > 0 else None,
+            lambda pod: api.ungate_pod(namespace, pod["metadata"]["name"]),
+            True,
+        )
         t_created = time.monotonic()
         log(f"{phase}: {len(pods)} pods ungated in {t_created - t_start:.1f}s")
     else:
