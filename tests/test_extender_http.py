@@ -485,3 +485,37 @@ def test_prioritize_json_fast_path_equals_general_path() -> None:
         {"Host": "dgx-h100-02", "Score": 0},
     ]
     assert orjson.loads(ext.prioritize_json(args)) == fast  # cached prefixes give the same reply
+
+
+def test_bind_reuses_the_request_filter_read(client, ext: Extender, monkeypatch) -> None:
+    """Bind takes the request filter read from the same pod object instead of reading the
+    pod again; a pod bind has not seen in a filter is still read (and bound)."""
+    import scheduler.server.extender as extender_mod
+
+    reads: list[str] = []
+
+    def counting(pod, fabric=None):
+        reads.append(pod["metadata"]["name"])
+        return request_from_pod(pod, fabric)
+
+    monkeypatch.setattr(extender_mod, "request_from_pod", counting)
+    args = fixture("filter_args_nodenames.json")
+    args["Pod"] = _four_gpu_pod_alone()
+    name = args["Pod"]["metadata"]["name"]
+    client.post("/scheduler/filter", content=orjson.dumps(args))
+    assert reads == [name]
+    r = client.post("/scheduler/bind", content=orjson.dumps(fixture("bind_args.json")))
+    assert r.json() == {"Error": ""} and reads == [name]
+    (p,) = [
+        p
+        for p in client.get("/v1/inspect/placements").json()["placements"]
+        if p["pod"] == f"ml-train/{name}"
+    ]
+    assert p["node"] == "dgx-h100-01" and len(p["gpus"]) == 4
+    # Held without a filter's request (as the watch stores it): bind reads it itself.
+    other = copy.deepcopy(args["Pod"])
+    other["metadata"].update(name="late", uid="uid-late")
+    ext.cache.remember_pending(other)
+    bind = {"PodName": "late", "PodNamespace": "ml-train", "PodUID": "uid-late"}
+    r = client.post("/scheduler/bind", content=orjson.dumps({**bind, "Node": "dgx-h100-01"}))
+    assert r.json() == {"Error": ""} and reads == [name, "late"]

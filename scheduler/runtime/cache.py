@@ -32,7 +32,7 @@ import orjson
 
 from scheduler.core import dra
 from scheduler.core.model import NodeInfo, PodInfo
-from scheduler.core.objects import ObjectError, object_key, pod_terminated, redacted_pod
+from scheduler.core.objects import ObjectError, meta, object_key, pod_terminated, redacted_pod
 from scheduler.core.params import SchedParams
 from scheduler.core.podmap import PodMap
 from scheduler.core.snapshot import (
@@ -82,11 +82,21 @@ class PendingPod:
     """A pod seen in a filter call and not yet bound (needed to bind it later).
 
     ``obj`` is the pod without what decisions do not need (:func:`redacted_pod`: no env,
-    commands, volumes, managed fields); ``size`` its JSON size in bytes."""
+    commands, volumes, managed fields); ``size`` its JSON size in bytes; ``req`` the
+    request a filter read from this very version of the pod (``PodRequest``), if any, so
+    bind does not read it again."""
 
     obj: Mapping[str, Any]
     seen_at: float
     size: int = 0
+    req: Any = None
+
+    def same_version(self, pod: Mapping[str, Any]) -> bool:
+        """Whether ``pod`` is the version held: same uid and resourceVersion (the API
+        server's version of the whole object), both set."""
+        new, old = meta(pod), meta(self.obj)
+        rv = new.get("resourceVersion")
+        return bool(rv) and rv == old.get("resourceVersion") and new.get("uid") == old.get("uid")
 
 
 PENDING_MAX_ENTRIES = 100_000
@@ -280,15 +290,26 @@ class ClusterCache:
     def remember_pending(
         self,
         pod: Mapping[str, Any],
+        req: Any = None,
         max_entries: int = PENDING_MAX_ENTRIES,
         max_bytes: int = PENDING_MAX_BYTES,
     ) -> None:
-        """Keep the Pod object of a pod being scheduled, so bind can find it.
+        """Keep the Pod object of a pod being scheduled, so bind can find it, with the
+        request ``req`` read from it (if the caller read one).
 
         Only what decisions need is kept (:func:`redacted_pod`), and the store is bounded
         in entries and in bytes: the least recently seen pods are evicted first, in O(1)
-        each (a pod evicted before its bind is fetched from the API, or refused)."""
+        each (a pod evicted before its bind is fetched from the API, or refused). The
+        version already held (the watch's, then filter's) is only marked seen again."""
         key = object_key(pod)
+        with self._lock:
+            held = self._pending.get(key)
+            if held is not None and held.same_version(pod):
+                self._pending[key] = PendingPod(
+                    held.obj, self._clock(), held.size, held.req if req is None else req
+                )
+                self._pending.move_to_end(key)
+                return
         obj = redacted_pod(pod)
         try:
             size = len(orjson.dumps(obj))
@@ -296,7 +317,7 @@ class ClusterCache:
             size = 0
         with self._lock:
             self._drop_pending(key)
-            self._pending[key] = PendingPod(obj, self._clock(), size)
+            self._pending[key] = PendingPod(obj, self._clock(), size, req)
             self._pending_bytes += size
             while self._pending and (
                 len(self._pending) > max_entries or self._pending_bytes > max_bytes
@@ -317,6 +338,12 @@ class ClusterCache:
         """The Pod object last seen for ``key`` in a filter call, if any."""
         p = self._pending.get(key)
         return None if p is None else p.obj
+
+    def pending_request(self, key: str, pod: Mapping[str, Any]) -> Any:
+        """The request a filter read from the pending pod ``key`` (a ``PodRequest``), if
+        ``pod`` is the object held for it and one was read; else None."""
+        p = self._pending.get(key)
+        return p.req if p is not None and p.obj is pod else None
 
     def drop_pending(self, key: str) -> None:
         """Forget a pending pod (idempotent)."""

@@ -368,7 +368,7 @@ class Extender:
             self.metrics.filter_errors.labels(reason="invalid pod").inc()
             return wire.filter_result(None, None, {}, {}, f"invalid pod: {exc}")
         if req.gpus > 0:
-            self.cache.remember_pending(pod)
+            self.cache.remember_pending(pod, req)
         return req
 
     def _filter(
@@ -630,18 +630,19 @@ class Extender:
             return why
         if snap.node(node) is None:
             return REASON_UNKNOWN_NODE
-        try:
-            req = request_from_pod(pod, self.params.fabric)
-        except ObjectError as exc:
-            return f"invalid pod: {exc}"
+        req = self.cache.pending_request(key, pod)  # read by filter from this very object
+        if req is None:
+            try:
+                req = request_from_pod(pod, self.params.fabric)
+            except ObjectError as exc:
+                return f"invalid pod: {exc}"
         if is_share_pod(pod):
             return share_bind_start(self, key, pod, req, node, pod_uid)
         if is_replica_pod(self, pod, req):
             return replica_bind_start(self, key, pod, req, node, pod_uid)
         if req.gang and req.gpus <= 0 and dra.uses_claims(pod):
             req = replace(req, gang="")  # its claims are allocated: a claim gang is whole already
-        cpu = pod_resource(pod, "cpu", cpu_milli)
-        memory = pod_resource(pod, "memory", quantity_int)
+        cpu, memory = req.cpu_milli, req.memory_bytes  # as pod_resource reads a valid pod
         summary = self._why(req, node)
 
         def choose(s: ClusterSnapshot, nominated: tuple[int, ...] | None) -> PodInfo | str:

@@ -45,3 +45,46 @@ def test_bounded_in_bytes_and_entries_oldest_evicted_first() -> None:
     for k in ("p47", "p49", "p50", "p51", "p52"):
         cache.drop_pending(f"default/{k}")
     assert cache.pending_bytes() == 0
+
+
+def _versioned(name: str, rv: str, gpus: int = 1) -> dict:
+    pod = make_pod(name, gpus)
+    pod["metadata"].update(uid=f"uid-{name}", resourceVersion=rv)
+    return pod
+
+
+def test_the_version_held_is_only_marked_seen_and_keeps_the_filters_request() -> None:
+    """The watch stores a pod, then filter sees the same version: the object held stays
+    (no second redaction), it moves to the young end, and the request filter read from it
+    is kept for bind; a new version replaces both."""
+    cache = _cache()
+    cache.remember_pending(_versioned("a", "7"))  # the watch's ADDED
+    cache.remember_pending(_versioned("b", "3"))
+    held = cache.pending("default/a")
+    assert held is not None and cache.pending_request("default/a", held) is None
+    req = object()  # what filter read (a PodRequest); kept by identity
+    cache.remember_pending(_versioned("a", "7"), req)  # filter: same uid and version
+    assert cache.pending("default/a") is held
+    assert cache.pending_request("default/a", held) is req
+    assert cache.pending_request("default/a", _versioned("a", "7")) is None  # another object
+    cache.remember_pending(_versioned("c", "1"), max_entries=2)  # "b" is now the oldest
+    assert cache.pending("default/b") is None and cache.pending("default/a") is held
+    # The watch sees the same version again: the request stays.
+    cache.remember_pending(_versioned("a", "7"))
+    assert cache.pending_request("default/a", held) is req
+    # A new version (or a pod without one) is stored afresh, without the old request.
+    cache.remember_pending(_versioned("a", "8"))
+    newer = cache.pending("default/a")
+    assert newer is not held and newer["metadata"]["resourceVersion"] == "8"
+    assert cache.pending_request("default/a", newer) is None
+    unversioned = make_pod("a", 1)
+    cache.remember_pending(unversioned)
+    cache.remember_pending(unversioned, req)
+    assert cache.pending("default/a") is not newer
+    # Same version but another uid (the pod was deleted and made again): stored afresh.
+    cache.remember_pending(_versioned("d", "5"), req)
+    other = _versioned("d", "5")
+    other["metadata"]["uid"] = "uid-other"
+    cache.remember_pending(other)
+    assert cache.pending("default/d")["metadata"]["uid"] == "uid-other"
+    assert cache.pending_request("default/d", cache.pending("default/d")) is None
