@@ -99,6 +99,7 @@ def one_run(nodes: int, pods: int, background: int, seed: int) -> dict[str, list
     bodies = []
     for i, p in enumerate(todo):
         p["metadata"]["uid"] = f"uid-{seed}-{i}"
+        p["metadata"]["resourceVersion"] = str(1000 + 2 * i)  # as the API server sets it
         order = names[:]
         rng.shuffle(order)
         bodies.append(orjson.dumps({"Pod": p, "Nodes": None, "NodeNames": order}))
@@ -122,6 +123,7 @@ def one_run(nodes: int, pods: int, background: int, seed: int) -> dict[str, list
             held = cache.snapshot().pods[f"bench/{name}"]
             now = copy.deepcopy(pod)  # the bound pod as the watch would deliver it
             now["spec"]["nodeName"] = node
+            now["metadata"]["resourceVersion"] = str(1001 + 2 * i)
             now["metadata"].setdefault("annotations", {})[PLACEMENT_ANNOTATION] = held.raw[
                 "metadata"
             ]["annotations"][PLACEMENT_ANNOTATION]

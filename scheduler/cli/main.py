@@ -336,6 +336,7 @@ def run_servers(
         port=port,
         log_level="warning",
         timeout_graceful_shutdown=30,
+        **UVICORN_LEAN,
         **uvicorn_guard_kwargs(guard),
         **ssl,
     )
@@ -363,6 +364,7 @@ def run_servers(
             log_level="warning",
             lifespan="off",
             ws="none",
+            **UVICORN_LEAN,
             **uvicorn_guard_kwargs(
                 health_guard
                 or GuardState(HEALTH_MAX_CONNECTIONS, HEALTH_MAX_PER_CLIENT, guard.read_timeout_s)
@@ -403,6 +405,19 @@ GC_GEN0_THRESHOLD = 10_000
 """Allocations between two young-generation collections of the serving process (CPython's
 default is 700). A verb or a watch event allocates a few hundred containers (the parsed
 pod), so the default ran a collection for about every pod and promoted most of them."""
+
+
+UVICORN_LEAN: dict[str, Any] = {
+    "proxy_headers": False,
+    "server_header": False,
+    "date_header": False,
+    "access_log": False,
+}
+"""uvicorn settings of both listeners. ``proxy_headers`` off: nothing proxies to the
+extender, and trusting ``X-Forwarded-For`` from loopback would let any local client name
+another caller in the bind audit line. No ``server``/``date`` headers (nobody reads them)
+and no access log (the verbs log what matters, bind its audit line): work per request
+that kube-scheduler's requests do not need."""
 
 
 def _settle_heap() -> None:
