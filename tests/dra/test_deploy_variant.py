@@ -1,5 +1,7 @@
-"""The DRA deploy variant (config/deploy/dra/) stays the shipped configuration minus
-managedResources, and the RBAC covers what DRA needs."""
+"""The DRA deploy variant (the component config/deploy/dra/) stays the shipped configuration
+minus managedResources, its combination with mTLS (config/overlays/dra-mtls) stays the DRA
+variant plus the mTLS component's extender transport, and the RBAC covers what DRA needs.
+(tests/test_manifests.py builds the overlays with kubectl.)"""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from benchmarks.live.kubesched import CONFIG_KEY, load_shipped
 
 REPO = Path(__file__).resolve().parents[2]
 VARIANT = REPO / "config" / "deploy" / "dra" / "scheduler-config-dra.yaml"
+MTLS_VARIANT = REPO / "config" / "deploy" / "mtls" / "scheduler-config-mtls.yaml"
+DRA_MTLS = REPO / "config" / "overlays" / "dra-mtls"
 
 
 def test_dra_variant_is_the_shipped_config_without_managed_resources() -> None:
@@ -24,10 +28,41 @@ def test_dra_variant_is_the_shipped_config_without_managed_resources() -> None:
     assert dra == expected
 
 
-def test_dra_overlay_patches_the_base_config_map() -> None:
+def _transport(cfg: dict) -> tuple[str, object, object]:
+    (ext,) = cfg["extenders"]
+    return ext["urlPrefix"], ext.get("enableHTTPS"), ext.get("tlsConfig")
+
+
+def test_dra_mtls_variant_is_the_dra_variant_over_mtls() -> None:
+    dra = load_shipped(VARIANT)
+    mtls = load_shipped(MTLS_VARIANT)
+    both = load_shipped(DRA_MTLS / "scheduler-config-dra-mtls.yaml")
+    assert _transport(both) == _transport(mtls)
+    assert _transport(dra) == _transport(load_shipped())
+    assert _transport(both)[0].startswith("https://") and _transport(dra)[0].startswith("http://")
+    expected = copy.deepcopy(dra)
+    (ext,) = expected["extenders"]
+    ext["urlPrefix"], ext["enableHTTPS"], ext["tlsConfig"] = _transport(mtls)
+    assert both == expected
+
+
+def test_dra_component_patches_the_base_config_map() -> None:
+    """A kustomize Component (an overlay with `resources: [../]` inside the base's folder does
+    not build: kustomize reports a cycle); the buildable overlays list it."""
     kust = yaml.safe_load((VARIANT.parent / "kustomization.yaml").read_text())
-    assert kust["resources"] == ["../"]
+    assert kust["kind"] == "Component" and "resources" not in kust
     assert {"path": VARIANT.name} in kust["patches"]
+    for overlay, components in (
+        ("dra", ["../../deploy/dra"]),
+        ("dra-mtls", ["../../deploy/dra", "../../deploy/mtls"]),
+    ):
+        k = yaml.safe_load(
+            (REPO / "config" / "overlays" / overlay / "kustomization.yaml").read_text()
+        )
+        assert (k["resources"], k["components"]) == (["../../deploy"], components), overlay
+    both = yaml.safe_load((DRA_MTLS / "kustomization.yaml").read_text())
+    # its own patch runs after the components, so its whole configuration wins
+    assert both["patches"] == [{"path": "scheduler-config-dra-mtls.yaml"}]
     patch = yaml.safe_load(VARIANT.read_text())
     base = yaml.safe_load((REPO / "config" / "deploy" / "scheduler-config.yaml").read_text())
     assert (patch["kind"], patch["metadata"]) == (base["kind"], base["metadata"])
