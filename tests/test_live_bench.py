@@ -96,6 +96,57 @@ def test_render_changes_only_what_a_loopback_run_needs() -> None:
     assert kubesched.profile_names(got) == ["topoplace"]
 
 
+def test_transport_configs_are_plain_as_shipped_and_mtls_from_the_component(
+    tmp_path: Path,
+) -> None:
+    """config/deploy ships plain HTTP on loopback; the mTLS component's configuration renders
+    https with the run's own certificates, and cannot render without them."""
+    plain = kubesched.load_shipped(kubesched.TRANSPORT_CONFIGS["plain"])
+    mtls = kubesched.load_shipped(kubesched.TRANSPORT_CONFIGS["mtls"])
+    assert kubesched.load_shipped() == plain
+    assert (kubesched.extender_transport(plain), kubesched.extender_transport(mtls)) == (
+        "plain",
+        "mtls",
+    )
+    got = yaml.safe_load(
+        kubesched.render_shipped_config(
+            KC, URL, path=kubesched.TRANSPORT_CONFIGS["mtls"], tls_dir=tmp_path
+        )
+    )
+    (ext,) = got["extenders"]
+    assert ext["urlPrefix"] == "https://127.0.0.1:8890/scheduler"
+    assert ext["tlsConfig"] == {
+        "caFile": f"{tmp_path}/ca.crt",
+        "certFile": f"{tmp_path}/client.crt",
+        "keyFile": f"{tmp_path}/client.key",
+    }
+    with pytest.raises(kubesched.ConfigError, match="tls_dir"):
+        kubesched.render_shipped_config(KC, URL, path=kubesched.TRANSPORT_CONFIGS["mtls"])
+    server_only = copy.deepcopy(mtls)
+    del server_only["extenders"][0]["tlsConfig"]["certFile"]
+    assert kubesched.extender_transport(server_only) == "tls"
+
+
+def test_runner_picks_the_transport_and_reports_it(tmp_path: Path) -> None:
+    from benchmarks.live.run import parse_args, transport_line
+
+    base = ["--out", str(tmp_path / "o"), "--nodes", "8", "--big", "1", "--small", "3"]
+    assert Path(parse_args(base).shipped_config) == kubesched.SHIPPED_CONFIG
+    assert Path(parse_args([*base, "--transport", "mtls"]).shipped_config) == (
+        kubesched.MTLS_CONFIG
+    )
+    mtls_file = str(kubesched.MTLS_CONFIG)
+    assert parse_args([*base, "--shipped-config", mtls_file]).shipped_config == mtls_file
+    with pytest.raises(SystemExit):  # the file says mtls
+        parse_args([*base, "--transport", "plain", "--shipped-config", mtls_file])
+    assert transport_line("plain", kubesched.SHIPPED_CONFIG).startswith(
+        "plain HTTP on loopback as shipped (config/deploy/scheduler-config.yaml: http://127.0.0.1"
+    )
+    assert transport_line("mtls", kubesched.MTLS_CONFIG).startswith(
+        "mTLS (config/deploy/mtls/scheduler-config-mtls.yaml: https urlPrefix"
+    )
+
+
 def test_render_points_a_tls_extender_at_the_runs_certificates(tmp_path: Path) -> None:
     cfg = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",

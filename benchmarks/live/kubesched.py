@@ -2,8 +2,10 @@
 processes of a live run: ``kube-scheduler`` with that configuration and ``topoplace serve``.
 
 :func:`render_shipped_config` reads ``config/deploy/scheduler-config.yaml`` (a ConfigMap
-whose ``data["scheduler-config.yaml"]`` is the KubeSchedulerConfiguration) **at call
-time** and changes only what a loopback run must change:
+whose ``data["scheduler-config.yaml"]`` is the KubeSchedulerConfiguration; plain HTTP to
+``127.0.0.1``, as shipped) or a variant of it (:data:`TRANSPORT_CONFIGS`: ``mtls`` is the
+component ``config/deploy/mtls``'s) **at call time** and changes only what a loopback run
+must change:
 
 * ``clientConnection.kubeconfig`` (other clientConnection keys, e.g. ``qps``/``burst``,
   are kept as shipped; none are added);
@@ -50,6 +52,11 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED_CONFIG = REPO / "config" / "deploy" / "scheduler-config.yaml"
+MTLS_CONFIG = REPO / "config" / "deploy" / "mtls" / "scheduler-config-mtls.yaml"
+TRANSPORT_CONFIGS = {"plain": SHIPPED_CONFIG, "mtls": MTLS_CONFIG}
+"""Scheduler configuration per extender transport: ``plain`` is the base of config/deploy
+(http to the sidecar on the pod's loopback), ``mtls`` the component config/deploy/mtls
+(https, tlsConfig with client certificates)."""
 CONFIG_KEY = "scheduler-config.yaml"
 DEFAULT_KUBE_BIN = Path(os.environ.get("KUBE_BIN") or Path.home() / "kube-bin")
 
@@ -108,6 +115,20 @@ def extender_uses_tls(cfg: Mapping[str, Any]) -> bool:
     """Whether the topoplace extender of ``cfg`` is reached over TLS."""
     ext = _topoplace_extender(list(cfg.get("extenders") or []))
     return str(ext.get("urlPrefix", "")).startswith("https://") or bool(ext.get("tlsConfig"))
+
+
+def extender_transport(cfg: Mapping[str, Any]) -> str:
+    """``"mtls"`` when the topoplace extender of ``cfg`` presents a client certificate over
+    https, ``"tls"`` for https without one, ``"plain"`` for http (the key of
+    :data:`TRANSPORT_CONFIGS` that ``cfg`` matches, or ``"tls"``)."""
+    if not extender_uses_tls(cfg):
+        return "plain"
+    ext = _topoplace_extender(list(cfg.get("extenders") or []))
+    tls = ext.get("tlsConfig") or {}
+    client = (tls.get("certFile") or tls.get("certData")) and (
+        tls.get("keyFile") or tls.get("keyData")
+    )
+    return "mtls" if client else "tls"
 
 
 def make_certs(out: str | Path, source: str | Path | None = None) -> Path:

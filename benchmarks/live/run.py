@@ -86,10 +86,12 @@ from benchmarks.live.kubeapi import Api, parallel
 from benchmarks.live.kubesched import (
     DEFAULT_KUBE_BIN,
     REPO,
+    TRANSPORT_CONFIGS,
     KubeScheduler,
     Topoplace,
     binary_version,
     cpu_seconds,
+    extender_transport,
     extender_uses_tls,
     host_cpu_busy,
     load_shipped,
@@ -1179,6 +1181,29 @@ def build_scenario(args: argparse.Namespace) -> Scenario:
     )
 
 
+def _repo_path(path: str | Path) -> str:
+    """``path`` relative to the repository when it is inside it."""
+    p = Path(path).resolve()
+    return p.relative_to(REPO).as_posix() if p.is_relative_to(REPO) else str(p)
+
+
+def transport_line(transport: str, config: str | Path) -> str:
+    """The "extender transport" condition of a run's summary, from the configuration's own
+    extender stanza (:func:`extender_transport`)."""
+    where = _repo_path(config)
+    if transport == "plain":
+        return (
+            f"plain HTTP on loopback as shipped ({where}: http://127.0.0.1 urlPrefix, no "
+            "tlsConfig; topoplace serve --host 127.0.0.1 without --tls-*)"
+        )
+    what = "mTLS" if transport == "mtls" else "TLS without a client certificate"
+    return (
+        f"{what} ({where}: https urlPrefix, tlsConfig; the run's own CA and key pairs from "
+        "`topoplace certs`; topoplace serve --tls-cert/--tls-key"
+        + ("/--tls-client-ca)" if transport == "mtls" else ")")
+    )
+
+
 def _config_line(cfg: Mapping[str, Any]) -> str:
     """The knobs of the rendered scheduler configuration that matter for the figures."""
     conn = cfg.get("clientConnection") or {}
@@ -1355,8 +1380,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="the default arms' kube-scheduler (default-adaptive: this + 1)",
     )
     g.add_argument("--extender-port", type=int, default=8890)
-    g.add_argument("--shipped-config", default=None, help="another scheduler-config.yaml")
+    g.add_argument(
+        "--shipped-config",
+        default=None,
+        help="another scheduler-config.yaml (a ConfigMap like config/deploy's, or a bare "
+        "KubeSchedulerConfiguration); default: the one --transport names",
+    )
+    g.add_argument(
+        "--transport",
+        choices=sorted(TRANSPORT_CONFIGS),
+        default=None,
+        help="extender transport of the topoplace arm: plain (config/deploy, as shipped: "
+        "http on loopback) or mtls (the component config/deploy/mtls: https with client "
+        "certificates, the run's own from `topoplace certs`); default plain, or whatever "
+        "--shipped-config says",
+    )
     args = p.parse_args(argv)
+    if args.shipped_config is None:
+        args.shipped_config = str(TRANSPORT_CONFIGS[args.transport or "plain"])
+    elif args.transport is not None:
+        got = extender_transport(load_shipped(args.shipped_config))
+        if got != args.transport:
+            p.error(f"--transport {args.transport}, but {args.shipped_config} is {got}")
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     bad = [a for a in arms if a not in ARMS]
     if bad:
@@ -1522,9 +1567,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             write_csv(out / "bind-floor.csv", floor)
         extender_url = f"http://127.0.0.1:{args.extender_port}/scheduler"
         args.tls_dir = None
+        transport = extender_transport(load_shipped(args.shipped_config))
         if extender_uses_tls(load_shipped(args.shipped_config)):
             args.tls_dir = make_certs(work / "tls", args.topoplace_src)
-            log(f"the shipped extender talks mTLS: certificates in {args.tls_dir}")
+            log(f"the extender talks {transport}: certificates in {args.tls_dir}")
+        else:
+            log("the extender talks plain HTTP on loopback")
         shipped_text = render_shipped_config(
             kc, extender_url, None, args.shipped_config, args.tls_dir
         )
@@ -1603,14 +1651,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 else ""
             ),
             "topoplace arm": f"kube-scheduler profile `{profile}` with the shipped "
-            "config/deploy/scheduler-config.yaml (rendered copy: scheduler-config.yaml): "
+            f"{_repo_path(args.shipped_config)} (rendered copy: scheduler-config.yaml): "
             + _config_line(shipped_dict),
             "topoplace policy": args.policy or "shipped config/policy.yaml",
-            "extender transport": "mTLS as shipped (https urlPrefix, tlsConfig; the run's own "
-            "CA and key pairs from `topoplace certs`; topoplace serve --tls-cert/--tls-key/"
-            "--tls-client-ca)"
-            if args.tls_dir
-            else "plain HTTP as shipped",
+            "extender transport": transport_line(transport, args.shipped_config),
             "default arms": "each its own kube-scheduler process, one plain profile "
             "(kube-scheduler's default plugins and scoring, no extender), client qps "
             f"{CLIENT_QPS} / burst {CLIENT_BURST}; `default`: percentageOfNodesToScore 100; "
