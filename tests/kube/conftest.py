@@ -10,11 +10,21 @@ kube-scheduler v1.28.7 with the extender profile). Knobs:
 * ``KUBE_BIN``: a folder with kube-scheduler; the suite then runs its own kube-scheduler
   with the configuration topoplace ships (``config/deploy/scheduler-config.yaml``, profile
   ``topoplace``, port ``TOPOPLACE_KUBE_SCHED_PORT``, default 10269) and every test goes
-  through it (start up.sh with ``EXTENDER_URL=none``). ``TOPOPLACE_KUBE_SHIPPED=0`` opts out;
+  through it (start up.sh with ``EXTENDER_URL=none``). ``TOPOPLACE_KUBE_SHIPPED=0`` opts out.
+  As shipped, kube-scheduler reaches topoplace over plain HTTP on loopback; the mTLS variant
+  (the component ``config/deploy/mtls``) is run end to end by ``test_mtls.py``, with its own
+  topoplace and kube-schedulers;
 * ``SCHEDULER_NAME`` (default ``topology-gpu``): the extender-backed profile of up.sh's
   scheduler, used without ``KUBE_BIN``;
 * ``TOPOPLACE_KUBE_PORT`` (default 8888): where topoplace listens; must match the
   control plane's ``EXTENDER_URL``.
+
+Every other port the suite opens is derived from these two unless set, so two suites with
+different ``TOPOPLACE_KUBE_PORT`` / ``TOPOPLACE_KUBE_SCHED_PORT`` can run on one host:
+kube-schedulers at ``TOPOPLACE_KUBE_SCHED_PORT`` + 1 (DRA), + 2 and + 3 (mTLS), + 11 and + 12
+(failover); topoplace processes at ``TOPOPLACE_KUBE_PORT`` + 3
+(``TOPOPLACE_KUBE_MTLS_PORT``), + 9983 and + 9984 (``TOPOPLACE_KUBE_HA_PORT_A`` / ``_B``:
+18871 / 18872 with the default port).
 
 Example::
 
@@ -93,6 +103,13 @@ def core(kubeconfig: str) -> Any:
 
 
 SHIPPED_SCHED_PORT = int(os.environ.get("TOPOPLACE_KUBE_SCHED_PORT", "10269"))
+KUBE_PORT = int(os.environ.get("TOPOPLACE_KUBE_PORT", "8888"))
+
+
+def derived_port(env: str, offset: int) -> int:
+    """``$env`` if set, else ``TOPOPLACE_KUBE_PORT + offset``: the suite's other topoplace
+    processes move with the suite's own port, so concurrent suites do not collide."""
+    return int(os.environ.get(env) or KUBE_PORT + offset)
 
 
 def shipped_scheduler_wanted() -> bool:
@@ -109,7 +126,8 @@ def shipped_scheduler_wanted() -> bool:
 @pytest.fixture(scope="session")
 def tls_dir(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
     """The run's own CA and key pairs (``topoplace certs``) when the suite runs the shipped
-    configuration and it talks mTLS to the extender, as shipped; else None (plain HTTP)."""
+    configuration and that talks TLS to the extender; else None: plain HTTP on loopback, as
+    ``config/deploy`` ships (the mTLS variant has its own test module, ``test_mtls.py``)."""
     if not shipped_scheduler_wanted():
         return None
     from benchmarks.live.kubesched import extender_uses_tls, load_shipped, make_certs
@@ -161,7 +179,7 @@ def scheduler_name(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="session")
 def port() -> int:
-    return int(os.environ.get("TOPOPLACE_KUBE_PORT", "8888"))
+    return KUBE_PORT
 
 
 @pytest.fixture(scope="session")
@@ -283,8 +301,8 @@ class Topoplace:
         self.url = f"{'https' if tls_dir is not None else 'http'}://127.0.0.1:{port}"
 
     def _client_kw(self) -> dict[str, Any]:
-        """httpx arguments: with mTLS (the shipped configuration), the run's CA and the
-        client key pair kube-scheduler also uses."""
+        """httpx arguments: with mTLS (``tls_dir``), the run's CA and the client key pair
+        kube-scheduler also uses."""
         if self.tls_dir is None:
             return {}
         d = self.tls_dir

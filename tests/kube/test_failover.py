@@ -35,7 +35,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.kube.conftest import SHIPPED_SCHED_PORT, Topoplace, make_gpu_node
+from tests.kube.conftest import SHIPPED_SCHED_PORT, Topoplace, derived_port, make_gpu_node
 from tests.kube.test_live import (
     assert_no_double_booking,
     assert_rivals_wait,
@@ -51,9 +51,9 @@ from tests.kube.test_live import (
 
 LEASE_NS = "topoplace-system"
 LEASE = {"leaseDuration": "6s", "renewDeadline": "4s", "retryPeriod": "1s"}
-PORTS = (
-    int(os.environ.get("TOPOPLACE_KUBE_HA_PORT_A", "18871")),
-    int(os.environ.get("TOPOPLACE_KUBE_HA_PORT_B", "18872")),
+PORTS = (  # 18871 / 18872 with the default TOPOPLACE_KUBE_PORT (conftest.py)
+    derived_port("TOPOPLACE_KUBE_HA_PORT_A", 9983),
+    derived_port("TOPOPLACE_KUBE_HA_PORT_B", 9984),
 )
 SCHED_PORTS = (SHIPPED_SCHED_PORT + 11, SHIPPED_SCHED_PORT + 12)
 
