@@ -44,7 +44,7 @@ CLIENT_CERT = "client.crt"
 CLIENT_KEY = "client.key"
 FILES = (CA_CERT, CA_KEY, SERVER_CERT, SERVER_KEY, CLIENT_CERT, CLIENT_KEY)
 SECRET_FILES = (CA_CERT, SERVER_CERT, SERVER_KEY, CLIENT_CERT, CLIENT_KEY)
-"""What the deploy Secret carries (config/deploy/kustomization.yaml): everything but ca.key."""
+"""What the deploy Secret carries (config/deploy/mtls/kustomization.yaml): all but ca.key."""
 
 DEFAULT_DAYS = 365
 MAX_DAYS = 3650
@@ -256,7 +256,7 @@ def cmd_certs(args: argparse.Namespace) -> int:
     print(
         f"topoplace certs: CA and key pairs valid for {plan.days} days; server SANs "
         f"{', '.join(sans)}. {CA_KEY} only signs more certificates: keep it out of the "
-        "Secret (config/deploy/kustomization.yaml leaves it out).",
+        "Secret (config/deploy/mtls/kustomization.yaml leaves it out).",
         file=sys.stderr,
     )
     return 0
