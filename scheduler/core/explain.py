@@ -408,21 +408,24 @@ def summarize(
     if j < 0 or rank[j] < 0:
         return ""
 
-    def row(i: int) -> dict[str, Any]:
-        score = MAX_SCORE if i == best else min(int(np.floor(rank[i] * MAX_SCORE + 1e-9)), 9)
-        comps = components(snap, req, pos[i : i + 1])
-        return _node_row(snap, req, int(pos[i]), comps, 0, float(rank[i]), score, params)
-
-    c = row(j)
-    c["engine_choice"] = j == best
     top = rank[j]
     count = int((rank == top).sum())
     others = rank.copy()
     others[j] = -1.0
     r = best_position(snap, pos, others)
+    shown = [j] if r < 0 else [j, r]
+    comps = components(snap, req, pos.take(shown))  # both rows in one pass
+
+    def row(k: int) -> dict[str, Any]:
+        i = shown[k]
+        score = MAX_SCORE if i == best else min(int(np.floor(rank[i] * MAX_SCORE + 1e-9)), 9)
+        return _node_row(snap, req, int(pos[i]), comps, k, float(rank[i]), score, params)
+
+    c = row(0)
+    c["engine_choice"] = j == best
     runners = []
     if r >= 0:
-        other = row(r)
+        other = row(1)
         cmp = int(np.sign(rank[r] - top))
         other["why_lost"] = _why_lost(c, other, cmp, other["node"] < c["node"])
         runners.append(other)
