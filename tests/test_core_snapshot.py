@@ -270,3 +270,40 @@ def test_name_positions_memo_never_returns_stale_positions() -> None:
     assert out.feasible == ("n1", "n2", "n3")
     out = filter_nodes(smaller, req, ["n0", "n1", "n2", "n3"], P)
     assert out.failed == {"n0": "node unknown to topoplace"}
+
+
+def test_transitions_match_a_fresh_build_and_share_unchanged_arrays() -> None:
+    """Placing and removing pods updates the node arrays row by row (arrays whose rows
+    keep their bytes are shared, and a row set back gives back the earlier arrays); after
+    every step they equal the arrays built from scratch for the same nodes."""
+    from benchmarks.clusters import synthetic_cluster
+    from scheduler.core.snapshot import _arrays
+
+    objs = synthetic_cluster(60, seed=3)["items"]
+    snap = build_snapshot(
+        [o for o in objs if o["kind"] == "Node"], [o for o in objs if o["kind"] == "Pod"], P
+    )
+    names = snap.names
+    steps = []
+    for i in range(40):
+        node = snap.nodes[(7 * i) % len(names)]
+        free = [g for g in range(node.gpu_capacity) if not (node.used_mask >> g) & 1]
+        key = f"t/p{i % 5}"
+        if key in snap.pods:
+            snap = without_pod(snap, key)
+        elif free:
+            pod = PodInfo(key, "", node.name, tuple(free[:2]), 1000, 2**30, assumed=True)
+            snap = with_pod(snap, pod)
+            again = without_pod(snap, key)  # the same row set back: the earlier arrays
+            assert with_pod(again, pod).arrays is snap.arrays
+            one = with_pod(again, PodInfo(key, "", node.name, tuple(free[:1]), 0, 0))
+            assert int(one.arrays.free[snap.index[node.name]]) == len(free) - 1  # not memoized
+        fresh = _arrays(snap.nodes, snap.policy)
+        for f in fresh.__dataclass_fields__:
+            a, b = getattr(snap.arrays, f), getattr(fresh, f)
+            assert a.dtype == b.dtype and np.array_equal(a, b), f
+            assert not a.flags.writeable
+        steps.append(snap.arrays)
+    shared = [a.capacity is b.capacity for a, b in zip(steps, steps[1:], strict=False)]
+    assert all(shared)  # a pod never changes a node's capacity: never copied
+    assert any(a.free is not b.free for a, b in zip(steps, steps[1:], strict=False))

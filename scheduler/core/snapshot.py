@@ -180,15 +180,52 @@ def _freeze(arr: NodeArrays) -> None:
         getattr(arr, f).flags.writeable = False
 
 
+_ROWS_MEMO: list[tuple[NodeArrays, int, tuple[bytes, ...], NodeArrays]] = []
+"""Recent single-row updates, most recent first: (arrays, row, the row's new bytes per
+field, the arrays that update gave). Every update is remembered both ways: ``new`` is
+``old`` with the row's new bytes, and ``old`` is ``new`` with the row's old bytes, so a
+nomination released (or a pod removed and added again) gives back the arrays it had
+before instead of copying them again. Entries hold their arrays (immutable, read-only),
+so identity comparison is safe. Results are identical with or without it."""
+
+_ROWS_MEMO_SIZE = 4
+
+
 def _update_rows(arr: NodeArrays, changes: Mapping[int, NodeInfo], policy: str) -> NodeArrays:
+    """``arr`` with the rows of ``changes`` recomputed. Arrays whose changed rows keep
+    their bytes are shared with ``arr`` (read-only), not copied: a pod placed or removed
+    changes a node's free GPUs and free sets, not its capacity, health or usable sets."""
     width = arr.max_gpus
-    copies = {f: getattr(arr, f).copy(order="K") for f in arr.__dataclass_fields__}  # keep layout
-    for i, node in changes.items():
-        r = _row(node, policy, width)
-        for j, f in enumerate(arr.__dataclass_fields__):
-            copies[f][i] = r[j]
+    fields = tuple(arr.__dataclass_fields__)
+    rows = {i: _row(node, policy, width) for i, node in changes.items()}
+    new_bytes = {
+        i: tuple(
+            np.asarray(v, dtype=getattr(arr, f).dtype).tobytes()
+            for f, v in zip(fields, r, strict=True)
+        )
+        for i, r in rows.items()
+    }
+    if len(rows) == 1:
+        ((i, key),) = new_bytes.items()
+        for src, at, seen, out in _ROWS_MEMO:
+            if src is arr and at == i and seen == key:
+                return out
+    old_bytes = {i: tuple(getattr(arr, f)[i].tobytes() for f in fields) for i in rows}
+    copies: dict[str, np.ndarray] = {}
+    for j, f in enumerate(fields):
+        a = getattr(arr, f)
+        changed = [i for i in rows if new_bytes[i][j] != old_bytes[i][j]]
+        if changed:
+            a = a.copy(order="K")  # keep layout
+            for i in changed:
+                a[i] = rows[i][j]
+            a.flags.writeable = False
+        copies[f] = a
     new = NodeArrays(**copies)
-    _freeze(new)
+    if len(rows) == 1:
+        ((i, key),) = new_bytes.items()
+        _ROWS_MEMO[:0] = [(arr, i, key, new), (new, i, old_bytes[i], arr)]
+        del _ROWS_MEMO[_ROWS_MEMO_SIZE:]
     return new
 
 
