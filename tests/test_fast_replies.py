@@ -550,3 +550,54 @@ def test_deferred_names_answer_like_the_list(cache: ClusterCache) -> None:
         assert again is got
         _, listed, _ = wire.extender_args(wire.RawBody(body), body, memo)
         assert isinstance(listed, list) and listed == cand
+
+
+def test_verdicts_read_from_every_node_equal_those_computed_by_position(
+    cache: ClusterCache,
+) -> None:
+    """A request naming at least half the nodes reads codes and ranks computed once for
+    every node of the arrays version; they are bit for bit those computed at the
+    positions alone (shuffled, duplicated and unknown names), and a new arrays version
+    (a pod placed) is never answered from the old one."""
+    from scheduler.core import schedule
+    from scheduler.core.model import PodInfo
+    from scheduler.core.schedule import _codes_at, _rank_at, rank_positions
+    from scheduler.core.snapshot import with_pod
+
+    rng = random.Random(41)
+    snap = cache.snapshot()
+    names = list(snap.names)
+    params = cache.params
+    for step in range(3):
+        for _pod, req in _requests(rng, [])[:12]:
+            whole = rng.sample(names, len(names)) + rng.sample(names, 3) + ["ghost-9"]
+            pos = name_positions(snap, whole)
+            p = np.where(pos < 0, 0, pos)
+            schedule._CODES_MEMO.clear()
+            schedule._RANK_MEMO.clear()
+            for _ in range(2):  # computed for every node, then read from the memo
+                codes = filter_codes(snap, req, pos, params)
+                rank = rank_positions(snap, req, pos, params)
+                if req.gpus > 0:
+                    want = _codes_at(snap.arrays, req.gpus, req.min_link, p)
+                    want[pos < 0] = CODE_UNKNOWN
+                    assert codes.tobytes() == want.tobytes()
+                    want_rank = _rank_at(snap.arrays, req.gpus, req.min_link, params.weights, p)
+                    want_rank[pos < 0] = -1.0
+                    assert rank.tobytes() == want_rank.tobytes()
+                assert codes.flags.writeable and rank.flags.writeable  # callers own them
+            if req.gpus > 0:
+                assert any(e[0][0] is snap.arrays for e in schedule._RANK_MEMO)
+        node = next(
+            n
+            for n in snap.nodes
+            if n.free_mask and not n.health.unschedulable and n.health.state < Health.UNHEALTHY
+        )
+        req = request_from_pod(make_pod("all", node.free_mask.bit_count()), SchedParams().fabric)
+        pos = name_positions(snap, names)
+        assert filter_codes(snap, req, pos, params)[snap.index[node.name]] == FEASIBLE
+        gpu = (node.free_mask & -node.free_mask).bit_length() - 1
+        snap = with_pod(snap, PodInfo(f"t/x{step}", "", node.name, (gpu,), 0, 0, assumed=True))
+        codes = filter_codes(snap, req, pos, params)  # the node is now one GPU short
+        assert codes[snap.index[node.name]] == CODE_NOT_ENOUGH_FREE
+        assert codes.tolist() == [oracle_code(snap, n, req) for n in names]

@@ -224,24 +224,80 @@ def filter_codes(
         return np.zeros(n, dtype=np.int8)
     unknown, p = _known(pos)
     a = snap.arrays
-    code = a.blocked.take(p)  # node-level verdicts (codes 2-4) or 0: a fresh array
-    # Request-dependent verdicts, lowest precedence first so that higher ones overwrite.
-    due = np.zeros(n, dtype=np.int8)
-    linked = bool(req.min_link) and k <= a.max_gpus
-    if linked:
-        r = class_rank(req.min_link)
-        due[(a.links_free[:, r].take(p) >> k) & 1 == 0] = CODE_LINK_NOW
-    due[a.free.take(p) < k] = CODE_NOT_ENOUGH_FREE
-    if linked:
-        due[(a.links_usable[:, r].take(p) >> k) & 1 == 0] = CODE_LINK_NEVER
-    due[a.usable.take(p) < k] = CODE_TOO_FEW_HEALTHY
-    np.copyto(code, due, where=code == 0)
+    every = _for_all_nodes(_CODES_MEMO, (a, k, req.min_link), n, len(a.free))
+    if every is None:
+        code = _codes_at(a, k, req.min_link, p)
+    else:
+        if not len(every):
+            every[:] = [_codes_at(a, k, req.min_link, None)]
+        code = every[0].take(p)
     if unknown is not None:
         code[unknown] = CODE_UNKNOWN
     if req.node_selector:
         for j in np.flatnonzero(code == 0).tolist():
             if not selector_matches(snap.nodes[p[j]].labels, req.node_selector):
                 code[j] = CODE_NODE_SELECTOR
+    return code
+
+
+_CODES_MEMO: list[tuple[tuple[Any, ...], list[np.ndarray]]] = []
+"""Verdicts of every node, by (node arrays, GPUs, link class), most recent first: see
+:func:`_for_all_nodes`."""
+
+_RANK_MEMO: list[tuple[tuple[Any, ...], list[np.ndarray]]] = []
+"""Ranks of every node, by (node arrays, GPUs, link class, weights): see
+:func:`_for_all_nodes`."""
+
+_ALL_NODES_MEMO_SIZE = 4
+
+
+def _for_all_nodes(
+    memo: list[tuple[tuple[Any, ...], list[np.ndarray]]], key: tuple[Any, ...], n: int, nodes: int
+) -> list[np.ndarray] | None:
+    """The memo entry of ``key`` (a list holding the per-node array once computed), or
+    None when ``n`` positions are better computed one by one.
+
+    A per-node value depends only on the immutable node arrays (``key[0]``, compared by
+    identity; entries hold it, so identity is safe) and the request's shape, never on
+    which nodes were asked about. When a request asks about at least half the nodes
+    (kube-scheduler names every node on a large cluster, to filter and to prioritize),
+    the value is computed for every node once per arrays version and read by position:
+    the same floats and codes, and the next request of the same shape on the same
+    snapshot (prioritize after filter, the next pod on an unchanged cluster) reads them.
+    """
+    for entry in memo:
+        k = entry[0]
+        if k[0] is key[0] and k[1:] == key[1:]:
+            return entry[1]
+    if 2 * n < nodes:
+        return None
+    out: list[np.ndarray] = []
+    memo.insert(0, (key, out))
+    del memo[_ALL_NODES_MEMO_SIZE:]
+    return out
+
+
+def _codes_at(a: Any, k: int, min_link: str, p: np.ndarray | None) -> np.ndarray:
+    """:func:`filter_codes` from the node arrays alone (no unknown nodes, no
+    nodeSelector) at positions ``p``, or for every node when ``p`` is None (read-only)."""
+
+    def at(x: np.ndarray) -> np.ndarray:
+        return x if p is None else x.take(p)
+
+    code = a.blocked.copy() if p is None else a.blocked.take(p)  # node-level verdicts or 0
+    # Request-dependent verdicts, lowest precedence first so that higher ones overwrite.
+    due = np.zeros(len(code), dtype=np.int8)
+    linked = bool(min_link) and k <= a.max_gpus
+    if linked:
+        r = class_rank(min_link)
+        due[(at(a.links_free[:, r]) >> k) & 1 == 0] = CODE_LINK_NOW
+    due[at(a.free) < k] = CODE_NOT_ENOUGH_FREE
+    if linked:
+        due[(at(a.links_usable[:, r]) >> k) & 1 == 0] = CODE_LINK_NEVER
+    due[at(a.usable) < k] = CODE_TOO_FEW_HEALTHY
+    np.copyto(code, due, where=code == 0)
+    if p is None:
+        code.flags.writeable = False
     return code
 
 
@@ -367,25 +423,48 @@ def rank_positions(
         return np.zeros(n, dtype=np.float64)
     unknown, p = _known(pos)
     a = snap.arrays
-    free = a.free.take(p)
-    ok = (a.blocked.take(p) == 0) & (free >= k)
+    w = params.weights
+    key = (a, k, req.min_link, w.topology, w.health, w.packing)
+    every = _for_all_nodes(_RANK_MEMO, key, n, len(a.free))
+    if every is None:
+        rank = _rank_at(a, k, req.min_link, w, p)
+    else:
+        if not len(every):
+            every[:] = [_rank_at(a, k, req.min_link, w, None)]
+        rank = every[0].take(p)
     if unknown is not None:
-        ok &= ~unknown
-    if req.min_link and k <= a.max_gpus:
-        ok &= (a.links_free[:, class_rank(req.min_link)].take(p) >> k) & 1 == 1
+        rank[unknown] = -1.0
+    return rank
+
+
+def _rank_at(a: Any, k: int, min_link: str, w: Any, p: np.ndarray | None) -> np.ndarray:
+    """:func:`rank_positions` from the node arrays alone (no unknown nodes) at positions
+    ``p``, or for every node when ``p`` is None (then read-only). Element by element the
+    same operations either way, so the same floats."""
+
+    def at(x: np.ndarray) -> np.ndarray:
+        return x if p is None else x.take(p)
+
+    free = at(a.free)
+    ok = (at(a.blocked) == 0) & (free >= k)
+    if min_link and k <= a.max_gpus:
+        ok &= (at(a.links_free[:, class_rank(min_link)]) >> k) & 1 == 1
+    n = len(free)
     if k >= 2 and k <= a.max_gpus:
         col = a.best_bw[:, k]
         top = float(np.where((a.blocked == 0) & (a.free >= k), col, 0.0).max())
-        bw = col.take(p).astype(np.float64)
+        bw = at(col).astype(np.float64)
         topo = bw / top if top > 0 else np.ones(n)
     else:
         topo = np.ones(n)
-    health = 1.0 - a.risk.take(p)
+    health = 1.0 - at(a.risk)
     packing = k / np.maximum(free, 1)  # only read where ok, i.e. where free >= k >= 1
-    w = params.weights
     total = w.topology + w.health + w.packing
     raw = (w.topology * topo + w.health * health + w.packing * packing) / total
-    return np.where(ok, np.clip(raw, 0.0, 1.0), -1.0)
+    rank = np.where(ok, np.clip(raw, 0.0, 1.0), -1.0)
+    if p is None:
+        rank.flags.writeable = False
+    return rank
 
 
 def best_position(snap: ClusterSnapshot, pos: np.ndarray, rank: np.ndarray) -> int:
