@@ -601,3 +601,27 @@ def test_verdicts_read_from_every_node_equal_those_computed_by_position(
         codes = filter_codes(snap, req, pos, params)  # the node is now one GPU short
         assert codes[snap.index[node.name]] == CODE_NOT_ENOUGH_FREE
         assert codes.tolist() == [oracle_code(snap, n, req) for n in names]
+
+
+def test_a_pod_read_again_is_the_same_request_and_no_other(cache: ClusterCache) -> None:
+    """The request of a pod whose bytes equal the last one's is reused; another pod,
+    another pod with the same names, or a body parsed elsewhere never gets it."""
+    ext = Extender(cache)
+    ref = Extender(cache)
+    names = list(cache.snapshot().names)
+    pods = []
+    for i, gpus in enumerate((4, 1, 4)):
+        pod = make_pod("same-name", gpus, annotations={"n": str(i)} if i == 2 else None)
+        pods.append({k: v for k, v in pod.items() if k not in ("kind", "apiVersion")})
+    seen = set()
+    for pod in (pods[0], pods[0], pods[1], pods[0], pods[2], pods[1]):
+        body = orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": names})
+        for verb in ("prioritize", "filter"):
+            want = getattr(ref, verb)(orjson.loads(body))
+            got = getattr(ext, f"{verb}_json")(wire.RawBody(body), body)
+            assert orjson.loads(got) == want
+            seen.add(got)
+        # a parsed body (no bytes) between two byte-read ones: read on its own
+        other = {"Pod": pods[1], "Nodes": None, "NodeNames": names}
+        assert orjson.loads(ext.prioritize_json(other)) == ref.prioritize(other)
+    assert len(seen) >= 4  # the pods' answers differ: a reused request would show

@@ -340,14 +340,21 @@ def filter_nodes(
 
 
 def verdict_groups(
-    snap: ClusterSnapshot, pos: np.ndarray, codes: np.ndarray
+    snap: ClusterSnapshot,
+    pos: np.ndarray,
+    codes: np.ndarray,
+    skip: tuple[int, ...] = (),
+    counts: np.ndarray | None = None,
 ) -> list[tuple[bool, str, np.ndarray]]:
     """The failing candidates of a :func:`filter_codes` verdict, grouped by reason:
     (unresolvable, reason, indices into ``pos``) per group, codes in precedence order.
-    Unhealthy nodes are grouped by their own first health reason."""
+    Unhealthy nodes are grouped by their own first health reason. Codes in ``skip`` are
+    left out; ``counts`` is ``np.bincount(codes)`` when the caller has it."""
     groups: list[tuple[bool, str, np.ndarray]] = []
-    for c in np.flatnonzero(np.bincount(codes)).tolist():
-        if c == FEASIBLE:
+    if counts is None:
+        counts = np.bincount(codes)
+    for c in np.flatnonzero(counts).tolist():
+        if c == FEASIBLE or c in skip:
             continue
         idx = np.flatnonzero(codes == c)
         never, reason = FILTER_VERDICTS[c]
@@ -422,19 +429,30 @@ def rank_positions(
     if k <= 0 or not n:
         return np.zeros(n, dtype=np.float64)
     unknown, p = _known(pos)
-    a = snap.arrays
-    w = params.weights
-    key = (a, k, req.min_link, w.topology, w.health, w.packing)
-    every = _for_all_nodes(_RANK_MEMO, key, n, len(a.free))
+    every = _every_rank(snap, req, params, n)
     if every is None:
-        rank = _rank_at(a, k, req.min_link, w, p)
+        rank = _rank_at(snap.arrays, k, req.min_link, params.weights, p)
     else:
-        if not len(every):
-            every[:] = [_rank_at(a, k, req.min_link, w, None)]
-        rank = every[0].take(p)
+        rank = every.take(p)
     if unknown is not None:
         rank[unknown] = -1.0
     return rank
+
+
+def _every_rank(
+    snap: ClusterSnapshot, req: PodRequest, params: SchedParams, n: int
+) -> np.ndarray | None:
+    """:func:`rank_positions` of every node (read-only; ``req.gpus`` >= 1), when ``n``
+    positions are worth it (see :func:`_for_all_nodes`), else None."""
+    a = snap.arrays
+    w = params.weights
+    key = (a, req.gpus, req.min_link, w.topology, w.health, w.packing)
+    every = _for_all_nodes(_RANK_MEMO, key, n, len(a.free))
+    if every is None:
+        return None
+    if not len(every):
+        every[:] = [_rank_at(a, req.gpus, req.min_link, w, None)]
+    return every[0]
 
 
 def _rank_at(a: Any, k: int, min_link: str, w: Any, p: np.ndarray | None) -> np.ndarray:
@@ -532,16 +550,22 @@ def narrow_with_rank(
     """:func:`narrow_to_choice` plus the ranks it chose by: :func:`rank_positions` at the
     feasible positions, -1 elsewhere (what an explanation of the same decision needs,
     see ``core/explain.summarize``)."""
-    rank = np.full(len(pos), -1.0)
-    feas = np.flatnonzero(codes == FEASIBLE)
-    if not len(feas):
-        return codes, -1, rank
-    rank[feas] = rank_positions(snap, req, pos[feas], params)
+    feasible = codes == FEASIBLE
+    count = int(np.count_nonzero(feasible))
+    if not count:
+        return codes, -1, np.full(len(pos), -1.0)
+    every = _every_rank(snap, req, params, count) if req.gpus > 0 else None
+    if every is not None:  # the same floats as below, read by position
+        rank = np.where(feasible, every.take(pos), -1.0)
+    else:
+        rank = np.full(len(pos), -1.0)
+        feas = np.flatnonzero(feasible)
+        rank[feas] = rank_positions(snap, req, pos[feas], params)
     i = best_position(snap, pos, rank)
     if i < 0:
         return codes, -1, rank
     out = codes.copy()
-    out[feas] = CODE_NOT_CHOSEN
+    out[feasible] = CODE_NOT_CHOSEN
     out[i] = FEASIBLE
     return out, i, rank
 

@@ -43,6 +43,7 @@ from scheduler.core.objects import (
 from scheduler.core.quantity import cpu_milli, quantity_int
 from scheduler.core.schedule import (
     CODE_NODE_SELECTOR,
+    CODE_NOT_CHOSEN,
     FEASIBLE,
     REASON_NOT_CHOSEN,
     REASON_UNKNOWN_NODE,
@@ -217,13 +218,6 @@ def _spec(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     return spec if isinstance(spec, Mapping) else {}
 
 
-def _sent(groups: list[tuple[bool, str, Any]]) -> list[tuple[bool, str, Any]]:
-    """The verdict groups kube-scheduler is told about. Nodes the engine did not choose
-    are left out of the reply (kube-scheduler keeps only the nodes a filter returns and
-    needs no reason for the others); they are counted in the metrics."""
-    return [g for g in groups if g[1] != REASON_NOT_CHOSEN]
-
-
 class Extender:
     """filter / prioritize / bind / preempt over one cache.
 
@@ -259,6 +253,7 @@ class Extender:
         self.fetch_pod = fetch_pod
         self._tables: tuple[Any, NameTable | None] | None = None
         self._names_memo = wire.NamesMemo()
+        self._last_request: tuple[bytes, Any, PodRequest] | None = None
         self.decisions = DecisionLog(lambda: self.params)
         """Decision records (inputs only; explained on demand, see ``decisions.py``)."""
         self.dra = DraRouter(cache)
@@ -289,7 +284,7 @@ class Extender:
         without reading its names (see ``wire.NamesMemo``).
         """
         pod, names, items = wire.extender_args(body, raw, self._names_memo, defer_names=True)
-        req = self._filter_request(pod)
+        req = self._filter_request(pod, self._names_memo.head)
         if isinstance(req, dict):
             return orjson.dumps(req)
         if is_share_pod(pod):  # fractional pods: a branch of their own (fractional_verbs)
@@ -305,10 +300,12 @@ class Extender:
                     codes, basis = self._decide(snap, pod, req, pos)
             if table is not None and pos is not None:
                 self.decisions.record("filter", snap, req, pos, basis)
-                groups = verdict_groups(snap, pos, codes)
+                # Nodes the engine did not choose are counted, not sent.
+                counts = np.bincount(codes, minlength=CODE_NOT_CHOSEN + 1)
+                groups = verdict_groups(snap, pos, codes, (CODE_NOT_CHOSEN,), counts)
                 feasible = pos[codes == FEASIBLE]
-                self._count_groups(len(feasible), groups)
-                return table.filter_result(feasible, [(n, r, pos[i]) for n, r, i in _sent(groups)])
+                self._count_groups(len(feasible), groups, int(counts[CODE_NOT_CHOSEN]))
+                return table.filter_result(feasible, [(n, r, pos[i]) for n, r, i in groups])
         elif items is None and req.gpus <= 0 and not req.gang and not dra.uses_claims(pod):
             # No GPUs asked (every pod comes here when managedResources is empty, for
             # claim pods): every node passes, answered from positions.
@@ -359,11 +356,13 @@ class Extender:
             return codes, basis
         return narrowed, basis
 
-    def _filter_request(self, pod: Mapping[str, Any]) -> PodRequest | dict[str, Any]:
+    def _filter_request(
+        self, pod: Mapping[str, Any], head: bytes | None = None
+    ) -> PodRequest | dict[str, Any]:
         """The pod's request (remembered for bind when it asks for GPUs), or the error
-        result for an invalid pod."""
+        result for an invalid pod. ``head``: see :meth:`_request`."""
         try:
-            req = request_from_pod(pod, self.params.fabric)
+            req = self._request(pod, head)
         except ObjectError as exc:
             self.metrics.filter_errors.labels(reason="invalid pod").inc()
             return wire.filter_result(None, None, {}, {}, f"invalid pod: {exc}")
@@ -419,10 +418,15 @@ class Extender:
             out.unresolvable,
         )
 
-    def _count_groups(self, feasible: int, groups: list[tuple[bool, str, Any]]) -> None:
-        """Count a vector verdict (see :func:`verdict_groups`) into the metrics."""
-        split = [0, 0]  # failed, unresolvable
+    def _count_groups(
+        self, feasible: int, groups: list[tuple[bool, str, Any]], not_chosen: int = 0
+    ) -> None:
+        """Count a vector verdict (see :func:`verdict_groups`) into the metrics, with
+        ``not_chosen`` feasible nodes the engine did not choose (counted as failed)."""
+        split = [not_chosen, 0]  # failed, unresolvable
         reasons: Counter[str] = Counter()
+        if not_chosen:
+            reasons[REASON_NOT_CHOSEN] = not_chosen
         for never, reason, idx in groups:
             split[never] += len(idx)
             reasons[reason] += len(idx)
@@ -473,7 +477,7 @@ class Extender:
         hosts take the general path. ``raw`` as for :meth:`filter_json`.
         """
         pod, names, _ = wire.extender_args(body, raw, self._names_memo, defer_names=True)
-        req = self._score_request(pod)
+        req = self._score_request(pod, self._names_memo.head)
         if req is not None and is_share_pod(pod):
             return orjson.dumps(share_prioritize(self, pod, req, wire.names_list(names)))
         if req is not None and is_replica_pod(self, pod, req):
@@ -489,12 +493,34 @@ class Extender:
                 return table.host_priorities(pos, score_positions(snap, req, pos, self.params))
         return orjson.dumps(self._prioritize(req, wire.names_list(names)))
 
-    def _score_request(self, pod: Mapping[str, Any]) -> PodRequest | None:
-        """The pod's request, or None for an invalid pod (which scores 0 everywhere)."""
+    def _score_request(
+        self, pod: Mapping[str, Any], head: bytes | None = None
+    ) -> PodRequest | None:
+        """The pod's request, or None for an invalid pod (which scores 0 everywhere).
+        ``head``: see :meth:`_request`."""
         try:
-            return request_from_pod(pod, self.params.fabric)
+            return self._request(pod, head)
         except ObjectError:
             return None
+
+    def _request(self, pod: Mapping[str, Any], head: bytes | None) -> PodRequest:
+        """``request_from_pod(pod)``. ``head``: the bytes of the body ``pod`` was parsed
+        from, all but its ``NodeNames`` (``NamesMemo.head``), or None. When they equal
+        those of the last body a request was made from (kube-scheduler filters, then
+        prioritizes, the same pod), that request is returned: a pure function of equal
+        input, the same value, without reading the pod again.
+
+        Raises:
+            ObjectError: an invalid pod.
+        """
+        fabric = self.params.fabric
+        last = self._last_request
+        if head is not None and last is not None and last[1] is fabric and last[0] == head:
+            return last[2]
+        req = request_from_pod(pod, fabric)
+        if head is not None:
+            self._last_request = (head, fabric, req)
+        return req
 
     def _prioritize(
         self, req: PodRequest | None, names: list[str], pod: Mapping[str, Any] | None = None

@@ -127,6 +127,8 @@ def extender_args(
     """
     names: Any = None
     split = None
+    if memo is not None:
+        memo.head = None
     if isinstance(obj, RawBody):
         raw = obj.raw
         split = memo.split(raw, defer_names) if memo is not None else None
@@ -200,6 +202,10 @@ class NamesMemo:
         self.size = size
         self._entries: list[tuple[bytes, list[str] | DeferredNames]] = []
         self._index: tuple[Mapping[str, int], NameIndex | None] | None = None
+        self.head: bytes | None = None
+        """The bytes before ``NodeNames`` (everything else the body says: the pod) of the
+        body :func:`extender_args` read last, when it was split (:meth:`split`); None
+        otherwise. Equal bytes mean an equal pod (see ``Extender._request``)."""
 
     def recall(self, raw: bytes) -> list[str] | None:
         """The list of an earlier body that ``raw`` ends like, or None."""
@@ -264,11 +270,14 @@ class NamesMemo:
         list's bytes are parsed, and if they do not parse, neither does the body: None.
         With ``defer``, known names come back as a :class:`DeferredNames`.
         """
+        self.head = None
         seen = self._recall(raw)
         if seen is not None:
-            head = _head(raw, len(raw) - len(seen[0]))
+            at = len(raw) - len(seen[0])
+            head = _head(raw, at)
             if head is None:
                 return None
+            self.head = raw[:at]
             return head, seen[1] if defer else names_list(seen[1])
         found = self.locate(raw)
         if found is None:
@@ -286,6 +295,7 @@ class NamesMemo:
         if resolved is not None and resolved[2] and defer:
             names = DeferredNames(self, raw, starts, ends, resolved, cached[1])  # type: ignore[index,arg-type]
             self.remember(raw, names, at)
+            self.head = raw[:at]
             return head, names
         if resolved is not None and resolved[2]:
             parsed = cached[1].names_at(resolved[1])  # type: ignore[index,union-attr]
@@ -296,6 +306,7 @@ class NamesMemo:
                 return None
         names = CandidateNames(parsed, self, raw, starts, ends, resolved)
         self.remember(raw, names, at)
+        self.head = raw[:at]
         return head, names
 
     def locate(
