@@ -508,6 +508,18 @@ def test_name_index_finds_every_name_in_either_slot() -> None:
     first, _ = table._slots(table._hash(words, ends - starts))
     in_first = table.slots.take(first[: len(names)])["pos"] == pos[: len(names)]
     assert in_first.any() and not in_first.all()
+    # The common case trusts each slot's stored hash to say which of the two slots to
+    # read, then checks the name there. With every stored hash wrong (as for a 64-bit
+    # hash shared by two names), each name in its first slot fails that check and is
+    # found by the exact lookup of both slots; no position changes.
+    whole = orjson.dumps({"NodeNames": names})
+    s2, e2 = wire._scan(whole, len(b'{"NodeNames":'), len(whole) - 1)
+    for wrong in (np.zeros_like(table.slot_hash), ~table.slot_hash):
+        table.slot_hash = wrong
+        again, known = table.resolve(raw, starts, ends)
+        assert again.tolist() == pos.tolist() and not known
+        again, known = table.resolve(whole, s2, e2)
+        assert again.tolist() == list(range(len(names))) and known
 
 
 def test_raw_body_reads_as_the_parsed_body() -> None:

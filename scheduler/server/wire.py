@@ -629,6 +629,17 @@ class NameIndex:
         self.slots["n"] = -1  # matches no name
         taken = slot_rows >= 0
         self.slots[taken] = rows[slot_rows[taken]]
+        # The same table split into plain arrays for the common case (see resolve): each
+        # slot's hash and position, and each position's name as words and length.
+        self.slot_hash = np.zeros(1 << bits, dtype=np.uint64)
+        self.slot_hash[taken] = self._hash(words, lengths)[slot_rows[taken]]
+        self.slot_pos = np.full(1 << bits, -1, dtype=np.int64)
+        self.slot_pos[taken] = positions[slot_rows[taken]]
+        size = int(positions.max()) + 2  # the last entry answers position -1: no name
+        self.name_length = np.full(size, -1, dtype=np.int64)
+        self.name_length[positions] = lengths
+        self.name_words = np.zeros((width, size), dtype=np.uint64)
+        self.name_words[:, positions] = words.T
 
     def _hash(self, words: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         m = self.mult
@@ -660,19 +671,33 @@ class NameIndex:
 
     def resolve(self, raw: bytes, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, bool]:
         """(positions of the names ``raw[starts[i]:ends[i]]``, -1 where unknown; whether
-        all are known)."""
+        all are known).
+
+        Each name is looked up in the slot of its two whose stored hash equals its own
+        (else the second), and then compared word by word and by length with the name at
+        the position found. Names that do not match there (unknown names, or a 64-bit
+        hash shared by two names) are looked up again in both slots, exactly."""
         lengths = ends - starts
         words = _words(raw, starts, lengths, self.width)
-        first, second = self._slots(self._hash(words, lengths))
-        one = self.slots.take(first)
-        two = self.slots.take(second)
-        in_one = self._match(one, words, lengths)
-        pos = np.where(in_one, one["pos"], two["pos"])
-        in_one |= self._match(two, words, lengths)
-        if in_one.all():
+        h = self._hash(words, lengths)
+        first, second = self._slots(h)
+        slot = np.where(self.slot_hash.take(first) == h, first, second)
+        pos = self.slot_pos.take(slot)
+        hit = self.name_length.take(pos) == lengths
+        for j, w in enumerate(words.T):
+            hit &= self.name_words[j].take(pos) == w
+        if hit.all():
             return pos, True
-        pos[~in_one] = -1
-        return pos, False
+        miss = np.flatnonzero(~hit)
+        words, lengths = words[miss], lengths[miss]
+        one = self.slots.take(first[miss])
+        two = self.slots.take(second[miss])
+        in_one = self._match(one, words, lengths)
+        again = np.where(in_one, one["pos"], two["pos"])
+        in_one |= self._match(two, words, lengths)
+        again[~in_one] = -1
+        pos[miss] = again
+        return pos, bool(in_one.all())
 
 
 def _cuckoo(first: list[int], second: list[int], size: int) -> np.ndarray | None:
