@@ -637,3 +637,32 @@ def test_a_pod_read_again_is_the_same_request_and_no_other(cache: ClusterCache) 
         other = {"Pod": pods[1], "Nodes": None, "NodeNames": names}
         assert orjson.loads(ext.prioritize_json(other)) == ref.prioritize(other)
     assert len(seen) >= 4  # the pods' answers differ: a reused request would show
+
+
+def test_a_valid_request_reads_cpu_and_memory_as_the_lenient_reader() -> None:
+    """filter nominates a pod with the CPU and memory of its request (read strictly);
+    for every pod the strict reader accepts they equal what the lenient reader of bound
+    pods reads: containers summed, init containers as a floor, limits for unset requests."""
+    from scheduler.core.objects import pod_resource
+    from scheduler.core.quantity import cpu_milli, quantity_int
+    from tests.helpers import fixture
+
+    base = fixture("filter_args_nodenames.json")["Pod"]
+    variants = [base]
+    for cpu, mem, init, limit_only in itertools.product(
+        ("500m", "48", "1.5", None), ("512Gi", "1e3", "100M", None), (None, "64"), (False, True)
+    ):
+        pod = copy.deepcopy(base)
+        c = pod["spec"]["containers"][0]
+        res = {k: v for k, v in (("cpu", cpu), ("memory", mem)) if v is not None}
+        c["resources"] = {"limits": dict(res)} if limit_only else {"requests": dict(res)}
+        pod["spec"]["containers"].append({"name": "side", "resources": {"requests": {"cpu": "1"}}})
+        if init:
+            pod["spec"]["initContainers"] = [
+                {"name": "init", "resources": {"requests": {"cpu": init, "memory": "1Ti"}}}
+            ]
+        variants.append(pod)
+    for pod in variants:
+        req = request_from_pod(pod, SchedParams().fabric)
+        assert req.cpu_milli == pod_resource(pod, "cpu", cpu_milli)
+        assert req.memory_bytes == pod_resource(pod, "memory", quantity_int)

@@ -347,8 +347,10 @@ class Extender:
             uid=str(meta(pod).get("uid") or ""),
             node=node,
             gpus=gs.gpus,
-            cpu_milli=pod_resource(pod, "cpu", cpu_milli),
-            memory_bytes=pod_resource(pod, "memory", quantity_int),
+            # The request read them strictly (request_from_pod), so they equal what the
+            # lenient pod_resource(pod, "cpu" / "memory") would read: values in range.
+            cpu_milli=req.cpu_milli,
+            memory_bytes=req.memory_bytes,
             assumed=True,
             raw=pod,
         )
