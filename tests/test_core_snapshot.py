@@ -274,8 +274,10 @@ def test_name_positions_memo_never_returns_stale_positions() -> None:
 
 def test_transitions_match_a_fresh_build_and_share_unchanged_arrays() -> None:
     """Placing and removing pods updates the node arrays row by row (arrays whose rows
-    keep their bytes are shared, and a row set back gives back the earlier arrays); after
-    every step they equal the arrays built from scratch for the same nodes."""
+    keep their bytes are shared, and a row set back gives back the earlier arrays), a pod
+    removed right after it was added gives back the snapshot it was added to (a new
+    generation), and the same pod added again reuses the nodes and arrays; after every
+    step nodes, pods and arrays equal those built from scratch."""
     from benchmarks.clusters import synthetic_cluster
     from scheduler.core.snapshot import _arrays
 
@@ -285,25 +287,70 @@ def test_transitions_match_a_fresh_build_and_share_unchanged_arrays() -> None:
     )
     names = snap.names
     steps = []
+
+    def check(s, generation: int) -> None:
+        fresh = _arrays(s.nodes, s.policy)
+        for f in fresh.__dataclass_fields__:
+            a, b = getattr(s.arrays, f), getattr(fresh, f)
+            assert a.dtype == b.dtype and np.array_equal(a, b), f
+            assert not a.flags.writeable
+        for node in s.nodes:  # usage = what the pods on it hold
+            held = [p for p in s.pods.values() if p.node == node.name]
+            mask = 0
+            for p in held:
+                mask |= sum(1 << g for g in p.gpus)
+            assert node.used_mask == mask, node.name
+            assert node.cpu_used_milli == sum(p.cpu_milli for p in held)
+        assert s.generation == generation
+
     for i in range(40):
         node = snap.nodes[(7 * i) % len(names)]
         free = [g for g in range(node.gpu_capacity) if not (node.used_mask >> g) & 1]
         key = f"t/p{i % 5}"
+        g = snap.generation
         if key in snap.pods:
             snap = without_pod(snap, key)
+            check(snap, g + 1)
         elif free:
-            pod = PodInfo(key, "", node.name, tuple(free[:2]), 1000, 2**30, assumed=True)
+            pod = PodInfo(key, "", node.name, tuple(free[:2]), cpu_milli=1000, memory_bytes=2**30)
+            before = snap
             snap = with_pod(snap, pod)
-            again = without_pod(snap, key)  # the same row set back: the earlier arrays
-            assert with_pod(again, pod).arrays is snap.arrays
-            one = with_pod(again, PodInfo(key, "", node.name, tuple(free[:1]), 0, 0))
+            check(snap, g + 1)
+            again = without_pod(snap, key)  # removed at once: what it was added to
+            assert again.nodes is before.nodes and again.arrays is before.arrays
+            assert dict(again.pods) == dict(before.pods) and list(again.pods) == list(before.pods)
+            check(again, g + 2)
+            back = with_pod(again, pod)  # the same usage again: the same nodes and arrays
+            assert back.arrays is snap.arrays and back.nodes is snap.nodes
+            check(back, g + 3)
+            one = with_pod(again, PodInfo(key, "", node.name, tuple(free[:1])))
             assert int(one.arrays.free[snap.index[node.name]]) == len(free) - 1  # not memoized
-        fresh = _arrays(snap.nodes, snap.policy)
-        for f in fresh.__dataclass_fields__:
-            a, b = getattr(snap.arrays, f), getattr(fresh, f)
-            assert a.dtype == b.dtype and np.array_equal(a, b), f
-            assert not a.flags.writeable
+            check(one, g + 3)
+            other = with_pod(snap, PodInfo("t/other", "", node.name, (), cpu_milli=500))
+            assert without_pod(other, key).node(node.name).cpu_used_milli == 500 + (
+                before.node(node.name).cpu_used_milli
+            )  # another snapshot: computed, not recalled
         steps.append(snap.arrays)
     shared = [a.capacity is b.capacity for a, b in zip(steps, steps[1:], strict=False)]
     assert all(shared)  # a pod never changes a node's capacity: never copied
     assert any(a.free is not b.free for a, b in zip(steps, steps[1:], strict=False))
+
+
+def test_a_memoized_placement_needs_the_very_same_nodes() -> None:
+    """Pods holding only CPU leave the node arrays' bytes as they were, so two snapshots
+    with different CPU use can share one arrays object; adding a pod to either still
+    counts that snapshot's own CPU use."""
+    from benchmarks.clusters import synthetic_cluster
+
+    objs = synthetic_cluster(20, seed=4)["items"]
+    base = build_snapshot([o for o in objs if o["kind"] == "Node"], [], P)
+    node = base.nodes[0].name
+    gpu_pod = PodInfo("t/gpu", "", node, (0,), cpu_milli=100)
+    first = with_pod(base, gpu_pod)
+    s1 = with_pod(base, PodInfo("t/a", "", node, (), cpu_milli=500))
+    s2 = with_pod(s1, PodInfo("t/b", "", node, (), cpu_milli=700))
+    assert s2.node(node).cpu_used_milli == 1200
+    second = with_pod(s2, gpu_pod)
+    assert first.node(node).cpu_used_milli == 100
+    assert second.node(node).cpu_used_milli == 1300
+    assert np.array_equal(first.arrays.free, second.arrays.free)

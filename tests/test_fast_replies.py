@@ -609,7 +609,7 @@ def test_verdicts_read_from_every_node_equal_those_computed_by_position(
         pos = name_positions(snap, names)
         assert filter_codes(snap, req, pos, params)[snap.index[node.name]] == FEASIBLE
         gpu = (node.free_mask & -node.free_mask).bit_length() - 1
-        snap = with_pod(snap, PodInfo(f"t/x{step}", "", node.name, (gpu,), 0, 0, assumed=True))
+        snap = with_pod(snap, PodInfo(f"t/x{step}", "", node.name, (gpu,), assumed=True))
         codes = filter_codes(snap, req, pos, params)  # the node is now one GPU short
         assert codes[snap.index[node.name]] == CODE_NOT_ENOUGH_FREE
         assert codes.tolist() == [oracle_code(snap, n, req) for n in names]

@@ -609,15 +609,54 @@ def with_pod(snap: ClusterSnapshot, pod: PodInfo) -> ClusterSnapshot:
             raise DoubleBookingError("node does not share its GPUs as replicas")
         if node.replicas_used + pod.replicas > node.replica_capacity:
             raise DoubleBookingError("GPU replicas overcommitted")
-    new_node = replace(
-        node,
-        used_mask=used,
-        cpu_used_milli=node.cpu_used_milli + pod.cpu_milli,
-        memory_used_bytes=node.memory_used_bytes + pod.memory_bytes,
-        share_used=share_used,
-        replicas_used=node.replicas_used + pod.replicas,
-    )
-    return _with_changes(base, {node.name: new_node}, _podmap(base.pods).set(pod.key, pod))
+    pods = _podmap(base.pods).set(pod.key, pod)
+    usage = (pod.node, pod.gpus, pod.cpu_milli, pod.memory_bytes, pod.shares, pod.replicas)
+    for nodes, arrays, used_as, nodes_after, arrays_after in _ADDED:
+        if nodes is base.nodes and arrays is base.arrays and used_as == usage:
+            out = ClusterSnapshot(
+                nodes=nodes_after,
+                index=base.index,
+                pods=pods,
+                arrays=arrays_after,
+                policy=base.policy,
+                generation=base.generation + 1,
+                extra=base.extra,
+            )
+            break
+    else:
+        new_node = replace(
+            node,
+            used_mask=used,
+            cpu_used_milli=node.cpu_used_milli + pod.cpu_milli,
+            memory_used_bytes=node.memory_used_bytes + pod.memory_bytes,
+            share_used=share_used,
+            replicas_used=node.replicas_used + pod.replicas,
+        )
+        out = _with_changes(base, {node.name: new_node}, pods)
+        _ADDED.insert(0, (base.nodes, base.arrays, usage, out.nodes, out.arrays))
+        del _ADDED[_PLACED_MEMO_SIZE:]
+    if not pod.shares and not pod.replicas:
+        _PLACED.insert(0, (out, pod.key, base))
+        del _PLACED[_PLACED_MEMO_SIZE:]
+    return out
+
+
+_ADDED: list[tuple[tuple[NodeInfo, ...], NodeArrays, tuple[Any, ...], Any, NodeArrays]] = []
+"""Recent :func:`with_pod` results, most recent first: (nodes and arrays it added a pod
+to, the pod's usage (node, GPUs, CPU, memory, shares, replicas), the nodes and arrays it
+gave). The nodes and arrays after depend on nothing else, so adding the same usage to
+the same (identical, immutable) nodes and arrays again reuses them; entries hold them,
+so identity comparison is safe."""
+
+_PLACED: list[tuple[ClusterSnapshot, str, ClusterSnapshot]] = []
+"""Recent whole-GPU placements, most recent first: (the snapshot :func:`with_pod` made,
+the pod's key, the snapshot without it that the pod was added to). Removing that pod from
+that very snapshot gives back exactly what it was added to (GPUs, CPU and memory are
+subtracted as they were added), so :func:`without_pod` returns that, as a new
+generation, instead of recomputing the node and its arrays: a nomination released by
+the pod's next filter costs O(1). Fractional and replica pods are not memoized."""
+
+_PLACED_MEMO_SIZE = 4
 
 
 def without_pod(snap: ClusterSnapshot, key: str) -> ClusterSnapshot:
@@ -625,6 +664,9 @@ def without_pod(snap: ClusterSnapshot, key: str) -> ClusterSnapshot:
     pod = snap.pods.get(key)
     if pod is None:
         return snap
+    for after, placed, before in _PLACED:
+        if after is snap and placed == key:
+            return replace(before, generation=snap.generation + 1)
     pods = _podmap(snap.pods).delete(key)
     node = snap.node(pod.node)
     if node is None:
