@@ -21,7 +21,7 @@ import pytest
 
 from benchmarks.clusters import demo_cluster, make_pod, synthetic_cluster
 from scheduler.core.linkclass import class_rank, feasible_sizes
-from scheduler.core.model import Health
+from scheduler.core.model import Health, PodInfo
 from scheduler.core.objects import request_from_pod
 from scheduler.core.params import SchedParams
 from scheduler.core.schedule import (
@@ -666,3 +666,73 @@ def test_a_valid_request_reads_cpu_and_memory_as_the_lenient_reader() -> None:
         req = request_from_pod(pod, SchedParams().fabric)
         assert req.cpu_milli == pod_resource(pod, "cpu", cpu_milli)
         assert req.memory_bytes == pod_resource(pod, "memory", quantity_int)
+
+
+def test_per_node_values_brought_up_to_date_equal_a_fresh_computation(
+    cache: ClusterCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Codes and ranks memoized for one arrays version are brought up to date for the
+    arrays a few placements later by recomputing the changed rows only (or in full when
+    the topology scale moved); bit for bit they equal a computation from scratch."""
+    from scheduler.core import schedule
+    from scheduler.core.schedule import _codes_at, _rank_at, rank_positions
+    from scheduler.core.snapshot import with_pod, without_pod
+
+    derived = []
+    ancestor = schedule._ancestor
+    monkeypatch.setattr(
+        schedule, "_ancestor", lambda *a: derived.append(ancestor(*a)) or derived[-1]
+    )
+    rng = random.Random(7)
+    snap = cache.snapshot()
+    names = list(snap.names)
+    params = cache.params
+    shapes = [
+        request_from_pod(make_pod(f"s{k}{link}", k, annotations=ann), SchedParams().fabric)
+        for k, link, ann in ((1, "", None), (4, "", None), (2, "nvlink", None))
+        for ann in [{"topoplace.io/min-link": link} if link else None]
+    ]
+    placed: list[str] = []
+    for step in range(30):
+        pos = name_positions(snap, rng.sample(names, len(names)))
+        for req in shapes:
+            codes = filter_codes(snap, req, pos, params)
+            want = _codes_at(snap.arrays, req.gpus, req.min_link, pos)
+            assert codes.tobytes() == want.tobytes()
+            rank = rank_positions(snap, req, pos, params)
+            want = _rank_at(snap.arrays, req.gpus, req.min_link, params.weights, pos)
+            assert rank.tobytes() == want.tobytes()
+        if placed and rng.random() < 0.3:
+            snap = without_pod(snap, placed.pop(rng.randrange(len(placed))))
+            continue
+        free = [n for n in snap.nodes if n.free_mask and n.health.state < Health.UNHEALTHY]
+        node = rng.choice(free)
+        gpus = tuple(g for g in range(node.gpu_capacity) if (node.free_mask >> g) & 1)
+        key = f"t/step{step}"
+        snap = with_pod(snap, PodInfo(key, "", node.name, gpus[: rng.randint(1, len(gpus))]))
+        placed.append(key)
+    assert sum(d is not None for d in derived) >= 20  # mostly brought up to date
+
+
+def test_ranks_are_recomputed_in_full_when_the_topology_scale_moves() -> None:
+    """Filling the only node with the best 2-GPU links lowers the best bottleneck every
+    other node is measured against: every rank changes, and the ranks brought forward
+    from before equal a computation from scratch."""
+    from benchmarks.clusters import make_node
+    from scheduler.core.schedule import _rank_at, rank_positions
+    from scheduler.core.snapshot import build_snapshot, with_pod
+
+    nodes = [make_node("h100-a", 8, "h100", machine="DGX-H100")] + [
+        make_node(f"v100-{i}", 8, "v100", machine="DGX-1") for i in range(40)
+    ]
+    params = SchedParams()
+    snap = build_snapshot(nodes, [], params)
+    req = request_from_pod(make_pod("two", 2), params.fabric)
+    pos = np.arange(len(snap.nodes))
+    before = rank_positions(snap, req, pos, params)  # memoized for these arrays
+    full = with_pod(snap, PodInfo("t/fill", "", "h100-a", tuple(range(8))))
+    after = rank_positions(full, req, pos, params)
+    want = _rank_at(full.arrays, 2, "", params.weights, pos)
+    assert after.tobytes() == want.tobytes()
+    v100 = [full.index[f"v100-{i}"] for i in range(40)]
+    assert (after[v100] != before[v100]).all()  # a new scale: not brought forward

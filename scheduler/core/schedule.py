@@ -29,6 +29,7 @@ from scheduler.core.snapshot import (
     BLOCKED_SHARED,
     BLOCKED_UNHEALTHY,
     ClusterSnapshot,
+    arrays_parent,
 )
 from topology.select import GpuSet, ring_bottleneck, select_gpus
 
@@ -229,7 +230,7 @@ def filter_codes(
         code = _codes_at(a, k, req.min_link, p)
     else:
         if not len(every):
-            every[:] = [_codes_at(a, k, req.min_link, None)]
+            every[:] = [_every_codes(a, k, req.min_link)]
         code = every[0].take(p)
     if unknown is not None:
         code[unknown] = CODE_UNKNOWN
@@ -275,6 +276,46 @@ def _for_all_nodes(
     memo.insert(0, (key, out))
     del memo[_ALL_NODES_MEMO_SIZE:]
     return out
+
+
+_DERIVE_STEPS = 8
+"""How many row updates back :func:`_ancestor` looks for values to bring up to date."""
+
+
+def _ancestor(
+    memo: list[tuple[tuple[Any, ...], list[np.ndarray]]], a: Any, shape: tuple[Any, ...]
+) -> tuple[list[np.ndarray], np.ndarray] | None:
+    """Per-node values memoized for arrays ``a`` descends from by recent row updates
+    (``snapshot.arrays_parent``) with the same request ``shape``, and the rows that may
+    differ since (sorted positions); None when there are none or too many rows."""
+    rows: set[int] = set()
+    cur = a
+    for _ in range(_DERIVE_STEPS):
+        parent = arrays_parent(cur)
+        if parent is None:
+            return None
+        cur, changed = parent
+        rows.update(changed)
+        if 8 * len(rows) > len(a.free):
+            return None
+        for key, values in memo:
+            if key[0] is cur and key[1:] == shape and values:
+                return values, np.array(sorted(rows), dtype=np.int64)
+    return None
+
+
+def _every_codes(a: Any, k: int, min_link: str) -> np.ndarray:
+    """:func:`_codes_at` for every node (read-only): brought up to date from an
+    ancestor's codes where one is memoized (only the changed rows recomputed, the same
+    codes), else computed for every node."""
+    found = _ancestor(_CODES_MEMO, a, (k, min_link))
+    if found is None:
+        return _codes_at(a, k, min_link, None)
+    (old,), rows = found
+    code = old.copy()
+    code[rows] = _codes_at(a, k, min_link, rows)
+    code.flags.writeable = False
+    return code
 
 
 def _codes_at(a: Any, k: int, min_link: str, p: np.ndarray | None) -> np.ndarray:
@@ -451,14 +492,35 @@ def _every_rank(
     if every is None:
         return None
     if not len(every):
-        every[:] = [_rank_at(a, req.gpus, req.min_link, w, None)]
+        k, link = req.gpus, req.min_link
+        top = _top(a, k)
+        found = _ancestor(_RANK_MEMO, a, key[1:])
+        if found is not None and found[0][1] == top:  # the same scale: only rows changed
+            (old, _), rows = found
+            rank = old.copy()
+            rank[rows] = _rank_at(a, k, link, w, rows, top)
+            rank.flags.writeable = False
+        else:
+            rank = _rank_at(a, k, link, w, None, top)
+        every[:] = [rank, top]
     return every[0]
 
 
-def _rank_at(a: Any, k: int, min_link: str, w: Any, p: np.ndarray | None) -> np.ndarray:
+def _top(a: Any, k: int) -> Any:
+    """The best ``k``-GPU set's bottleneck on any node that could take it now (the
+    topology component's scale in :func:`rank_positions`), or None when it is unused."""
+    if k >= 2 and k <= a.max_gpus:
+        col = a.best_bw[:, k]
+        return float(np.where((a.blocked == 0) & (a.free >= k), col, 0.0).max())
+    return None
+
+
+def _rank_at(
+    a: Any, k: int, min_link: str, w: Any, p: np.ndarray | None, top: Any = False
+) -> np.ndarray:
     """:func:`rank_positions` from the node arrays alone (no unknown nodes) at positions
-    ``p``, or for every node when ``p`` is None (then read-only). Element by element the
-    same operations either way, so the same floats."""
+    ``p``, or for every node when ``p`` is None (then read-only); ``top``: :func:`_top`
+    if known. Element by element the same operations either way, so the same floats."""
 
     def at(x: np.ndarray) -> np.ndarray:
         return x if p is None else x.take(p)
@@ -469,9 +531,9 @@ def _rank_at(a: Any, k: int, min_link: str, w: Any, p: np.ndarray | None) -> np.
         ok &= (at(a.links_free[:, class_rank(min_link)]) >> k) & 1 == 1
     n = len(free)
     if k >= 2 and k <= a.max_gpus:
-        col = a.best_bw[:, k]
-        top = float(np.where((a.blocked == 0) & (a.free >= k), col, 0.0).max())
-        bw = at(col).astype(np.float64)
+        if top is False:
+            top = _top(a, k)
+        bw = at(a.best_bw[:, k]).astype(np.float64)
         topo = bw / top if top > 0 else np.ones(n)
     else:
         topo = np.ones(n)

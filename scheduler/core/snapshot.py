@@ -209,6 +209,7 @@ def _update_rows(arr: NodeArrays, changes: Mapping[int, NodeInfo], policy: str) 
         ((i, key),) = new_bytes.items()
         for src, at, seen, out in _ROWS_MEMO:
             if src is arr and at == i and seen == key:
+                _derived(out, arr, (i,))
                 return out
     old_bytes = {i: tuple(getattr(arr, f)[i].tobytes() for f in fields) for i in rows}
     copies: dict[str, np.ndarray] = {}
@@ -226,7 +227,33 @@ def _update_rows(arr: NodeArrays, changes: Mapping[int, NodeInfo], policy: str) 
         ((i, key),) = new_bytes.items()
         _ROWS_MEMO[:0] = [(arr, i, key, new), (new, i, old_bytes[i], arr)]
         del _ROWS_MEMO[_ROWS_MEMO_SIZE:]
+    _derived(new, arr, tuple(rows))
     return new
+
+
+_LINEAGE: list[tuple[NodeArrays, NodeArrays, tuple[int, ...]]] = []
+"""Recent row updates, most recent first: (arrays, the arrays they were made from, the
+rows in which they may differ). See :func:`arrays_parent`."""
+
+_LINEAGE_SIZE = 8
+
+
+def _derived(new: NodeArrays, old: NodeArrays, rows: tuple[int, ...]) -> None:
+    if _LINEAGE and _LINEAGE[0][0] is new and _LINEAGE[0][1] is old:
+        return
+    _LINEAGE.insert(0, (new, old, rows))
+    del _LINEAGE[_LINEAGE_SIZE:]
+
+
+def arrays_parent(arrays: NodeArrays) -> tuple[NodeArrays, tuple[int, ...]] | None:
+    """(the arrays ``arrays`` were made from by a recent row update, the rows in which
+    they may differ; every other row is equal in every array), or None. Lets per-node
+    values computed for the parent be brought up to date by recomputing those rows only
+    (``scheduler.core.schedule``)."""
+    for new, old, rows in _LINEAGE:
+        if new is arrays:
+            return old, rows
+    return None
 
 
 @dataclass(frozen=True, slots=True)
