@@ -643,8 +643,7 @@ class NameIndex:
 
     def _hash(self, words: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         m = self.mult
-        h = lengths.astype(np.uint64)
-        h *= m[-1]
+        h = lengths.view(np.uint64) * m[-1]  # lengths are not negative
         for j, w in enumerate(words.T):
             h += w * m[j]
         h ^= h >> np.uint64(29)
@@ -652,9 +651,9 @@ class NameIndex:
         return h
 
     def _slots(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The two slots of each hash: its top bits, and the top bits of a remix."""
-        other = h ^ (h >> np.uint64(31))
-        other *= self.mult[0]
+        """The two slots of each hash: its top bits, and the top bits of its product with
+        an odd multiplier."""
+        other = h * self.mult[0]
         return h >> self.shift, other >> self.shift
 
     def names_at(self, positions: np.ndarray) -> list[str]:
@@ -721,16 +720,17 @@ def _words(raw: bytes, starts: np.ndarray, lengths: np.ndarray, width: int) -> n
     """Each name ``raw[start:start + length]`` as ``width`` little-endian 64-bit words
     (one row per name): its bytes, zero-padded to ``8 width`` (longer names: their first
     ``8 width`` bytes). One gather of ``8 width`` bytes per name, then the bytes past
-    each name are masked off."""
+    each name are masked off. ``starts`` ascend (as :func:`_scan` gives them)."""
     size = 8 * width
     limit = len(raw) - size
     # A window of overlapping records, one starting at every byte. Indexing, not ``take``:
     # the window is not contiguous, and ``take`` would copy it.
     window = np.ndarray((max(limit + 1, 0),), dtype=f"V{size}", buffer=raw, strides=(1,))
-    over = np.flatnonzero(starts > limit)  # the last names, closer than ``size`` to the end
-    if not len(over):
+    # The last names, closer than ``size`` to the end (``starts`` ascend, as from _scan).
+    if not len(starts) or starts[-1] <= limit:
         records = window[starts]
     else:
+        over = np.arange(int(np.searchsorted(starts, limit, side="right")), len(starts))
         at = starts.take(over)
         if limit >= 0:
             records = window[np.minimum(starts, limit)]
@@ -744,12 +744,15 @@ def _words(raw: bytes, starts: np.ndarray, lengths: np.ndarray, width: int) -> n
     shortest = int(lengths.min()) if len(lengths) else 0
     for j in range(width):
         if shortest < 8 * (j + 1):
-            words[:, j] &= _MASKS.take(np.clip(lengths - 8 * j, 0, 8))
+            words[:, j] &= _MASK_BY_LENGTH[j].take(lengths, mode="clip")
     return words
 
 
 _MASKS = np.array([(1 << (8 * v)) - 1 for v in range(9)], dtype=np.uint64)
 """The low ``v`` bytes of a word, for v in 0..8."""
+
+_MASK_BY_LENGTH = _MASKS.take(np.clip(np.arange(65)[None, :] - 8 * np.arange(8)[:, None], 0, 8))
+"""Row j, column n: the bytes of word j that a name of n bytes fills (n past 64: all)."""
 
 
 def _multipliers(count: int, seed: int) -> np.ndarray:
