@@ -736,3 +736,33 @@ def test_ranks_are_recomputed_in_full_when_the_topology_scale_moves() -> None:
     assert after.tobytes() == want.tobytes()
     v100 = [full.index[f"v100-{i}"] for i in range(40)]
     assert (after[v100] != before[v100]).all()  # a new scale: not brought forward
+
+
+def test_the_engine_choice_equals_a_straightforward_search(cache: ClusterCache) -> None:
+    """filter's choice (narrow_with_rank, which may answer with the best node of the
+    whole snapshot) and prioritize's 10 are the feasible candidate with the highest rank,
+    ties by lowest name, first occurrence: shuffled lists, subsets, duplicates, unknown
+    names and nodeSelectors that exclude the best node."""
+    from scheduler.core.schedule import _rank_at, narrow_with_rank
+
+    rng = random.Random(5)
+    snap = cache.snapshot()
+    names = list(snap.names)
+    params = cache.params
+    labels = [n.labels for n in snap.nodes if n.labels]
+    for _pod, req in _requests(rng, labels):
+        if req.gpus <= 0:
+            continue
+        for cand in _variants(rng, names) + [names + names[: len(names) // 2]]:
+            pos = name_positions(snap, cand)
+            codes = filter_codes(snap, req, pos, params)
+            _, i, _ = narrow_with_rank(snap, req, pos, codes, params)
+            rank = _rank_at(snap.arrays, req.gpus, req.min_link, params.weights, pos.clip(0))
+            feasible = [j for j in range(len(cand)) if codes[j] == FEASIBLE]
+            want = min(feasible, key=lambda j: (-rank[j], cand[j], j)) if feasible else -1
+            assert i == want
+            scores = score_positions(snap, req, pos, params)
+            ok = [j for j in range(len(cand)) if pos[j] >= 0 and rank[j] >= 0]
+            if ok:
+                top = min(ok, key=lambda j: (-rank[j], cand[j], j))
+                assert scores[top] == MAX_SCORE and (scores == MAX_SCORE).sum() == 1

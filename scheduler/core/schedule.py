@@ -485,6 +485,34 @@ def _every_rank(
 ) -> np.ndarray | None:
     """:func:`rank_positions` of every node (read-only; ``req.gpus`` >= 1), when ``n``
     positions are worth it (see :func:`_for_all_nodes`), else None."""
+    entry = _every_rank_entry(snap, req, params, n)
+    return None if entry is None else entry[0]
+
+
+def _best_of(
+    snap: ClusterSnapshot, req: PodRequest, params: SchedParams, pos: np.ndarray, rank: np.ndarray
+) -> int:
+    """:func:`best_position` of ``rank`` at ``pos``, where ``rank`` is -1 or the rank of
+    every node (memoized) at that position. The best node of the whole snapshot (highest
+    rank, then lowest name) is the answer whenever it is among the positions with its
+    rank: nothing ranks higher, and no tied node has a lower name."""
+    entry = _every_rank_entry(snap, req, params, len(pos)) if req.gpus > 0 else None
+    if entry is not None:
+        if len(entry) < 3:
+            entry.append(best_position(snap, np.arange(len(entry[0])), entry[0]))
+        best = entry[2]
+        if best >= 0:
+            at = np.flatnonzero(pos == best)
+            if len(at) and rank[at[0]] >= 0:
+                return int(at[0])
+    return best_position(snap, pos, rank)
+
+
+def _every_rank_entry(
+    snap: ClusterSnapshot, req: PodRequest, params: SchedParams, n: int
+) -> list[Any] | None:
+    """The memo entry of :func:`_every_rank`: [ranks, topology scale, and once asked
+    for, the best position of all (see :func:`_best_of`)]."""
     a = snap.arrays
     w = params.weights
     key = (a, req.gpus, req.min_link, w.topology, w.health, w.packing)
@@ -496,14 +524,14 @@ def _every_rank(
         top = _top(a, k)
         found = _ancestor(_RANK_MEMO, a, key[1:])
         if found is not None and found[0][1] == top:  # the same scale: only rows changed
-            (old, _), rows = found
+            (old, *_), rows = found
             rank = old.copy()
             rank[rows] = _rank_at(a, k, link, w, rows, top)
             rank.flags.writeable = False
         else:
             rank = _rank_at(a, k, link, w, None, top)
         every[:] = [rank, top]
-    return every[0]
+    return every
 
 
 def _top(a: Any, k: int) -> Any:
@@ -623,7 +651,9 @@ def narrow_with_rank(
         rank = np.full(len(pos), -1.0)
         feas = np.flatnonzero(feasible)
         rank[feas] = rank_positions(snap, req, pos[feas], params)
-    i = best_position(snap, pos, rank)
+    i = _best_of(snap, req, params, pos, rank) if every is not None else -1
+    if every is None:
+        i = best_position(snap, pos, rank)
     if i < 0:
         return codes, -1, rank
     out = codes.copy()
@@ -649,7 +679,7 @@ def score_positions(
     rank = rank_positions(snap, req, pos, params)
     scores = np.floor(np.maximum(rank, 0.0) * MAX_SCORE + 1e-9)
     np.clip(scores, 0, MAX_SCORE - 1, out=scores)
-    best = best_position(snap, pos, rank)
+    best = _best_of(snap, req, params, pos, rank)
     if best >= 0:
         scores[best] = MAX_SCORE
     return scores.astype(np.int64)
