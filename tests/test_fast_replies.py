@@ -766,3 +766,65 @@ def test_the_engine_choice_equals_a_straightforward_search(cache: ClusterCache) 
             if ok:
                 top = min(ok, key=lambda j: (-rank[j], cand[j], j))
                 assert scores[top] == MAX_SCORE and (scores == MAX_SCORE).sum() == 1
+
+
+def _clear_memos() -> None:
+    """Forget every memo of the decision path (the straightforward reference)."""
+    from scheduler.core import schedule, snapshot
+
+    for memo in (
+        schedule._CODES_MEMO,
+        schedule._RANK_MEMO,
+        schedule._POSITIONS_MEMO,
+        snapshot._ROWS_MEMO,
+        snapshot._ADDED,
+        snapshot._PLACED,
+        snapshot._LINEAGE,
+    ):
+        memo.clear()
+
+
+def test_replies_are_byte_for_byte_those_of_a_reference_without_memos() -> None:
+    """A large cluster, kube-scheduler's real-shaped pod (the shared fixture, nodeSelector
+    and all) and synthetic pods, filtered and prioritized again and again with the names
+    in the same order, shuffled, partial, duplicated and with unknown names, binds in
+    between: every reply's bytes equal those of the same sequence answered from parsed
+    bodies with every memo forgotten before each call."""
+    from tests.helpers import fixture
+
+    fx = fixture("filter_args_nodenames.json")["Pod"]
+    cluster = synthetic_cluster(2000, seed=2)
+
+    def run(fast: bool) -> list[bytes]:
+        ext = Extender(_cache(cluster))
+        names = list(ext.cache.snapshot().names)
+        rng = random.Random(17)
+        pods = [fx] + [
+            {k: v for k, v in make_pod(f"w{i}", k).items() if k not in ("kind", "apiVersion")}
+            for i, k in enumerate((4, 1, 8))
+        ]
+        out = []
+        for r in range(8):
+            pod = pods[r % len(pods)]
+            for cand in [names, names, *_variants(rng, names), names[::-1] + names[:9]]:
+                body = orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": cand})
+                for verb in ("filter", "prioritize", "filter"):
+                    call = getattr(ext, f"{verb}_json")
+                    if fast:
+                        out.append(call(wire.RawBody(body), body))
+                    else:
+                        _clear_memos()
+                        out.append(call(orjson.loads(body)))
+            chosen = orjson.loads(out[-3])["NodeNames"]
+            if chosen and r % 2:
+                m = pod["metadata"]
+                args = {"PodName": m["name"], "PodNamespace": m.get("namespace", "default")}
+                out.append(orjson.dumps(ext.bind({**args, "PodUID": "", "Node": chosen[0]})))
+        return out
+
+    fast = run(True)
+    _clear_memos()
+    reference = run(False)
+    assert len(fast) == len(reference) > 150
+    assert [i for i, (a, b) in enumerate(zip(fast, reference, strict=True)) if a != b] == []
+    assert len(set(fast)) > 50  # the sequence exercised many different answers
