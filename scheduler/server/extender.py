@@ -36,11 +36,9 @@ from scheduler.core.objects import (
     ObjectError,
     meta,
     placement_value,
-    pod_resource,
     redacted_pod,
     request_from_pod,
 )
-from scheduler.core.quantity import cpu_milli, quantity_int
 from scheduler.core.schedule import (
     CODE_NODE_SELECTOR,
     CODE_NOT_CHOSEN,
