@@ -130,6 +130,20 @@ def test_concurrent_posts_open_more_connections_and_reuse_them() -> None:
     assert len(peer.requests) == 8
 
 
+def test_a_burst_as_large_as_the_cap_keeps_its_connections() -> None:
+    """Every connection a burst of concurrent binds opened is kept: the next burst opens
+    none (the idle pool is as large as the in-flight cap)."""
+
+    async def client(p: AsyncPoster) -> int:
+        for _ in range(3):
+            await asyncio.gather(*(p.post_json("/a", b"{}") for _ in range(16)))
+        return len(p._idle)
+
+    idle, peer, p = run(lambda n: response(201, CREATED), client)
+    assert p.opened == 16 and peer.connections == 16 and idle == 16
+    assert len(peer.requests) == 48
+
+
 def test_chunked_answer_and_error_status_map_to_api_errors() -> None:
     async def client(p: AsyncPoster) -> tuple[dict[str, Any], ApiError]:
         ok = await p.post_json("/a", b"{}")

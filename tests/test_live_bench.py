@@ -367,15 +367,19 @@ def test_topoplace_metric_deltas() -> None:
         'topoplace_request_seconds_count{verb="filter"} 10\n'
         'topoplace_request_seconds_sum{verb="filter"} 0.1\n'
         'topoplace_binds_total{result="ok"} 3\n'
+        'topoplace_http_connections_total{outcome="accepted",port="main"} 2.0\n'
     )
     after = parse_prometheus(
         "# HELP x\n"
         'topoplace_request_seconds_count{verb="filter"} 30\n'
         'topoplace_request_seconds_sum{verb="filter"} 0.5\n'
         'topoplace_binds_total{result="ok"} 23\n'
+        'topoplace_http_connections_total{outcome="accepted",port="main"} 9.0\n'
+        'topoplace_http_connections_total{outcome="accepted",port="health"} 4.0\n'
     )
     assert metric_deltas(before, after) == {
         "binds_ok": 20.0,
+        "connections_accepted": 7.0,
         "filter_calls": 20.0,
         "filter_mean_ms": 20.0,
     }

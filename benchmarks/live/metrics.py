@@ -359,6 +359,8 @@ def metric_deltas(before: Mapping[str, float], after: Mapping[str, float]) -> di
             out[f"{base}_{lab.group(1) if lab else ''}"] = v
         elif k.startswith("topoplace_filter_errors_total"):
             out["filter_errors"] = out.get("filter_errors", 0.0) + v
+        elif k.startswith('topoplace_http_connections_total{outcome="accepted",port="main"'):
+            out["connections_accepted"] = v  # kube-scheduler keeps only 2 idle ones
     for verb in ("filter", "prioritize", "bind"):
         n = out.pop(f"{verb}_calls", 0.0)
         s = out.pop(f"{verb}_sum_s", 0.0)

@@ -32,6 +32,7 @@ from scheduler.server.guard import (
     DEFAULT_READ_TIMEOUT_S,
     HEALTH_MAX_CONNECTIONS,
     HEALTH_MAX_PER_CLIENT,
+    GuardCollector,
     GuardState,
 )
 
@@ -525,6 +526,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         guard = GuardState(args.max_connections, args.max_connections_per_client, args.read_timeout)
         health_guard = GuardState(HEALTH_MAX_CONNECTIONS, HEALTH_MAX_PER_CLIENT, args.read_timeout)
+        watched = {"main": guard} | ({"health": health_guard} if health_sock else {})
+        extender.metrics.registry.register(GuardCollector(watched))
         started = run_servers(app, sock, ssl, health_sock, guard, health_guard)
     finally:
         if stop is not None:

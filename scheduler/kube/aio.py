@@ -55,7 +55,10 @@ class AsyncPoster:
             401).
         timeouts: connect and read timeouts (:attr:`Timeouts.request`).
         max_connections: requests in flight at most.
-        max_idle: idle connections kept for reuse.
+        max_idle: idle connections kept for reuse. As many as may be in flight: a burst of
+            concurrent binds (kube-scheduler binds asynchronously) then leaves its
+            connections open instead of paying a TLS handshake on both ends the next time
+            (measured live at 500 nodes with 8: 50-75 connections opened per 2,100 binds).
     """
 
     def __init__(
@@ -66,7 +69,7 @@ class AsyncPoster:
         timeouts: Timeouts | None = None,
         server_hostname: str | None = None,
         max_connections: int = 16,
-        max_idle: int = 8,
+        max_idle: int = 16,
     ) -> None:
         url = urlsplit(host)
         if url.scheme not in ("http", "https") or not url.hostname:

@@ -64,6 +64,8 @@ class GuardState:
         per_client: open connections per client address.
         refused: connections aborted over a cap since start.
         timed_out: connections aborted because a request was not read in time.
+        accepted: connections admitted since start (kube-scheduler's extender client keeps
+            only 2 idle connections, so this grows with its concurrency).
     """
 
     max_connections: int = DEFAULT_MAX_CONNECTIONS
@@ -73,6 +75,7 @@ class GuardState:
     per_client: Counter[str] = field(default_factory=Counter)
     refused: int = 0
     timed_out: int = 0
+    accepted: int = 0
     live: set[Any] = field(default_factory=set)
     _sweeper: Any = None
 
@@ -155,6 +158,7 @@ def protocol_class() -> type[Any]:
                 transport.abort()
                 return
             g.open += 1
+            g.accepted += 1
             g.per_client[host] += 1
             g.live.add(self)
             self._counted = host
@@ -263,3 +267,32 @@ def raise_fd_limit() -> tuple[int, int]:
 def uvicorn_guard_kwargs(state: GuardState) -> dict[str, Any]:
     """``uvicorn.Config`` keyword arguments that install the guard for one port."""
     return {"http": guarded_protocol(state)}
+
+
+class GuardCollector:
+    """Prometheus collector of a port's connection counters (read when scraped):
+    ``topoplace_http_connections_total{port, outcome}`` (``accepted``, ``refused`` over a
+    cap, ``timed_out`` reading a request) and ``topoplace_http_connections_open{port}``."""
+
+    def __init__(self, states: dict[str, GuardState]) -> None:
+        self.states = states
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        total = CounterMetricFamily(
+            "topoplace_http_connections",
+            "Connections to a listening port by outcome: accepted, refused (over a cap), "
+            "timed_out (a request not read within the deadline)",
+            labels=["port", "outcome"],
+        )
+        open_now = GaugeMetricFamily(
+            "topoplace_http_connections_open", "Connections open now", labels=["port"]
+        )
+        for port, s in self.states.items():
+            total.add_metric([port, "accepted"], s.accepted)
+            total.add_metric([port, "refused"], s.refused)
+            total.add_metric([port, "timed_out"], s.timed_out)
+            open_now.add_metric([port], s.open)
+        yield total
+        yield open_now

@@ -96,6 +96,22 @@ def test_excess_connections_are_reset_and_health_still_answers(tmp_path: Path) -
         # The probe port has its own budget.
         status, _, body = request("127.0.0.1", srv.health_port, b"GET", b"/healthz")
         assert status == 200 and orjson.loads(body) == {"status": "ok"}
+
+        # ... and the counts are exported.
+        def scrape() -> dict[str, str]:
+            status, _, body = request("127.0.0.1", srv.health_port, b"GET", b"/metrics")
+            assert status == 200
+            lines = body.decode().splitlines()
+            return dict(line.rsplit(" ", 1) for line in lines if "_connections" in line)
+
+        samples = scrape()
+        main = 'topoplace_http_connections_total{outcome="%s",port="main"}'
+        assert float(samples[main % "refused"]) == 400
+        assert float(samples[main % "accepted"]) == cap
+        assert float(samples[main % "timed_out"]) == 0
+        assert float(samples['topoplace_http_connections_open{port="main"}']) == cap
+        health = 'topoplace_http_connections_total{outcome="accepted",port="health"}'
+        assert float(scrape()[health]) == float(samples[health]) + 1  # one per request
         for s in held + flood:
             s.close()
         # Capacity comes back as connections close.
