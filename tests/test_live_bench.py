@@ -30,7 +30,7 @@ from benchmarks.live.metrics import (
     timing_figures,
 )
 from benchmarks.live.offline import replay
-from benchmarks.live.run import profile_top, render_summary
+from benchmarks.live.run import paired_ratios, profile_top, render_summary
 from benchmarks.live.scenario import (
     GANG_ANNOTATION,
     GANG_SIZE_ANNOTATION,
@@ -509,3 +509,18 @@ def test_live_benchmark_tiny(tmp_path: Path) -> None:
     rows = (out / "runs.csv").read_text().splitlines()
     assert len(rows) == 4  # header, topoplace, default, offline
     assert "pods placed as offline" in text and (out / "bind-floor.csv").exists()
+
+
+def test_paired_ratios_divide_within_each_run() -> None:
+    def fig(arm: str, run: int, pps: float) -> Figures:
+        f = Figures(arm=arm, run=run)
+        f.pods_per_s = pps
+        return f
+
+    live = {
+        "topoplace": [fig("topoplace", 1, 200.0), fig("topoplace", 2, 150.0)],
+        "default": [fig("default", 2, 300.0), fig("default", 1, 250.0), fig("default", 3, 9.0)],
+    }
+    # Run 1 with run 1 and run 2 with run 2, whatever the order; run 3 has no partner.
+    assert paired_ratios(live) == {"default": [0.8, 0.5]}
+    assert paired_ratios({"topoplace": live["topoplace"]}) == {}

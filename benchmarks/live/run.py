@@ -943,6 +943,24 @@ def speed_ratios(med: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
     }
 
 
+def paired_ratios(live: Mapping[str, Sequence[Figures]]) -> dict[str, list[float]]:
+    """Per default arm, topoplace's pods/s over that arm's in the same run (runs are
+    adjacent in time, so a slow spell of the host lands on both sides of one ratio)."""
+    tp = {f.run: f.pods_per_s for f in live.get("topoplace") or ()}
+    out: dict[str, list[float]] = {}
+    for arm, figs in live.items():
+        if arm == "topoplace":
+            continue
+        pairs = [
+            tp[f.run] / f.pods_per_s
+            for f in sorted(figs, key=lambda f: f.run)
+            if f.run in tp and f.pods_per_s and not math.isnan(tp[f.run] / f.pods_per_s)
+        ]
+        if pairs:
+            out[arm] = pairs
+    return out
+
+
 def render_summary(
     scenario: Scenario,
     conditions: Mapping[str, Any],
@@ -982,6 +1000,14 @@ def render_summary(
             + ", ".join(f"{ratio:.2f}x vs {ARM_TITLES[a][5:]}" for a, ratio in ratios.items())
             + "."
         )
+        for arm, pairs in paired_ratios(live).items():
+            if len(pairs) > 1:
+                lines.append("")
+                lines.append(
+                    f"Run by run vs {ARM_TITLES[arm][5:]}: "
+                    + ", ".join(f"{r:.2f}x" for r in pairs)
+                    + f" (median {statistics.median(pairs):.2f}x)."
+                )
         lines.append("")
     arms = [a for a in ARMS if a in med]
     head = ["figure"] + [ARM_TITLES[a] for a in arms]
