@@ -44,6 +44,7 @@ from scheduler.core.schedule import (
     filter_codes,
     name_order,
     rank_positions,
+    topology_scale,
     verdict_groups,
     verdict_reason,
 )
@@ -76,10 +77,9 @@ def components(
     p = np.where(pos < 0, 0, pos)
     a = snap.arrays
     free = a.free.take(p)
-    if 2 <= k <= a.max_gpus:
-        col = a.best_bw[:, k]
-        top = float(np.where((a.blocked == 0) & (a.free >= k), col, 0.0).max())
-        topo = col.take(p).astype(np.float64) / top if top > 0 else np.ones(n)
+    top = topology_scale(a, k)  # None unless 2 <= k <= the largest node's GPUs
+    if top is not None:
+        topo = a.best_bw[:, k].take(p).astype(np.float64) / top if top > 0 else np.ones(n)
     else:
         topo = np.ones(n)
     health = 1.0 - a.risk.take(p)

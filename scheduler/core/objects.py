@@ -716,6 +716,19 @@ REDACTED_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
 """Annotations left out of inspected pods (the last applied one repeats the whole spec)."""
 
 
+def bound_pod(
+    pod: Mapping[str, Any], node: str, annotations: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The Pod object as the API server shows it after a binding to ``node`` that carried
+    ``annotations`` (merged over the pod's own); ``pod`` is not changed."""
+    out = {**pod, "spec": {**(pod.get("spec") or {}), "nodeName": node}}
+    if annotations:
+        m = dict(meta(pod))
+        m["annotations"] = {**(m.get("annotations") or {}), **annotations}
+        out["metadata"] = m
+    return out
+
+
 def redacted_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     """A Pod object without what placement does not need and secrets could hide in:
     containers' env, envFrom, command, args, lifecycle hooks and mounts, the pod's volumes,

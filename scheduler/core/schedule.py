@@ -521,7 +521,7 @@ def _every_rank_entry(
         return None
     if not len(every):
         k, link = req.gpus, req.min_link
-        top = _top(a, k)
+        top = topology_scale(a, k)
         found = _ancestor(_RANK_MEMO, a, key[1:])
         if found is not None and found[0][1] == top:  # the same scale: only rows changed
             (old, *_), rows = found
@@ -534,7 +534,7 @@ def _every_rank_entry(
     return every
 
 
-def _top(a: Any, k: int) -> Any:
+def topology_scale(a: Any, k: int) -> Any:
     """The best ``k``-GPU set's bottleneck on any node that could take it now (the
     topology component's scale in :func:`rank_positions`), or None when it is unused."""
     if k >= 2 and k <= a.max_gpus:
@@ -547,7 +547,7 @@ def _rank_at(
     a: Any, k: int, min_link: str, w: Any, p: np.ndarray | None, top: Any = False
 ) -> np.ndarray:
     """:func:`rank_positions` from the node arrays alone (no unknown nodes) at positions
-    ``p``, or for every node when ``p`` is None (then read-only); ``top``: :func:`_top`
+    ``p``, or for every node when ``p`` is None (then read-only); ``top``: :func:`topology_scale`
     if known. Element by element the same operations either way, so the same floats."""
 
     def at(x: np.ndarray) -> np.ndarray:
@@ -560,7 +560,7 @@ def _rank_at(
     n = len(free)
     if k >= 2 and k <= a.max_gpus:
         if top is False:
-            top = _top(a, k)
+            top = topology_scale(a, k)
         bw = at(a.best_bw[:, k]).astype(np.float64)
         topo = bw / top if top > 0 else np.ones(n)
     else:
@@ -651,9 +651,7 @@ def narrow_with_rank(
         rank = np.full(len(pos), -1.0)
         feas = np.flatnonzero(feasible)
         rank[feas] = rank_positions(snap, req, pos[feas], params)
-    i = _best_of(snap, req, params, pos, rank) if every is not None else -1
-    if every is None:
-        i = best_position(snap, pos, rank)
+    i = best_position(snap, pos, rank) if every is None else _best_of(snap, req, params, pos, rank)
     if i < 0:
         return codes, -1, rank
     out = codes.copy()

@@ -34,6 +34,7 @@ from scheduler.core.fractional import (
 from scheduler.core.model import PLACEMENT_ANNOTATION, RESERVATION_PREFIX, PodInfo, PodRequest
 from scheduler.core.objects import (
     ObjectError,
+    bound_pod,
     meta,
     placement_value,
     redacted_pod,
@@ -137,14 +138,6 @@ class GangHandler(Protocol):
         ...
 
     def bound(self, ext: Extender, req: PodRequest, ok: bool) -> None: ...
-
-
-def _bound_pod(pod: Mapping[str, Any], node: str, annotation: str) -> dict[str, Any]:
-    """The Pod object as the API server would show it after the binding."""
-    m = dict(meta(pod))
-    m["annotations"] = {**(m.get("annotations") or {}), PLACEMENT_ANNOTATION: annotation}
-    spec = {**(pod.get("spec") or {}), "nodeName": node}
-    return {**pod, "metadata": m, "spec": spec}
 
 
 def _merge_gang(base: FilterOutcome, planned: FilterOutcome) -> FilterOutcome:
@@ -701,7 +694,7 @@ class Extender:
                 memory_bytes=memory,
                 gang=gang or req.gang,
                 assumed=True,
-                raw=_bound_pod(pod, node, annotation),
+                raw=bound_pod(pod, node, {PLACEMENT_ANNOTATION: annotation}),
             )
 
         choice = self.cache.assume_for_bind(key, node, choose)

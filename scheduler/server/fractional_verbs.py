@@ -40,7 +40,7 @@ from scheduler.core.fractional import (
     workload_distribution,
 )
 from scheduler.core.model import PodInfo, PodRequest
-from scheduler.core.objects import ObjectError, meta, pod_resource, replica_request
+from scheduler.core.objects import ObjectError, bound_pod, meta, pod_resource, replica_request
 from scheduler.core.quantity import cpu_milli, quantity_int
 from scheduler.core.replicas import ReplicaVerdicts, opts_in
 from scheduler.core.replicas import choose as choose_replica_node
@@ -365,9 +365,6 @@ def share_bind_start(
             return "node has no GPU-sharing backend"
         handoff.clear()
         handoff.update(ann)
-        m = dict(meta(pod))
-        m["annotations"] = {**(m.get("annotations") or {}), **ann}
-        spec = {**(pod.get("spec") or {}), "nodeName": node}
         return PodInfo(
             key=key,
             uid=pod_uid,
@@ -376,7 +373,7 @@ def share_bind_start(
             cpu_milli=cpu,
             memory_bytes=memory,
             assumed=True,
-            raw={**pod, "metadata": m, "spec": spec},
+            raw=bound_pod(pod, node, ann),
             shares=shares,
         )
 
@@ -481,7 +478,6 @@ def replica_bind_start(
         v = _replica_verdicts(s, pod_req, n, [node], key)
         if node not in v.scores:
             return v.failed.get(node) or v.unresolvable.get(node) or REASON_UNKNOWN_NODE
-        spec = {**(pod.get("spec") or {}), "nodeName": node}
         return PodInfo(
             key=key,
             uid=uid,
@@ -491,7 +487,7 @@ def replica_bind_start(
             memory_bytes=memory,
             gang=pod_req.gang,
             assumed=True,
-            raw={**pod, "spec": spec},
+            raw=bound_pod(pod, node),
             replicas=n,
         )
 
