@@ -42,13 +42,32 @@ def free_port() -> int:
 class ServerThread:
     """uvicorn serving an ASGI app on 127.0.0.1 in a background thread (context manager)."""
 
-    def __init__(self, app: Any, port: int | None = None, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, app: Any, port: int | None = None, host: str = "127.0.0.1", http: Any = None
+    ) -> None:
         import uvicorn
 
         self.host = host
         self.port = port or free_port()
+        from scheduler.server.guard import UVICORN_LEAN, GuardState, uvicorn_guard_kwargs
+
+        # The protocol `serve` runs (the connection guard and the verbs' fast lane) unless
+        # ``http`` names another protocol class.
+        http = (
+            {"http": http}
+            if http is not None
+            else uvicorn_guard_kwargs(GuardState(), getattr(app, "verbs", None))
+        )
         self.server = uvicorn.Server(
-            uvicorn.Config(app, host=host, port=self.port, log_level="warning", lifespan="off")
+            uvicorn.Config(
+                app,
+                host=host,
+                port=self.port,
+                log_level="warning",
+                lifespan="off",
+                **UVICORN_LEAN,
+                **http,
+            )
         )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

@@ -178,6 +178,13 @@ def build_parser() -> argparse.ArgumentParser:
         "connection is open or its previous answer was sent; slower connections are cut",
     )
     serve.add_argument(
+        "--no-fast-lane",
+        dest="fast_lane",
+        action="store_false",
+        help="answer the verbs through uvicorn's ASGI path instead of inside the HTTP "
+        "protocol (same replies; the fast lane writes each in one piece and costs less CPU)",
+    )
+    serve.add_argument(
         "--leader-lease",
         metavar="NAMESPACE/NAME",
         help="HA: act only while the kube-scheduler beside this replica holds this Lease "
@@ -313,6 +320,7 @@ def run_servers(
     health_sock: socket.socket | None = None,
     guard: GuardState | None = None,
     health_guard: GuardState | None = None,
+    fast_lane: bool = True,
 ) -> bool:
     """Serve ``app`` on ``sock`` (with ``ssl``) and, when given, the health paths on
     ``health_sock`` (plain HTTP, no lifespan) in the same event loop, until SIGTERM/SIGINT.
@@ -320,13 +328,14 @@ def run_servers(
     The main server owns the signals, the lifespan (drain on shutdown) and the graceful
     timeout; the health server stops with it. Each port has its own connection guard
     (``scheduler/server/guard.py``: connection caps, request read deadline; defaults when
-    None). Returns whether the main server started.
+    None). The verbs take the fast lane (``scheduler/server/fastlane.py``) unless
+    ``fast_lane`` is False. Returns whether the main server started.
     """
     import asyncio
 
     import uvicorn
 
-    from scheduler.server.guard import raise_fd_limit, uvicorn_guard_kwargs
+    from scheduler.server.guard import UVICORN_LEAN, raise_fd_limit, uvicorn_guard_kwargs
 
     raise_fd_limit()
     guard = guard or GuardState()
@@ -338,7 +347,7 @@ def run_servers(
         log_level="warning",
         timeout_graceful_shutdown=30,
         **UVICORN_LEAN,
-        **uvicorn_guard_kwargs(guard),
+        **uvicorn_guard_kwargs(guard, getattr(app, "verbs", None) if fast_lane else None),
         **ssl,
     )
     server = uvicorn.Server(config)
@@ -406,19 +415,6 @@ GC_GEN0_THRESHOLD = 10_000
 """Allocations between two young-generation collections of the serving process (CPython's
 default is 700). A verb or a watch event allocates a few hundred containers (the parsed
 pod), so the default ran a collection for about every pod and promoted most of them."""
-
-
-UVICORN_LEAN: dict[str, Any] = {
-    "proxy_headers": False,
-    "server_header": False,
-    "date_header": False,
-    "access_log": False,
-}
-"""uvicorn settings of both listeners. ``proxy_headers`` off: nothing proxies to the
-extender, and trusting ``X-Forwarded-For`` from loopback would let any local client name
-another caller in the bind audit line. No ``server``/``date`` headers (nobody reads them)
-and no access log (the verbs log what matters, bind its audit line): work per request
-that kube-scheduler's requests do not need."""
 
 
 def _settle_heap() -> None:
@@ -528,7 +524,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         health_guard = GuardState(HEALTH_MAX_CONNECTIONS, HEALTH_MAX_PER_CLIENT, args.read_timeout)
         watched = {"main": guard} | ({"health": health_guard} if health_sock else {})
         extender.metrics.registry.register(GuardCollector(watched))
-        started = run_servers(app, sock, ssl, health_sock, guard, health_guard)
+        started = run_servers(app, sock, ssl, health_sock, guard, health_guard, args.fast_lane)
     finally:
         if stop is not None:
             stop()

@@ -29,7 +29,7 @@ import contextvars
 import inspect
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -121,6 +121,9 @@ Handler = Callable[[Any, bytes], Any]
 """A verb: (body, raw body) -> result (bytes, or a JSON-serializable value). The body is
 the parsed JSON, or for a verb that reads its arguments from the bytes a
 :class:`wire.RawBody` (a mapping that parses them on first use)."""
+Route = tuple[str, Handler, Callable[[str], Any], bool, bool]
+"""(verb name, handler, fallback for a crashed handler, run the handler in a worker thread,
+the handler parses the raw body itself)."""
 
 
 class VerbRoutes:
@@ -143,7 +146,7 @@ class VerbRoutes:
 
     def __init__(
         self,
-        verbs: dict[str, tuple[str, Handler, Callable[[str], Any], bool, bool]],
+        verbs: dict[str, Route],
         metrics: Any,
         max_body_bytes: int,
         plan_deadline_s: float = 3.0,
@@ -162,50 +165,109 @@ class VerbRoutes:
         if scope["method"] != "POST":
             await _send(send, 405, _error_body("use POST"), ((b"allow", b"POST"),))
             return True
-        name, handler, fallback, threaded, lazy = verb
         start = time.perf_counter()
-        status, reply = await self._answer(
-            name, handler, fallback, threaded, lazy, scope, receive, start
-        )
-        if reply is not None:
-            await _send(send, status, reply, _CLOSE if status == 413 else ())
-        m = self.metrics
-        m.child(m.requests, name, str(status)).inc()
-        m.child(m.latency, name).observe(time.perf_counter() - start)
-        return True
-
-    async def _answer(
-        self,
-        name: str,
-        handler: Handler,
-        fallback: Callable[[str], Any],
-        threaded: bool,
-        lazy: bool,
-        scope: Any,
-        receive: Any,
-        start: float,
-    ) -> tuple[int, bytes | None]:
         try:
             body = await _read_body(scope, receive, self.max_body_bytes)
         except BodyTooLarge:
-            return 413, _error_body(f"request body larger than {self.max_body_bytes} bytes")
-        if body is None:
-            return 499, None  # the client closed the connection: nobody to answer
-        client = scope.get("client")
-        CALLER.set(f"{client[0]}:{client[1]}" if client else "")
+            status, reply = 413, self.too_large()
+        else:
+            if body is None:  # the client closed the connection: nobody to answer
+                status, reply = 499, None
+            else:
+                client = scope.get("client")
+                caller = f"{client[0]}:{client[1]}" if client else ""
+                answer = self.answer(verb, body, caller, start)
+                status, reply = answer if isinstance(answer, tuple) else await answer
+        if reply is not None:
+            await _send(send, status, reply, _CLOSE if status == 413 else ())
+        self.count(verb[0], status, start)
+        return True
+
+    def too_large(self) -> bytes:
+        """The 413 body."""
+        return _error_body(f"request body larger than {self.max_body_bytes} bytes")
+
+    def count(self, name: str, status: int, start: float) -> None:
+        """Count one answered request of verb ``name`` and its latency from ``start``
+        (``time.perf_counter``)."""
+        m = self.metrics
+        m.child(m.requests, name, str(status)).inc()
+        m.child(m.latency, name).observe(time.perf_counter() - start)
+
+    def answer(
+        self, verb: Route, body: bytes, caller: str, start: float
+    ) -> tuple[int, bytes] | Coroutine[Any, Any, tuple[int, bytes]]:
+        """The status and reply body for a verb request whose body is ``body``, sent by
+        ``caller`` (host:port, for the bind audit line) and received at ``start``
+        (``time.perf_counter``; a gang plan's deadline counts from it).
+
+        Decided on the spot when it can be (filter and prioritize: parsed and answered
+        without leaving the caller's stack, see ``guard.py``'s fast lane); otherwise a
+        coroutine to await that gives the answer: a body over
+        :data:`OFFLOAD_BODY_BYTES` or a threaded verb (worker thread), a verb whose result
+        is awaitable (bind's API write), a gang plan that must leave the event loop.
+        """
+        name, handler, fallback, threaded, lazy = verb
+        CALLER.set(caller)
+        if threaded or len(body) > OFFLOAD_BODY_BYTES:
+            return self._off_loop(verb, body, start)
         payload: Any = wire.RawBody(body)
-        big = len(body) > OFFLOAD_BODY_BYTES
         if not lazy:
             try:
-                payload = await run_in_threadpool(orjson.loads, body) if big else orjson.loads(body)
+                payload = orjson.loads(body)
             except orjson.JSONDecodeError as exc:
                 return 400, _error_body(f"malformed JSON: {exc}")
         try:
+            result = handler(payload, body)
+            if inspect.isawaitable(result):
+                return self._settle(verb, payload, body, start, result)
+        except PlanOffLoop:
+            return self._settle(verb, payload, body, start, None, plan=True)
+        except wire.WireError as exc:
+            return 400, _error_body(str(exc))
+        except Exception:  # a bug: answer through the protocol, never crash
+            log.exception("%s failed", name)
+            result = fallback("internal error in topoplace; see its log")
+        return 200, result if isinstance(result, bytes) else orjson.dumps(result)
+
+    async def _off_loop(self, verb: Route, body: bytes, start: float) -> tuple[int, bytes]:
+        """:meth:`answer` for a threaded verb or a large body: parsed and run on a worker
+        thread."""
+        name, handler, fallback, threaded, lazy = verb
+        payload: Any = wire.RawBody(body)
+        if not lazy:
             try:
-                if threaded or big:
-                    result = await run_in_threadpool(handler, payload, body)
-                else:
-                    result = handler(payload, body)
+                payload = await run_in_threadpool(orjson.loads, body)
+            except orjson.JSONDecodeError as exc:
+                return 400, _error_body(f"malformed JSON: {exc}")
+        plan = False
+        try:
+            result = await run_in_threadpool(handler, payload, body)
+        except PlanOffLoop:
+            result, plan = None, True
+        except wire.WireError as exc:
+            return 400, _error_body(str(exc))
+        except Exception:  # a bug: answer through the protocol, never crash
+            log.exception("%s failed", name)
+            result = fallback("internal error in topoplace; see its log")
+        return await self._settle(verb, payload, body, start, result, plan)
+
+    async def _settle(
+        self,
+        verb: Route,
+        payload: Any,
+        body: bytes,
+        start: float,
+        result: Any,
+        plan: bool = False,
+    ) -> tuple[int, bytes]:
+        """The answer from a verb's ``result`` once awaited, or (``plan``: the verb raised
+        ``PlanOffLoop``) from running the verb again on the gang planner thread."""
+        name, handler, fallback, _, _ = verb
+        try:
+            try:
+                if plan:
+                    raise PlanOffLoop
                 if inspect.isawaitable(result):
                     result = await result
             except PlanOffLoop:

@@ -100,6 +100,19 @@ class GuardState:
             )
 
 
+UVICORN_LEAN: dict[str, Any] = {
+    "proxy_headers": False,
+    "server_header": False,
+    "date_header": False,
+    "access_log": False,
+}
+"""uvicorn settings of both listeners. ``proxy_headers`` off: nothing proxies to the
+extender, and trusting ``X-Forwarded-For`` from loopback would let any local client name
+another caller in the bind audit line. No ``server``/``date`` headers (nobody reads them)
+and no access log (the verbs log what matters, bind its audit line): work per request
+that kube-scheduler's requests do not need."""
+
+
 MAX_HEAD_BYTES = 64 * 1024
 """Request line and headers larger than this are refused with 400 (httptools has no limit
 of its own; h11's is 16 KiB of a buffered, incomplete head)."""
@@ -132,6 +145,8 @@ def protocol_class() -> type[Any]:
         module docstring). Subclassed per port by :func:`guarded_protocol`."""
 
         guard: GuardState = GuardState()
+        httptools = h11 is None
+        """Whether the protocol is uvicorn's httptools one (the fast lane needs it)."""
         _counted: str | None = None
         _read_since: float | None = None
         """Loop time the request being read started to be awaited (None: none is)."""
@@ -244,10 +259,20 @@ def protocol_class() -> type[Any]:
     return GuardedProtocol
 
 
-def guarded_protocol(state: GuardState) -> type[Any]:
+def guarded_protocol(state: GuardState, verbs: Any = None) -> type[Any]:
     """A subclass of the guarded protocol (:func:`protocol_class`) whose connections share
-    ``state`` (one per listening port)."""
-    return type("GuardedH11Protocol", (protocol_class(),), {"guard": state})
+    ``state`` (one per listening port); with ``verbs`` (the app's ``VerbRoutes``) and
+    httptools, the verbs take the fast lane (``fastlane.py``)."""
+    if verbs is not None and protocol_class().httptools:
+        return type("GuardedFastProtocol", (_fast_class(),), {"guard": state, "verbs": verbs})
+    return type("GuardedProtocol", (protocol_class(),), {"guard": state})
+
+
+@functools.cache
+def _fast_class() -> type[Any]:
+    from scheduler.server.fastlane import fast_lane
+
+    return fast_lane(protocol_class())
 
 
 def raise_fd_limit() -> tuple[int, int]:
@@ -264,9 +289,10 @@ def raise_fd_limit() -> tuple[int, int]:
     return soft, hard
 
 
-def uvicorn_guard_kwargs(state: GuardState) -> dict[str, Any]:
-    """``uvicorn.Config`` keyword arguments that install the guard for one port."""
-    return {"http": guarded_protocol(state)}
+def uvicorn_guard_kwargs(state: GuardState, verbs: Any = None) -> dict[str, Any]:
+    """``uvicorn.Config`` keyword arguments that install the guard for one port (and the
+    verbs' fast lane, given the app's ``VerbRoutes``)."""
+    return {"http": guarded_protocol(state, verbs)}
 
 
 class GuardCollector:
