@@ -20,6 +20,7 @@ So ``topology + health + packing + rounding + choice == score`` for every candid
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -94,12 +95,16 @@ def _weights(params: SchedParams) -> dict[str, float]:
 
 def _points(comp: Mapping[str, float], rank: float, score: int, params: SchedParams) -> dict:
     """The score of one node taken apart (see the module docstring)."""
+    return _points_w(comp, rank, score, _weights(params))
+
+
+def _points_w(comp: Mapping[str, float], rank: float, score: int, w: Mapping[str, float]) -> dict:
+    """:func:`_points` with the weights (``_weights(params)``) given."""
     if rank < 0:
         return {**dict.fromkeys(PARTS, 0.0), "rounding": 0.0, "choice": 0}
-    w = _weights(params)
     total = sum(w.values())
     pts = {k: round(MAX_SCORE * w[k] * comp[k] / total, DIGITS) for k in PARTS}
-    base = min(int(np.floor(max(rank, 0.0) * MAX_SCORE + 1e-9)), MAX_SCORE - 1)
+    base = min(math.floor(max(rank, 0.0) * MAX_SCORE + 1e-9), MAX_SCORE - 1)
     pts["rounding"] = round(base - sum(pts[k] for k in PARTS), DIGITS)
     pts["choice"] = score - base
     return pts
@@ -386,47 +391,71 @@ def summarize(
 ) -> str:
     """``explain(...)["summary"]`` for a placed pod, computing only what the line shows
     (the chosen node's parts, the tie count, the runner-up): a few vector operations over
-    the candidates, no per-reason grouping, for bind, which writes it into the placement
-    record. "" when the pod would not be placed (a pod that binds was placed).
+    the candidates and scalar arithmetic for the (at most two) nodes shown, for bind,
+    which writes it into the placement record. "" when the pod would not be placed (a pod
+    that binds was placed).
 
     ``basis``: the filter's own ``(codes, rank)`` for these positions (``rank`` as
     :func:`~scheduler.core.schedule.narrow_with_rank` returns it: -1 where infeasible), so
-    that a filter decision is not ranked a second time; the line is the same."""
+    that a filter decision is not ranked a second time; the line is the same.
+
+    The same numbers as :func:`explain`, by the same float operations on the same values:
+    the engine's choice is :func:`~scheduler.core.schedule.best_position` (highest rank,
+    then lowest name), and the runner-up is the best of the others, which is the engine's
+    choice when the pod goes elsewhere, the next by name among those tied with the choice,
+    or else the best below it."""
     pos = np.asarray(pos, dtype=np.int64)
     if basis is not None and verb != "prioritize":
-        codes, rank = basis[0], basis[1].copy()
+        codes, rank = basis
     else:
         codes = filter_codes(snap, req, pos, params)
-        rank = rank_positions(snap, req, pos, params).copy()
+        rank = rank_positions(snap, req, pos, params)
     if verb != "prioritize":
-        rank[codes != FEASIBLE] = -1.0
-    best = best_position(snap, pos, rank)
+        rank = np.where(codes == FEASIBLE, rank, -1.0)  # a new array: inputs untouched
+    if not len(rank):
+        return ""
+    peak = rank.max()
+    if peak < 0:
+        return ""  # nothing can take the pod: neither the engine's choice nor ``chosen``
+    tied = np.flatnonzero(rank == peak)
+    names = None
+    if len(tied) == 1:
+        best = int(tied[0])
+    else:
+        names = name_order(snap).take(pos.take(tied))
+        first = int(np.argmin(names))
+        best = int(tied[first])
     j = best
     if chosen is not None:
-        hits = np.flatnonzero(pos == snap.index.get(chosen, -2))
-        j = int(hits[0]) if len(hits) else -1
+        want = snap.index.get(chosen, -2)
+        if int(pos[best]) != want:  # else the first position of ``chosen`` is ``best``
+            hits = np.flatnonzero(pos == want)
+            j = int(hits[0]) if len(hits) else -1
     if j < 0 or rank[j] < 0:
         return ""
-
-    top = rank[j]
-    count = int((rank == top).sum())
-    others = rank.copy()
-    others[j] = -1.0
-    r = best_position(snap, pos, others)
-    shown = [j] if r < 0 else [j, r]
-    comps = components(snap, req, pos.take(shown))  # both rows in one pass
-
-    def row(k: int) -> dict[str, Any]:
-        i = shown[k]
-        score = MAX_SCORE if i == best else min(int(np.floor(rank[i] * MAX_SCORE + 1e-9)), 9)
-        return _node_row(snap, req, int(pos[i]), comps, k, float(rank[i]), score, params)
-
-    c = row(0)
+    top = float(rank[j])
+    if j != best:
+        count = int(np.count_nonzero(rank == rank[j]))
+        r = best  # the highest rank, lowest name: the best of the others
+    elif names is not None:
+        count = len(tied)
+        rest = names.copy()
+        rest[first] = np.iinfo(rest.dtype).max
+        r = int(tied[int(np.argmin(rest))])  # the next by name among the tied
+    else:
+        count = 1
+        others = rank.copy()
+        others[j] = -1.0
+        r = best_position(snap, pos, others)
+    w = _weights(params)
+    scale = _scale(snap.arrays, req.gpus)
+    c = _line_row(snap, req, int(pos[j]), top, _score(j, best, top), w, scale)
     c["engine_choice"] = j == best
     runners = []
     if r >= 0:
-        other = row(1)
-        cmp = int(np.sign(rank[r] - top))
+        rr = float(rank[r])
+        other = _line_row(snap, req, int(pos[r]), rr, _score(r, best, rr), w, scale)
+        cmp = (rr > top) - (rr < top)
         other["why_lost"] = _why_lost(c, other, cmp, other["node"] < c["node"])
         runners.append(other)
     broken = "lowest node name" if j == best else "its scheduler (not the engine's choice)"
@@ -437,6 +466,62 @@ def summarize(
             "runners_up": runners,
         }
     )
+
+
+def _score(i: int, best: int, rank: float) -> int:
+    """What prioritize scores the candidate ``i`` of ``rank`` >= 0 (``best``: the engine's
+    choice), as :func:`~scheduler.core.schedule.score_positions`."""
+    return MAX_SCORE if i == best else min(math.floor(rank * MAX_SCORE + 1e-9), MAX_SCORE - 1)
+
+
+_SCALES: list[tuple[Any, int, Any]] = []
+"""(node arrays, set size, :func:`topology_scale`) of the latest summaries: see
+:func:`_scale`."""
+
+_SCALES_SIZE = 4
+
+
+def _scale(a: Any, k: int) -> Any:
+    """``topology_scale(a, k)``, a maximum over every node, computed once per node arrays
+    version and set size: the arrays are read-only and compared by identity (an entry
+    holds them, so their id cannot be reused while it is looked up), and ``k`` by value;
+    sizes the topology component does not use need no maximum (None)."""
+    if k < 2 or k > a.max_gpus:
+        return None
+    for arrays, size, top in _SCALES:
+        if arrays is a and size == k:
+            return top
+    top = topology_scale(a, k)
+    _SCALES[:] = [(a, k, top), *_SCALES[: _SCALES_SIZE - 1]]
+    return top
+
+
+def _line_row(
+    snap: ClusterSnapshot,
+    req: PodRequest,
+    at: int,
+    rank: float,
+    score: int,
+    w: Mapping[str, float],
+    scale: Any,
+) -> dict[str, Any]:
+    """The part of :func:`_node_row` a summary line reads, for the node at ``at``: its
+    components as :func:`components` computes them, element by element (the same
+    floats), from scalars."""
+    a = snap.arrays
+    k = req.gpus
+    p = at if at >= 0 else 0
+    topo = float(a.best_bw[p, k]) / scale if scale else 1.0
+    health = 1.0 - float(a.risk[p])
+    packing = k / max(int(a.free[p]), 1) if k > 0 else 0.0
+    comp = {"topology": topo, "health": health, "packing": packing}
+    return {
+        "node": snap.nodes[at].name,
+        "score": score,
+        "rank": round(rank, 6),
+        "components": {key: round(v, DIGITS) for key, v in comp.items()},
+        "points": _points_w(comp, rank, score, w),
+    }
 
 
 def _fmt(x: float) -> str:

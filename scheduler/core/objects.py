@@ -682,7 +682,11 @@ class PlanRecord:
 
 
 def placement_value(
-    node: str, gpus: tuple[int, ...], gang: str = "", plan: PlanRecord | None = None
+    node: str,
+    gpus: tuple[int, ...],
+    gang: str = "",
+    plan: PlanRecord | None = None,
+    why: str = "",
 ) -> str:
     """Serialize a placement record (compact JSON, sorted keys) for the annotation.
 
@@ -690,9 +694,12 @@ def placement_value(
     carries the whole plan: ``"policy"``, ``"created"``, ``"ttl"`` and
     ``"slots": [[role, node, [gpus]], ...]`` (optional keys of version 1: readers that do
     not know them ignore them). A slot table above :data:`PLAN_SLOTS_MAX_BYTES` is left
-    out (``"slots_omitted": <count>``).
+    out (``"slots_omitted": <count>``). A non-empty ``why`` (the one-line summary of the
+    decision, see ``server/decisions.py``) is added under ``"why"`` (readers ignore it).
     """
     rec: dict[str, Any] = {"v": PLACEMENT_VERSION, "node": node, "gpus": list(gpus)}
+    if why:
+        rec["why"] = why
     if gang:
         rec["gang"] = gang
     if plan is not None and plan.plan_id:

@@ -114,27 +114,36 @@ class DecisionLog:
         self._add(rec)
 
     def _add(self, rec: Record) -> None:
+        # The snapshot's bytes are counted outside the lock when it looks new (a racy
+        # peek: at worst counted for nothing), and evicted records are released after it
+        # (the last record of a snapshot frees it), so the lock is held for bookkeeping only.
+        snap = rec.snap
+        size = _snapshot_bytes(snap) if snap is not None and id(snap) not in self._held else -1
         with self._lock:
             self._seq += 1
             rec.seq = self._seq
-            if rec.snap is not None:
-                held = self._held.get(id(rec.snap))
+            if snap is not None:
+                held = self._held.get(id(snap))
                 if held is None:
-                    size = _snapshot_bytes(rec.snap)
-                    self._held[id(rec.snap)] = [1, size]
+                    if size < 0:
+                        size = _snapshot_bytes(snap)
+                    self._held[id(snap)] = [1, size]
                     self._bytes += size
                 else:
                     held[0] += 1
             self._ring.append(rec)
             self._bytes += rec.size
+            gone = []
             while self._ring and (
                 len(self._ring) > self.max_records or self._bytes > self.max_bytes
             ):
-                self._evict()
+                gone.append(self._evict())
+        del gone  # the evicted records (and snapshots no record holds now) go here
 
-    def _evict(self) -> None:
+    def _evict(self) -> Record:
         """Drop the oldest record, and the bytes of its snapshot with the last record
-        holding it (records keep their snapshot alive, so ids stay unique while held)."""
+        holding it (records keep their snapshot alive, so ids stay unique while held).
+        Returns the record (the caller lets it go outside the lock)."""
         old = self._ring.popleft()
         self._bytes -= old.size
         if old.snap is not None:
@@ -143,6 +152,7 @@ class DecisionLog:
             if held[0] == 0:
                 del self._held[id(old.snap)]
                 self._bytes -= held[1]
+        return old
 
     # ---- reading (explains on demand) ----------------------------------------------------
 
@@ -212,16 +222,6 @@ class DecisionLog:
             rec.snap, rec.req, rec.pos, self._params(), rec.verb, chosen=node, basis=rec.basis
         )
         return line[:SUMMARY_MAX_CHARS]
-
-
-def with_why(annotation: str, why: str) -> str:
-    """The placement record ``annotation`` with the one-line ``why`` added (readers ignore
-    unknown keys; see docs/DEVELOPING.md)."""
-    if not why:
-        return annotation
-    rec = orjson.loads(annotation)
-    rec["why"] = why
-    return orjson.dumps(rec, option=orjson.OPT_SORT_KEYS).decode()
 
 
 def _solver_bits(d: Mapping[str, Any]) -> list[str]:
@@ -300,4 +300,4 @@ def info_summary(verb: str, gang: str, info: Mapping[str, Any]) -> str:
     )
 
 
-__all__ = ["PARTS", "DecisionLog", "Record", "gang_member_summary", "info_summary", "with_why"]
+__all__ = ["PARTS", "DecisionLog", "Record", "gang_member_summary", "info_summary"]

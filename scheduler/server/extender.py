@@ -64,7 +64,7 @@ from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.runtime.cache import ClusterCache
 from scheduler.runtime.dra import DraRouter
 from scheduler.server import wire
-from scheduler.server.decisions import DecisionLog, gang_member_summary, with_why
+from scheduler.server.decisions import DecisionLog, gang_member_summary
 from scheduler.server.fractional_verbs import (
     is_replica_pod,
     replica_bind_start,
@@ -684,7 +684,7 @@ class Extender:
                 if req.gpus and not gs.gpus:
                     return gs.error
                 gpus = gs.gpus
-            annotation = with_why(placement_value(node, gpus, gang or req.gang, plan), summary)
+            annotation = placement_value(node, gpus, gang or req.gang, plan, summary)
             return PodInfo(
                 key=key,
                 uid=pod_uid,
