@@ -406,12 +406,11 @@ def summarize(
     or else the best below it."""
     pos = np.asarray(pos, dtype=np.int64)
     if basis is not None and verb != "prioritize":
-        codes, rank = basis
+        rank = basis[1]  # -1 already wherever the filter's codes are not FEASIBLE
     else:
-        codes = filter_codes(snap, req, pos, params)
         rank = rank_positions(snap, req, pos, params)
-    if verb != "prioritize":
-        rank = np.where(codes == FEASIBLE, rank, -1.0)  # a new array: inputs untouched
+        if verb != "prioritize":
+            rank = np.where(filter_codes(snap, req, pos, params) == FEASIBLE, rank, -1.0)
     if not len(rank):
         return ""
     peak = rank.max()
