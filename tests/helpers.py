@@ -27,6 +27,15 @@ def fixture(name: str) -> Any:
     return json.loads(path.read_text())
 
 
+def with_reasons(params: SchedParams | None = None) -> SchedParams:
+    """``params`` (default: the defaults) with ``extender.reasons_when_placed`` on: filter
+    replies carry the failed nodes' reasons even when they offer a node."""
+    from dataclasses import replace
+
+    params = params or SchedParams()
+    return replace(params, extender=replace(params.extender, reasons_when_placed=True))
+
+
 def fixture_cache(params: SchedParams | None = None) -> ClusterCache:
     """The fixtures' 4 x DGX H100 cluster with the running 6-GPU pod on dgx-h100-04."""
     params = params or SchedParams()

@@ -23,14 +23,16 @@ from scheduler.core.schedule import (
 from scheduler.runtime.cache import ClusterCache
 from scheduler.server.app import create_app
 from scheduler.server.extender import ERR_UNKNOWN_POD, Extender
-from tests.helpers import asgi_client, fixture, fixture_cache
+from tests.helpers import asgi_client, fixture, fixture_cache, with_reasons
 
 FILTER_KEYS = {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
 
 
 @pytest.fixture
 def ext() -> Extender:
-    return Extender(fixture_cache())
+    """The fixtures' cluster, with the failed nodes' reasons sent even when a node is
+    offered (``extender.reasons_when_placed``), so that every verdict can be read."""
+    return Extender(fixture_cache(with_reasons()))
 
 
 @pytest.fixture
@@ -64,6 +66,40 @@ def test_filter_nodenames_matches_fixture_verdicts(client) -> None:
     assert body["FailedAndUnresolvableNodes"]["dgx-h100-02"] == "node not ready"
     assert body["FailedAndUnresolvableNodes"]["dgx-h100-03"] == REASON_CORDONED
     assert body["Error"] == ""
+
+
+@pytest.mark.parametrize("payload", ["filter_args_nodenames.json", "filter_args_nodes.json"])
+def test_a_reply_that_offers_a_node_leaves_the_reasons_out_by_default(payload: str) -> None:
+    # Shipped default (extender.reasons_when_placed off): kube-scheduler reads the failed
+    # nodes' reasons only for a pod it cannot place, so a reply offering a node sends none;
+    # /metrics still counts every verdict, by reason.
+    ext = Extender(fixture_cache())
+    c = asgi_client(ext)
+    args = fixture(payload)
+    args["Pod"] = _four_gpu_pod_alone()
+    body = c.post("/scheduler/filter", content=orjson.dumps(args)).json()
+    offered = body["NodeNames"] or [n["metadata"]["name"] for n in body["Nodes"]["items"]]
+    assert offered == ["dgx-h100-01"]
+    assert body["FailedNodes"] == {} and body["FailedAndUnresolvableNodes"] == {}
+    metrics = c.get("/metrics").text
+    assert 'topoplace_filter_nodes_total{result="feasible"} 1.0' in metrics
+    assert 'topoplace_filter_nodes_total{result="unresolvable"} 2.0' in metrics
+    assert 'topoplace_filter_nodes_total{result="failed"} 1.0' in metrics
+    assert f'topoplace_filter_failures_total{{reason="{REASON_CORDONED}"}} 1.0' in metrics
+    # A pod no node can take gets every reason: kube-scheduler's "0/4 nodes are
+    # available" message and its choice of preemption candidates come from them.
+    if args.get("NodeNames"):
+        args["NodeNames"] = [n for n in args["NodeNames"] if n != "dgx-h100-01"]
+    else:
+        items = args["Nodes"]["items"]
+        args["Nodes"]["items"] = [n for n in items if n["metadata"]["name"] != "dgx-h100-01"]
+    body = c.post("/scheduler/filter", content=orjson.dumps(args)).json()
+    assert not (body["NodeNames"] or (body["Nodes"] or {}).get("items"))
+    assert body["FailedAndUnresolvableNodes"] == {
+        "dgx-h100-02": "node not ready",
+        "dgx-h100-03": REASON_CORDONED,
+    }
+    assert body["FailedNodes"] == {"dgx-h100-04": REASON_NOT_ENOUGH_FREE}
 
 
 def test_filter_full_nodes_returns_node_objects(client) -> None:
@@ -446,7 +482,7 @@ def test_fixture_gang_member_keeps_hardware_reasons() -> None:
     one-member plan decides the node while broken nodes keep their "never" reasons."""
     from scheduler.runtime.gangs import GangRuntime
 
-    ext = Extender(fixture_cache(), gangs=GangRuntime())
+    ext = Extender(fixture_cache(with_reasons()), gangs=GangRuntime())
     c = asgi_client(ext)
     body = c.post(
         "/scheduler/filter", content=orjson.dumps(fixture("filter_args_nodenames.json"))

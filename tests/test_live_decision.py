@@ -201,6 +201,7 @@ def test_prioritize_ranks_used_nodes_strictly_and_gives_the_choice_alone_ten() -
         ({"nomination_ttl_seconds": 0}, r"nomination_ttl_seconds must be in \(0, 3600\]"),
         ({"nomination_ttl_seconds": "soon"}, "nomination_ttl_seconds must be a number"),
         ({"ttl": 3}, "unknown extender settings"),
+        ({"reasons_when_placed": 1}, "reasons_when_placed must be true or false"),
     ],
 )
 def test_extender_policy_section_is_validated(section: dict, error: str) -> None:
@@ -210,6 +211,9 @@ def test_extender_policy_section_is_validated(section: dict, error: str) -> None
         {"extender": {"decide_in_filter": False, "nomination_ttl_seconds": 12}}
     )
     assert ok.extender == ExtenderParams(decide_in_filter=False, nomination_ttl_seconds=12.0)
+    assert not ok.extender.reasons_when_placed
+    on = SchedParams.from_config({"extender": {"reasons_when_placed": True}})
+    assert on.extender.reasons_when_placed
 
 
 def test_ties_go_to_the_lowest_name_whatever_the_snapshot_order() -> None:

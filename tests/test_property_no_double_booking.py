@@ -85,7 +85,11 @@ def _check_invariants(ext: Extender) -> None:
 def test_random_sequences_never_double_book(
     decide_in_filter: bool, nodes: list[dict], steps: list
 ) -> None:
-    params = replace(SchedParams(), extender=ExtenderParams(decide_in_filter=decide_in_filter))
+    # Every verdict is sent (reasons_when_placed), so that each node's can be checked.
+    params = replace(
+        SchedParams(),
+        extender=ExtenderParams(decide_in_filter=decide_in_filter, reasons_when_placed=True),
+    )
     ext = Extender(ClusterCache.from_objects(nodes, [], params))
     c = asgi_client(ext)
     names = [n["metadata"]["name"] for n in nodes] + ["ghost"]

@@ -23,7 +23,7 @@ import time
 import webbrowser
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -350,6 +350,8 @@ def run_demo(
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
     params = load_params(None)
+    # The demo shows every node's verdict, also beside the node a pod gets.
+    params = replace(params, extender=replace(params.extender, reasons_when_placed=True))
     extender, what = build_file_extender(cluster, params)
     app = create_app(extender, description=what)
     rows: list[dict[str, Any]] = []

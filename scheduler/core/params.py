@@ -58,10 +58,17 @@ class ExtenderParams:
             feasible node and leaves the choice to the scores.
         nomination_ttl_seconds: how long the GPUs chosen in filter stay held for the pod's
             bind (a retried filter or the bind itself ends the hold earlier).
+        reasons_when_placed: a filter reply that offers a node also carries the reasons
+            of the nodes that failed. Off by default: kube-scheduler reads those reasons
+            only to explain a pod it cannot place (and to pick preemption candidates), so
+            with a node offered they are work for both sides and nothing else (250 of them
+            cost kube-scheduler about 130 us to decode); they are always sent when no node
+            is offered, and always counted in ``/metrics`` and the decision record.
     """
 
     decide_in_filter: bool = True
     nomination_ttl_seconds: float = 30.0
+    reasons_when_placed: bool = False
 
 
 SHARING_BACKENDS = ("hami", "gpushare")
@@ -253,8 +260,13 @@ class SchedParams:
             raise ValueError("extender.nomination_ttl_seconds must be a number") from None
         if not 0 < ttl <= 3600:
             raise ValueError("extender.nomination_ttl_seconds must be in (0, 3600]")
+        reasons = e.get("reasons_when_placed", False)
+        if not isinstance(reasons, bool):
+            raise ValueError("extender.reasons_when_placed must be true or false")
         return replace(
             p,
-            extender=ExtenderParams(decide_in_filter=decide, nomination_ttl_seconds=ttl),
+            extender=ExtenderParams(
+                decide_in_filter=decide, nomination_ttl_seconds=ttl, reasons_when_placed=reasons
+            ),
             sharing=SharingParams.from_config(obj.get("sharing")),
         )

@@ -211,10 +211,14 @@ def _filter_reply(
     items: list[Mapping[str, Any]] | None,
 ) -> dict[str, Any]:
     """Count the filter's outcome and answer it: node names, or the ``items`` (Node
-    objects) kept; nodes that fit but were not chosen are not sent as failed."""
+    objects) kept; nodes that fit but were not chosen are not sent as failed, nor, when a
+    node is offered, the failed ones (``Extender.send_reasons``)."""
     out = FilterOutcome(tuple(feasible), failed, unres)
     ext._count_filter(len(out.feasible), len(out.failed), len(out.unresolvable), _reasons(out))
-    sent = {n: r for n, r in failed.items() if r != REASON_NOT_CHOSEN}
+    if ext.send_reasons(len(feasible)):
+        sent = {n: r for n, r in failed.items() if r != REASON_NOT_CHOSEN}
+    else:
+        sent, unres = {}, {}
     if items is None:
         return wire.filter_result(feasible, None, sent, unres)
     keep = set(feasible)

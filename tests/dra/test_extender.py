@@ -15,6 +15,7 @@ from scheduler.core.params import SchedParams
 from scheduler.runtime.cache import ClusterCache
 from scheduler.server.extender import Extender
 from tests.dra import recorded
+from tests.helpers import with_reasons
 
 PARAMS = SchedParams()
 CAPTURED = (
@@ -46,7 +47,10 @@ def _ext(extra_claims: dict | None = None) -> Extender:
     extra = recorded.extra()
     extra[dra.CLAIMS_KEY]["default/pure-c1"] = _pure_c1()
     extra[dra.CLAIMS_KEY].update(extra_claims or {})
-    cache = ClusterCache.from_objects(recorded.nodes(), recorded.pods(), PARAMS, extra=extra)
+    # Every verdict is sent, also beside an offered node (extender.reasons_when_placed).
+    cache = ClusterCache.from_objects(
+        recorded.nodes(), recorded.pods(), with_reasons(PARAMS), extra=extra
+    )
     return Extender(cache)
 
 

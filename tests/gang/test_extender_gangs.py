@@ -22,7 +22,7 @@ from scheduler.runtime.gangs import (
 )
 from scheduler.server.extender import Extender
 from tests.builders import cluster, dgx_su, gang_pod, make_pod, nvl72_rack
-from tests.helpers import asgi_client
+from tests.helpers import asgi_client, with_reasons
 
 P = SchedParams()
 
@@ -43,9 +43,9 @@ class FailingBinder:
         return "conflict: the node is gone" if pod["metadata"]["name"] in self.fail else ""
 
 
-def make_ext(nodes, pods=(), binder=None, extra=None, clock=None):
+def make_ext(nodes, pods=(), binder=None, extra=None, clock=None, params=P):
     n, p = cluster(nodes, pods)
-    cache = ClusterCache.from_objects(n, p, P, clock=clock or Clock(), extra=extra)
+    cache = ClusterCache.from_objects(n, p, params, clock=clock or Clock(), extra=extra)
     return Extender(cache, binder=binder, gangs=GangRuntime()), [x["metadata"]["name"] for x in n]
 
 
@@ -80,14 +80,20 @@ def members(n: int, gpus: int = 4, size: int | None = None, **kw) -> list[dict]:
 
 
 def test_first_member_plans_and_reserves_the_whole_gang() -> None:
-    ext, names = make_ext(nvl72_rack("rack-a", used={0: [0, 1, 2, 3]}) + nvl72_rack("rack-b"))
+    racks = nvl72_rack("rack-a", used={0: [0, 1, 2, 3]}) + nvl72_rack("rack-b")
+    ext, names = make_ext(racks)
     ws = members(16, required="nvlink-domain")
     r = filt(ext, ws[0], names)
     assert len(r["NodeNames"]) == 1
     node = r["NodeNames"][0]
     assert node.startswith("rack-a")
-    assert set(r["FailedNodes"]) == set(names) - {node}
-    assert set(r["FailedNodes"].values()) == {REASON_NOT_IN_PLAN}
+    assert r["FailedNodes"] == {} and r["FailedAndUnresolvableNodes"] == {}  # a node offered
+    # With every verdict sent (extender.reasons_when_placed), the others are outside the plan.
+    verbose, _ = make_ext(racks, params=with_reasons(P))
+    v = filt(verbose, ws[0], names)
+    assert v["NodeNames"] == [node]
+    assert set(v["FailedNodes"]) == set(names) - {node}
+    assert set(v["FailedNodes"].values()) == {REASON_NOT_IN_PLAN}
     held = reservations(ext)
     assert len(held) == 16
     assert {parse_reservation_key(k)[0] for k in held} == {"default/train"}
@@ -96,9 +102,8 @@ def test_first_member_plans_and_reserves_the_whole_gang() -> None:
     # No other pod can take the reserved GPUs: a lone 4-GPU pod only fits rack-b's spare trays.
     lone = make_pod("lone", 4)
     out = filt(ext, lone, names)
-    assert set(out["NodeNames"]) == {f"rack-a-t{t:02d}" for t in ()} | set(out["NodeNames"])
-    assert not set(out["NodeNames"]) & {p.node for p in held.values()}
-    assert out["FailedNodes"][node] == REASON_NOT_ENOUGH_FREE
+    assert out["NodeNames"] and not set(out["NodeNames"]) & {p.node for p in held.values()}
+    assert filt(verbose, lone, names)["FailedNodes"][node] == REASON_NOT_ENOUGH_FREE
     assert events(ext) == {"planned": 1.0}
 
 

@@ -32,7 +32,7 @@ from scheduler.runtime.cache import ClusterCache
 from scheduler.server.extender import Extender
 from tests.builders import make_node, make_pod
 from tests.hardening.objects import GPU, gpu_node, set_path
-from tests.helpers import asgi_client
+from tests.helpers import asgi_client, with_reasons
 
 P = SchedParams()
 FABRIC = P.fabric
@@ -140,7 +140,9 @@ def test_node_gpus_never_raises_and_bounds_per_gpu_work() -> None:
 def test_the_cache_and_the_verbs_serve_a_cluster_with_an_odd_node() -> None:
     """The kube-mode path: the initial list and a watch update through the cache, then the
     filter verb over HTTP."""
-    cache = ClusterCache.from_objects([gpu_node("odd", "80"), make_node("good", 8)], [], P)
+    cache = ClusterCache.from_objects(
+        [gpu_node("odd", "80"), make_node("good", 8)], [], with_reasons(P)
+    )
     cache.upsert_node(gpu_node("odd2", "HAMi"))
     assert cache.snapshot().unmodeled_nodes == 2
     c = asgi_client(Extender(cache))

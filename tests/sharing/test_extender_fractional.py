@@ -15,6 +15,7 @@ from scheduler.core.params import SchedParams
 from scheduler.core.snapshot import build_snapshot
 from scheduler.runtime.cache import ClusterCache
 from scheduler.server.extender import Extender
+from tests.helpers import with_reasons
 from tests.sharing.builders import (
     RecordingBinder,
     aliyun_pod,
@@ -35,7 +36,9 @@ def _ext() -> tuple[Extender, RecordingBinder, list[dict[str, Any]]]:
         gpushare_node("share-0", 2, 16),
     ]
     binder = RecordingBinder()
-    return Extender(ClusterCache.from_objects(nodes, [], SchedParams()), binder), binder, nodes
+    # Every verdict is sent, also beside an offered node (extender.reasons_when_placed).
+    cache = ClusterCache.from_objects(nodes, [], with_reasons(SchedParams()))
+    return Extender(cache, binder), binder, nodes
 
 
 def _place(ext: Extender, pod: dict[str, Any], names: list[str] = NAMES) -> tuple[dict, dict]:

@@ -314,6 +314,9 @@ def test_extender_refuses_exclusive_pods_and_honours_the_knob() -> None:
     ext, _ = _ext()
     r = _filter(ext, make_pod("w", 1))
     assert r["NodeNames"] == ["dgx-0"]
+    assert r["FailedAndUnresolvableNodes"] == {}  # a node is offered: no reasons sent
+    r = _filter(ext, make_pod("w", 1), NAMES[1:])
+    assert r["NodeNames"] == []
     assert r["FailedAndUnresolvableNodes"] == {n: REASON_REPLICA_NODE for n in NAMES[1:]}
     gang = replica_pod("g", 1, gang="train", gang_size=2)
     r = _filter(ext, gang, ["ts-0"])

@@ -15,7 +15,7 @@ from scheduler.core.replicas import REASON_REPLICAS_NOW
 from scheduler.core.schedule import REASON_REPLICA_NODE
 from scheduler.runtime.cache import ClusterCache
 from scheduler.server.extender import Extender
-from tests.helpers import asgi_client
+from tests.helpers import asgi_client, with_reasons
 from tests.sharing.builders import RecordingBinder
 
 NAMES = ["dgx-0", "ts-a", "ts-b"]
@@ -29,7 +29,8 @@ def _setup() -> tuple[Any, Extender, RecordingBinder]:
         replica_node("ts-b", 1, "t4", replicas=8),  # 8 replicas
     ]
     binder = RecordingBinder()
-    ext = Extender(ClusterCache.from_objects(nodes, [], SchedParams()), binder)
+    # Every verdict is sent, also when a node is offered (extender.reasons_when_placed).
+    ext = Extender(ClusterCache.from_objects(nodes, [], with_reasons(SchedParams())), binder)
     return asgi_client(ext), ext, binder
 
 
