@@ -25,6 +25,7 @@ from scheduler.core.model import PLACEMENT_ANNOTATION
 from scheduler.core.params import SchedParams
 from scheduler.core.snapshot import build_snapshot
 from scheduler.kube import binder as kb
+from scheduler.kube import protobuf
 from scheduler.kube.client import (
     NODES,
     PODS,
@@ -157,7 +158,11 @@ def test_binder_posts_exactly_the_recorded_binding_over_http(path: str) -> None:
         assert err == ""
         (req,) = srv.requests
     assert req["method"] == "POST" and req["path"] == BINDING_PATH
-    assert json.loads(req["body"]) == sent
+    if path == "thread":
+        assert json.loads(req["body"]) == sent
+    else:  # the same Binding, in protobuf as kube-scheduler sends it (test_kube_protobuf)
+        assert req["content_type"] == protobuf.CONTENT_TYPE
+        assert req["body"] == protobuf.binding(sent)
 
 
 # ---- binder: recorded error answers -> errors (table-driven) ----------------------------

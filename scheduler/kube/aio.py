@@ -210,8 +210,11 @@ class AsyncPoster:
             raise ApiUnavailable(f"response cut short: {type(exc).__name__}") from None
         return status, reason, body, close
 
-    async def post_json(self, path: str, data: bytes) -> dict[str, Any]:
-        """POST ``data`` (JSON) to ``path``; the decoded answer of a 2xx response.
+    async def post_json(
+        self, path: str, data: bytes, content_type: str | None = None
+    ) -> dict[str, Any]:
+        """POST ``data`` (JSON, or of ``content_type``, e.g. protobuf) to ``path``; the
+        decoded JSON answer of a 2xx response (answers are always asked for as JSON).
 
         Raises:
             ApiError: the server answered with a non-2xx status (a 401 first refreshes the
@@ -221,17 +224,24 @@ class AsyncPoster:
         _, read = self.timeouts.request
         async with self._semaphore():
             try:
-                status, reason, body = await asyncio.wait_for(self._post(path, data), read)
+                status, reason, body = await asyncio.wait_for(
+                    self._post(path, data, content_type), read
+                )
             except TimeoutError:
                 raise ApiUnavailable(f"POST {path} timed out", timeout=True) from None
         if not 200 <= status < 300:
             raise decode_status(body, status, reason)
         return json_object(body)
 
-    async def _post(self, path: str, data: bytes) -> tuple[int, str, bytes]:
+    async def _post(
+        self, path: str, data: bytes, content_type: str | None = None
+    ) -> tuple[int, str, bytes]:
         status, reason, body = 0, "", b""
         for attempt in (0, 1):
-            request = self._request(path, data, self.headers(attempt > 0))
+            headers = self.headers(attempt > 0)
+            if content_type is not None:
+                headers = {**headers, "Content-Type": content_type}
+            request = self._request(path, data, headers)
             conn = self._take_idle()
             reused = conn is not None
             if conn is None:

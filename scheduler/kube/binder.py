@@ -2,7 +2,8 @@
 
 :class:`KubeBinder` implements :class:`scheduler.server.extender.Binder`. It POSTs the
 same v1 ``Binding`` kube-scheduler's DefaultBinder sends
-(``../shared/fixtures/extender/binding_request.json``) plus ``metadata.annotations``
+(``../shared/fixtures/extender/binding_request.json``; from the event loop in protobuf, as
+it does, see ``scheduler/kube/protobuf.py``) plus ``metadata.annotations``
 holding the placement record; the API server merges those annotations into the Pod in the
 same atomic update that sets ``spec.nodeName`` (``BindingREST``), so a pod is never bound
 without its placement, nor annotated without being bound.

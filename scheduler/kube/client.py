@@ -30,6 +30,8 @@ from urllib.parse import quote
 
 import orjson
 
+from scheduler.kube import protobuf
+
 log = logging.getLogger(__name__)
 
 DEFAULT_CONNECT_TIMEOUT = 5.0
@@ -419,8 +421,9 @@ class KubeApi:
         self, namespace: str, name: str, body: Mapping[str, Any]
     ) -> dict[str, Any]:
         """:meth:`create_binding` from the event loop, on the connections of
-        :class:`scheduler.kube.aio.AsyncPoster` (no worker thread); the same request,
-        credentials and errors. Falls back to the blocking call in a thread when the
+        :class:`scheduler.kube.aio.AsyncPoster` (no worker thread); the same Binding,
+        credentials and errors, with the body in protobuf as kube-scheduler sends it
+        (``scheduler/kube/protobuf.py``) and the answer in JSON. Falls back to the blocking call in a thread when the
         configuration needs what the poster does not do (a proxy)."""
         path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/binding"
         poster = self._async_poster()
@@ -428,7 +431,9 @@ class KubeApi:
             import asyncio
 
             return await asyncio.to_thread(self._post_json, path, orjson.dumps(dict(body)))
-        return await poster.post_json(path, orjson.dumps(dict(body)))
+        # As kube-scheduler's own binder: the Binding in protobuf, the answer in JSON
+        # (scheduler/kube/protobuf.py: the API server skips a strict JSON decode).
+        return await poster.post_json(path, protobuf.binding(body), protobuf.CONTENT_TYPE)
 
     def _async_poster(self) -> Any:
         if self._poster is False:

@@ -191,6 +191,8 @@ class RecordedApiServer:
                         "body": body,
                         "watch": watch,
                         "authorization": self.headers.get("Authorization"),
+                        "content_type": self.headers.get("Content-Type"),
+                        "accept": self.headers.get("Accept"),
                     }
                 )
                 answers = outer.routes.get((method, url.path, watch))
