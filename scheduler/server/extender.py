@@ -603,7 +603,8 @@ class Extender:
 
     def _bind_report(self, key: str, uid: str, node: str, err: str, caller: str) -> dict[str, str]:
         """Count and audit-log one bind answer; the ``ExtenderBindingResult``."""
-        self.metrics.binds.labels(result="ok" if not err else "error").inc()
+        m = self.metrics
+        m.child(m.binds, "ok" if not err else "error").inc()
         held = self.cache.snapshot().pods.get(key) if not err else None
         audit.info(
             orjson.dumps(
