@@ -99,7 +99,7 @@ class ObjectError(ValueError):
 
 
 def _lmap(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else EMPTY_MAP
+    return value if type(value) is dict or isinstance(value, Mapping) else EMPTY_MAP
 
 
 def _lstr(value: Any) -> str:
@@ -109,7 +109,7 @@ def _lstr(value: Any) -> str:
 def _obj(value: Any, where: str) -> Mapping[str, Any]:
     if value is None:
         return EMPTY_MAP
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and not isinstance(value, Mapping):  # dict: no ABC check
         raise ObjectError(f"{where} must be an object")
     return value
 
@@ -144,8 +144,8 @@ def _number(value: Any, where: str, **limits: Any) -> int:
 
 def meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     """The object's metadata mapping (empty if absent or not a mapping)."""
-    m = obj.get("metadata") if isinstance(obj, Mapping) else None
-    return m if isinstance(m, Mapping) else EMPTY_MAP
+    m = obj.get("metadata") if type(obj) is dict or isinstance(obj, Mapping) else None
+    return m if type(m) is dict or isinstance(m, Mapping) else EMPTY_MAP
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
@@ -455,6 +455,65 @@ def _strict_resource(pod: Mapping[str, Any], resource: str, **bounds: Any) -> in
     return value
 
 
+def _strict_requests(spec: Mapping[str, Any]) -> tuple[int, int, int]:
+    """(GPUs, CPU millis, memory bytes) a pod's ``spec`` requests, strictly read in one pass
+    over its containers: the same values, and the same ObjectError for the same malformed
+    input, as :func:`_strict_resource` for ``nvidia.com/gpu`` (``0 .. MAX_NODE_GPUS``,
+    whole), then ``cpu`` (milli) and ``memory`` would give one after the other. The first
+    reading checks every container's structure and its GPU value in order, so structure
+    and GPU errors come first, in walk order; then the GPU total's range, then each CPU
+    value and the CPU total, then memory."""
+    found: list[tuple[list[int], list[Any], list[Any]]] = []
+    for key in ("containers", "initContainers"):
+        items = spec.get(key)
+        if items is None:
+            items = ()
+        if type(items) is not list and not isinstance(items, list | tuple):
+            raise ObjectError(f"spec.{key} must be a list")
+        gpus: list[int] = []
+        cpus: list[Any] = []
+        mems: list[Any] = []
+        for c in items:
+            if type(c) is not dict and not isinstance(c, Mapping):
+                raise ObjectError(f"spec.{key} entries must be objects")
+            res = _obj(c.get("resources"), f"spec.{key}[].resources")
+            requests = _obj(res.get("requests"), f"spec.{key}[].resources.requests")
+            limits = _obj(res.get("limits"), f"spec.{key}[].resources.limits")
+            g = requests.get(GPU_RESOURCE)
+            if g is None:
+                g = limits.get(GPU_RESOURCE)
+            if g is not None:
+                gpus.append(_number(g, f"{GPU_RESOURCE} request", high=MAX_NODE_GPUS, whole=True))
+            v = requests.get("cpu")
+            if v is None:
+                v = limits.get("cpu")
+            if v is not None:
+                cpus.append(v)
+            v = requests.get("memory")
+            if v is None:
+                v = limits.get("memory")
+            if v is not None:
+                mems.append(v)
+        found.append((gpus, cpus, mems))
+    (gpus, cpus, mems), (init_gpus, init_cpus, init_mems) = found
+    gpu = max(sum(gpus), max(init_gpus, default=0))
+    if gpu > MAX_NODE_GPUS:
+        raise ObjectError(f"{GPU_RESOURCE} request: out of range (0..{MAX_NODE_GPUS})")
+    cpu = max(
+        sum([_number(v, "cpu request", scale10=3) for v in cpus]),
+        max([_number(v, "cpu request", scale10=3) for v in init_cpus], default=0),
+    )
+    if cpu > QUANTITY_MAX:
+        raise ObjectError(f"cpu request: out of range (0..{QUANTITY_MAX} milli)")
+    memory = max(
+        sum([_number(v, "memory request") for v in mems]),
+        max([_number(v, "memory request") for v in init_mems], default=0),
+    )
+    if memory > QUANTITY_MAX:
+        raise ObjectError(f"memory request: out of range (0..{QUANTITY_MAX})")
+    return gpu, cpu, memory
+
+
 def pod_gpus(pod: Mapping[str, Any]) -> int:
     """Whole GPUs a pod requests (``nvidia.com/gpu``); lenient, as :func:`pod_resource`."""
     return pod_resource(pod, GPU_RESOURCE)
@@ -593,12 +652,13 @@ def request_from_pod(pod: Mapping[str, Any], fabric: Fabric) -> PodRequest:
     gang = _gang_key(m)
     size = _gang_size(annotations) if gang else 0
     priority = spec.get("priority")
+    gpus, cpu, memory = _strict_requests(spec)
     return PodRequest(
         key=f"{namespace or 'default'}/{name}",
         uid=uid,
-        gpus=_strict_resource(pod, GPU_RESOURCE, high=MAX_NODE_GPUS, whole=True),
-        cpu_milli=_strict_resource(pod, "cpu", scale10=3),
-        memory_bytes=_strict_resource(pod, "memory"),
+        gpus=gpus,
+        cpu_milli=cpu,
+        memory_bytes=memory,
         min_link=min_link,
         gang=gang,
         gang_size=size,
