@@ -354,3 +354,47 @@ def test_a_memoized_placement_needs_the_very_same_nodes() -> None:
     assert first.node(node).cpu_used_milli == 100
     assert second.node(node).cpu_used_milli == 1300
     assert np.array_equal(first.arrays.free, second.arrays.free)
+
+
+def test_row_bytes_are_what_numpy_stores_whatever_packer_was_memoized() -> None:
+    """Transitions compare a node's new array row with the stored one as bytes, packed
+    with ``struct`` by a packer memoized per (dtype, row shape) (``snapshot._as_stored``).
+    The bytes must be exactly numpy's for every array and row of a real snapshot, and for
+    arrays that share a row shape but not a dtype (or a dtype but not a row shape) in any
+    order: a memo keyed on less would pack one with the other's layout."""
+    from scheduler.core import snapshot
+
+    nodes = [
+        make_node("a-0", 8, "h100", machine="DGX-H100"),
+        make_node("b-0", 4, "a100", unschedulable=True),
+        make_node("c-0", 8, "v100", machine="DGX-1", ready=False),
+    ]
+    snap = build_snapshot(nodes, [make_pod("p", 2, node="a-0", gpu_indices=[0, 1])], P)
+    columns = [getattr(snap.arrays, f) for f in snapshot._ARRAY_FIELDS]
+    width = snap.arrays.max_gpus
+    for i, node in enumerate(snap.nodes):
+        row = snapshot._row(node, snap.policy, width)
+        for a, v in zip(columns, row, strict=True):
+            assert snapshot._as_stored(a, v) == np.asarray(v, dtype=a.dtype).tobytes()
+            assert snapshot._as_stored(a, v) == a[i].tobytes()  # the row as stored
+    values = [3, 1, 0, 7, 2, 5]
+    layouts = [
+        np.zeros((2, 6), np.int64),
+        np.zeros((2, 6), np.int32),
+        np.zeros((2, 6), np.float64),
+        np.zeros((2, 3), np.int64),
+        np.zeros((2, 6), np.int8),
+        np.zeros((2, 6), np.bool_),
+    ]
+    for order in (layouts, layouts[::-1]):
+        snapshot._PACKERS.clear()
+        for a in order:
+            v = values[: a.shape[1]]
+            assert snapshot._as_stored(a, v) == np.asarray(v, dtype=a.dtype).tobytes()
+    for a, v in ((np.zeros(2, np.int32), 7), (np.zeros(2, np.float64), 0.3)):
+        assert snapshot._as_stored(a, v) == np.asarray(v, dtype=a.dtype).tobytes()
+    # Values struct does not pack as they are (a float in an int column, a short row) go
+    # through numpy.
+    assert snapshot._as_stored(np.zeros(2, np.int32), 7.0) == np.int32(7).tobytes()
+    short = np.zeros((2, 6), np.int64)
+    assert snapshot._as_stored(short, [1, 2]) == np.asarray([1, 2], np.int64).tobytes()

@@ -32,6 +32,7 @@ unmodeled); the result does not depend on it.
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -175,6 +176,10 @@ def _arrays(nodes: Sequence[NodeInfo], policy: str) -> NodeArrays:
     return arr
 
 
+_ARRAY_FIELDS = tuple(NodeArrays.__dataclass_fields__)
+"""The fields of :class:`NodeArrays`, in declaration (constructor) order."""
+
+
 def _freeze(arr: NodeArrays) -> None:
     for f in arr.__dataclass_fields__:
         getattr(arr, f).flags.writeable = False
@@ -191,38 +196,68 @@ so identity comparison is safe. Results are identical with or without it."""
 _ROWS_MEMO_SIZE = 4
 
 
+_PACKERS: dict[tuple[Any, tuple[int, ...]], struct.Struct | None] = {}
+"""Packers by (array dtype, row shape): a row's values packed as the array stores them
+(None: converted by numpy). A pure function of its key (memoized for speed)."""
+
+_STRUCT_CODES = {"b1": "?", "i1": "b", "i2": "h", "i4": "i", "i8": "q", "f4": "f", "f8": "d"}
+
+
+def _packer(dtype: Any, shape: tuple[int, ...]) -> struct.Struct | None:
+    """How one row of an array of ``dtype`` whose rows have ``shape`` is packed into the
+    bytes ``a[i].tobytes()`` holds (None for a dtype without a struct code)."""
+    key = (dtype, shape)
+    if key in _PACKERS:
+        return _PACKERS[key]
+    text = dtype.str
+    code = _STRUCT_CODES.get(text[1:])
+    p = None
+    if code is not None and text[0] in "<>|" and len(shape) <= 1:
+        count = shape[0] if shape else 1
+        p = struct.Struct(("<" if text[0] == "|" else text[0]) + f"{count}{code}")
+    _PACKERS[key] = p
+    return p
+
+
+def _as_stored(a: np.ndarray, value: Any) -> bytes:
+    """``value`` (a row value as :func:`_row` gives it) as ``a``'s row bytes: exactly
+    ``np.asarray(value, dtype=a.dtype).tobytes()``, packed with :mod:`struct` when the
+    value packs as it is (ints, bools and floats, as many as the row holds), else by
+    numpy."""
+    shape = a.shape[1:]
+    p = _PACKERS.get((a.dtype, shape)) or _packer(a.dtype, shape)
+    if p is not None:
+        try:
+            return p.pack(*value) if shape else p.pack(value)
+        except (struct.error, TypeError):
+            pass
+    return np.asarray(value, dtype=a.dtype).tobytes()
+
+
 def _update_rows(arr: NodeArrays, changes: Mapping[int, NodeInfo], policy: str) -> NodeArrays:
     """``arr`` with the rows of ``changes`` recomputed. Arrays whose changed rows keep
     their bytes are shared with ``arr`` (read-only), not copied: a pod placed or removed
     changes a node's free GPUs and free sets, not its capacity, health or usable sets."""
     width = arr.max_gpus
-    fields = tuple(arr.__dataclass_fields__)
+    columns = [getattr(arr, f) for f in _ARRAY_FIELDS]
     rows = {i: _row(node, policy, width) for i, node in changes.items()}
-    new_bytes = {
-        i: tuple(
-            np.asarray(v, dtype=getattr(arr, f).dtype).tobytes()
-            for f, v in zip(fields, r, strict=True)
-        )
-        for i, r in rows.items()
-    }
+    new_bytes = {i: tuple(map(_as_stored, columns, r)) for i, r in rows.items()}
     if len(rows) == 1:
         ((i, key),) = new_bytes.items()
         for src, at, seen, out in _ROWS_MEMO:
             if src is arr and at == i and seen == key:
                 _derived(out, arr, (i,))
                 return out
-    old_bytes = {i: tuple(getattr(arr, f)[i].tobytes() for f in fields) for i in rows}
-    copies: dict[str, np.ndarray] = {}
-    for j, f in enumerate(fields):
-        a = getattr(arr, f)
+    old_bytes = {i: tuple([a[i].tobytes() for a in columns]) for i in rows}
+    for j, a in enumerate(columns):
         changed = [i for i in rows if new_bytes[i][j] != old_bytes[i][j]]
         if changed:
             a = a.copy(order="K")  # keep layout
             for i in changed:
                 a[i] = rows[i][j]
             a.flags.writeable = False
-        copies[f] = a
-    new = NodeArrays(**copies)
+            columns[j] = a
+    new = NodeArrays(*columns)
     if len(rows) == 1:
         ((i, key),) = new_bytes.items()
         _ROWS_MEMO[:0] = [(arr, i, key, new), (new, i, old_bytes[i], arr)]
