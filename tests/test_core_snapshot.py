@@ -398,3 +398,36 @@ def test_row_bytes_are_what_numpy_stores_whatever_packer_was_memoized() -> None:
     assert snapshot._as_stored(np.zeros(2, np.int32), 7.0) == np.int32(7).tobytes()
     short = np.zeros((2, 6), np.int64)
     assert snapshot._as_stored(short, [1, 2]) == np.asarray([1, 2], np.int64).tobytes()
+
+
+def test_a_node_with_new_usage_is_the_node_replace_gives() -> None:
+    """``snapshot._with_usage`` rebuilds a NodeInfo from its fields with new usage; every
+    other field (the raw object too) must be the node's own, as ``dataclasses.replace``
+    keeps them."""
+    import dataclasses
+
+    from scheduler.core import snapshot
+
+    snap = build_snapshot(
+        [make_node("a-0", 8, "h100", machine="DGX-H100", unschedulable=True)],
+        [make_pod("p", 2, node="a-0", gpu_indices=[0, 1], cpu="3")],
+        P,
+    )
+    node = snap.nodes[0]
+    got = snapshot._with_usage(node, 0b1100, 7, 9, ((1, 2, 3),), 4)
+    want = dataclasses.replace(
+        node,
+        used_mask=0b1100,
+        cpu_used_milli=7,
+        memory_used_bytes=9,
+        share_used=((1, 2, 3),),
+        replicas_used=4,
+    )
+    assert got == want
+    for f in dataclasses.fields(node):
+        assert getattr(got, f.name) is getattr(want, f.name) or f.name in (
+            "used_mask",
+            "cpu_used_milli",
+            "memory_used_bytes",
+        ), f.name
+    assert got.raw is node.raw and got.labels is node.labels

@@ -34,7 +34,8 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+from operator import attrgetter
 from types import MappingProxyType
 from typing import Any
 
@@ -347,6 +348,46 @@ class ClusterSnapshot:
         """How many nodes topoplace cannot model (GPU pods are refused there); for the
         ``/metrics`` gauge. O(nodes) attribute reads."""
         return sum(1 for n in self.nodes if n.unmodeled)
+
+
+def with_pods(snap: ClusterSnapshot, pods: Mapping[str, PodInfo]) -> ClusterSnapshot:
+    """``snap`` with its pod records replaced by ``pods``, as a new generation; nodes and
+    arrays are shared, so ``pods`` must hold the same usage as ``snap.pods`` (the same
+    as ``dataclasses.replace(snap, pods=pods, generation=...)``, without its per-field
+    work)."""
+    return ClusterSnapshot(
+        snap.nodes, snap.index, pods, snap.arrays, snap.policy, snap.generation + 1, snap.extra
+    )
+
+
+_NODE_FIELDS = tuple(f.name for f in fields(NodeInfo))
+_NODE_VALUES = attrgetter(*_NODE_FIELDS)
+_USAGE_AT = tuple(
+    _NODE_FIELDS.index(f)
+    for f in ("used_mask", "cpu_used_milli", "memory_used_bytes", "share_used", "replicas_used")
+)
+_NODE_BY_FIELDS = all(f.init for f in fields(NodeInfo))
+"""Whether a NodeInfo can be rebuilt from all its fields in order (else ``replace``)."""
+
+
+def _with_usage(
+    node: NodeInfo, used_mask: int, cpu: int, memory: int, share_used: Any, replicas: int
+) -> NodeInfo:
+    """``dataclasses.replace(node, used_mask=..., cpu_used_milli=..., memory_used_bytes=...,
+    share_used=..., replicas_used=...)``, built from the node's fields in one call."""
+    if not _NODE_BY_FIELDS:  # pragma: no cover - a field that __init__ does not take
+        return replace(
+            node,
+            used_mask=used_mask,
+            cpu_used_milli=cpu,
+            memory_used_bytes=memory,
+            share_used=share_used,
+            replicas_used=replicas,
+        )
+    values = list(_NODE_VALUES(node))
+    for at, v in zip(_USAGE_AT, (used_mask, cpu, memory, share_used, replicas), strict=True):
+        values[at] = v
+    return NodeInfo(*values)
 
 
 def _checked(node: NodeInfo, params: SchedParams) -> NodeInfo:
@@ -686,13 +727,13 @@ def with_pod(snap: ClusterSnapshot, pod: PodInfo) -> ClusterSnapshot:
             )
             break
     else:
-        new_node = replace(
+        new_node = _with_usage(
             node,
-            used_mask=used,
-            cpu_used_milli=node.cpu_used_milli + pod.cpu_milli,
-            memory_used_bytes=node.memory_used_bytes + pod.memory_bytes,
-            share_used=share_used,
-            replicas_used=node.replicas_used + pod.replicas,
+            used,
+            node.cpu_used_milli + pod.cpu_milli,
+            node.memory_used_bytes + pod.memory_bytes,
+            share_used,
+            node.replicas_used + pod.replicas,
         )
         out = _with_changes(base, {node.name: new_node}, pods)
         _ADDED.insert(0, (base.nodes, base.arrays, usage, out.nodes, out.arrays))
@@ -736,13 +777,13 @@ def without_pod(snap: ClusterSnapshot, key: str) -> ClusterSnapshot:
     share_used, used = node.share_used, node.used_mask & ~indices_to_mask(pod.gpus)
     if pod.shares:
         share_used, used = add_share(replace(node, used_mask=used), pod.shares, -1)
-    new_node = replace(
+    new_node = _with_usage(
         node,
-        used_mask=used,
-        cpu_used_milli=max(0, node.cpu_used_milli - pod.cpu_milli),
-        memory_used_bytes=max(0, node.memory_used_bytes - pod.memory_bytes),
-        share_used=share_used,
-        replicas_used=max(0, node.replicas_used - pod.replicas),
+        used,
+        max(0, node.cpu_used_milli - pod.cpu_milli),
+        max(0, node.memory_used_bytes - pod.memory_bytes),
+        share_used,
+        max(0, node.replicas_used - pod.replicas),
     )
     return _with_changes(snap, {node.name: new_node}, pods)
 

@@ -46,6 +46,7 @@ from scheduler.core.snapshot import (
     with_node_object,
     with_nodes,
     with_pod,
+    with_pods,
     with_usage_of,
     without_node,
     without_pod,
@@ -58,7 +59,7 @@ def _with_record(snap: ClusterSnapshot, pod: PodInfo) -> ClusterSnapshot:
     """``snap`` with ``pod``'s record replaced; its usage (node, GPUs, requests) must be the
     held pod's: the node arrays are shared, not copied."""
     pods = snap.pods if isinstance(snap.pods, PodMap) else PodMap(snap.pods)
-    return replace(snap, pods=pods.set(pod.key, pod), generation=snap.generation + 1)
+    return with_pods(snap, pods.set(pod.key, pod))
 
 
 def _holding(snap: ClusterSnapshot, pod: PodInfo) -> ClusterSnapshot:
@@ -166,7 +167,8 @@ class ClusterCache:
     def assume(self, pod: PodInfo, ttl: float | None = None) -> ClusterSnapshot:
         """Hold ``pod``'s resources. Raises DoubleBookingError / KeyError on conflict."""
         with self._lock:
-            self._snap = _holding(self._snap, replace(pod, assumed=True))
+            held = pod if pod.assumed is True else replace(pod, assumed=True)
+            self._snap = _holding(self._snap, held)
             if ttl is None:
                 self._expiry.pop(pod.key, None)
             else:
