@@ -524,7 +524,7 @@ def _scan(
     if raw.find(b"\\", lo, hi) >= 0:
         return None
     b = np.frombuffer(raw, np.uint8, hi - lo, lo)
-    commas = np.flatnonzero(b == _COMMA)
+    commas = (b == _COMMA).nonzero()[0]
     if count is None:
         count = len(commas) + 1
     elif len(commas) != count - 1:
@@ -532,7 +532,11 @@ def _scan(
     quotes = b == _QUOTE
     if np.count_nonzero(quotes) != 2 * count:
         return None
-    if count > 1 and not (quotes.take(commas - 1).all() and quotes.take(commas + 1).all()):
+    # (count_nonzero: C, without the Python wrapper of ndarray.all / any.)
+    if count > 1 and not (
+        np.count_nonzero(quotes.take(commas - 1)) == count - 1
+        and np.count_nonzero(quotes.take(commas + 1)) == count - 1
+    ):
         return None
     starts = np.empty(count, np.int64)
     ends = np.empty(count, np.int64)
@@ -540,7 +544,7 @@ def _scan(
     ends[-1] = hi - 2
     np.add(commas, lo + 2, out=starts[1:])
     np.add(commas, lo - 1, out=ends[:-1])
-    if count > 1 and (ends < starts).any():  # two commas share a quote: `","` in a string
+    if count > 1 and np.count_nonzero(ends < starts):  # two commas share a quote: `","` in a string
         return None
     return starts, ends
 
@@ -685,7 +689,7 @@ class NameIndex:
         hit = self.name_length.take(pos) == lengths
         for j, w in enumerate(words.T):
             hit &= self.name_words[j].take(pos) == w
-        if hit.all():
+        if np.count_nonzero(hit) == len(hit):
             return pos, True
         miss = np.flatnonzero(~hit)
         words, lengths = words[miss], lengths[miss]
