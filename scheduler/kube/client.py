@@ -251,13 +251,16 @@ class WatchStream:
                 if self._closed.is_set():
                     return
                 buf += chunk
-                while True:
-                    nl = buf.find(b"\n")
+                start = 0
+                while True:  # every whole line of the read, without copying the rest each time
+                    nl = buf.find(b"\n", start)
                     if nl < 0:
                         break
-                    line, buf = buf[:nl], buf[nl + 1 :]
+                    line = buf[start:nl]
+                    start = nl + 1
                     if line.strip():
                         yield orjson.loads(line)
+                buf = buf[start:]
             if buf.strip() and not self._closed.is_set():
                 yield orjson.loads(buf)
         except orjson.JSONDecodeError as exc:

@@ -187,6 +187,7 @@ class KubeWatcher:
             self.streams[kind.name] = ResourceStream(kind, self._new_backoff())
         self._boot_broken_since: float | None = None
         self._boot_thread: threading.Thread | None = None
+        self._event_counters: dict[tuple[str, str], Any] = {}
 
     def _new_backoff(self) -> Backoff:
         o = self.options
@@ -374,7 +375,11 @@ class KubeWatcher:
         if not isinstance(obj, dict):
             log.warning("%s watch event %s without an object", s.kind.name, typ)
             return
-        self.metrics.watch_events.labels(resource=s.kind.name, type=typ or "?").inc()
+        counter = self._event_counters.get((s.kind.name, typ))
+        if counter is None:  # the labelled child, looked up once per (resource, type)
+            counter = self.metrics.watch_events.labels(resource=s.kind.name, type=typ or "?")
+            self._event_counters[(s.kind.name, typ)] = counter
+        counter.inc()
         if typ == "ERROR":
             raise ApiError.from_status(obj)
         rv = str(meta(obj).get("resourceVersion") or "")
