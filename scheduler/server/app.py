@@ -232,7 +232,7 @@ class VerbRoutes:
 
     async def _off_loop(self, verb: Route, body: bytes, start: float) -> tuple[int, bytes]:
         """:meth:`answer` for a threaded verb or a large body: parsed and run on a worker
-        thread."""
+        thread (its failures are answered by :meth:`_settle`, as the inline verb's)."""
         name, handler, fallback, threaded, lazy = verb
         payload: Any = wire.RawBody(body)
         if not lazy:
@@ -240,17 +240,9 @@ class VerbRoutes:
                 payload = await run_in_threadpool(orjson.loads, body)
             except orjson.JSONDecodeError as exc:
                 return 400, _error_body(f"malformed JSON: {exc}")
-        plan = False
-        try:
-            result = await run_in_threadpool(handler, payload, body)
-        except PlanOffLoop:
-            result, plan = None, True
-        except wire.WireError as exc:
-            return 400, _error_body(str(exc))
-        except Exception:  # a bug: answer through the protocol, never crash
-            log.exception("%s failed", name)
-            result = fallback("internal error in topoplace; see its log")
-        return await self._settle(verb, payload, body, start, result, plan)
+        return await self._settle(
+            verb, payload, body, start, run_in_threadpool(handler, payload, body)
+        )
 
     async def _settle(
         self,
