@@ -6,7 +6,7 @@ json`` List, from kube-scheduler's extender payloads (no kind/apiVersion), or fr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -424,35 +424,54 @@ def pod_resource(pod: Mapping[str, Any], resource: str, parse: Any = quantity_in
     return max(total, init)
 
 
-def _strict_resource(pod: Mapping[str, Any], resource: str, **bounds: Any) -> int:
-    """:func:`pod_resource`, strictly read: ObjectError for malformed containers or values,
-    and for an effective request outside ``bounds``."""
-    spec = _obj(pod.get("spec"), "spec")
-    per_kind: dict[str, list[int]] = {}
-    for key in ("containers", "initContainers"):
+def _container_requests(
+    spec: Mapping[str, Any],
+) -> Iterator[tuple[bool, Mapping[str, Any], Mapping[str, Any]]]:
+    """(init container?, requests, limits) of every container, then every init container,
+    of a pod's ``spec``, each checked as it is reached: ObjectError for a list that is not
+    one, an entry that is not an object, resources/requests/limits that are not objects."""
+    for init, key in ((False, "containers"), (True, "initContainers")):
         items = spec.get(key)
         if items is None:
             items = ()
-        if not isinstance(items, list | tuple):
+        if type(items) is not list and not isinstance(items, list | tuple):
             raise ObjectError(f"spec.{key} must be a list")
-        values = per_kind.setdefault(key, [])
         for c in items:
-            if not isinstance(c, Mapping):
+            if type(c) is not dict and not isinstance(c, Mapping):
                 raise ObjectError(f"spec.{key} entries must be objects")
             res = _obj(c.get("resources"), f"spec.{key}[].resources")
             requests = _obj(res.get("requests"), f"spec.{key}[].resources.requests")
             limits = _obj(res.get("limits"), f"spec.{key}[].resources.limits")
-            req = requests.get(resource)
-            if req is None:
-                req = limits.get(resource)
-            if req is not None:
-                values.append(_number(req, f"{resource} request", **bounds))
-    value = max(sum(per_kind["containers"]), max(per_kind["initContainers"], default=0))
+            yield init, requests, limits
+
+
+def _requested(requests: Mapping[str, Any], limits: Mapping[str, Any], resource: str) -> Any:
+    """A container's request of ``resource`` (extended resources and unset requests
+    default to the limit), or None."""
+    value = requests.get(resource)
+    return limits.get(resource) if value is None else value
+
+
+def _effective(resource: str, values: list[int], init: list[int], **bounds: Any) -> int:
+    """max(sum over containers, any init container), checked against ``bounds``' high."""
+    value = max(sum(values), max(init, default=0))
     high = bounds.get("high", QUANTITY_MAX)
     if value > high:  # the sum over containers
         unit = " milli" if bounds.get("scale10") == 3 else ""
         raise ObjectError(f"{resource} request: out of range (0..{high}{unit})")
     return value
+
+
+def _strict_resource(pod: Mapping[str, Any], resource: str, **bounds: Any) -> int:
+    """:func:`pod_resource`, strictly read: ObjectError for malformed containers or values,
+    and for an effective request outside ``bounds``."""
+    spec = _obj(pod.get("spec"), "spec")
+    values: tuple[list[int], list[int]] = ([], [])
+    for init, requests, limits in _container_requests(spec):
+        req = _requested(requests, limits, resource)
+        if req is not None:
+            values[init].append(_number(req, f"{resource} request", **bounds))
+    return _effective(resource, *values, **bounds)
 
 
 def _strict_requests(spec: Mapping[str, Any]) -> tuple[int, int, int]:
@@ -463,54 +482,24 @@ def _strict_requests(spec: Mapping[str, Any]) -> tuple[int, int, int]:
     reading checks every container's structure and its GPU value in order, so structure
     and GPU errors come first, in walk order; then the GPU total's range, then each CPU
     value and the CPU total, then memory."""
-    found: list[tuple[list[int], list[Any], list[Any]]] = []
-    for key in ("containers", "initContainers"):
-        items = spec.get(key)
-        if items is None:
-            items = ()
-        if type(items) is not list and not isinstance(items, list | tuple):
-            raise ObjectError(f"spec.{key} must be a list")
-        gpus: list[int] = []
-        cpus: list[Any] = []
-        mems: list[Any] = []
-        for c in items:
-            if type(c) is not dict and not isinstance(c, Mapping):
-                raise ObjectError(f"spec.{key} entries must be objects")
-            res = _obj(c.get("resources"), f"spec.{key}[].resources")
-            requests = _obj(res.get("requests"), f"spec.{key}[].resources.requests")
-            limits = _obj(res.get("limits"), f"spec.{key}[].resources.limits")
-            g = requests.get(GPU_RESOURCE)
-            if g is None:
-                g = limits.get(GPU_RESOURCE)
-            if g is not None:
-                gpus.append(_number(g, f"{GPU_RESOURCE} request", high=MAX_NODE_GPUS, whole=True))
-            v = requests.get("cpu")
-            if v is None:
-                v = limits.get("cpu")
-            if v is not None:
-                cpus.append(v)
-            v = requests.get("memory")
-            if v is None:
-                v = limits.get("memory")
-            if v is not None:
-                mems.append(v)
-        found.append((gpus, cpus, mems))
-    (gpus, cpus, mems), (init_gpus, init_cpus, init_mems) = found
-    gpu = max(sum(gpus), max(init_gpus, default=0))
-    if gpu > MAX_NODE_GPUS:
-        raise ObjectError(f"{GPU_RESOURCE} request: out of range (0..{MAX_NODE_GPUS})")
-    cpu = max(
-        sum([_number(v, "cpu request", scale10=3) for v in cpus]),
-        max([_number(v, "cpu request", scale10=3) for v in init_cpus], default=0),
+    gpus: tuple[list[int], list[int]] = ([], [])
+    cpus: tuple[list[Any], list[Any]] = ([], [])
+    mems: tuple[list[Any], list[Any]] = ([], [])
+    for init, requests, limits in _container_requests(spec):
+        g = _requested(requests, limits, GPU_RESOURCE)
+        if g is not None:
+            gpus[init].append(_number(g, f"{GPU_RESOURCE} request", high=MAX_NODE_GPUS, whole=True))
+        v = _requested(requests, limits, "cpu")
+        if v is not None:
+            cpus[init].append(v)
+        v = _requested(requests, limits, "memory")
+        if v is not None:
+            mems[init].append(v)
+    gpu = _effective(GPU_RESOURCE, *gpus, high=MAX_NODE_GPUS, whole=True)
+    cpu = _effective(
+        "cpu", *([_number(v, "cpu request", scale10=3) for v in vs] for vs in cpus), scale10=3
     )
-    if cpu > QUANTITY_MAX:
-        raise ObjectError(f"cpu request: out of range (0..{QUANTITY_MAX} milli)")
-    memory = max(
-        sum([_number(v, "memory request") for v in mems]),
-        max([_number(v, "memory request") for v in init_mems], default=0),
-    )
-    if memory > QUANTITY_MAX:
-        raise ObjectError(f"memory request: out of range (0..{QUANTITY_MAX})")
+    memory = _effective("memory", *([_number(v, "memory request") for v in vs] for vs in mems))
     return gpu, cpu, memory
 
 

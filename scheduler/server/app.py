@@ -202,7 +202,7 @@ class VerbRoutes:
         (``time.perf_counter``; a gang plan's deadline counts from it).
 
         Decided on the spot when it can be (filter and prioritize: parsed and answered
-        without leaving the caller's stack, see ``guard.py``'s fast lane); otherwise a
+        without leaving the caller's stack, see ``fastlane.py``); otherwise a
         coroutine to await that gives the answer: a body over
         :data:`OFFLOAD_BODY_BYTES` or a threaded verb (worker thread), a verb whose result
         is awaitable (bind's API write), a gang plan that must leave the event loop.
@@ -219,16 +219,13 @@ class VerbRoutes:
                 return 400, _error_body(f"malformed JSON: {exc}")
         try:
             result = handler(payload, body)
-            if inspect.isawaitable(result):
-                return self._settle(verb, payload, body, start, result)
         except PlanOffLoop:
             return self._settle(verb, payload, body, start, None, plan=True)
-        except wire.WireError as exc:
-            return 400, _error_body(str(exc))
-        except Exception:  # a bug: answer through the protocol, never crash
-            log.exception("%s failed", name)
-            result = fallback("internal error in topoplace; see its log")
-        return 200, result if isinstance(result, bytes) else orjson.dumps(result)
+        except Exception as exc:
+            return _failed(name, fallback, exc)
+        if inspect.isawaitable(result):
+            return self._settle(verb, payload, body, start, result)
+        return _ok(result)
 
     async def _off_loop(self, verb: Route, body: bytes, start: float) -> tuple[int, bytes]:
         """:meth:`answer` for a threaded verb or a large body: parsed and run on a worker
@@ -266,12 +263,9 @@ class VerbRoutes:
                 result = await self._plan(handler, payload, body, start)
                 if result is None:
                     result = fallback(ERR_PLAN_DEADLINE)
-        except wire.WireError as exc:
-            return 400, _error_body(str(exc))
-        except Exception:  # a bug: answer through the protocol, never crash
-            log.exception("%s failed", name)
-            result = fallback("internal error in topoplace; see its log")
-        return 200, result if isinstance(result, bytes) else orjson.dumps(result)
+        except Exception as exc:
+            return _failed(name, fallback, exc)
+        return _ok(result)
 
     async def _plan(self, handler: Handler, payload: Any, body: bytes, start: float) -> Any:
         """Run ``handler`` on the planner thread with the gang planning deadline counted from
@@ -295,6 +289,21 @@ class VerbRoutes:
 def _asset(name: str) -> Response:
     """One of the cluster view's files, with headers that keep it self-contained."""
     return Response(ui.asset(name), media_type=ui.FILES[name], headers=ui.SECURITY_HEADERS)
+
+
+def _ok(result: Any) -> tuple[int, bytes]:
+    """200 with a verb's result (bytes as they are, anything else as JSON)."""
+    return 200, result if isinstance(result, bytes) else orjson.dumps(result)
+
+
+def _failed(name: str, fallback: Callable[[str], Any], exc: Exception) -> tuple[int, bytes]:
+    """A verb that raised: 400 for a payload that is not the verb's
+    (:class:`wire.WireError`), else a bug, logged and answered through the protocol's
+    failure channel (``fallback``), never a crash."""
+    if isinstance(exc, wire.WireError):
+        return 400, _error_body(str(exc))
+    log.error("%s failed", name, exc_info=exc)
+    return _ok(fallback("internal error in topoplace; see its log"))
 
 
 def _error_body(message: str) -> bytes:

@@ -408,23 +408,27 @@ class Extender:
             out = outcome_of(snap, names, pos, codes)
         if out is None:
             out = filter_nodes(self.cache.snapshot(), req, names, self.params)
+        return self.filter_reply(out, items)
+
+    def filter_reply(
+        self, out: FilterOutcome, items: list[Mapping[str, Any]] | None
+    ) -> dict[str, Any]:
+        """Count a filter's outcome and answer it: node names, or the ``items`` (Node
+        objects) kept. Nodes that fit but were not chosen are not sent as failed, nor, when
+        a node is offered, the failed ones (:meth:`send_reasons`)."""
         reasons = Counter(out.failed.values())
         reasons.update(out.unresolvable.values())
         self._count_filter(len(out.feasible), len(out.failed), len(out.unresolvable), reasons)
+        failed: Mapping[str, str] = {}
+        unres: Mapping[str, str] = {}
         if self.send_reasons(len(out.feasible)):
             failed = {n: r for n, r in out.failed.items() if r != REASON_NOT_CHOSEN}
-            out = FilterOutcome(out.feasible, failed, out.unresolvable)
-        else:
-            out = FilterOutcome(out.feasible, {}, {})
+            unres = out.unresolvable
         if items is None:
-            return wire.filter_result(list(out.feasible), None, out.failed, out.unresolvable)
+            return wire.filter_result(list(out.feasible), None, failed, unres)
         keep = set(out.feasible)
-        return wire.filter_result(
-            None,
-            [n for n in items if wire.node_name_of(n) in keep],
-            out.failed,
-            out.unresolvable,
-        )
+        kept = [n for n in items if wire.node_name_of(n) in keep]
+        return wire.filter_result(None, kept, failed, unres)
 
     def _count_groups(
         self, feasible: int, groups: list[tuple[bool, str, Any]], not_chosen: int = 0

@@ -33,33 +33,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from http import HTTPStatus
 from typing import Any
 
+from scheduler.server.guard import json_response
+
 log = logging.getLogger(__name__)
-
-JSON_HEAD = b"content-type: application/json\r\ncontent-length: %d\r\n"
-_CLOSE_HEADER = b"connection: close\r\n"
-
-
-def status_line(status: int) -> bytes:
-    """``HTTP/1.1 <status> <phrase>\\r\\n``."""
-    try:
-        phrase = HTTPStatus(status).phrase
-    except ValueError:
-        phrase = ""
-    return f"HTTP/1.1 {status} {phrase}\r\n".encode()
-
-
-_STATUS = {s: status_line(s) for s in (200, 400, 405, 413, 500)}
-
-
-def response(status: int, body: bytes, keep_alive: bool) -> bytes:
-    """One HTTP/1.1 response with a JSON body, head and body in one buffer."""
-    head = _STATUS.get(status) or status_line(status)
-    close = b"" if keep_alive else _CLOSE_HEADER
-    return b"%s%s%s\r\n%s" % (head, JSON_HEAD % len(body), close, body)
-
 
 _ANSWERED_IN_READ = -2
 """The guard's head count (``GuardedProtocol._head``) while the read being parsed has
@@ -100,8 +78,9 @@ def fast_lane(base: type[Any]) -> type[Any]:
     class FastLane(base):  # type: ignore[misc, valid-type]
         verbs: Any = None
         """The extender's ``VerbRoutes`` (None: every request takes uvicorn's path)."""
+        _paths: dict[bytes, Any] = {}
+        """The verbs' routes by their exact path, as bytes (set with ``verbs``)."""
         _fast: _Collecting | None = None
-        _paths: dict[bytes, Any] | None = None
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
@@ -120,10 +99,7 @@ def fast_lane(base: type[Any]) -> type[Any]:
             routes = self.verbs
             if routes is None or self.expect_100_continue:
                 return None
-            paths = self._paths
-            if paths is None:
-                paths = type(self)._paths = {p.encode(): r for p, r in routes.verbs.items()}
-            route = paths.get(self.url)
+            route = self._paths.get(self.url)
             if route is None or self.root_path:
                 return None
             parser = self.parser
@@ -161,7 +137,7 @@ def fast_lane(base: type[Any]) -> type[Any]:
             fast.size += len(body)
             if fast.size > self.verbs.max_body_bytes:
                 fast.refused = True
-                self._write(413, self.verbs.too_large(), False)
+                self.transport.write(json_response(413, self.verbs.too_large(), False))
                 self.verbs.count(fast.route[0], 413, fast.start)
                 self.transport.close()
                 return
@@ -199,8 +175,6 @@ def fast_lane(base: type[Any]) -> type[Any]:
         async def _finish(self, fast: _Collecting, answer: Any, cycle: _Answering) -> None:
             try:
                 status_reply = await answer
-            except asyncio.CancelledError:
-                raise
             except Exception:  # VerbRoutes answers every failure; this is a last resort
                 log.exception("%s failed", fast.route[0])
                 status_reply = (500, b'{"error":"internal error in topoplace; see its log"}')
@@ -213,13 +187,10 @@ def fast_lane(base: type[Any]) -> type[Any]:
 
         def _reply(self, fast: _Collecting, answer: tuple[int, bytes], keep_alive: bool) -> None:
             status, body = answer
-            self._write(status, body, keep_alive)
+            self.transport.write(json_response(status, body, keep_alive))
             self.verbs.count(fast.route[0], status, fast.start)
             if not keep_alive:
                 self.transport.close()
             self.on_response_complete()
-
-        def _write(self, status: int, body: bytes, keep_alive: bool) -> None:
-            self.transport.write(response(status, body, keep_alive))
 
     return FastLane

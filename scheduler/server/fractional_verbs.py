@@ -210,26 +210,8 @@ def _filter_reply(
     unres: dict[str, str],
     items: list[Mapping[str, Any]] | None,
 ) -> dict[str, Any]:
-    """Count the filter's outcome and answer it: node names, or the ``items`` (Node
-    objects) kept; nodes that fit but were not chosen are not sent as failed, nor, when a
-    node is offered, the failed ones (``Extender.send_reasons``)."""
-    out = FilterOutcome(tuple(feasible), failed, unres)
-    ext._count_filter(len(out.feasible), len(out.failed), len(out.unresolvable), _reasons(out))
-    if ext.send_reasons(len(feasible)):
-        sent = {n: r for n, r in failed.items() if r != REASON_NOT_CHOSEN}
-    else:
-        sent, unres = {}, {}
-    if items is None:
-        return wire.filter_result(feasible, None, sent, unres)
-    keep = set(feasible)
-    return wire.filter_result(None, [n for n in items if wire.node_name_of(n) in keep], sent, unres)
-
-
-def _reasons(out: FilterOutcome) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for r in (*out.failed.values(), *out.unresolvable.values()):
-        counts[r] = counts.get(r, 0) + 1
-    return counts
+    """Count the filter's outcome and answer it (``Extender.filter_reply``)."""
+    return ext.filter_reply(FilterOutcome(tuple(feasible), failed, unres), items)
 
 
 def share_explanation(

@@ -39,6 +39,7 @@ import functools
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,29 @@ extender, and trusting ``X-Forwarded-For`` from loopback would let any local cli
 another caller in the bind audit line. No ``server``/``date`` headers (nobody reads them)
 and no access log (the verbs log what matters, bind its audit line): work per request
 that kube-scheduler's requests do not need."""
+
+
+JSON_HEAD = b"content-type: application/json\r\ncontent-length: %d\r\n"
+_CLOSE_HEADER = b"connection: close\r\n"
+
+
+def status_line(status: int) -> bytes:
+    """``HTTP/1.1 <status> <phrase>\\r\\n``."""
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = ""
+    return f"HTTP/1.1 {status} {phrase}\r\n".encode()
+
+
+_STATUS = {s: status_line(s) for s in (200, 400, 405, 413, 500)}
+
+
+def json_response(status: int, body: bytes, keep_alive: bool) -> bytes:
+    """One HTTP/1.1 response with a JSON body, head and body in one buffer."""
+    head = _STATUS.get(status) or status_line(status)
+    close = b"" if keep_alive else _CLOSE_HEADER
+    return b"%s%s%s\r\n%s" % (head, JSON_HEAD % len(body), close, body)
 
 
 MAX_HEAD_BYTES = 64 * 1024
@@ -249,11 +273,7 @@ def protocol_class() -> type[Any]:
 
         def send_400_response(self, msg: str) -> None:
             """Malformed HTTP: a JSON 400 and close (uvicorn's answer is text/plain)."""
-            body = orjson.dumps({"error": msg})
-            self.transport.write(
-                b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
-                b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
-            )
+            self.transport.write(json_response(400, orjson.dumps({"error": msg}), False))
             self.transport.close()
 
     return GuardedProtocol
@@ -264,7 +284,9 @@ def guarded_protocol(state: GuardState, verbs: Any = None) -> type[Any]:
     ``state`` (one per listening port); with ``verbs`` (the app's ``VerbRoutes``) and
     httptools, the verbs take the fast lane (``fastlane.py``)."""
     if verbs is not None and protocol_class().httptools:
-        return type("GuardedFastProtocol", (_fast_class(),), {"guard": state, "verbs": verbs})
+        paths = {p.encode(): r for p, r in verbs.verbs.items()}
+        attrs = {"guard": state, "verbs": verbs, "_paths": paths}
+        return type("GuardedFastProtocol", (_fast_class(),), attrs)
     return type("GuardedProtocol", (protocol_class(),), {"guard": state})
 
 
