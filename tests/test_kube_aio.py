@@ -242,3 +242,37 @@ def test_parse_head(head: bytes, want: tuple[Any, ...]) -> None:
 def test_parse_head_refuses_nonsense(head: bytes) -> None:
     with pytest.raises(ApiUnavailable):
         _parse_head(head)
+
+
+def test_a_post_runs_on_the_callers_task_without_a_task_of_its_own() -> None:
+    """The read deadline does not wrap the request in a Task of its own (``wait_for`` in
+    Python 3.11 does: one more Task and loop turn per Binding)."""
+    seen: list[set[str]] = []
+
+    def answer(n: int) -> bytes:
+        seen.append({t.get_coro().__qualname__ for t in asyncio.all_tasks()})
+        return response(201, CREATED)
+
+    async def client(p: AsyncPoster) -> dict[str, Any]:
+        return await p.post_json("/a", b"{}")
+
+    out, _, _ = run(answer, client)
+    assert out["kind"] == "Status" and len(seen) == 1
+    assert "run.<locals>.main" in seen[0]  # the caller's task, seen from the peer
+    assert not {q for q in seen[0] if q.startswith("AsyncPoster.")}
+
+
+def test_a_timed_out_post_drops_its_connection_and_the_next_one_opens_another() -> None:
+    async def client(p: AsyncPoster) -> tuple[bool, dict[str, Any], int]:
+        with pytest.raises(ApiUnavailable) as info:
+            await p.post_json("/a", b"{}")
+        idle_after_timeout = len(p._idle)
+        out = await p.post_json("/b", b"{}")
+        return info.value.timeout, out, idle_after_timeout
+
+    (timeout, out, idle), peer, p = run(
+        lambda n: b"" if n == 1 else response(201, CREATED), client, read=0.3
+    )
+    assert timeout and idle == 0
+    assert out["kind"] == "Status"
+    assert p.opened == 2 and peer.connections == 2 and len(p._idle) == 0  # closed by p.close()

@@ -126,9 +126,8 @@ class AsyncPoster:
             kwargs["ssl"] = self.ssl_context
             kwargs["server_hostname"] = self.server_hostname or self.hostname
         try:
-            pair = await asyncio.wait_for(
-                asyncio.open_connection(self.hostname, self.port, **kwargs), connect
-            )
+            async with asyncio.timeout(connect):
+                pair = await asyncio.open_connection(self.hostname, self.port, **kwargs)
         except TimeoutError:
             raise ApiUnavailable(f"connect to {self.netloc} timed out", timeout=True) from None
         except (OSError, ssl.SSLError) as exc:
@@ -224,9 +223,10 @@ class AsyncPoster:
         _, read = self.timeouts.request
         async with self._semaphore():
             try:
-                status, reason, body = await asyncio.wait_for(
-                    self._post(path, data, content_type), read
-                )
+                # asyncio.timeout, not wait_for: in Python 3.11 wait_for runs the request
+                # as a Task of its own (one more Task and loop turn per Binding).
+                async with asyncio.timeout(read):
+                    status, reason, body = await self._post(path, data, content_type)
             except TimeoutError:
                 raise ApiUnavailable(f"POST {path} timed out", timeout=True) from None
         if not 200 <= status < 300:
