@@ -13,17 +13,20 @@ answer. The binder is the snapshot one (no API write: its client CPU is measured
 
 Server CPU is read from ``/proc/PID/task/*/schedstat`` (nanoseconds on CPU, all the
 server's threads) around each pod; per run the mean per pod, and median and p99 over the
-pods of all runs. With ``--tree A --tree B`` the server runs from each source tree in turn
-(``PYTHONPATH``, working directory), runs alternating A, B, A, B, ... so noise on the
-shared machine lands on both.
+pods of all runs. With ``--tree A --tree B`` one server runs from each source tree
+(``PYTHONPATH``, working directory), side by side, and each pod goes to all of them in
+turn (the order alternating per pod), so noise on the shared machine lands on all alike.
+``--names N`` sends N node names (a random sample) per filter (less engine work per pod, so the
+plumbing's share is larger).
 
 Run: ``python -m benchmarks.plumbing [--nodes 500] [--pods 1000] [--warmup 200] [--runs 3]
-[--new-conn 0.22] [--tree DIR ...]``.
+[--new-conn 0.22] [--names N] [--tree DIR ...]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import random
@@ -137,31 +140,39 @@ def _start(tree: str, cluster: Path, port: int, log: Any) -> subprocess.Popen[by
 
 
 def one_run(
-    tree: str, cluster: Path, names: list[str], args: argparse.Namespace, seed: int
-) -> tuple[list[float], float, int]:
-    """Per-pod server CPU (seconds) of one fresh server, the whole-process CPU per pod
-    (seconds), and connections opened."""
-    port = free_port()
+    trees: list[str], cluster: Path, names: list[str], args: argparse.Namespace, seed: int
+) -> dict[str, tuple[list[float], float, int]]:
+    """One fresh server per tree, all serving at once, driven pod by pod in turn (the
+    order alternates per pod). Per tree: per-pod server CPU (seconds), the whole-process
+    CPU per pod (seconds) and connections opened."""
     rng = random.Random(seed)
     bodies = []
     for i in range(args.warmup + args.pods):
         pod = make_pod(f"p{i:05d}", 1, namespace="bench", cpu="1", memory="1Gi")
         pod["metadata"]["uid"] = f"uid-{seed}-{i}"
         pod["metadata"]["resourceVersion"] = str(1000 + i)
-        order = names[:]
-        rng.shuffle(order)
+        order = rng.sample(names, args.names)
         bodies.append((pod, orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": order})))
-    with tempfile.TemporaryFile() as log:
-        proc = _start(tree, cluster, port, log)
-        client = GoLikeClient(port, args.new_conn, seed)
-        per_pod: list[float] = []
-        try:
-            begin = 0
-            for i, (pod, body) in enumerate(bodies):
-                if i == args.warmup:
-                    begin = _server_ns(proc.pid)
-                    client.opened = 0
-                before = _server_ns(proc.pid) if i >= args.warmup else 0
+    stack = contextlib.ExitStack()
+    logs = {t: stack.enter_context(tempfile.TemporaryFile()) for t in trees}  # noqa: SIM115
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    clients: dict[str, GoLikeClient] = {}
+    per_pod: dict[str, list[float]] = {t: [] for t in trees}
+    begin: dict[str, int] = {}
+    out = {}
+    try:
+        for t in trees:
+            port = free_port()
+            procs[t] = _start(t, cluster, port, logs[t])
+            clients[t] = GoLikeClient(port, args.new_conn, seed)
+        for i, (pod, body) in enumerate(bodies):
+            if i == args.warmup:
+                for t in trees:
+                    begin[t] = _server_ns(procs[t].pid)
+                    clients[t].opened = 0
+            for t in trees if i % 2 == 0 else trees[::-1]:
+                pid, client = procs[t].pid, clients[t]
+                before = _server_ns(pid)
                 (node,) = orjson.loads(client.post("/scheduler/filter", body))["NodeNames"]
                 md = pod["metadata"]
                 bind = orjson.dumps(
@@ -172,19 +183,28 @@ def one_run(
                 if answer.get("Error"):
                     raise RuntimeError(f"bind {md['name']}: {answer['Error']}")
                 if i >= args.warmup:
-                    per_pod.append((_server_ns(proc.pid) - before) / 1e9)
-            time.sleep(0.05)  # let the server finish counting the last answer
-            whole = (_server_ns(proc.pid) - begin) / 1e9 / args.pods
-            opened = client.opened
-        finally:
-            client.close()
+                    per_pod[t].append((_server_ns(pid) - before) / 1e9)
+        time.sleep(0.05)  # let the servers finish counting the last answers
+        for t in trees:
+            whole = (_server_ns(procs[t].pid) - begin[t]) / 1e9 / args.pods
+            out[t] = (per_pod[t], whole, clients[t].opened)
+    finally:
+        for c in clients.values():
+            c.close()
+        for proc in procs.values():
             proc.terminate()
             proc.wait(30)
-        log.seek(0)
-        audit = sum(1 for line in log if b"topoplace.bind:" in line)
+    with stack:
+        audits = {t: _audit_lines(log) for t, log in logs.items()}
+    for t, audit in audits.items():
         if audit != args.warmup + args.pods:
-            raise RuntimeError(f"{audit} audit lines for {args.warmup + args.pods} binds")
-    return per_pod, whole, opened
+            raise RuntimeError(f"{t}: {audit} audit lines for {args.warmup + args.pods} binds")
+    return out
+
+
+def _audit_lines(log: Any) -> int:
+    log.seek(0)
+    return sum(1 for line in log if b"topoplace.bind:" in line)
 
 
 def _p99(xs: list[float]) -> float:
@@ -198,14 +218,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pods", type=int, default=1000, help="measured pods per run")
     ap.add_argument("--warmup", type=int, default=200, help="pods placed before measuring")
     ap.add_argument("--runs", type=int, default=3, help="runs per tree")
+    ap.add_argument("--names", type=int, default=None, help="node names per filter (default: all)")
     ap.add_argument("--new-conn", type=float, default=0.22, help="share of new connections")
     ap.add_argument(
-        "--tree", action="append", help="source tree to serve from (repeat: A/B alternate)"
+        "--tree", action="append", help="source tree to serve from (repeat: side by side)"
     )
     args = ap.parse_args(argv)
     trees = [str(Path(t).resolve()) for t in (args.tree or [os.getcwd()])]
     cluster = synthetic_cluster(args.nodes)
     names = [o["metadata"]["name"] for o in cluster["items"] if o["kind"] == "Node"]
+    args.names = args.names or len(names)
     results: dict[str, list[tuple[list[float], float, int]]] = {t: [] for t in trees}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "cluster.json"
@@ -214,12 +236,12 @@ def main(argv: list[str] | None = None) -> int:
         gc.collect()
         gc.freeze()
         for run in range(args.runs):
-            for tree in trees:
-                results[tree].append(one_run(tree, path, names, args, seed=run))
+            for tree, got in one_run(trees, path, names, args, seed=run).items():
+                results[tree].append(got)
     print(
-        f"plumbing: {args.nodes} nodes ({len(names)} names per filter, shuffled), "
-        f"{args.pods} one-GPU pods per run after {args.warmup} warm-up, {args.runs} runs per "
-        f"tree (alternating), new connection per request p={args.new_conn}, "
+        f"plumbing: {args.nodes} nodes ({args.names} names per filter, shuffled), "
+        f"{args.pods} one-GPU pods per run after {args.warmup} warm-up, {args.runs} runs, "
+        f"servers of all trees side by side, pod by pod in turn, new connection per request p={args.new_conn}, "
         f"{os.cpu_count()} CPUs; server CPU per pod (filter + bind), ms"
     )
     print("| tree | median | p99 | run means (whole process) | connections opened per run |")
