@@ -156,6 +156,8 @@ class VerbRoutes:
         self.max_body_bytes = max_body_bytes
         self.plan_deadline_s = plan_deadline_s
         self._planner: ThreadPoolExecutor | None = None
+        self._counters: dict[tuple[str, int], tuple[Callable[[], None], Callable[[float], None]]]
+        self._counters = {}
 
     async def handle(self, scope: Any, receive: Any, send: Any) -> bool:
         """Serve the request if it is for a verb; False if it is not."""
@@ -190,9 +192,17 @@ class VerbRoutes:
     def count(self, name: str, status: int, start: float) -> None:
         """Count one answered request of verb ``name`` and its latency from ``start``
         (``time.perf_counter``)."""
-        m = self.metrics
-        m.child(m.requests, name, str(status)).inc()
-        m.child(m.latency, name).observe(time.perf_counter() - start)
+        counters = self._counters.get((name, status))
+        if counters is None:  # once per verb and status: the labelled children's methods
+            m = self.metrics
+            counters = (
+                m.child(m.requests, name, str(status)).inc,
+                m.child(m.latency, name).observe,
+            )
+            self._counters[(name, status)] = counters
+        inc, observe = counters
+        inc()
+        observe(time.perf_counter() - start)
 
     def answer(
         self, verb: Route, body: bytes, caller: str, start: float
