@@ -61,7 +61,9 @@ def test_requests_and_latency_series_count_each_answer_once(fast: bool) -> None:
     counts = dict(re.findall(r'^topoplace_request_seconds_count\{verb="(\w+)"\} (.*)$', text, re.M))
     assert counts == {"filter": "4.0", "bind": "2.0", "prioritize": "1.0"}
     inf = dict(
-        re.findall(r'^topoplace_request_seconds_bucket\{le="\+Inf",verb="(\w+)"\} (.*)$', text, re.M)
+        re.findall(
+            r'^topoplace_request_seconds_bucket\{le="\+Inf",verb="(\w+)"\} (.*)$', text, re.M
+        )
     )
     assert inf == counts
     sums = dict(re.findall(r'^topoplace_request_seconds_sum\{verb="(\w+)"\} (.*)$', text, re.M))
