@@ -16,11 +16,12 @@ server's threads) around each pod; per run the mean per pod, and median and p99 
 pods of all runs. With ``--tree A --tree B`` one server runs from each source tree
 (``PYTHONPATH``, working directory), side by side, and each pod goes to all of them in
 turn (the order alternating per pod), so noise on the shared machine lands on all alike.
-``--names N`` sends N node names (a random sample) per filter (less engine work per pod, so the
+``--unknown`` sends, per pod, two binds of pods the server never saw instead (each
+refused at once, counted and audited): the plumbing alone. ``--names N`` sends N node names (a random sample) per filter (less engine work per pod, so the
 plumbing's share is larger).
 
 Run: ``python -m benchmarks.plumbing [--nodes 500] [--pods 1000] [--warmup 200] [--runs 3]
-[--new-conn 0.22] [--names N] [--tree DIR ...]``.
+[--new-conn 0.22] [--names N] [--unknown] [--tree DIR ...]``.
 """
 
 from __future__ import annotations
@@ -173,15 +174,18 @@ def one_run(
             for t in trees if i % 2 == 0 else trees[::-1]:
                 pid, client = procs[t].pid, clients[t]
                 before = _server_ns(pid)
-                (node,) = orjson.loads(client.post("/scheduler/filter", body))["NodeNames"]
                 md = pod["metadata"]
-                bind = orjson.dumps(
-                    {"PodName": md["name"], "PodNamespace": "bench", "PodUID": md["uid"]}
-                    | {"Node": node}
-                )
-                answer = orjson.loads(client.post("/scheduler/bind", bind))
-                if answer.get("Error"):
-                    raise RuntimeError(f"bind {md['name']}: {answer['Error']}")
+                if args.unknown:
+                    _refused(client, md["name"])
+                else:
+                    (node,) = orjson.loads(client.post("/scheduler/filter", body))["NodeNames"]
+                    bind = orjson.dumps(
+                        {"PodName": md["name"], "PodNamespace": "bench", "PodUID": md["uid"]}
+                        | {"Node": node}
+                    )
+                    answer = orjson.loads(client.post("/scheduler/bind", bind))
+                    if answer.get("Error"):
+                        raise RuntimeError(f"bind {md['name']}: {answer['Error']}")
                 if i >= args.warmup:
                     per_pod[t].append((_server_ns(pid) - before) / 1e9)
         time.sleep(0.05)  # let the servers finish counting the last answers
@@ -197,9 +201,20 @@ def one_run(
     with stack:
         audits = {t: _audit_lines(log) for t, log in logs.items()}
     for t, audit in audits.items():
-        if audit != args.warmup + args.pods:
-            raise RuntimeError(f"{t}: {audit} audit lines for {args.warmup + args.pods} binds")
+        binds = (args.warmup + args.pods) * (2 if args.unknown else 1)
+        if audit != binds:
+            raise RuntimeError(f"{t}: {audit} audit lines for {binds} binds")
     return out
+
+
+def _refused(client: GoLikeClient, name: str) -> None:
+    """``--unknown``: two binds of pods the server never saw (each refused at once, with
+    its metrics and audit line): the plumbing with next to no decision."""
+    for suffix in ("a", "b"):
+        bind = {"PodName": f"{name}{suffix}", "PodNamespace": "bench", "Node": "nowhere"}
+        answer = orjson.loads(client.post("/scheduler/bind", orjson.dumps(bind)))
+        if not answer.get("Error", "").startswith("unknown pod"):
+            raise RuntimeError(f"bind of an unknown pod answered {answer}")
 
 
 def _audit_lines(log: Any) -> int:
@@ -219,6 +234,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=200, help="pods placed before measuring")
     ap.add_argument("--runs", type=int, default=3, help="runs per tree")
     ap.add_argument("--names", type=int, default=None, help="node names per filter (default: all)")
+    ap.add_argument(
+        "--unknown",
+        action="store_true",
+        help="per pod, two binds of unknown pods instead of filter + bind (plumbing only)",
+    )
     ap.add_argument("--new-conn", type=float, default=0.22, help="share of new connections")
     ap.add_argument(
         "--tree", action="append", help="source tree to serve from (repeat: side by side)"
@@ -242,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
         f"plumbing: {args.nodes} nodes ({args.names} names per filter, shuffled), "
         f"{args.pods} one-GPU pods per run after {args.warmup} warm-up, {args.runs} runs, "
         f"servers of all trees side by side, pod by pod in turn, new connection per request p={args.new_conn}, "
-        f"{os.cpu_count()} CPUs; server CPU per pod (filter + bind), ms"
+        f"{os.cpu_count()} CPUs; server CPU per pod "
+        + ("(2 binds of unknown pods)" if args.unknown else "(filter + bind)")
+        + ", ms"
     )
     print("| tree | median | p99 | run means (whole process) | connections opened per run |")
     print("|---|---|---|---|---|")
