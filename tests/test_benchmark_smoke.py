@@ -23,3 +23,17 @@ def test_latency_benchmark_runs_every_case_over_real_http() -> None:
     for figures in out.values():
         assert 0 < figures["p50_ms"] <= figures["p99_ms"]
         assert figures["rps"] > 0
+
+
+def test_plumbing_benchmark_drives_filter_and_bind_and_counts_connections(capsys) -> None:
+    from benchmarks import plumbing
+
+    args = ["--nodes", "40", "--pods", "12", "--warmup", "3", "--runs", "1", "--new-conn", "1"]
+    assert plumbing.main(args) == 0
+    assert plumbing.main([*args, "--unknown"]) == 0
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| /")]
+    assert len(rows) == 2
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert 0 < float(cells[1]) <= float(cells[2])  # median <= p99, server CPU seen
+        assert cells[4] == "24"  # every request on a new connection: 2 per measured pod
