@@ -322,6 +322,9 @@ def _codes_at(a: Any, k: int, min_link: str, p: np.ndarray | None) -> np.ndarray
     """:func:`filter_codes` from the node arrays alone (no unknown nodes, no
     nodeSelector) at positions ``p``, or for every node when ``p`` is None (read-only)."""
 
+    if p is not None and len(p) <= _FEW_ROWS:
+        return np.array([_code_of(a, k, min_link, i) for i in p.tolist()], dtype=a.blocked.dtype)
+
     def at(x: np.ndarray) -> np.ndarray:
         return x if p is None else x.take(p)
 
@@ -340,6 +343,34 @@ def _codes_at(a: Any, k: int, min_link: str, p: np.ndarray | None) -> np.ndarray
     if p is None:
         code.flags.writeable = False
     return code
+
+
+_FEW_ROWS = 8
+"""Up to this many positions, :func:`_codes_at` and :func:`_rank_at` compute node by node
+with scalars (:func:`_code_of`, :func:`_rank_of`) instead of array operations: a row
+update (one pod placed) brings the memoized per-node values up to date with one or two
+rows, where a dozen array operations on one element cost more than the arithmetic."""
+
+
+def _code_of(a: Any, k: int, min_link: str, i: int) -> int:
+    """:func:`_codes_at` of the node at position ``i``, from scalars: the same verdict,
+    by the same tests in the same precedence (the highest that holds wins)."""
+    blocked = a.blocked.item(i)
+    if blocked:
+        return int(blocked)
+    due = 0
+    linked = bool(min_link) and k <= a.max_gpus
+    if linked:
+        r = class_rank(min_link)
+        if (a.links_free.item(i, r) >> k) & 1 == 0:
+            due = CODE_LINK_NOW
+    if a.free.item(i) < k:
+        due = CODE_NOT_ENOUGH_FREE
+    if linked and (a.links_usable.item(i, r) >> k) & 1 == 0:
+        due = CODE_LINK_NEVER
+    if a.usable.item(i) < k:
+        due = CODE_TOO_FEW_HEALTHY
+    return due
 
 
 def selector_matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
@@ -550,6 +581,12 @@ def _rank_at(
     ``p``, or for every node when ``p`` is None (then read-only); ``top``: :func:`topology_scale`
     if known. Element by element the same operations either way, so the same floats."""
 
+    total = w.topology + w.health + w.packing
+    if p is not None and len(p) <= _FEW_ROWS and total > 0:
+        if top is False and 2 <= k <= a.max_gpus:
+            top = topology_scale(a, k)
+        return np.array([_rank_of(a, k, min_link, w, i, top, total) for i in p.tolist()])
+
     def at(x: np.ndarray) -> np.ndarray:
         return x if p is None else x.take(p)
 
@@ -567,12 +604,31 @@ def _rank_at(
         topo = np.ones(n)
     health = 1.0 - at(a.risk)
     packing = k / np.maximum(free, 1)  # only read where ok, i.e. where free >= k >= 1
-    total = w.topology + w.health + w.packing
     raw = (w.topology * topo + w.health * health + w.packing * packing) / total
     rank = np.where(ok, np.clip(raw, 0.0, 1.0), -1.0)
     if p is None:
         rank.flags.writeable = False
     return rank
+
+
+def _rank_of(a: Any, k: int, min_link: str, w: Any, i: int, top: Any, total: float) -> float:
+    """:func:`_rank_at` of the node at position ``i``, from scalars (``top``: the
+    topology scale when ``k`` uses it; ``total`` > 0: the sum of the weights). Element by
+    element the same IEEE double operations in the same order, so the same float: Python
+    floats are doubles, ``min``/``max`` keep the first of equals as ``np.clip`` does."""
+    free = a.free.item(i)
+    ok = a.blocked.item(i) == 0 and free >= k
+    if ok and min_link and k <= a.max_gpus:
+        ok = (a.links_free.item(i, class_rank(min_link)) >> k) & 1 == 1
+    if not ok:
+        return -1.0
+    topo = 1.0
+    if k >= 2 and k <= a.max_gpus and top > 0:
+        topo = a.best_bw.item(i, k) / top
+    health = 1.0 - a.risk.item(i)
+    packing = k / max(free, 1)
+    raw = (w.topology * topo + w.health * health + w.packing * packing) / total
+    return min(max(raw, 0.0), 1.0)
 
 
 def best_position(snap: ClusterSnapshot, pos: np.ndarray, rank: np.ndarray) -> int:
