@@ -143,6 +143,28 @@ def parse_quantity_int(
         value = repr(value)  # "1e+300", "0.5": short, and parsed exactly below
     if not isinstance(value, str):
         raise QuantityError(REASON_NOT_A_QUANTITY)
+    if type(value) is not str or type(scale10) is not int or type(whole) is not bool:
+        return _parse_text(value, scale10, low, high, whole)
+    key = (value, scale10, low, high, whole)
+    hit = _PARSED.get(key)
+    if hit is None:
+        hit = _parse_text(value, scale10, low, high, whole)
+        if len(_PARSED) >= _PARSED_SIZE:
+            _PARSED.clear()
+        _PARSED[key] = hit
+    return hit
+
+
+_PARSED: dict[tuple[str, int, int, int, bool], int] = {}
+"""Values of :func:`parse_quantity_int` for text, by (text, scale10, low, high, whole): a
+pure function of its key (only successes are kept; an error is raised afresh each time).
+Every pod's requests ("1", "64Gi", "8") are read at each filter; the same few texts recur."""
+
+_PARSED_SIZE = 1024
+
+
+def _parse_text(value: str, scale10: int, low: int, high: int, whole: bool) -> int:
+    """:func:`parse_quantity_int` of text."""
     if len(value) > MAX_QUANTITY_CHARS:
         raise QuantityError(REASON_TOO_LONG)
     s = value.strip()
