@@ -241,6 +241,9 @@ def _update_rows(arr: NodeArrays, changes: Mapping[int, NodeInfo], policy: str) 
     changes a node's free GPUs and free sets, not its capacity, health or usable sets."""
     width = arr.max_gpus
     columns = [getattr(arr, f) for f in _ARRAY_FIELDS]
+    if len(changes) == 1:
+        ((i, node),) = changes.items()
+        return _update_row(arr, columns, i, _row(node, policy, width))
     rows = {i: _row(node, policy, width) for i, node in changes.items()}
     new_bytes = {i: tuple(map(_as_stored, columns, r)) for i, r in rows.items()}
     if len(rows) == 1:
@@ -264,6 +267,31 @@ def _update_rows(arr: NodeArrays, changes: Mapping[int, NodeInfo], policy: str) 
         _ROWS_MEMO[:0] = [(arr, i, key, new), (new, i, old_bytes[i], arr)]
         del _ROWS_MEMO[_ROWS_MEMO_SIZE:]
     _derived(new, arr, tuple(rows))
+    return new
+
+
+def _update_row(
+    arr: NodeArrays, columns: list[np.ndarray], i: int, row: tuple[Any, ...]
+) -> NodeArrays:
+    """:func:`_update_rows` of one row ``i`` whose new values are ``row`` (``columns``:
+    ``arr``'s arrays in field order): the same arrays, memoized both ways in
+    :data:`_ROWS_MEMO`, without the bookkeeping of several rows."""
+    key = tuple(map(_as_stored, columns, row))
+    for src, at, seen, out in _ROWS_MEMO:
+        if src is arr and at == i and seen == key:
+            _derived(out, arr, (i,))
+            return out
+    old = tuple([a[i].tobytes() for a in columns])
+    for j, a in enumerate(columns):
+        if key[j] != old[j]:
+            a = a.copy(order="K")  # keep layout
+            a[i] = row[j]
+            a.flags.writeable = False
+            columns[j] = a
+    new = NodeArrays(*columns)
+    _ROWS_MEMO[:0] = [(arr, i, key, new), (new, i, old, arr)]
+    del _ROWS_MEMO[_ROWS_MEMO_SIZE:]
+    _derived(new, arr, (i,))
     return new
 
 
