@@ -433,11 +433,45 @@ def verdict_groups(
         if c != CODE_UNHEALTHY:
             groups.append((never, reason, idx))
             continue
-        by_reason: dict[str, list[int]] = {}
-        for i, at in zip(idx.tolist(), pos[idx].tolist(), strict=True):
-            by_reason.setdefault(verdict_reason(snap, c, at), []).append(i)
-        groups.extend((never, r, np.asarray(ix, dtype=np.int64)) for r, ix in by_reason.items())
+        groups.extend(_unhealthy_groups(snap, pos, idx))
     return groups
+
+
+def _unhealthy_groups(
+    snap: ClusterSnapshot, pos: np.ndarray, idx: np.ndarray
+) -> list[tuple[bool, str, np.ndarray]]:
+    """The unhealthy candidates ``idx`` (indices into ``pos``) grouped by their node's
+    first health reason, in order of first appearance (see :func:`verdict_groups`)."""
+    never = FILTER_VERDICTS[CODE_UNHEALTHY][0]
+    by_reason: dict[str, list[int]] = {}
+    for i, at in zip(idx.tolist(), pos[idx].tolist(), strict=True):
+        by_reason.setdefault(verdict_reason(snap, CODE_UNHEALTHY, at), []).append(i)
+    return [(never, r, np.asarray(ix, dtype=np.int64)) for r, ix in by_reason.items()]
+
+
+def verdict_counts(
+    snap: ClusterSnapshot,
+    pos: np.ndarray,
+    codes: np.ndarray,
+    skip: tuple[int, ...] = (),
+    counts: np.ndarray | None = None,
+) -> list[tuple[bool, str, int]]:
+    """(unresolvable, reason, how many) of each group of :func:`verdict_groups`, in the
+    same order, for a caller that counts the groups without naming their nodes: only
+    unhealthy nodes (split by their health reason) are looked up one by one."""
+    if counts is None:
+        counts = np.bincount(codes)
+    out: list[tuple[bool, str, int]] = []
+    for c in np.flatnonzero(counts).tolist():
+        if c == FEASIBLE or c in skip:
+            continue
+        if c != CODE_UNHEALTHY:
+            never, reason = FILTER_VERDICTS[c]
+            out.append((never, reason, int(counts[c])))
+            continue
+        groups = _unhealthy_groups(snap, pos, np.flatnonzero(codes == c))
+        out.extend((never, reason, len(idx)) for never, reason, idx in groups)
+    return out
 
 
 def score_nodes(

@@ -57,6 +57,7 @@ from scheduler.core.schedule import (
     score_nodes,
     score_positions,
     selector_matches,
+    verdict_counts,
     verdict_groups,
     verdict_reason,
 )
@@ -294,11 +295,15 @@ class Extender:
                 # Nodes the engine did not choose are counted, not sent (nor are failed
                 # ones when a node is offered: see send_reasons).
                 counts = np.bincount(codes, minlength=CODE_NOT_CHOSEN + 1)
-                groups = verdict_groups(snap, pos, codes, (CODE_NOT_CHOSEN,), counts)
                 feasible = pos[codes == FEASIBLE]
-                self._count_groups(len(feasible), groups, int(counts[CODE_NOT_CHOSEN]))
-                if not self.send_reasons(len(feasible)):
+                not_chosen = int(counts[CODE_NOT_CHOSEN])
+                if not self.send_reasons(len(feasible)):  # counted only: no node lists
+                    sizes = verdict_counts(snap, pos, codes, (CODE_NOT_CHOSEN,), counts)
+                    self._count_groups(len(feasible), sizes, not_chosen)
                     return table.filter_result(feasible, [])
+                groups = verdict_groups(snap, pos, codes, (CODE_NOT_CHOSEN,), counts)
+                sizes = [(never, reason, len(idx)) for never, reason, idx in groups]
+                self._count_groups(len(feasible), sizes, not_chosen)
                 return table.filter_result(feasible, [(n, r, pos[i]) for n, r, i in groups])
         elif items is None and req.gpus <= 0 and not req.gang and not dra.uses_claims(pod):
             # No GPUs asked (every pod comes here when managedResources is empty, for
@@ -431,17 +436,18 @@ class Extender:
         return wire.filter_result(None, kept, failed, unres)
 
     def _count_groups(
-        self, feasible: int, groups: list[tuple[bool, str, Any]], not_chosen: int = 0
+        self, feasible: int, groups: list[tuple[bool, str, int]], not_chosen: int = 0
     ) -> None:
-        """Count a vector verdict (see :func:`verdict_groups`) into the metrics, with
-        ``not_chosen`` feasible nodes the engine did not choose (counted as failed)."""
+        """Count a vector verdict (see :func:`verdict_counts`: its groups' sizes) into the
+        metrics, with ``not_chosen`` feasible nodes the engine did not choose (counted as
+        failed)."""
         split = [not_chosen, 0]  # failed, unresolvable
         reasons: Counter[str] = Counter()
         if not_chosen:
             reasons[REASON_NOT_CHOSEN] = not_chosen
-        for never, reason, idx in groups:
-            split[never] += len(idx)
-            reasons[reason] += len(idx)
+        for never, reason, n in groups:
+            split[never] += n
+            reasons[reason] += n
         self._count_filter(feasible, split[0], split[1], reasons)
 
     def _count_filter(

@@ -124,3 +124,59 @@ def test_scalar_rows_equal_the_array_operations_on_a_real_cluster() -> None:
                 seen.update(codes.tolist())
                 ranks.update((rank >= 0).tolist())
     assert len(seen) >= 2 and ranks == {True, False}  # feasible and refused nodes both met
+
+
+def test_verdict_counts_are_the_sizes_of_the_verdict_groups() -> None:
+    """Counting a verdict without naming its nodes gives each group of
+    :func:`verdict_groups` (unhealthy nodes split by their health reason, cordoned, full,
+    too small) with its size, in the same order: the filter's metrics are counted from it."""
+    from scheduler.core.model import Health, NodeHealth, PodInfo
+    from scheduler.core.schedule import (
+        CODE_NOT_CHOSEN,
+        filter_codes,
+        name_positions,
+        narrow_with_rank,
+        verdict_counts,
+        verdict_groups,
+    )
+    from scheduler.core.snapshot import with_node_health, with_pod
+
+    objs = synthetic_cluster(120)["items"]
+    cache = ClusterCache.from_objects([o for o in objs if o["kind"] == "Node"], [], SchedParams())
+    snap = cache.snapshot()
+    names = list(snap.names)
+    for j, name in enumerate(names[:12]):
+        reason = ("xid-79", "ecc", "nvlink-down")[j % 3]
+        health = (
+            NodeHealth(Health.UNHEALTHY, (reason,), 1.0)
+            if j < 9
+            else NodeHealth(unschedulable=True, reasons=("cordoned",))
+        )
+        snap = with_node_health(snap, name, health)
+    for name in names[12:40]:
+        node = snap.node(name)
+        assert node is not None
+        gpus = tuple(g for g in range(node.gpu_capacity) if (node.free_mask >> g) & 1)
+        if gpus:
+            snap = with_pod(snap, PodInfo(f"t/{name}", "", name, gpus[: max(1, len(gpus) - 1)]))
+    params = SchedParams()
+    seen = 0
+    for k in (1, 2, 4, 8):
+        req = request_from_pod_k(k)
+        pos = name_positions(snap, names[::-1] + names[:5] + ["ghost"])
+        codes = filter_codes(snap, req, pos, params)
+        narrowed, _, _ = narrow_with_rank(snap, req, pos, codes, params)
+        for c, skip in ((codes, ()), (narrowed, (CODE_NOT_CHOSEN,))):
+            groups = verdict_groups(snap, pos, c, skip)
+            want = [(never, reason, len(idx)) for never, reason, idx in groups]
+            assert verdict_counts(snap, pos, c, skip) == want
+            assert verdict_counts(snap, pos, c, skip, np.bincount(c, minlength=12)) == want
+            seen = max(seen, len(want))
+    assert seen >= 5  # several unhealthy reasons and other refusals met
+
+
+def request_from_pod_k(k: int) -> Any:
+    from benchmarks.clusters import make_pod
+    from scheduler.core.objects import request_from_pod
+
+    return request_from_pod(make_pod(f"k{k}", k), SchedParams().fabric)
