@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from benchmarks.clusters import make_pod
+from benchmarks.stats import p99
 from scheduler.kube.client import NODES, ApiError, KubeApi
 
 
@@ -39,11 +40,6 @@ def _binding(ns: str, name: str, node: str) -> dict[str, Any]:
         },
         "target": {"kind": "Node", "name": node},
     }
-
-
-def _p99(xs: list[float]) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(0.99 * len(s)))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         w = [1000 * x for x in wall[path]]
         rm = ", ".join(f"{1000 * m:.3f}" for m in means[path])
         print(
-            f"| {path} | {statistics.median(c):.3f} | {_p99(c):.3f} | {rm} | "
-            f"{statistics.median(w):.3f} | {_p99(w):.3f} |"
+            f"| {path} | {statistics.median(c):.3f} | {p99(c):.3f} | {rm} | "
+            f"{statistics.median(w):.3f} | {p99(w):.3f} |"
         )
     api.close()
     return 0

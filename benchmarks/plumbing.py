@@ -43,6 +43,7 @@ from typing import Any
 import orjson
 
 from benchmarks.clusters import make_pod, synthetic_cluster
+from benchmarks.stats import p99
 from scheduler.cli.demo import free_port
 
 IDLE_CONNECTIONS = 2
@@ -222,11 +223,6 @@ def _audit_lines(log: Any) -> int:
     return sum(1 for line in log if b"topoplace.bind:" in line)
 
 
-def _p99(xs: list[float]) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(0.99 * len(s)))]
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, default=500)
@@ -271,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     for tree, runs in results.items():
         xs = [1000 * x for r in runs for x in r[0]]
         print(
-            f"| {tree} | {statistics.median(xs):.3f} | {_p99(xs):.3f} | "
+            f"| {tree} | {statistics.median(xs):.3f} | {p99(xs):.3f} | "
             + ", ".join(f"{1000 * r[1]:.3f}" for r in runs)
             + " | "
             + ", ".join(str(r[2]) for r in runs)

@@ -31,6 +31,7 @@ from typing import Any
 import orjson
 
 from benchmarks.clusters import make_pod, synthetic_cluster
+from benchmarks.stats import p99
 from scheduler.cli.main import load_params
 from scheduler.core.model import PLACEMENT_ANNOTATION
 from scheduler.runtime.cache import ClusterCache
@@ -137,11 +138,6 @@ def one_run(nodes: int, pods: int, background: int, seed: int) -> dict[str, list
     return out
 
 
-def _p99(xs: list[float]) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(0.99 * len(s)))]
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, default=500)
@@ -162,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         means = [1000 * statistics.fmean(r[stage]) for r in runs]
         total = [t + m for t, m in zip(total, means, strict=True)]
         print(
-            f"| {stage} | {statistics.median(xs):.3f} | {_p99(xs):.3f} | "
+            f"| {stage} | {statistics.median(xs):.3f} | {p99(xs):.3f} | "
             + ", ".join(f"{m:.3f}" for m in means)
             + " |"
         )

@@ -43,6 +43,7 @@ from typing import Any
 import orjson
 
 from benchmarks.clusters import make_pod
+from benchmarks.stats import p99
 from scheduler.core.model import PLACEMENT_ANNOTATION
 from scheduler.core.objects import bound_pod, placement_value
 from scheduler.core.params import SchedParams
@@ -184,11 +185,6 @@ def one_run(
     }
 
 
-def _p99(xs: list[float]) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(0.99 * len(s)))]
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pods", type=int, default=300, help="pods created and bound per run")
@@ -241,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 print(
                     f"| {reader} | {label} | {split} | {statistics.median(xs):.4f} | "
-                    f"{_p99(xs):.4f} | {means} |"
+                    f"{p99(xs):.4f} | {means} |"
                 )
         whole = ", ".join(f"{1000 * r['thread_cpu_per_pod']:.4f}" for r in rs)
         evs = ", ".join(str(r["events_in_bind_phase"]) for r in rs)
