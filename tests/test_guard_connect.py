@@ -115,3 +115,28 @@ def test_connection_state_is_uvicorns_and_the_caller_reaches_the_audit_line(
     assert calls == []  # uvicorn's helpers (a socket object per call) were not needed
     (line,) = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "topoplace.bind"]
     assert line["result"] == "bound" and line["caller"] == f"{mine[0][0]}:{mine[0][1]}"
+
+
+def _assigned(func: Any) -> set[str]:
+    """The ``self.<name>`` attributes a method assigns, read from its source."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
+    return {
+        t.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        for t in node.targets
+        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+    }
+
+
+def test_connected_sets_what_uvicorns_connection_made_sets() -> None:
+    # guard._connected re-does uvicorn's connection_made with cheaper address reads; a
+    # uvicorn that starts setting more state there must be followed (this fails first).
+    proto = guarded_protocol(GuardState())
+    uvicorns = _assigned(httptools_impl.HttpToolsProtocol.connection_made)
+    assert uvicorns == {"transport", "flow", "server", "client", "scheme"}
+    assert _assigned(proto._connected) == uvicorns

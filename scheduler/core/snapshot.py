@@ -238,7 +238,8 @@ def _as_stored(a: np.ndarray, value: Any) -> bytes:
 def _update_rows(arr: NodeArrays, changes: Mapping[int, NodeInfo], policy: str) -> NodeArrays:
     """``arr`` with the rows of ``changes`` recomputed. Arrays whose changed rows keep
     their bytes are shared with ``arr`` (read-only), not copied: a pod placed or removed
-    changes a node's free GPUs and free sets, not its capacity, health or usable sets."""
+    changes a node's free GPUs and free sets, not its capacity, health or usable sets.
+    One changed row (every pod placed or removed) is :func:`_update_row`, memoized."""
     width = arr.max_gpus
     columns = [getattr(arr, f) for f in _ARRAY_FIELDS]
     if len(changes) == 1:
@@ -246,12 +247,6 @@ def _update_rows(arr: NodeArrays, changes: Mapping[int, NodeInfo], policy: str) 
         return _update_row(arr, columns, i, _row(node, policy, width))
     rows = {i: _row(node, policy, width) for i, node in changes.items()}
     new_bytes = {i: tuple(map(_as_stored, columns, r)) for i, r in rows.items()}
-    if len(rows) == 1:
-        ((i, key),) = new_bytes.items()
-        for src, at, seen, out in _ROWS_MEMO:
-            if src is arr and at == i and seen == key:
-                _derived(out, arr, (i,))
-                return out
     old_bytes = {i: tuple([a[i].tobytes() for a in columns]) for i in rows}
     for j, a in enumerate(columns):
         changed = [i for i in rows if new_bytes[i][j] != old_bytes[i][j]]
@@ -262,10 +257,6 @@ def _update_rows(arr: NodeArrays, changes: Mapping[int, NodeInfo], policy: str) 
             a.flags.writeable = False
             columns[j] = a
     new = NodeArrays(*columns)
-    if len(rows) == 1:
-        ((i, key),) = new_bytes.items()
-        _ROWS_MEMO[:0] = [(arr, i, key, new), (new, i, old_bytes[i], arr)]
-        del _ROWS_MEMO[_ROWS_MEMO_SIZE:]
     _derived(new, arr, tuple(rows))
     return new
 
