@@ -25,8 +25,8 @@ from typing import Any
 import orjson
 
 from benchmarks.clusters import make_pod
+from benchmarks.kubebench import connect
 from benchmarks.stats import p99
-from scheduler.kube.client import NODES, ApiError, KubeApi
 
 
 def _binding(ns: str, name: str, node: str) -> dict[str, Any]:
@@ -55,23 +55,13 @@ def main(argv: list[str] | None = None) -> int:
         help="event loop of the asyncio path (serve runs uvloop)",
     )
     args = ap.parse_args(argv)
-    if not args.kubeconfig:
-        ap.error("needs --kubeconfig or KUBECONFIG (a real API server)")
-    api = KubeApi.from_config(args.kubeconfig)
-    nodes = [n["metadata"]["name"] for n in api.list(NODES).get("items", [])]
-    if not nodes:
-        ap.error("the cluster has no nodes (run ../shared/controlplane/fake_nodes.py)")
     ns = args.namespace
+    api, nodes = connect(ap, args.kubeconfig, ns)
     loop_factory = None
     if args.loop == "uvloop":
         import uvloop
 
         loop_factory = uvloop.new_event_loop
-    try:
-        api._post_json("/api/v1/namespaces", orjson.dumps({"metadata": {"name": ns}}))
-    except ApiError as exc:
-        if exc.status != 409:
-            raise
     cpu: dict[str, list[float]] = {"urllib3 (thread)": [], "asyncio (event loop)": []}
     wall: dict[str, list[float]] = {k: [] for k in cpu}
     means: dict[str, list[float]] = {k: [] for k in cpu}

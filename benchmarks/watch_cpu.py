@@ -43,12 +43,13 @@ from typing import Any
 import orjson
 
 from benchmarks.clusters import make_pod
+from benchmarks.kubebench import connect
 from benchmarks.stats import p99
 from scheduler.core.model import PLACEMENT_ANNOTATION
 from scheduler.core.objects import bound_pod, placement_value
 from scheduler.core.params import SchedParams
 from scheduler.core.snapshot import build_snapshot, pod_info_for
-from scheduler.kube.client import NODES, PODS, ApiError, KubeApi
+from scheduler.kube.client import PODS, KubeApi
 from scheduler.kube.watcher import KubeWatcher, ResourceStream, WatchOptions
 from scheduler.runtime.cache import ClusterCache
 
@@ -192,20 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--namespace", default="watch-bench")
     ap.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
     args = ap.parse_args(argv)
-    if not args.kubeconfig:
-        ap.error("needs --kubeconfig or KUBECONFIG (a real API server)")
-    api = KubeApi.from_config(args.kubeconfig)
-    nodes = [n["metadata"]["name"] for n in api.list(NODES).get("items", [])]
-    if not nodes:
-        ap.error("the cluster has no nodes (run ../shared/controlplane/fake_nodes.py)")
+    ns = args.namespace
+    api, nodes = connect(ap, args.kubeconfig, ns)
     if args.pods > 8 * len(nodes):
         ap.error(f"at most 8 pods per node ({8 * len(nodes)} here)")
-    ns = args.namespace
-    try:
-        api._post_json("/api/v1/namespaces", orjson.dumps({"metadata": {"name": ns}}))
-    except ApiError as exc:
-        if exc.status != 409:
-            raise
     host = api.host
     api.close()
     readers = ["urllib3"]

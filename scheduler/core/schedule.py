@@ -423,11 +423,7 @@ def verdict_groups(
     Unhealthy nodes are grouped by their own first health reason. Codes in ``skip`` are
     left out; ``counts`` is ``np.bincount(codes)`` when the caller has it."""
     groups: list[tuple[bool, str, np.ndarray]] = []
-    if counts is None:
-        counts = np.bincount(codes)
-    for c in np.flatnonzero(counts).tolist():
-        if c == FEASIBLE or c in skip:
-            continue
+    for c in _failing(codes, skip, counts):
         idx = np.flatnonzero(codes == c)
         never, reason = FILTER_VERDICTS[c]
         if c != CODE_UNHEALTHY:
@@ -435,6 +431,14 @@ def verdict_groups(
             continue
         groups.extend(_unhealthy_groups(snap, pos, idx))
     return groups
+
+
+def _failing(codes: np.ndarray, skip: tuple[int, ...], counts: np.ndarray | None) -> list[int]:
+    """The failing codes present in ``codes`` (``counts``: their ``np.bincount`` if known),
+    ascending, without those in ``skip``."""
+    if counts is None:
+        counts = np.bincount(codes)
+    return [c for c in np.flatnonzero(counts).tolist() if c != FEASIBLE and c not in skip]
 
 
 def _unhealthy_groups(
@@ -462,9 +466,7 @@ def verdict_counts(
     if counts is None:
         counts = np.bincount(codes)
     out: list[tuple[bool, str, int]] = []
-    for c in np.flatnonzero(counts).tolist():
-        if c == FEASIBLE or c in skip:
-            continue
+    for c in _failing(codes, skip, counts):
         if c != CODE_UNHEALTHY:
             never, reason = FILTER_VERDICTS[c]
             out.append((never, reason, int(counts[c])))
@@ -616,9 +618,9 @@ def _rank_at(
     if known. Element by element the same operations either way, so the same floats."""
 
     total = w.topology + w.health + w.packing
+    if top is False and 2 <= k <= a.max_gpus:
+        top = topology_scale(a, k)
     if p is not None and len(p) <= _FEW_ROWS and total > 0:
-        if top is False and 2 <= k <= a.max_gpus:
-            top = topology_scale(a, k)
         return np.array([_rank_of(a, k, min_link, w, i, top, total) for i in p.tolist()])
 
     def at(x: np.ndarray) -> np.ndarray:
@@ -630,8 +632,6 @@ def _rank_at(
         ok &= (at(a.links_free[:, class_rank(min_link)]) >> k) & 1 == 1
     n = len(free)
     if k >= 2 and k <= a.max_gpus:
-        if top is False:
-            top = topology_scale(a, k)
         bw = at(a.best_bw[:, k]).astype(np.float64)
         topo = bw / top if top > 0 else np.ones(n)
     else:

@@ -288,8 +288,9 @@ class ClusterCache:
             self._snap = without_pod(self._snap, key)
             return True
 
-    def confirm(self, key: str) -> bool:
-        """Mark an assumed pod as bound (idempotent). True if the pod is held."""
+    def confirm(self, key: str, raw: Mapping[str, Any] | None = None) -> bool:
+        """Mark an assumed pod as bound (idempotent), with ``raw`` (the bound Pod as the
+        API shows it) as its object when given. True if the pod is held."""
         with self._lock:
             pod = self._snap.pods.get(key)
             self._expiry.pop(key, None)
@@ -297,7 +298,12 @@ class ClusterCache:
                 return False
             self._nominated.pop(key, None)
             if pod.assumed:
-                self._snap = _with_record(self._snap, replace(pod, assumed=False))
+                bound = (
+                    replace(pod, assumed=False)
+                    if raw is None
+                    else replace(pod, assumed=False, raw=raw)
+                )
+                self._snap = _with_record(self._snap, bound)
             return True
 
     def expire(self) -> list[str]:
@@ -456,9 +462,7 @@ class ClusterCache:
             if old is not None and self._confirms(old, obj, node):
                 # The API shows the binding topoplace assumed, from the same inputs: the
                 # record pod_info_for would build is the assumed one, now confirmed.
-                self._snap = _with_record(self._snap, replace(old, assumed=False, raw=obj))
-                self._expiry.pop(key, None)
-                self._nominated.pop(key, None)
+                self.confirm(key, obj)
                 return
             try:
                 info = pod_info_for(self._snap, obj, node, params=self.params)
