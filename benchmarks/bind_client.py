@@ -20,26 +20,12 @@ import asyncio
 import os
 import statistics
 import time
-from typing import Any
 
 import orjson
 
 from benchmarks.clusters import make_pod
-from benchmarks.kubebench import connect
+from benchmarks.kubebench import binding, connect
 from benchmarks.stats import p99
-
-
-def _binding(ns: str, name: str, node: str) -> dict[str, Any]:
-    return {
-        "kind": "Binding",
-        "apiVersion": "v1",
-        "metadata": {
-            "name": name,
-            "namespace": ns,
-            "annotations": {"topoplace.io/placement": f'{{"v":1,"node":"{node}","gpus":[0]}}'},
-        },
-        "target": {"kind": "Node", "name": node},
-    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             if path.startswith("urllib3"):
                 for i, name in enumerate(batch):
                     c, w = time.process_time(), time.perf_counter()
-                    api.create_binding(ns, name, _binding(ns, name, nodes[i % len(nodes)]))
+                    api.create_binding(ns, name, binding(ns, name, nodes[i % len(nodes)]))
                     run_cpu.append(time.process_time() - c)
                     wall[path].append(time.perf_counter() - w)
             else:
@@ -89,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                 ) -> None:
                     for i, name in enumerate(batch):
                         c, w = time.process_time(), time.perf_counter()
-                        body = _binding(ns, name, nodes[i % len(nodes)])
+                        body = binding(ns, name, nodes[i % len(nodes)])
                         await api.create_binding_async(ns, name, body)
                         run_cpu.append(time.process_time() - c)
                         wall[path].append(time.perf_counter() - w)

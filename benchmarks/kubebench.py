@@ -1,12 +1,16 @@
 """Set-up shared by the benchmarks that need a real API server (``bind_client``,
-``watch_cpu``): the client and its nodes, and the benchmark's namespace."""
+``watch_cpu``): the client and its nodes, the benchmark's namespace, the Binding."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import orjson
 
+from scheduler.core.model import PLACEMENT_ANNOTATION
+from scheduler.core.objects import placement_value
+from scheduler.kube.binder import binding_body
 from scheduler.kube.client import NODES, ApiError, KubeApi
 
 
@@ -28,3 +32,10 @@ def connect(
         if exc.status != 409:
             raise
     return api, nodes
+
+
+def binding(ns: str, name: str, node: str, gpus: tuple[int, ...] = (0,)) -> dict[str, Any]:
+    """The Binding topoplace POSTs for pod ``ns/name`` on ``node`` (``KubeBinder``'s
+    ``binding_body``): the target node and the placement annotation of ``gpus``."""
+    pod = {"metadata": {"name": name, "namespace": ns}}
+    return binding_body(pod, node, {PLACEMENT_ANNOTATION: placement_value(node, gpus)})

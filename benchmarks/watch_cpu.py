@@ -43,7 +43,7 @@ from typing import Any
 import orjson
 
 from benchmarks.clusters import make_pod
-from benchmarks.kubebench import connect
+from benchmarks.kubebench import binding, connect
 from benchmarks.stats import p99
 from scheduler.core.model import PLACEMENT_ANNOTATION
 from scheduler.core.objects import bound_pod, placement_value
@@ -91,20 +91,6 @@ def _slot(i: int, nodes: list[str]) -> tuple[str, tuple[int, ...]]:
     return nodes[i % len(nodes)], ((i // len(nodes)) % 8,)
 
 
-def _binding(ns: str, name: str, node: str, gpus: tuple[int, ...]) -> dict[str, Any]:
-    """The Binding topoplace POSTs: target node and the placement annotation."""
-    return {
-        "kind": "Binding",
-        "apiVersion": "v1",
-        "metadata": {
-            "name": name,
-            "namespace": ns,
-            "annotations": {PLACEMENT_ANNOTATION: placement_value(node, gpus)},
-        },
-        "target": {"kind": "Node", "name": node},
-    }
-
-
 def _drive(kubeconfig: str, phase: str, ns: str, names: list[str], nodes: list[str]) -> None:
     """Create (``create``), bind (``bind``) or force-delete (``delete``) the pods."""
     api = KubeApi.from_config(kubeconfig)
@@ -114,7 +100,7 @@ def _drive(kubeconfig: str, phase: str, ns: str, names: list[str], nodes: list[s
             api._post_json(f"/api/v1/namespaces/{ns}/pods", orjson.dumps(pod))
         elif phase == "bind":
             node, gpus = _slot(i, nodes)
-            api.create_binding(ns, name, _binding(ns, name, node, gpus))
+            api.create_binding(ns, name, binding(ns, name, node, gpus))
         else:
             api._core.delete_namespaced_pod(
                 name, ns, grace_period_seconds=0, _preload_content=False
