@@ -61,6 +61,7 @@ def test_combines_runs_of_several_folders(tmp_path: Path) -> None:
             _run("topoplace", 2, 120.0, (3.0, 5.0, 4.0, 1.0), 1000),
             _run("default", 1, 200.0, (0, 5.0, 4.0, 1.0), 3),
             _run("default", 2, 100.0, (0, 6.0, 4.0, 1.0), 5),
+            {"arm": "offline", "run": 1, "pods_bound": 1000, "nodes_used": 350},
         ],
     )
     b = _folder(

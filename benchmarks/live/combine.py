@@ -17,7 +17,8 @@ and, for ``topoplace`` against each other arm:
   and how many are at least ``--line`` (0.7 by default, issue 11's bar);
 * the CPU ratio: the other arm's median CPU per pod, all processes, over topoplace's. On
   a saturated host pods/s follows it (both arms keep the 2 cores about 97 % busy);
-* live against offline, where the runs replayed offline: pods on the offline node
+* live against offline, where the runs replayed offline (the replay's own ``offline`` row is
+  left out of the tables): pods on the offline node
   (fewest over runs) and the distinct (nodes used, whole nodes free) pairs.
 
 Run: ``python -m benchmarks.live.combine DIR [DIR ...] [--line 0.7]``.
@@ -69,6 +70,8 @@ def load(folders: Sequence[Path]) -> list[dict[str, str]]:
             if missing:
                 raise ValueError(f"{path}: no column {', '.join(sorted(missing))}")
             for row in reader:
+                if row["arm"] == "offline":  # the offline replay's row: no pods/s, no CPU
+                    continue
                 rows.append({**row, "folder": str(folder)})
     return rows
 
