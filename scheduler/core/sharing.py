@@ -59,6 +59,18 @@ FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 
 
+def weighted_sum(amounts: npt.NDArray[np.generic], weights: FloatArray) -> FloatArray:
+    """``amounts @ weights`` (a sum over the last axis) with the same bits on every CPU.
+
+    ``@`` hands this to BLAS, and OpenBLAS picks a kernel per processor (Haswell, Zen,
+    SkylakeX, ...) whose accumulation order changes the last bits of the sum: the same
+    replay then gave other fragmentation figures on an AMD host than on an Intel one. An
+    elementwise product is exact IEEE arithmetic, and numpy's ``add.reduce`` over a
+    contiguous last axis is its pairwise sum, plain C in a fixed order on every target.
+    """
+    return np.add.reduce(np.multiply(amounts, weights), axis=-1)
+
+
 def model_allowed(gpu_spec: Sequence[str], gpu_model: str) -> bool:
     """Whether a task with GPU-type constraint ``gpu_spec`` may use GPUs of ``gpu_model``.
 
@@ -631,7 +643,7 @@ class FragmentationModel:
 
     def node_frag(self, gpu_free: IntArray, cpu_free: IntArray, model_ids: IntArray) -> FloatArray:
         """``F_n(M)`` per node row (milli-GPU)."""
-        return self.per_shape(gpu_free, cpu_free, model_ids) @ self.weights
+        return weighted_sum(self.per_shape(gpu_free, cpu_free, model_ids), self.weights)
 
     def node_frag_artifact_order(
         self, gpu_free: IntArray, cpu_free: IntArray, model_ids: IntArray
@@ -689,7 +701,7 @@ class FragmentationModel:
                 raise ValueError("delta_exclusive is for CPU-only or whole-GPU tasks")
             after_free = gpu_free - whole_gpu_choice(gpu_free, task.num_gpu) * MILLI
         after = self.per_shape(after_free, cpu_free - task.cpu_milli, model_ids)
-        return (before - after) @ self.weights
+        return weighted_sum(before - after, self.weights)
 
     def delta_sharing(
         self,
@@ -727,5 +739,5 @@ class FragmentationModel:
             np.broadcast_to((cpu_free - task.cpu_milli)[:, None], (k, g)),
             np.broadcast_to(model_ids[:, None], (k, g)),
         )
-        delta = (before[:, None, :] - after) @ self.weights
+        delta = weighted_sum(before[:, None, :] - after, self.weights)
         return np.where(gpu_free >= task.gpu_milli, delta, np.nan)

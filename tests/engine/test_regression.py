@@ -2,8 +2,12 @@
 
 ``golden.json`` holds what the pre-engine loops (``benchmarks/sim/engine.py``,
 ``benchmarks/gangsim/engine.py``, ``benchmarks/faults/engine.py`` at 16f44c8) produced on the
-small configurations below: per FGD run a digest of every per-event array, per gang run
-every gang's outcome (as a digest) and the run's summary, per failure run every metric.
+small configurations below: per FGD run a digest of the integer per-event arrays and one of
+the fragmentation array, per gang run every gang's outcome (as a digest) and the run's
+summary, per failure run every metric. The FGD fragmentation figures were re-recorded in
+session 8, when they became sums with the same bits on every CPU
+(``scheduler.core.sharing.weighted_sum``; through BLAS their last bits followed the
+processor's kernel); the integer figures and placements did not move.
 ``golden-cli/`` holds the ``results.csv`` of each scenario's command line on a tiny
 configuration (measured columns dropped). Floats are compared exactly.
 """
@@ -66,15 +70,18 @@ def _digest(*arrays: np.ndarray) -> str:
 
 
 def _sim_record(res: SimResult) -> dict[str, Any]:
+    """An FGD run's record: the integer per-event arrays (what arrived, was used and left
+    idle, and where every task went) and the fragmentation array each as one digest, so a
+    failure says whether placements or only float sums moved."""
     return {
         "digest": _digest(
             res.arrived_gpu_milli,
             res.used_gpu_milli,
-            res.frag_gpu_milli,
             res.idle_gpu_milli,
             res.placed,
             res.node,
         ),  # fmt: skip
+        "frag_digest": _digest(res.frag_gpu_milli),
         "num_tasks": res.num_tasks,
         "num_failed": res.num_failed,
         "used_last": int(res.used_gpu_milli[-1]),

@@ -75,6 +75,7 @@ from scheduler.core.sharing import (
     SharingTask,
     allocate,
     feasible_mask,
+    weighted_sum,
 )
 
 POLICY_NAME = "topoplace-share"
@@ -92,10 +93,10 @@ def cpu_per_gpu_milli(frag: FragmentationModel) -> float:
     0.0 when no typical shape uses a GPU (the CPU-stranding term is then off).
     """
     w = frag.weights * frag.needs_gpu
-    gpu = float(w @ (frag.num_gpu * frag.gpu_milli).astype(np.float64))
+    gpu = float(weighted_sum((frag.num_gpu * frag.gpu_milli).astype(np.float64), w))
     if gpu <= 0.0:
         return 0.0
-    return float(w @ frag.cpu_milli.astype(np.float64)) / gpu
+    return float(weighted_sum(frag.cpu_milli.astype(np.float64), w)) / gpu
 
 
 def cpu_stranded(gpu_free: FloatArray, cpu_free: FloatArray, rho: float) -> FloatArray:
@@ -185,7 +186,7 @@ def _multi_share_drop(
     after = free - np.where(take & room, task.gpu_milli, 0)
     before_f = frag.per_shape(free, cpu, models)
     after_f = frag.per_shape(after, cpu - task.cpu_milli, models)
-    out: FloatArray = (before_f - after_f) @ frag.weights
+    out: FloatArray = weighted_sum(before_f - after_f, frag.weights)
     return out
 
 
