@@ -124,3 +124,30 @@ def test_no_forbidden_imports_or_calls(path: Path) -> None:
     assert not problems, f"{path.relative_to(REPO)} breaks the pure-core rule:\n" + "\n".join(
         problems
     )
+
+
+BLAS_CALLS = {"dot", "vdot", "inner", "matmul", "tensordot", "einsum"}
+"""numpy calls that may hand a float reduction to BLAS (``einsum`` can, when optimizing)."""
+DETERMINISTIC_DIRS = [*PURE_DIRS, REPO / "benchmarks" / "engine", REPO / "benchmarks" / "sim"]
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(p for d in DETERMINISTIC_DIRS for p in d.rglob("*.py")),
+    ids=lambda p: str(p.relative_to(REPO)),
+)
+def test_no_blas_reductions(path: Path) -> None:
+    """No ``@`` or BLAS call in the core and the replay engine: OpenBLAS chooses its kernel
+    per processor, and the last bits of its sums follow (DEVELOPING.md, Conventions;
+    ``scheduler.core.sharing.weighted_sum`` sums the same on every CPU)."""
+    tree = ast.parse(path.read_text(), str(path))
+    problems = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp | ast.AugAssign) and isinstance(node.op, ast.MatMult):
+            problems.append(f"line {node.lineno}: the @ operator")
+        elif isinstance(node, ast.Call):
+            name = _dotted(node.func)
+            head, _, attr = name.rpartition(".")
+            if attr in BLAS_CALLS and (head in ("np", "numpy") or attr == "dot"):
+                problems.append(f"line {node.lineno}: call to {name}()")
+    assert not problems, f"{path.relative_to(REPO)} sums through BLAS:\n" + "\n".join(problems)
