@@ -37,3 +37,19 @@ def test_plumbing_benchmark_drives_filter_and_bind_and_counts_connections(capsys
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert 0 < float(cells[1]) <= float(cells[2])  # median <= p99, server CPU seen
         assert cells[4] == "24"  # every request on a new connection: 2 per measured pod
+
+
+def test_health_refresh_benchmark_times_both_cases(capsys) -> None:
+    from benchmarks import health_refresh
+
+    assert health_refresh.main(["--nodes", "12", "--runs", "2"]) == 0
+    assert health_refresh.main(["--nodes", "12", "--runs", "2", "--slices"]) == 0
+    out = capsys.readouterr().out
+    assert "no DRA slices" in out and "one 8-GPU DRA ResourceSlice per node" in out
+    rows = [r for r in out.splitlines() if r.startswith("| 12 |")]
+    assert len(rows) == 2
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert float(cells[1]) > 0 and 0 <= float(cells[2]) <= float(cells[3])
+        assert cells[4] == "0"  # nothing changed between refreshes
+        assert float(cells[5]) >= 0

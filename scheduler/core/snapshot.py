@@ -484,7 +484,7 @@ def build_snapshot(
     (:data:`UNMODELED_DUPLICATE`).
     """
     nodes: dict[str, NodeInfo] = {}
-    now, devices = _health_inputs(extra or EMPTY_MAP, params)
+    now, devices = health_inputs(extra or EMPTY_MAP, params)
     for obj in node_objs:
         try:
             n = node_from_object(
@@ -839,13 +839,30 @@ def node_from_update(
     Raises:
         ObjectError: the object is not a mapping or has no name.
     """
-    now, devices = _health_inputs(snap.extra, params)
+    now, devices = health_inputs(snap.extra, params)
+    fresh = modeled_node(obj, params, now, devices)
+    old = snap.node(fresh.name)
+    return fresh if old is None else with_usage_of(fresh, old)
+
+
+def modeled_node(
+    obj: Mapping[str, Any],
+    params: SchedParams,
+    now: float | None,
+    devices: Mapping[str, Any],
+) -> NodeInfo:
+    """The node ``obj`` describes, before any pod's usage: :func:`node_from_object` with a
+    snapshot's health inputs (``now`` and ``devices`` as :func:`health_inputs` gives
+    them), as an unmodeled node when its array row cannot be computed. A function of
+    these four inputs alone: the same inputs give an equal node.
+
+    Raises:
+        ObjectError: the object is not a mapping or has no name.
+    """
     fresh = node_from_object(
         obj, params.fabric, params.health, now=now, devices=devices, sharing=params.sharing
     )
-    fresh = _checked(fresh, params)
-    old = snap.node(fresh.name)
-    return fresh if old is None else with_usage_of(fresh, old)
+    return _checked(fresh, params)
 
 
 def with_usage_of(node: NodeInfo, holder: NodeInfo) -> NodeInfo:
@@ -870,13 +887,29 @@ def with_nodes(snap: ClusterSnapshot, changed: Mapping[str, NodeInfo]) -> Cluste
     return _with_changes(snap, changed, snap.pods)
 
 
-def _health_inputs(
+def health_inputs(
     extra: Mapping[str, Any], params: SchedParams
 ) -> tuple[float | None, Mapping[str, Any]]:
-    """(now, DRA devices by node) from a snapshot's ``extra`` (see ``core.health``)."""
+    """(now, DRA devices by node) from a snapshot's ``extra`` (see ``core.health``).
+
+    The devices are indexed once per list of ResourceSlices and health parameters (the
+    most recent pair, held and compared by identity: a new list of slices is a new
+    object, as ``extra`` entries are replaced, never edited), not once per node: a node
+    update or a health refresh reads its own node's devices, not every slice of the
+    cluster again. The index is read-only."""
     slices = extra.get(RESOURCESLICES_KEY)
-    devices = devices_by_node(slices, params.health) if slices else EMPTY_MAP
-    return parse_time(extra.get(NOW_KEY)), devices
+    if not slices:
+        return parse_time(extra.get(NOW_KEY)), EMPTY_MAP
+    memo = _DEVICES_MEMO[0] if _DEVICES_MEMO else None
+    if memo is None or memo[0] is not slices or memo[1] is not params.health:
+        memo = (slices, params.health, MappingProxyType(devices_by_node(slices, params.health)))
+        _DEVICES_MEMO[:] = [memo]
+    return parse_time(extra.get(NOW_KEY)), memo[2]
+
+
+_DEVICES_MEMO: list[tuple[Any, Any, Mapping[str, Any]]] = []
+"""(slices, health parameters, their devices by node) of the most recent call of
+:func:`health_inputs` with slices."""
 
 
 def with_node_health(snap: ClusterSnapshot, name: str, health: NodeHealth) -> ClusterSnapshot:

@@ -3,6 +3,8 @@ and the mutable tracker wired into the cache."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from benchmarks.clusters import make_node, make_pod
@@ -299,3 +301,84 @@ def test_refresh_is_one_transition_and_keeps_usage() -> None:
     snap = cache.snapshot()
     assert snap.node("n1").raw is newer and snap.node("n1").health.reasons[0] == REASON_NOT_READY
     assert snap.node("n2").health == OK  # heartbeat fresh again for the others
+
+
+def test_refresh_parses_a_node_again_only_when_its_inputs_change(monkeypatch) -> None:
+    """A refresh re-parses a Node object only when the object, the snapshot's health
+    inputs (DRA slices, ``now``) or the parameters changed since the last one; otherwise it
+    re-applies the health history at the new time to the node it parsed then. The result
+    is what parsing every node again gives (here: the recorded nodes and ResourceSlices of
+    a real v1.33 control plane)."""
+    import scheduler.runtime.cache as cache_mod
+    from scheduler.core.snapshot import node_from_update
+    from tests.dra import recorded
+
+    parsed: list[str] = []
+    real = cache_mod.modeled_node
+
+    def counting(obj, params, now, devices):  # type: ignore[no-untyped-def]
+        parsed.append(meta(obj)["name"])
+        return real(obj, params, now, devices)
+
+    monkeypatch.setattr(cache_mod, "modeled_node", counting)
+    sp = SchedParams()
+    clock = Clock(HEARTBEAT + 30)
+    tracker = HealthTracker(sp.health, clock=clock)
+    nodes = recorded.nodes() + [dgx(f"n{i}") for i in range(4)]
+    names = sorted(meta(n)["name"] for n in nodes)
+    base = ClusterCache.from_objects(nodes, [], sp, extra=recorded.extra())
+    cache = ClusterCache(base.snapshot(), sp, health_tracker=tracker)
+
+    def parsed_by(refresh_at: float) -> list[str]:
+        parsed.clear()
+        clock.t = refresh_at
+        cache.refresh_nodes()
+        return sorted(parsed)
+
+    def as_parsed_again() -> None:  # what the refresh without memory computed
+        snap = cache.snapshot()
+        for n in snap.nodes:
+            fresh = node_from_update(snap, n.raw, sp)
+            assert replace(fresh, health=tracker.adjust(n.raw, fresh.health)) == n
+
+    assert parsed_by(HEARTBEAT + 30) == names  # the first refresh parses every node
+    assert parsed_by(HEARTBEAT + 60) == []  # nothing changed but the time
+    as_parsed_again()
+    stale = parsed_by(HEARTBEAT + 900)  # heartbeats aged: health re-applied, no parse
+    assert stale == []
+    assert cache.snapshot().node("n0").health.reasons == (REASON_HEARTBEAT_STALE,)
+    as_parsed_again()
+
+    cache.upsert_node(dgx("n1", ready=False))  # a new object for one node
+    assert parsed_by(HEARTBEAT + 930) == ["n1"]
+    assert cache.snapshot().node("n1").health.reasons[0] == REASON_NOT_READY
+    as_parsed_again()
+
+    # New ResourceSlices (the watch rebuilds extra with a new list): every node again.
+    from scheduler.core import dra
+
+    cache.set_extra(dra.SLICES_KEY, recorded.slices())
+    assert parsed_by(HEARTBEAT + 960) == names
+    assert parsed_by(HEARTBEAT + 990) == []
+    as_parsed_again()
+
+
+def test_health_inputs_index_the_slices_once_per_list() -> None:
+    """The DRA devices by node are indexed once per list of slices (not once per node
+    update or refreshed node): the same list gives the same read-only index, equal to
+    ``devices_by_node``; a new list (even equal) is indexed anew."""
+    from scheduler.core.health import RESOURCESLICES_KEY, devices_by_node
+    from scheduler.core.snapshot import health_inputs
+    from tests.dra import recorded
+
+    sp = SchedParams()
+    slices = recorded.slices()
+    extra = {RESOURCESLICES_KEY: slices}
+    now, devices = health_inputs(extra, sp)
+    assert now is None and dict(devices) == devices_by_node(slices, sp.health) and devices
+    assert health_inputs(extra, sp)[1] is devices
+    with pytest.raises(TypeError):
+        devices["x"] = ()  # type: ignore[index]
+    again = health_inputs({RESOURCESLICES_KEY: recorded.slices()}, sp)[1]
+    assert again is not devices and again == devices
+    assert health_inputs({}, sp)[1] == {}
