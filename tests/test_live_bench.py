@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -240,6 +241,46 @@ def test_cpu_seconds_of_this_process() -> None:
     assert kubesched.cpu_seconds(None) != kubesched.cpu_seconds(None)  # NaN
     busy, total = kubesched.host_cpu_busy()
     assert 0 <= busy <= total
+
+
+def test_pin_confines_every_thread_of_a_process(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    usable = sorted(os.sched_getaffinity(0))
+    one = frozenset(usable[-1:])
+    # A child with a second thread, started before the pin: both must end up confined.
+    code = "import threading,time; threading.Thread(target=time.sleep,args=(30,)).start(); time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        for _ in range(100):
+            if len(os.listdir(f"/proc/{child.pid}/task")) >= 2:
+                break
+            time.sleep(0.02)
+        assert kubesched.pin(child.pid, one) == len(os.listdir(f"/proc/{child.pid}/task")) >= 2
+        for tid in os.listdir(f"/proc/{child.pid}/task"):
+            assert os.sched_getaffinity(int(tid)) == one
+        assert kubesched.pin(child.pid, None) == 0  # None: left alone
+    finally:
+        child.kill()
+        child.wait()
+    assert kubesched.pin(child.pid, one) == 0  # gone: nothing to pin, no error
+
+
+def test_pin_cpus_argument_needs_two_disjoint_sets_of_this_host() -> None:
+    from benchmarks.live import run
+
+    usable = sorted(os.sched_getaffinity(0))
+    if len(usable) < 2:
+        pytest.skip("needs two CPUs")
+    a, b = usable[0], usable[1]
+    args = run.parse_args(["--out", "x", "--pin-cpus", f"{a}/{b}"])
+    assert args.pin_cpus == (frozenset({a}), frozenset({b}))
+    assert run._cpu_list("0,2-4") == frozenset({0, 2, 3, 4})
+    assert run.parse_args(["--out", "x"]).pin_cpus is None
+    for bad in (f"{a}", f"{a}/{a}", f"{a}/", "x/y", f"{a}/{max(usable) + 1}"):
+        with pytest.raises(SystemExit):
+            run.parse_args(["--out", "x", "--pin-cpus", bad])
 
 
 # ---- scenarios and the offline replay ------------------------------------------------------

@@ -96,6 +96,7 @@ from benchmarks.live.kubesched import (
     host_cpu_busy,
     load_shipped,
     make_certs,
+    pin,
     profile_names,
     render_default_config,
     render_shipped_config,
@@ -1280,6 +1281,36 @@ def _git_rev() -> str:
         return ""
 
 
+def _cpu_list(text: str) -> frozenset[int]:
+    """``0,2-3`` -> {0, 2, 3}."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return frozenset(cpus)
+
+
+def _cpu_split(text: str) -> tuple[frozenset[int], frozenset[int]]:
+    """``--pin-cpus`` ``CONTROL/EXTENDER`` (e.g. ``0/1``) -> two disjoint CPU sets of this
+    host."""
+    control, sep, extender = text.partition("/")
+    try:
+        if not sep:
+            raise ValueError("no slash")
+        sets = (_cpu_list(control), _cpu_list(extender))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--pin-cpus {text!r}: expected CONTROL/EXTENDER CPU lists, e.g. 0/1 or 0-1/2"
+        ) from None
+    usable = os.sched_getaffinity(0)
+    if not all(sets) or sets[0] & sets[1] or not (sets[0] | sets[1]) <= usable:
+        raise argparse.ArgumentTypeError(
+            f"--pin-cpus {text!r}: two non-empty, disjoint sets of this host's CPUs "
+            f"{sorted(usable)} are needed"
+        )
+    return sets
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.live.run",
@@ -1378,6 +1409,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         metavar="BINARY",
         help="record topoplace with py-spy during each topoplace arm (e.g. `py-spy`)",
+    )
+    g.add_argument(
+        "--pin-cpus",
+        default=None,
+        metavar="CONTROL/EXTENDER",
+        type=_cpu_split,
+        help="confine the control plane (etcd, kube-apiserver, every arm's kube-scheduler) "
+        "to the CPUs before the slash and topoplace and this runner to those after it, "
+        "e.g. `0/1`: the extender on a CPU of its own, as when its container has its own "
+        "CPU (needs the runner's own plane)",
     )
     g.add_argument("--namespace", default="livebench")
     g.add_argument("--policy", default=None, help="topoplace policy file (default shipped)")
@@ -1481,6 +1522,8 @@ def arm_processes(
                 source=args.topoplace_src,
                 tls_dir=args.tls_dir,
             )
+            if args.pin_cpus:
+                procs.tp.cpus = args.pin_cpus[1]
             secs = procs.tp.start()
             log(f"topoplace ready in {secs:.1f}s (log {procs.tp.log_file})")
             procs.ks = KubeScheduler(
@@ -1503,6 +1546,8 @@ def arm_processes(
                 burst=CLIENT_BURST,
             )
             procs.ks = KubeScheduler(kc, "", logs, port=port, kube_bin=args.kube_bin, config=cfg)
+        if args.pin_cpus:
+            procs.ks.cpus = args.pin_cpus[0]
         if procs.tp is not None:
             wait_topoplace_free(procs.tp, scenario)
         if start_scheduler:
@@ -1550,6 +1595,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         scripts=Path(args.controlplane),
     )
     own_plane = args.kubeconfig is None
+    if args.pin_cpus and not own_plane:
+        raise SystemExit("--pin-cpus needs the runner's own plane (no --kubeconfig)")
     api: Api | None = None
     live: dict[str, list[Figures]] = {a: [] for a in args.arm_list}
     offline_res: OfflineResult | None = None
@@ -1563,6 +1610,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"control plane up in {time.monotonic() - t:.1f}s ({work})")
             if plane.stop_scheduler():
                 log("stopped up.sh's kube-scheduler (each arm runs its own)")
+            if args.pin_cpus:
+                control, extender = args.pin_cpus
+                for name in ("etcd", "kube-apiserver"):
+                    pid = plane.pid(name)
+                    if pid is None or not pin(pid, control):
+                        raise RuntimeError(f"--pin-cpus: cannot pin {name} (pid {pid})")
+                pin(os.getpid(), extender)
+                log(
+                    f"pinned: control plane on CPUs {sorted(control)}, "
+                    f"topoplace and this runner on {sorted(extender)}"
+                )
         api = Api(kc)
         api.ensure_namespace(args.namespace)
         node_objs = [n.to_object(run_id) for n in scenario.nodes]
@@ -1687,6 +1745,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             "`default-adaptive`: unset (adaptive); copies: scheduler-config-<arm>.yaml",
             "processes": "only the arm's own scheduler processes run during an arm (started "
             "before it, stopped after it); up.sh's kube-scheduler is stopped",
+            "CPU pinning": (
+                f"etcd, kube-apiserver and every arm's kube-scheduler (GOMAXPROCS "
+                f"{len(args.pin_cpus[0])}) confined to CPUs {sorted(args.pin_cpus[0])}; "
+                f"topoplace and this runner to CPUs {sorted(args.pin_cpus[1])} (--pin-cpus): "
+                "the extender on CPUs of its own, as when its container has CPU of its own; "
+                "both arms' control plane gets the same CPUs"
+                if args.pin_cpus
+                else "none (every process may run on every CPU)"
+            ),
             "host": f"{platform.machine()}, {cores} cores, load average at start "
             f"{load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (another engineer's control "
             f"plane may share the machine), Python {platform.python_version()}",
