@@ -43,6 +43,7 @@ from scheduler.core.objects import (
 from scheduler.core.params import SchedParams
 from scheduler.core.podmap import PodMap
 from scheduler.core.snapshot import (
+    UNMODELED_DUPLICATE,
     ClusterSnapshot,
     DoubleBookingError,
     build_snapshot,
@@ -406,6 +407,19 @@ class ClusterCache:
                     verdict = self.health_tracker.adjust(obj, node.health)
                     self._snap = with_node_health(self._snap, node.name, verdict)
 
+    def _as_modeled(self, snap: ClusterSnapshot) -> dict[str, tuple[Any, ...]]:
+        """:attr:`_modeled` for a snapshot just built from objects (``build_snapshot``):
+        its nodes are the ``modeled_node`` of their objects with the pods' usage, which
+        the refresh replaces whole (``with_usage_of``), and health as the objects say it
+        (no history applied yet). A node made unmodeled because several objects share
+        its name is left out (its object alone would model it)."""
+        at, devices = health_inputs(snap.extra, self.params)
+        return {
+            n.name: (n.raw, at, devices, self.params, n)
+            for n in snap.nodes
+            if n.raw and n.unmodeled != UNMODELED_DUPLICATE
+        }
+
     def refresh_nodes(self) -> int:
         """Re-assess every node from its stored object (health ages with time even when no
         event arrives) and apply what changed in one snapshot transition. Returns how many
@@ -621,6 +635,7 @@ class ClusterCache:
         """Rebuild from a fresh list (initial sync or relist), keeping live assumptions."""
         with self._lock:
             snap = build_snapshot(nodes, pods, self.params, extra)
+            self._modeled = self._as_modeled(snap)
             for key, pod in self._snap.pods.items():
                 if pod.assumed and key not in snap.pods and pod.node in snap.index:
                     try:

@@ -362,6 +362,18 @@ def test_refresh_parses_a_node_again_only_when_its_inputs_change(monkeypatch) ->
     assert parsed_by(HEARTBEAT + 990) == []
     as_parsed_again()
 
+    # A rebuild from a fresh list (the watch's initial sync or a relist) has just parsed
+    # every object: the next refresh parses none, except a node whose name several
+    # objects share (made unmodeled by the rebuild, modeled from its object alone).
+    twin = dgx("n2")
+    cache.replace_all([*nodes, twin], [], recorded.extra())
+    assert cache.snapshot().node("n2").unmodeled
+    assert parsed_by(HEARTBEAT + 1020) == ["n2"]
+    as_parsed_again()
+    cache.replace_all(nodes, [], recorded.extra())
+    assert parsed_by(HEARTBEAT + 1050) == []
+    as_parsed_again()
+
 
 def test_health_inputs_index_the_slices_once_per_list() -> None:
     """The DRA devices by node are indexed once per list of slices (not once per node
