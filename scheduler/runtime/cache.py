@@ -164,9 +164,12 @@ class ClusterCache:
         self._dra_inv: tuple[Any, dra.Inventory] = (None, dra.EMPTY_INVENTORY)
         self._modeled: dict[str, tuple[Any, ...]] = {}
         """Node name -> (Node object, now, devices, params, :func:`modeled_node` of them)
-        as the last :meth:`refresh_nodes` read it: a node whose object and health inputs
-        have not changed since is not parsed again (only its health history is
-        re-applied at the new time)."""
+        as the last :meth:`refresh_nodes` or :meth:`replace_all` read it: a node whose
+        object and health inputs have not changed since is not parsed again (only its
+        health history is re-applied at the new time). Replaced whole, never edited; an
+        entry is used only when its object, devices and params are the very ones of the
+        node being refreshed, so one written by a refresh that raced a rebuild costs a
+        parse, never a wrong node."""
         self.plans: dict[str, Any] = {}
         """Gang plans by gang key; owned by the gang layer, guarded by :attr:`lock`."""
 
