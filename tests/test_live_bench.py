@@ -243,7 +243,7 @@ def test_cpu_seconds_of_this_process() -> None:
     assert 0 <= busy <= total
 
 
-def test_pin_confines_every_thread_of_a_process(tmp_path: Path) -> None:
+def test_pin_confines_every_thread_of_a_process() -> None:
     import subprocess
     import sys
 

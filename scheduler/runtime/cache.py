@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -133,6 +133,17 @@ PENDING_MAX_BYTES = 256 * 1024 * 1024
 """Bounds of the pending-pod store: oldest entries are evicted first, in O(1)."""
 
 
+class _Modeled(NamedTuple):
+    """Nodes as parsed from their objects (``modeled_node``), and the health inputs and
+    parameters they were parsed with: see ``ClusterCache._modeled``."""
+
+    at: float | None
+    devices: Mapping[str, Any] | None
+    params: SchedParams | None
+    nodes: Mapping[str, tuple[Any, NodeInfo]]
+    """Node name -> (its Node object, the node parsed from it)."""
+
+
 class ClusterCache:
     """Thread-safe owner of the current snapshot and of assumptions.
 
@@ -162,14 +173,13 @@ class ClusterCache:
         self._pending_bytes = 0
         self._nominated: dict[str, str] = {}
         self._dra_inv: tuple[Any, dra.Inventory] = (None, dra.EMPTY_INVENTORY)
-        self._modeled: dict[str, tuple[Any, ...]] = {}
-        """Node name -> (Node object, now, devices, params, :func:`modeled_node` of them)
-        as the last :meth:`refresh_nodes` or :meth:`replace_all` read it: a node whose
-        object and health inputs have not changed since is not parsed again (only its
-        health history is re-applied at the new time). Replaced whole, never edited; an
-        entry is used only when its object, devices and params are the very ones of the
-        node being refreshed, so one written by a refresh that raced a rebuild costs a
-        parse, never a wrong node."""
+        self._modeled: _Modeled = _Modeled(None, None, None, {})
+        """The nodes as the last :meth:`refresh_nodes` or :meth:`replace_all` parsed them
+        (:func:`modeled_node`), with the inputs they were parsed with: a node whose object
+        and health inputs have not changed since is not parsed again (only its health
+        history is re-applied at the new time). Replaced whole, never edited; a node is
+        reused only when its object is the very one being refreshed, so a value written by
+        a refresh that raced a rebuild costs a parse, never a wrong node."""
         self.plans: dict[str, Any] = {}
         """Gang plans by gang key; owned by the gang layer, guarded by :attr:`lock`."""
 
@@ -410,18 +420,17 @@ class ClusterCache:
                     verdict = self.health_tracker.adjust(obj, node.health)
                     self._snap = with_node_health(self._snap, node.name, verdict)
 
-    def _as_modeled(self, snap: ClusterSnapshot) -> dict[str, tuple[Any, ...]]:
+    def _as_modeled(self, snap: ClusterSnapshot) -> _Modeled:
         """:attr:`_modeled` for a snapshot just built from objects (``build_snapshot``):
         its nodes are the ``modeled_node`` of their objects with the pods' usage, which
         the refresh replaces whole (``with_usage_of``), and health as the objects say it
         (no history applied yet). A node made unmodeled because several objects share
         its name is left out (its object alone would model it)."""
         at, devices = health_inputs(snap.extra, self.params)
-        return {
-            n.name: (n.raw, at, devices, self.params, n)
-            for n in snap.nodes
-            if n.raw and n.unmodeled != UNMODELED_DUPLICATE
+        nodes = {
+            n.name: (n.raw, n) for n in snap.nodes if n.raw and n.unmodeled != UNMODELED_DUPLICATE
         }
+        return _Modeled(at, devices, self.params, nodes)
 
     def refresh_nodes(self) -> int:
         """Re-assess every node from its stored object (health ages with time even when no
@@ -439,35 +448,31 @@ class ClusterCache:
         snap = self._snap
         params = self.params
         at, devices = health_inputs(snap.extra, params)
-        memo = self._modeled
-        kept: dict[str, tuple[Any, ...]] = {}
+        last = self._modeled
+        same_inputs = last.at == at and last.devices is devices and last.params is params
+        memo = last.nodes if same_inputs else {}
+        kept: dict[str, tuple[Any, NodeInfo]] = {}
         assessed: list[tuple[NodeInfo, NodeInfo]] = []
         for node in snap.nodes:
             raw = node.raw
             if not raw:
                 continue
-            last = memo.get(node.name)
-            if (
-                last is not None
-                and last[0] is raw
-                and last[1] == at
-                and last[2] is devices
-                and last[3] is params
-            ):
-                base = last[4]  # the same inputs: the same node (``modeled_node``)
+            seen = memo.get(node.name)
+            if seen is not None and seen[0] is raw:
+                base = seen[1]  # the same inputs: the same node (``modeled_node``)
             else:
                 try:
                     base = modeled_node(raw, params, at, devices)
                 except ObjectError:
                     continue
-            kept[node.name] = (raw, at, devices, params, base)
+            kept[node.name] = (raw, base)
             held = snap.node(base.name)
             fresh = base if held is None else with_usage_of(base, held)
             if self.health_tracker is not None:
                 fresh = replace(fresh, health=self.health_tracker.adjust(node.raw, fresh.health))
             if fresh != node:
                 assessed.append((node, fresh))
-        self._modeled = kept
+        self._modeled = _Modeled(at, devices, params, kept)
         with self._lock:
             current = self._snap
             changed: dict[str, NodeInfo] = {}
