@@ -564,6 +564,63 @@ class _Acc:
         return tuple(r for _, _, r in sorted(self.reasons))
 
 
+def _condition_xid(ctype: str, c: Mapping[str, Any]) -> tuple[float | None, str]:
+    """The XID signal of a true ``xid_conditions`` condition of type ``ctype``."""
+    when = c.get("lastTransitionTime")
+    return parse_time(when), f"condition/{ctype}/{_scalar(when)}"
+
+
+def _device_xid(d: Mapping[str, Any], t: Mapping[str, Any]) -> tuple[float | None, str]:
+    """The XID signal of a non-blocking ``dra_xid_taints`` taint ``t`` of device ``d``."""
+    added = t.get("timeAdded")
+    key = f"dra/{_scalar(d.get('name'))}/{_scalar(t.get('value'))}/{_scalar(added)}"
+    return parse_time(added), key
+
+
+def _xid_order(
+    xids: Iterable[tuple[float | None, str]],
+) -> list[tuple[float | None, str]]:
+    """XID signals without repeats, oldest first (untimed last), then by key."""
+    return sorted(set(xids), key=lambda x: (x[0] is None, x[0] or 0.0, x[1]))
+
+
+def xid_signals(
+    node: Mapping[str, Any],
+    gpu_capacity: int,
+    params: HealthParams,
+    devices: Iterable[Mapping[str, Any]] = (),
+) -> tuple[tuple[float | None, str], ...]:
+    """The non-fatal XID signals of a Node object and its DRA devices: exactly
+    ``assess(node, gpu_capacity, ..., devices=devices).xids``, without grading the node
+    (what the health history counts across updates; ``tests/health/test_signals.py``
+    checks the two agree)."""
+    if not isinstance(node, Mapping):
+        return ()
+    xids: list[tuple[float | None, str]] = []
+    if params.xid_conditions:
+        for c in _conditions(node):
+            if not _true(c):
+                continue
+            ctype = _str(c.get("type"))
+            if (
+                ctype
+                and ctype != "Ready"
+                and ctype not in params.fatal_conditions
+                and ctype in params.xid_conditions
+            ):
+                xids.append(_condition_xid(ctype, c))
+    ok_cap = isinstance(gpu_capacity, int) and 0 < gpu_capacity <= MAX_NODE_GPUS
+    if params.dra_taints and params.dra_xid_taints and ok_cap:
+        for d in devices if isinstance(devices, Iterable) else ():
+            if not isinstance(d, Mapping):
+                continue
+            for t in _device_taints(d):
+                effect = _str(t.get("effect")) or "None"
+                if effect not in _BLOCKING_EFFECTS and _str(t.get("key")) in params.dra_xid_taints:
+                    xids.append(_device_xid(d, t))
+    return tuple(_xid_order(xids)) if xids else ()
+
+
 def assess(
     node: Mapping[str, Any],
     gpu_capacity: int,
@@ -627,8 +684,7 @@ def assess(
         if ctype in params.fatal_conditions:
             acc.add(Health.UNHEALTHY, REASON_GPU_FAULT, 1.0)
         elif ctype in params.xid_conditions:
-            t = parse_time(c.get("lastTransitionTime"))
-            xids.append((t, f"condition/{ctype}/{_scalar(c.get('lastTransitionTime'))}"))
+            xids.append(_condition_xid(ctype, c))
         elif ctype in params.degraded_conditions or (
             params.unknown_condition_prefixes
             and ctype.startswith(params.unknown_condition_prefixes)
@@ -664,13 +720,7 @@ def assess(
                     else:
                         tainted |= 1 << gi
                 elif key in params.dra_xid_taints:
-                    xids.append(
-                        (
-                            parse_time(t.get("timeAdded")),
-                            f"dra/{_scalar(d.get('name'))}/{_scalar(t.get('value'))}/"
-                            f"{_scalar(t.get('timeAdded'))}",
-                        )
-                    )
+                    xids.append(_device_xid(d, t))
                     if gi is not None:
                         acc.gpu(1 << gi, Health.DEGRADED, REASON_XID_BURST)
                 elif key in params.dra_unmonitored_taints and gi is not None:
@@ -694,7 +744,7 @@ def assess(
         acc.gpu(added, Health.UNHEALTHY, REASON_GPU_ALLOCATABLE)
 
     # Early warning: a burst of non-fatal XIDs.
-    xids = sorted(set(xids), key=lambda x: (x[0] is None, x[0] or 0.0, x[1]))
+    xids = _xid_order(xids)
     if params.xid_burst_threshold > 0:
         recent = [
             x

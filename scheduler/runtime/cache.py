@@ -417,8 +417,30 @@ class ClusterCache:
             if self.health_tracker is not None:
                 node = self._snap.node(str((obj.get("metadata") or {}).get("name")))
                 if node is not None:
-                    verdict = self.health_tracker.adjust(obj, node.health)
+                    _, devices = health_inputs(self._snap.extra, self.params)
+                    verdict = self.health_tracker.adjust(
+                        obj, node.health, devices=devices.get(node.name, ())
+                    )
                     self._snap = with_node_health(self._snap, node.name, verdict)
+
+    def _with_history(self, snap: ClusterSnapshot) -> ClusterSnapshot:
+        """``snap`` (just built from objects) with every node's verdict observed by the
+        health tracker and adjusted by its history, as a node update does: a rebuild (a
+        relist, or any ResourceSlice event) must not drop a flapping, settling or
+        XID-burst verdict until the next refresh. ``snap`` itself without a tracker."""
+        if self.health_tracker is None:
+            return snap
+        _, devices = health_inputs(snap.extra, self.params)
+        changed: dict[str, NodeInfo] = {}
+        for node in snap.nodes:
+            if not node.raw:
+                continue
+            verdict = self.health_tracker.adjust(
+                node.raw, node.health, devices=devices.get(node.name, ())
+            )
+            if verdict != node.health:
+                changed[node.name] = replace(node, health=verdict)
+        return with_nodes(snap, changed) if changed else snap
 
     def _as_modeled(self, snap: ClusterSnapshot) -> _Modeled:
         """:attr:`_modeled` for a snapshot just built from objects (``build_snapshot``):
@@ -469,7 +491,10 @@ class ClusterCache:
             held = snap.node(base.name)
             fresh = base if held is None else with_usage_of(base, held)
             if self.health_tracker is not None:
-                fresh = replace(fresh, health=self.health_tracker.adjust(node.raw, fresh.health))
+                verdict = self.health_tracker.adjust(
+                    node.raw, fresh.health, devices=devices.get(node.name, ())
+                )
+                fresh = replace(fresh, health=verdict)
             if fresh != node:
                 assessed.append((node, fresh))
         self._modeled = _Modeled(at, devices, params, kept)
@@ -644,6 +669,7 @@ class ClusterCache:
         with self._lock:
             snap = build_snapshot(nodes, pods, self.params, extra)
             self._modeled = self._as_modeled(snap)
+            snap = self._with_history(snap)
             for key, pod in self._snap.pods.items():
                 if pod.assumed and key not in snap.pods and pod.node in snap.index:
                     try:

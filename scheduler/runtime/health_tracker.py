@@ -5,9 +5,10 @@ applies it to verdicts as nodes are upserted into the cache. It is the only plac
 reads a wall clock for health: the core functions get ``now`` passed in.
 
 Wiring: ``ClusterCache(..., health_tracker=HealthTracker(params.health))``. The cache calls
-:meth:`HealthTracker.adjust` under its lock from ``upsert_node``, after the node's own
-signals were assessed; the adjusted verdict (heartbeat staleness at ``now``, flapping risk,
-settle time, XID bursts across updates) is what the snapshot stores. Because a stale
+:meth:`HealthTracker.adjust` with the node's DRA devices from ``upsert_node`` and
+``replace_all`` (under its lock) and from ``refresh_nodes``, after the node's own signals
+were assessed; the adjusted verdict (heartbeat staleness at ``now``, flapping risk, settle
+time, XID bursts across updates, DRA device taints included) is what the snapshot stores. Because a stale
 heartbeat is, by definition, the absence of updates, the owner of the cache should call
 :meth:`HealthTracker.refresh` periodically (e.g. every 30 s) to re-assess every node.
 
@@ -22,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from scheduler.core.health import HealthParams, assess, heartbeat_verdict, merge
+from scheduler.core.health import HealthParams, heartbeat_verdict, merge, xid_signals
 from scheduler.core.health_history import HealthHistory, adjust, forget_node, observe
 from scheduler.core.model import NodeHealth
 from scheduler.core.objects import meta, node_gpus
@@ -77,8 +78,7 @@ class HealthTracker:
             return verdict
         p = self.params
         base = merge(verdict, heartbeat_verdict(node_obj, t, p))
-        cap, alloc = node_gpus(node_obj)
-        xids = assess(node_obj, cap, alloc, p, now=t, devices=devices).xids
+        xids = xid_signals(node_obj, node_gpus(node_obj)[0], p, devices)
         with self._lock:
             self._history = observe(self._history, name, base, t, xids=xids, params=p)
             return adjust(base, self._history.of(name), t, p)

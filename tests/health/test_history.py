@@ -31,7 +31,7 @@ from scheduler.core.params import SchedParams
 from scheduler.core.schedule import filter_nodes, place_pod, score_nodes
 from scheduler.runtime.cache import ClusterCache
 from scheduler.runtime.health_tracker import HealthTracker
-from tests.health.builders import HEARTBEAT, device, dgx, taint
+from tests.health.builders import HEARTBEAT, device, dgx, resource_slice, taint
 
 H, D, U = Health.HEALTHY, Health.DEGRADED, Health.UNHEALTHY
 P = HealthParams()
@@ -263,6 +263,59 @@ def test_tracker_counts_dra_xids_across_updates() -> None:
         v = tracker.adjust(node, OK, HEARTBEAT + 60 * (i + 1), devices=devs)
     assert v.state == D and REASON_XID_BURST in v.reasons
     assert tracker.adjust({"metadata": {}}, OK) == OK  # nameless objects pass through
+
+
+def test_cache_counts_dra_xids_across_slice_updates() -> None:
+    """Three non-fatal XID taints, each replacing the last on the node's ResourceSlice
+    (the watch rebuilds the snapshot on every slice event): no single slice shows a burst,
+    the node's history does, and the rebuild, a node update and a refresh all keep it."""
+    sp = SchedParams()
+    clock = Clock(HEARTBEAT + 30)
+    tracker = HealthTracker(sp.health, clock=clock)
+    node = dgx("a")
+    cache = ClusterCache(
+        ClusterCache.from_objects([node, dgx("b")], [], sp).snapshot(), sp, health_tracker=tracker
+    )
+    for i in range(3):
+        clock.t += 60
+        xid = taint("gpu.nvidia.com/xid", "None", "94", f"2026-11-29T19:5{i}:00Z")
+        slices = [resource_slice("a", [device(i, taints=[xid])])]
+        cache.replace_all([node, dgx("b")], [], {"resourceslices": slices})
+        got = cache.snapshot().node("a").health
+        assert (REASON_XID_BURST in got.reasons) == (i == 2), (i, got)
+    assert got.state == D
+    assert cache.snapshot().node("b").health == OK
+    clock.t += 30
+    cache.upsert_node(dgx("a"))  # the kubelet's heartbeat: history applied again
+    assert REASON_XID_BURST in cache.snapshot().node("a").health.reasons
+    clock.t += 30
+    cache.refresh_nodes()
+    assert REASON_XID_BURST in cache.snapshot().node("a").health.reasons
+    clock.t += sp.health.xid_window_seconds  # an hour later the burst is over
+    cache.refresh_nodes()
+    assert REASON_XID_BURST not in cache.snapshot().node("a").health.reasons
+
+
+def test_a_rebuild_keeps_a_flapping_verdict() -> None:
+    """A relist (or any ResourceSlice event) rebuilds the snapshot from the objects; the
+    verdicts it shows carry the health history, as a node update's do."""
+    sp = SchedParams()
+    clock = Clock(HEARTBEAT + 10)
+    tracker = HealthTracker(sp.health, clock=clock)
+    cache = ClusterCache.from_objects([dgx("a"), dgx("b")], [], sp)
+    cache.health_tracker = tracker
+    for _ in range(3):
+        clock.t += 60
+        cache.upsert_node(dgx("a", ready=False))
+        clock.t += 60
+        cache.upsert_node(dgx("a"))
+    flapping = cache.snapshot().node("a").health
+    assert flapping.state == D and REASON_FLAPPING in flapping.reasons
+    cache.replace_all([dgx("a"), dgx("b")], [])
+    snap = cache.snapshot()
+    assert snap.node("a").health == flapping
+    assert snap.arrays.risk[snap.index["a"]] == pytest.approx(flapping.risk)
+    assert REASON_FLAPPING not in snap.node("b").health.reasons
 
 
 def test_refresh_is_one_transition_and_keeps_usage() -> None:

@@ -28,6 +28,7 @@ from scheduler.core.health import (
     assess_node,
     devices_by_node,
     merge,
+    xid_signals,
 )
 from scheduler.core.model import Health, NodeHealth
 from scheduler.core.objects import node_gpus
@@ -464,6 +465,31 @@ def test_signal(row: Row) -> None:
         assert v.reasons[0] == row.first_reason
 
 
+@pytest.mark.parametrize("row", ROWS, ids=[r.desc for r in ROWS])
+def test_xid_signals_are_what_assess_reads(row: Row) -> None:
+    """The health history's XID reader (no grading) gives exactly the assessment's XIDs,
+    on every signal row, and with the XID-counting conditions configured too."""
+    cap, alloc = node_gpus(row.node)
+    counting = HealthParams(fatal_conditions=(), xid_conditions=("GpuXidError", "GpuXidWarn"))
+    for params in (row.params, counting):
+        want = assess(row.node, cap, alloc, params, now=row.now, devices=row.devices).xids
+        assert xid_signals(row.node, cap, params, row.devices) == want
+
+
+def test_xid_signals_read_conditions_and_non_blocking_device_taints() -> None:
+    params = HealthParams(fatal_conditions=(), xid_conditions=("GpuXidWarn",))
+    node = dgx(conditions=[condition("GpuXidWarn", when=T0), condition("Other", when=T0)])
+    devs = (
+        device(0, taints=[taint(XID, "None", "94", T_OLD)]),
+        device(1, taints=[taint(XID, "NoSchedule", "48", T0)]),  # blocking: a fault, not an XID
+        device(2, taints=[taint("other/key", "None", "1", T0)]),
+    )
+    got = xid_signals(node, 8, params, devs)
+    assert [k for _, k in got] == [f"dra/gpu-0/94/{T_OLD}", f"condition/GpuXidWarn/{T0}"]
+    assert xid_signals(node, 0, params, devs) == got[1:]  # no GPUs: device taints not read
+    assert xid_signals("not a node", 8, params, devs) == ()  # type: ignore[arg-type]
+
+
 def test_per_gpu_breakdown_names_the_lost_gpus() -> None:
     node = dgx(allocatable_gpus=6, annotations={"hami.io/device-cordon": "2"})
     devs = (device(4, taints=[taint(XID, "None", "31", T0)]),)
@@ -594,6 +620,7 @@ MALFORMED: list[tuple[str, Any, Any]] = [
 @pytest.mark.parametrize("desc,node,devices", MALFORMED, ids=[m[0] for m in MALFORMED])
 def test_malformed_signals_never_raise(desc: str, node: Any, devices: Any) -> None:
     v = assess_node(node, 8, 8, P, now=NOW, devices=devices)
+    assert xid_signals(node, 8, P, devices) == assess(node, 8, 8, P, now=NOW, devices=devices).xids
     assert isinstance(v, NodeHealth)
     assert 0.0 <= v.risk <= 1.0
     assert 0 <= v.bad_mask < 1 << 8
@@ -644,8 +671,10 @@ structured = st.recursive(
 def test_fuzzed_objects_never_raise(
     node: Any, devices: Any, cap: int, alloc: int, now: float | None
 ) -> None:
-    v = assess_node(
-        node, cap, alloc, P, now=now, devices=devices if isinstance(devices, list) else ()
+    devs = devices if isinstance(devices, list) else ()
+    v = assess_node(node, cap, alloc, P, now=now, devices=devs)
+    assert (
+        xid_signals(node, cap, P, devs) == assess(node, cap, alloc, P, now=now, devices=devs).xids
     )
     assert 0.0 <= v.risk <= 1.0
     assert v.bad_mask >= 0
