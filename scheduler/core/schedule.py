@@ -633,7 +633,13 @@ def _rank_at(
     n = len(free)
     if k >= 2 and k <= a.max_gpus:
         bw = at(a.best_bw[:, k]).astype(np.float64)
-        topo = bw / top if top > 0 else np.ones(n)
+        if top > 0:
+            # An extreme bandwidth over a tiny scale overflows to inf, clipped to 1 below,
+            # as the scalar path's float division does (no warning there either).
+            with np.errstate(over="ignore"):
+                topo = bw / top
+        else:
+            topo = np.ones(n)
     else:
         topo = np.ones(n)
     health = 1.0 - at(a.risk)
