@@ -565,3 +565,22 @@ def test_paired_ratios_divide_within_each_run() -> None:
     # Run 1 with run 1 and run 2 with run 2, whatever the order; run 3 has no partner.
     assert paired_ratios(live) == {"default": [0.8, 0.5]}
     assert paired_ratios({"topoplace": live["topoplace"]}) == {}
+
+
+def test_summary_names_the_revision_the_live_arm_runs(tmp_path: Path) -> None:
+    """With ``--topoplace-src`` the summary names the revision of that tree (read from the
+    export's ``.livebench-rev``), not only the runner's; a tree that says nothing is
+    reported as unknown, not as the runner's revision."""
+    from benchmarks.live.run import _git_rev, _revisions
+
+    export = tmp_path / "export"
+    export.mkdir()
+    assert _git_rev(export).startswith("unknown revision")
+    (export / ".livebench-rev").write_text("abc1234\n")
+    assert _git_rev(export) == "abc1234 (pinned export: git archive)"
+    line = _revisions(str(export))
+    assert line.startswith(
+        f"live arm at abc1234 (pinned export: git archive) (the checkout in {export})"
+    )
+    assert line.endswith(f"runner and offline replay at {_git_rev()}")
+    assert _revisions(None) == f"at {_git_rev()}"

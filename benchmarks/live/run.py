@@ -1257,21 +1257,30 @@ def _config_line(cfg: Mapping[str, Any]) -> str:
     )
 
 
-def _git_rev() -> str:
-    """The checkout's short revision (with a note when it has uncommitted changes), or the
-    one written to ``.livebench-rev`` by a pinned export (``git archive REV``)."""
-    pinned = REPO / ".livebench-rev"
+def _git_rev(root: Path = REPO) -> str:
+    """The short revision of the checkout at ``root`` (with a note when it has uncommitted
+    changes), or the one written to ``.livebench-rev`` by a pinned export (``git archive
+    REV``); "unknown revision" for a tree that is neither (an export without the file)."""
+    pinned = root / ".livebench-rev"
     if pinned.exists():
         return pinned.read_text().strip() + " (pinned export: git archive)"
     try:
+        top = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--show-toplevel"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+        if not top or Path(top).resolve() != root.resolve():
+            return "unknown revision (no .livebench-rev, not a git checkout)"
         rev = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
             capture_output=True,
             text=True,
             check=False,
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
             capture_output=True,
             text=True,
             check=False,
@@ -1279,6 +1288,17 @@ def _git_rev() -> str:
         return rev + (" (uncommitted changes)" if dirty else "")
     except OSError:
         return ""
+
+
+def _revisions(topoplace_src: str | None) -> str:
+    """The summary's "topoplace" revisions, read when the run starts: the runner's own
+    checkout (it replays offline), and the tree the live arm runs when ``--topoplace-src``
+    names another one."""
+    runner = _git_rev()
+    if not topoplace_src:
+        return f"at {runner}"
+    src = Path(topoplace_src)
+    return f"live arm at {_git_rev(src)} (the checkout in {src}); runner and offline replay at {runner}"
 
 
 def _cpu_list(text: str) -> frozenset[int]:
@@ -1425,7 +1445,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     g.add_argument(
         "--topoplace-src",
         default=None,
-        help="run topoplace from another checkout (e.g. `git archive REV | tar -x -C DIR`); "
+        help="run topoplace from another checkout (e.g. `git archive REV | tar -x -C DIR`, "
+        "then `git rev-parse --short REV > DIR/.livebench-rev` so the summary names it); "
         "the offline arm still uses this one",
     )
     g.add_argument("--node-workers", type=int, default=8)
@@ -1563,6 +1584,7 @@ def arm_processes(
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    revisions = _revisions(args.topoplace_src)  # before the run: the code that runs
     from scheduler import __version__
     from scheduler.cli.clusterfile import load_policy
     from scheduler.cli.main import load_params
@@ -1728,12 +1750,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "runs": f"{args.runs} (arms alternate order per run; figures are medians)",
             "Kubernetes": f"{api.version()} (kube-scheduler "
             f"{binary_version(Path(args.kube_bin) / 'kube-scheduler')})",
-            "topoplace": f"{__version__} at {_git_rev()}"
-            + (
-                f"; live arm runs the checkout in {args.topoplace_src}"
-                if args.topoplace_src
-                else ""
-            ),
+            "topoplace": f"{__version__} {revisions}",
             "topoplace arm": f"kube-scheduler profile `{profile}` with the shipped "
             f"{_repo_path(args.shipped_config)} (rendered copy: scheduler-config.yaml): "
             + _config_line(shipped_dict),
