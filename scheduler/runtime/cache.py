@@ -419,7 +419,10 @@ class ClusterCache:
                 if node is not None:
                     _, devices = health_inputs(self._snap.extra, self.params)
                     verdict = self.health_tracker.adjust(
-                        obj, node.health, devices=devices.get(node.name, ())
+                        obj,
+                        node.health,
+                        devices=devices.get(node.name, ()),
+                        gpu_capacity=node.gpu_capacity,
                     )
                     self._snap = with_node_health(self._snap, node.name, verdict)
 
@@ -436,7 +439,10 @@ class ClusterCache:
             if not node.raw:
                 continue
             verdict = self.health_tracker.adjust(
-                node.raw, node.health, devices=devices.get(node.name, ())
+                node.raw,
+                node.health,
+                devices=devices.get(node.name, ()),
+                gpu_capacity=node.gpu_capacity,
             )
             if verdict != node.health:
                 changed[node.name] = replace(node, health=verdict)
@@ -492,7 +498,10 @@ class ClusterCache:
             fresh = base if held is None else with_usage_of(base, held)
             if self.health_tracker is not None:
                 verdict = self.health_tracker.adjust(
-                    node.raw, fresh.health, devices=devices.get(node.name, ())
+                    node.raw,
+                    fresh.health,
+                    devices=devices.get(node.name, ()),
+                    gpu_capacity=fresh.gpu_capacity,
                 )
                 fresh = replace(fresh, health=verdict)
             if fresh != node:

@@ -5,10 +5,11 @@ applies it to verdicts as nodes are upserted into the cache. It is the only plac
 reads a wall clock for health: the core functions get ``now`` passed in.
 
 Wiring: ``ClusterCache(..., health_tracker=HealthTracker(params.health))``. The cache calls
-:meth:`HealthTracker.adjust` with the node's DRA devices from ``upsert_node`` and
-``replace_all`` (under its lock) and from ``refresh_nodes``, after the node's own signals
-were assessed; the adjusted verdict (heartbeat staleness at ``now``, flapping risk, settle
-time, XID bursts across updates, DRA device taints included) is what the snapshot stores. Because a stale
+:meth:`HealthTracker.adjust` with the node's DRA devices and modeled GPU count from
+``upsert_node`` and ``replace_all`` (under its lock) and from ``refresh_nodes``, after the
+node's own signals were assessed; the adjusted verdict (heartbeat staleness at ``now``,
+flapping risk, settle time, XID bursts across updates, DRA device taints included) is what
+the snapshot stores. Because a stale
 heartbeat is, by definition, the absence of updates, the owner of the cache should call
 :meth:`HealthTracker.refresh` periodically (e.g. every 30 s) to re-assess every node.
 
@@ -62,6 +63,7 @@ class HealthTracker:
         verdict: NodeHealth,
         now: float | None = None,
         devices: Iterable[Mapping[str, Any]] = (),
+        gpu_capacity: int | None = None,
     ) -> NodeHealth:
         """Record ``verdict`` for the node and return it adjusted by history.
 
@@ -71,6 +73,9 @@ class HealthTracker:
             now: wall-clock seconds (the tracker's clock when None).
             devices: the node's DRA devices, if known, so non-fatal XID taints are
                 counted across updates.
+            gpu_capacity: the node's GPUs as modeled (a DRA node that advertises no
+                ``nvidia.com/gpu`` has as many as its slices describe); None: what the
+                object advertises. Device taints are read only on a node with GPUs.
         """
         t = self.now() if now is None else now
         name = meta(node_obj).get("name")
@@ -78,7 +83,8 @@ class HealthTracker:
             return verdict
         p = self.params
         base = merge(verdict, heartbeat_verdict(node_obj, t, p))
-        xids = xid_signals(node_obj, node_gpus(node_obj)[0], p, devices)
+        cap = node_gpus(node_obj)[0] if gpu_capacity is None else gpu_capacity
+        xids = xid_signals(node_obj, cap, p, devices)
         with self._lock:
             self._history = observe(self._history, name, base, t, xids=xids, params=p)
             return adjust(base, self._history.of(name), t, p)

@@ -26,7 +26,7 @@ from scheduler.core.health_history import (
     observe,
 )
 from scheduler.core.model import Health, NodeHealth, PodRequest
-from scheduler.core.objects import meta
+from scheduler.core.objects import meta, node_gpus
 from scheduler.core.params import SchedParams
 from scheduler.core.schedule import filter_nodes, place_pod, score_nodes
 from scheduler.runtime.cache import ClusterCache
@@ -296,6 +296,35 @@ def test_cache_counts_dra_xids_across_slice_updates() -> None:
     assert REASON_XID_BURST not in cache.snapshot().node("a").health.reasons
 
 
+def test_cache_counts_the_xids_of_a_node_whose_gpus_are_its_slices() -> None:
+    """On a DRA node that advertises no ``nvidia.com/gpu`` (the recorded nodes of a real
+    v1.33 control plane: their GPUs are what their ResourceSlice describes) the tracker
+    reads the device taints too: it is given the node's modeled GPU count, not the
+    object's 0."""
+    from tests.dra import recorded
+
+    sp = SchedParams()
+    clock = Clock(HEARTBEAT + 30)
+    tracker = HealthTracker(sp.health, clock=clock)
+    nodes = recorded.nodes()
+    name = "gpu-node-0"
+    assert node_gpus(next(n for n in nodes if meta(n)["name"] == name)) == (0, 0)
+    cache = ClusterCache(
+        ClusterCache.from_objects(nodes, [], sp).snapshot(), sp, health_tracker=tracker
+    )
+    for i in range(3):
+        clock.t += 60
+        xid = taint("gpu.nvidia.com/xid", "None", "94", f"2026-11-29T19:5{i}:00Z")
+        devs = [device(j, taints=[xid] if j == i else []) for j in range(8)]
+        cache.replace_all(nodes, [], {"resourceslices": [resource_slice(name, devs)]})
+        node = cache.snapshot().node(name)
+        assert node.gpu_capacity == 8
+        assert (REASON_XID_BURST in node.health.reasons) == (i == 2), (i, node.health)
+    clock.t += 30
+    cache.refresh_nodes()
+    assert REASON_XID_BURST in cache.snapshot().node(name).health.reasons
+
+
 def test_a_rebuild_keeps_a_flapping_verdict() -> None:
     """A relist (or any ResourceSlice event) rebuilds the snapshot from the objects; the
     verdicts it shows carry the health history, as a node update's do."""
@@ -343,8 +372,8 @@ def test_refresh_is_one_transition_and_keeps_usage() -> None:
     real_adjust = tracker.adjust
     newer = dgx("n1", ready=False)
 
-    def adjust_then_watch_event(obj, verdict, now=None, devices=()):
-        out = real_adjust(obj, verdict, now, devices)
+    def adjust_then_watch_event(obj, verdict, now=None, devices=(), gpu_capacity=None):
+        out = real_adjust(obj, verdict, now, devices, gpu_capacity)
         if meta(obj)["name"] == "n5":  # the last node assessed
             cache.upsert_node(newer)
         return out
