@@ -1264,28 +1264,17 @@ def _git_rev(root: Path = REPO) -> str:
     pinned = root / ".livebench-rev"
     if pinned.exists():
         return pinned.read_text().strip() + " (pinned export: git archive)"
+
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+        return out.stdout.strip()
+
     try:
-        top = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--show-toplevel"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
+        top = git("rev-parse", "--show-toplevel")
         if not top or Path(top).resolve() != root.resolve():
             return "unknown revision (no .livebench-rev, not a git checkout)"
-        rev = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
-        return rev + (" (uncommitted changes)" if dirty else "")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+        return git("rev-parse", "--short", "HEAD") + (" (uncommitted changes)" if dirty else "")
     except OSError:
         return ""
 

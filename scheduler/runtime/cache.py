@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from scheduler.core import dra
-from scheduler.core.model import NodeInfo, PodInfo
+from scheduler.core.model import NodeHealth, NodeInfo, PodInfo
 from scheduler.core.objects import (
     REDACTED_ANNOTATIONS,
     ObjectError,
@@ -418,13 +418,19 @@ class ClusterCache:
                 node = self._snap.node(str((obj.get("metadata") or {}).get("name")))
                 if node is not None:
                     _, devices = health_inputs(self._snap.extra, self.params)
-                    verdict = self.health_tracker.adjust(
-                        obj,
-                        node.health,
-                        devices=devices.get(node.name, ()),
-                        gpu_capacity=node.gpu_capacity,
-                    )
+                    verdict = self._tracked(obj, node, devices)
                     self._snap = with_node_health(self._snap, node.name, verdict)
+
+    def _tracked(
+        self, obj: Mapping[str, Any], node: NodeInfo, devices: Mapping[str, Any]
+    ) -> NodeHealth:
+        """``node``'s verdict observed by the health tracker (which must be set) for its
+        object ``obj`` and adjusted by its history, with the node's DRA devices (from
+        ``devices``, by node name) and its modeled GPU count."""
+        assert self.health_tracker is not None
+        return self.health_tracker.adjust(
+            obj, node.health, devices=devices.get(node.name, ()), gpu_capacity=node.gpu_capacity
+        )
 
     def _with_history(self, snap: ClusterSnapshot) -> ClusterSnapshot:
         """``snap`` (just built from objects) with every node's verdict observed by the
@@ -438,12 +444,7 @@ class ClusterCache:
         for node in snap.nodes:
             if not node.raw:
                 continue
-            verdict = self.health_tracker.adjust(
-                node.raw,
-                node.health,
-                devices=devices.get(node.name, ()),
-                gpu_capacity=node.gpu_capacity,
-            )
+            verdict = self._tracked(node.raw, node, devices)
             if verdict != node.health:
                 changed[node.name] = replace(node, health=verdict)
         return with_nodes(snap, changed) if changed else snap
@@ -497,13 +498,7 @@ class ClusterCache:
             held = snap.node(base.name)
             fresh = base if held is None else with_usage_of(base, held)
             if self.health_tracker is not None:
-                verdict = self.health_tracker.adjust(
-                    node.raw,
-                    fresh.health,
-                    devices=devices.get(node.name, ()),
-                    gpu_capacity=fresh.gpu_capacity,
-                )
-                fresh = replace(fresh, health=verdict)
+                fresh = replace(fresh, health=self._tracked(raw, fresh, devices))
             if fresh != node:
                 assessed.append((node, fresh))
         self._modeled = _Modeled(at, devices, params, kept)
