@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -193,6 +193,15 @@ def _scalar(v: Any) -> Any:
     return v
 
 
+def _blocking_taints(body: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...]:
+    """A device's NoSchedule/NoExecute taints as (key, value, effect), in order."""
+    return tuple(
+        (_str(t.get("key")), _str(t.get("value")), _str(t.get("effect")))
+        for t in (_map(x) for x in _seq(body.get("taints")))
+        if _str(t.get("effect")) in _BLOCKING
+    )
+
+
 def _device(
     driver: str, pool: str, sname: str, node: str, raw: Mapping[str, Any], position: int
 ) -> Device:
@@ -208,11 +217,7 @@ def _device(
         gpu = device_gpu_index(raw, (), MAX_NODE_GPUS)
         if gpu is None and kind == "gpu":
             gpu = position if position < MAX_NODE_GPUS else None
-    taints = tuple(
-        (_str(t.get("key")), _str(t.get("value")), _str(t.get("effect")))
-        for t in (_map(x) for x in _seq(body.get("taints")))
-        if _str(t.get("effect")) in _BLOCKING
-    )
+    taints = _blocking_taints(body)
     consumes = tuple(
         (
             _str(c.get("counterSet")),
@@ -310,6 +315,87 @@ def inventory(slices: Any, drivers: Sequence[str] = GPU_DRIVERS) -> Inventory:
         counters=MappingProxyType(counters),
         exact_order=frozenset(n for n, c in slices_of.items() if c == 1),
     )
+
+
+def _untainted(device: Any) -> Any:
+    """A slice's device without its taints (v1/v1beta2 flat, v1beta1 under ``basic``)."""
+    if not isinstance(device, Mapping):
+        return device
+    out = {k: v for k, v in device.items() if k != "taints"}
+    basic = out.get("basic")
+    if isinstance(basic, Mapping):
+        out["basic"] = {k: v for k, v in basic.items() if k != "taints"}
+    return out
+
+
+def taints_only_update(old: Any, new: Any, pool_slices: Callable[[], int]) -> str:
+    """The node of a node-local ResourceSlice whose update from ``old`` to ``new`` changes
+    its devices' taints and nothing else that is read of it (``""`` for any other update).
+
+    Then every device keeps its name, GPU index, attributes, capacity and counters, so the
+    :func:`inventory` and each node's GPU count are what they were but for the taints, and
+    only the slice's node needs assessing again (its per-GPU health). Metadata may change
+    (``resourceVersion``, ``generation``). The pool's ``generation`` may change only when
+    the pool is this slice alone (``resourceSliceCount`` 1 on both sides and
+    ``pool_slices()``, how many slices of the pool the caller holds, 1; asked only then):
+    the newest generation is then this slice whatever its number. Anything else (a device added, removed, renamed
+    or re-attributed, another node, a pool of several slices moving on) is not a
+    taints-only update: the caller re-reads every slice.
+    """
+    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+        return ""
+    a, b = _map(old.get("spec")), _map(new.get("spec"))
+    node = _str(a.get("nodeName"))
+    if not node or _str(b.get("nodeName")) != node:
+        return ""
+    if _str(_map(old.get("metadata")).get("name")) != _str(_map(new.get("metadata")).get("name")):
+        return ""
+    pa, pb = _map(a.get("pool")), _map(b.get("pool"))
+    if {k: v for k, v in pa.items() if k != "generation"} != {
+        k: v for k, v in pb.items() if k != "generation"
+    }:
+        return ""
+    if pa.get("generation") != pb.get("generation") and not (
+        _int(pa.get("resourceSliceCount"), 1) == 1 and pool_slices() == 1
+    ):
+        return ""
+    if {k: v for k, v in a.items() if k not in ("pool", "devices")} != {
+        k: v for k, v in b.items() if k not in ("pool", "devices")
+    }:
+        return ""
+    da, db = _seq(a.get("devices")), _seq(b.get("devices"))
+    if len(da) != len(db):
+        return ""
+    if any(_untainted(x) != _untainted(y) for x, y in zip(da, db, strict=True)):
+        return ""
+    return node
+
+
+def with_slice_taints(inv: Inventory, new: Mapping[str, Any]) -> Inventory:
+    """``inv`` after a taints-only update (:func:`taints_only_update`) of the slice
+    ``new``: the devices of that slice carry its new taints; everything else is shared.
+    Equal to :func:`inventory` of the updated slices."""
+    spec = _map(new.get("spec"))
+    driver = _str(spec.get("driver"))
+    node = _str(spec.get("nodeName"))
+    sname = _str(_map(new.get("metadata")).get("name"))
+    current = inv.by_node.get(node)
+    if not current:
+        return inv
+    raws = {_str(d.get("name")): d for d in _spec_devices(spec)}
+    by_id = dict(inv.by_id)
+    devices: list[Device] = []
+    for d in current:
+        raw = raws.get(d.name) if d.slice == sname and d.driver == driver else None
+        if raw is not None:
+            taints = _blocking_taints(_body(raw))
+            if taints != d.taints:
+                d = replace(d, taints=taints)
+                by_id[d.id] = d
+        devices.append(d)
+    by_node = dict(inv.by_node)
+    by_node[node] = tuple(devices)
+    return replace(inv, by_node=MappingProxyType(by_node), by_id=MappingProxyType(by_id))
 
 
 def dra_gpu_count(devices: Iterable[Any]) -> int:

@@ -879,12 +879,17 @@ def with_usage_of(node: NodeInfo, holder: NodeInfo) -> NodeInfo:
     )
 
 
-def with_nodes(snap: ClusterSnapshot, changed: Mapping[str, NodeInfo]) -> ClusterSnapshot:
+def with_nodes(
+    snap: ClusterSnapshot,
+    changed: Mapping[str, NodeInfo],
+    extra: Mapping[str, Any] | None = None,
+) -> ClusterSnapshot:
     """Replace many known nodes in one transition (one copy of the arrays, not one per
-    node); names the snapshot does not know raise KeyError."""
-    if not changed:
+    node), and ``extra`` whole when given; names the snapshot does not know raise
+    KeyError."""
+    if not changed and extra is None:
         return snap
-    return _with_changes(snap, changed, snap.pods)
+    return _with_changes(snap, changed, snap.pods, extra)
 
 
 def health_inputs(
@@ -910,6 +915,30 @@ def health_inputs(
 _DEVICES_MEMO: list[tuple[Any, Any, Mapping[str, Any]]] = []
 """(slices, health parameters, their devices by node) of the most recent call of
 :func:`health_inputs` with slices."""
+
+
+def index_slice_update(
+    before: Any, after: Any, old: Mapping[str, Any], new: Mapping[str, Any], params: SchedParams
+) -> None:
+    """Let :func:`health_inputs` index ``after``, the list of ResourceSlices ``before``
+    with the slice ``old`` replaced by ``new``, a taints-only update of it
+    (``dra.taints_only_update``: the same devices in the same order), from ``before``'s
+    index instead of from every slice: ``new``'s devices take the places of ``old``'s in
+    its node's entry. Done only when ``before`` is the list indexed last with these health
+    parameters; otherwise ``after`` is indexed whole on its first use. Either way the
+    index is the one :func:`devices_by_node` gives for ``after``."""
+    memo = _DEVICES_MEMO[0] if _DEVICES_MEMO else None
+    if memo is None or memo[0] is not before or memo[1] is not params.health:
+        return
+    node = (new.get("spec") or {}).get("nodeName")
+    olds = (old.get("spec") or {}).get("devices")
+    news = (new.get("spec") or {}).get("devices")
+    index = dict(memo[2])
+    entry = index.get(node) if isinstance(node, str) else None
+    if entry and isinstance(olds, list) and isinstance(news, list) and len(olds) == len(news):
+        taking = {id(o): n for o, n in zip(olds, news, strict=True)}
+        index[node] = tuple(taking.get(id(d), d) for d in entry)
+    _DEVICES_MEMO[:] = [(after, params.health, MappingProxyType(index))]
 
 
 def with_node_health(snap: ClusterSnapshot, name: str, health: NodeHealth) -> ClusterSnapshot:

@@ -6,7 +6,9 @@ Kubernetes 1.32-1.34+), through the same raw-JSON reflector as Nodes and Pods
 (:class:`~scheduler.kube.watcher.KubeWatcher`), and feeds them to the cache:
 
 * slices and classes: ``snapshot.extra`` (``scheduler.core.dra`` keys), then every node is
-  re-read (a slice changes a node's GPU count and per-GPU health: device taints);
+  re-read (a slice changes a node's GPU count and per-GPU health: device taints), except
+  for a slice update that changes only its devices' taints, which re-reads its node alone
+  (``ClusterCache.apply_slice_taints``);
 * claims: ``extra["resourceclaims"]`` and, when allocated, a holding of their GPUs in the
   ledger (``ClusterCache.apply_claim``), whoever allocated them.
 

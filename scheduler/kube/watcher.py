@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from scheduler.core import dra
 from scheduler.core.dra import gated
 from scheduler.core.objects import gang_of, meta, object_key, pod_gpus, pod_terminated
 from scheduler.kube import dra as kdra
@@ -107,6 +108,17 @@ class WatchOptions:
     watch_seconds: int | None = None
     podgroups: bool = True
     dra: bool = True
+
+
+def _pool_slices(store: Mapping[str, Mapping[str, Any]], slice_obj: Mapping[str, Any]) -> int:
+    """How many stored ResourceSlices belong to ``slice_obj``'s pool (driver and pool name)."""
+    spec = slice_obj.get("spec") or {}
+    want = (spec.get("driver"), (spec.get("pool") or {}).get("name"))
+    n = 0
+    for s in store.values():
+        other = s.get("spec") or {}
+        n += (other.get("driver"), (other.get("pool") or {}).get("name")) == want
+    return n
 
 
 class Backoff:
@@ -442,6 +454,7 @@ class KubeWatcher:
     def _dra_event(self, s: ResourceStream, typ: str, obj: dict[str, Any]) -> None:
         """Claims change one ledger holding; slices and classes re-read every node."""
         key = self._key(s.kind, obj)  # namespace/name ("default/" for cluster-scoped kinds)
+        old = s.store.get(key)
         if typ == "DELETED":
             s.store.pop(key, None)
         else:
@@ -449,10 +462,16 @@ class KubeWatcher:
         if s.kind.plural == "resourceclaims":
             self.cache.apply_claim(key, None if typ == "DELETED" else obj)
         elif s.kind.plural == "resourceslices":
-            self._rebuild()  # node GPU counts and device taints: rare events
+            node = ""
+            if typ == "MODIFIED" and old is not None:
+                node = dra.taints_only_update(old, obj, lambda: _pool_slices(s.store, obj))
+            # A device's taints changed (its health): that node alone. Anything else
+            # (GPUs added or removed, pools moving on): every node, from every object.
+            if not node or not self.cache.apply_slice_taints(obj, node):
+                self._rebuild()
         else:
             extra = kdra.extra_from_stores(self._dra_stores())
-            self.cache.set_extra(kdra.dra.CLASSES_KEY, extra[kdra.dra.CLASSES_KEY])
+            self.cache.set_extra(dra.CLASSES_KEY, extra[dra.CLASSES_KEY])
 
     def _group_event(self, s: ResourceStream, typ: str, obj: dict[str, Any]) -> None:
         key = object_key(obj)

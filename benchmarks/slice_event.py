@@ -1,0 +1,162 @@
+"""CPU of one ResourceSlice watch event in kube mode (``KubeWatcher.apply_event``), in
+process.
+
+A DRA driver republishes a node's ResourceSlice whenever a device's taints change (a GPU
+marked unhealthy, an XID, maintenance). The watch applies each event under the cache lock,
+so filter and bind wait for it. This benchmark builds a watcher over ``--nodes`` synthetic
+8-GPU nodes with one recorded 8-GPU slice each (``benchmarks.health_refresh.node_slices``:
+``tests/fixtures/kube/dra-1.33``, renamed per node), the recorded DeviceClass and a health
+tracker, lists them as the watch's initial sync does, then times ``--events`` events of
+two kinds:
+
+* ``taint``: a slice republished with one device taint added (or the last one removed),
+  round robin over the nodes: the watcher re-assesses that node alone
+  (``ClusterCache.apply_slice_taints``);
+* ``device``: a slice republished with a device left out (then put back): every node is
+  read again from every object (``KubeWatcher._rebuild`` -> ``ClusterCache.replace_all``).
+
+Each event's copy of the slice is made outside the timing. The API objects come from
+:class:`ListOnlyApiNoServer` (a stand-in for the API server: it serves discovery and the
+initial lists from memory; nothing here talks to a cluster).
+
+Prints the conditions and, per case, the median and p99 CPU ms of one event
+(``time.process_time``) and the nodes whose health the last event changed.
+
+Run: ``python -m benchmarks.slice_event [--nodes 500 5000] [--events 40] [--source DIR]``
+(``--source`` imports ``scheduler`` from another checkout, for a before / after
+comparison; a checkout without the taint path rebuilds on both kinds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "fixtures" / "kube" / "dra-1.33"
+VERSION = "v1beta1"
+
+
+class ListOnlyApiNoServer:
+    """Stands in for the API server: discovery of ``resource.k8s.io/v1beta1`` and the
+    initial lists, from memory (no watch is opened: events are applied directly)."""
+
+    def __init__(self, lists: dict[str, dict[str, Any]]) -> None:
+        self.lists = lists
+        self.discovery = json.loads((FIXTURES / f"apiresources.{VERSION}.json").read_text())
+
+    def api_resources(self, group: str, version: str) -> dict[str, Any] | None:
+        return self.discovery if version == VERSION else None  # None: not served
+
+    def list(self, kind: Any) -> dict[str, Any]:
+        return copy.deepcopy(self.lists.get(kind.name) or {"items": [], "metadata": {}})
+
+
+def one_case(nodes: int, events: int) -> dict[str, tuple[list[float], int]]:
+    """Per kind: (CPU ms of each event, nodes whose health the last one changed)."""
+    from benchmarks.clusters import synthetic_cluster
+    from benchmarks.health_refresh import node_slices
+    from scheduler.cli.main import load_params
+    from scheduler.kube import dra as kdra
+    from scheduler.kube.client import NODES, PODS
+    from scheduler.kube.watcher import KubeWatcher, WatchOptions
+    from scheduler.runtime.cache import ClusterCache
+    from scheduler.runtime.health_tracker import HealthTracker
+
+    objs = [o for o in synthetic_cluster(nodes)["items"] if o["kind"] == "Node"]
+    names = [o["metadata"]["name"] for o in objs]
+    slices = node_slices(names)
+    for i, s in enumerate(slices):
+        s["metadata"]["resourceVersion"] = str(10 + i)
+    kinds = kdra.kinds_for(VERSION)
+    classes = json.loads((FIXTURES / f"deviceclasses.{VERSION}.json").read_text())
+    lists = {
+        NODES.name: {"items": objs, "metadata": {"resourceVersion": "1"}},
+        PODS.name: {"items": [], "metadata": {"resourceVersion": "1"}},
+        kinds[0].name: {"items": slices, "metadata": {"resourceVersion": "1"}},
+        kinds[1].name: {"items": [], "metadata": {"resourceVersion": "1"}},
+        kinds[2].name: classes,
+    }
+    params = load_params(None)
+    cache = ClusterCache.from_objects([], [], params)
+    cache.health_tracker = HealthTracker(params.health)
+    watcher = KubeWatcher(ListOnlyApiNoServer(lists), cache, WatchOptions(podgroups=False))
+    watcher.sync()
+    stream = watcher.streams[kinds[0].name]
+    out: dict[str, tuple[list[float], int]] = {}
+    rv = 10 * nodes
+    for case in ("taint", "device"):
+        times = []
+        changed = 0
+        for i in range(events):
+            at = (i // 2) % nodes
+            current = stream.store[_key(slices[at])]
+            new = copy.deepcopy(current)
+            rv += 1
+            new["metadata"]["resourceVersion"] = str(rv)
+            devices = new["spec"]["devices"]
+            if case == "taint":
+                body = devices[3]["basic"]
+                if i % 2 == 0:
+                    body["taints"] = [{"key": "gpu.nvidia.com/xid", "effect": "NoSchedule"}]
+                else:
+                    body.pop("taints", None)
+            elif i % 2 == 0:
+                devices.pop()
+            else:
+                devices.append(copy.deepcopy(slices[at]["spec"]["devices"][-1]))
+            before = cache.snapshot()
+            t = time.process_time()
+            watcher.apply_event(stream, {"type": "MODIFIED", "object": new})
+            times.append(1000 * (time.process_time() - t))
+            after = cache.snapshot()
+            changed = sum(
+                1 for a, b in zip(before.nodes, after.nodes, strict=True) if a.health != b.health
+            )
+        out[case] = (times, changed)
+    return out
+
+
+def _key(slice_obj: dict[str, Any]) -> str:
+    """The watcher's store key of a cluster-scoped object (``object_key``)."""
+    from scheduler.core.objects import object_key
+
+    return object_key(slice_obj)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, nargs="+", default=[500, 5000])
+    ap.add_argument("--events", type=int, default=40, help="events timed per kind")
+    ap.add_argument("--source", default=None, help="import scheduler from this checkout")
+    args = ap.parse_args(argv)
+    if args.source:
+        sys.path.insert(0, str(Path(args.source).resolve()))
+    import scheduler
+    from benchmarks.stats import p99
+
+    where = Path(scheduler.__file__).resolve().parent.parent
+    print(
+        f"ResourceSlice watch events, in process: scheduler from {where}; synthetic 8-GPU "
+        f"nodes with one recorded 8-GPU {VERSION} slice each, health tracker on, no pods; "
+        f"{args.events} MODIFIED events per kind (CPU ms per event, process_time)"
+    )
+    print("| nodes | event | median | p99 | nodes whose health the last event changed |")
+    print("|---|---|---|---|---|")
+    for n in args.nodes:
+        for case, (times, changed) in one_case(n, args.events).items():
+            label = "a device taint" if case == "taint" else "a device left out / back"
+            print(
+                f"| {n} | {label} | {statistics.median(times):.2f} | {p99(times):.2f} | {changed} |"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

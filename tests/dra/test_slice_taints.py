@@ -1,0 +1,303 @@
+"""A ResourceSlice whose devices' taints change re-assesses its node alone, and the result
+is the snapshot a rebuild from every object gives (recorded v1.33.0 slices, both API
+versions). Any other slice change still rebuilds."""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+from typing import Any
+
+import numpy as np
+import pytest
+
+from scheduler.core import dra
+from scheduler.core.health import REASON_XID_BURST, devices_by_node
+from scheduler.core.params import SchedParams
+from scheduler.core.snapshot import (
+    ClusterSnapshot,
+    build_snapshot,
+    health_inputs,
+    index_slice_update,
+)
+from scheduler.kube import dra as kdra
+from scheduler.kube.watcher import KubeWatcher, WatchOptions
+from scheduler.runtime.cache import ClusterCache
+from scheduler.runtime.health_tracker import HealthTracker
+from tests.dra import recorded
+from tests.dra.test_watch import _api
+from tests.health.builders import HEARTBEAT, device, resource_slice, taint
+
+PARAMS = SchedParams()
+
+
+def alone() -> int:
+    """The pool holds this slice alone."""
+    return 1
+
+
+NODE = "gpu-node-0"
+
+
+def _body(sl: dict[str, Any], j: int) -> dict[str, Any]:
+    dev = sl["spec"]["devices"][j]
+    return dev.get("basic", dev)
+
+
+def _tainted(sl: dict[str, Any], *taints: tuple[int, str, str]) -> dict[str, Any]:
+    """``sl`` as its driver republishes it with device taints (index, key, effect) added."""
+    out = copy.deepcopy(sl)
+    out["metadata"]["resourceVersion"] = str(int(sl["metadata"]["resourceVersion"]) + 100)
+    for j, key, effect in taints:
+        _body(out, j).setdefault("taints", []).append({"key": key, "effect": effect})
+    return out
+
+
+def _slice_of(version: str, node: str = NODE) -> dict[str, Any]:
+    return next(s for s in recorded.slices(version) if s["spec"]["nodeName"] == node)
+
+
+@pytest.mark.parametrize("version", recorded.VERSIONS)
+def test_a_taint_added_or_removed_is_a_taints_only_update(version: str) -> None:
+    old = _slice_of(version)
+    new = _tainted(old, (3, "gpu.nvidia.com/gpu-lost", "NoExecute"))
+    assert dra.taints_only_update(old, new, alone) == NODE
+    assert dra.taints_only_update(new, old, alone) == NODE  # cleared again
+    assert dra.taints_only_update(old, copy.deepcopy(old), alone) == NODE  # a bare republish
+
+
+def _remove_device(sl: dict[str, Any]) -> None:
+    sl["spec"]["devices"].pop()
+
+
+def _rename_device(sl: dict[str, Any]) -> None:
+    sl["spec"]["devices"][0]["name"] = "gpu-renamed"
+
+
+def _reindex_device(sl: dict[str, Any]) -> None:
+    _body(sl, 0)["attributes"]["index"] = {"int": 7}
+
+
+def _move_node(sl: dict[str, Any]) -> None:
+    sl["spec"]["nodeName"] = "gpu-node-1"
+
+
+def _slice_count(sl: dict[str, Any]) -> None:
+    sl["spec"]["pool"]["resourceSliceCount"] = 2
+
+
+def _rename_pool(sl: dict[str, Any]) -> None:
+    sl["spec"]["pool"]["name"] = "elsewhere"
+
+
+def _driver(sl: dict[str, Any]) -> None:
+    sl["spec"]["driver"] = "other.example.com"
+
+
+@pytest.mark.parametrize("version", recorded.VERSIONS)
+@pytest.mark.parametrize(
+    "change",
+    [_remove_device, _rename_device, _reindex_device, _move_node, _slice_count, _rename_pool],
+)
+def test_any_other_change_is_not(version: str, change: Any) -> None:
+    old = _slice_of(version)
+    new = _tainted(old, (1, "k", "NoSchedule"))
+    change(new)
+    assert dra.taints_only_update(old, new, alone) == ""
+    _driver(new)
+    assert dra.taints_only_update(old, new, alone) == ""
+    assert dra.taints_only_update(old, None, alone) == ""
+    assert dra.taints_only_update([], new, alone) == ""
+
+
+@pytest.mark.parametrize("version", recorded.VERSIONS)
+def test_a_new_pool_generation_counts_only_for_a_pool_of_one_slice(version: str) -> None:
+    old = _slice_of(version)
+    assert old["spec"]["pool"].get("resourceSliceCount", 1) == 1
+    new = _tainted(old, (0, "k", "NoSchedule"))
+    new["spec"]["pool"]["generation"] = old["spec"]["pool"].get("generation", 0) + 1
+    assert dra.taints_only_update(old, new, alone) == NODE
+    # Another stored slice names the same pool: the generation decides which counts.
+    assert dra.taints_only_update(old, new, lambda: 2) == ""
+
+
+@pytest.mark.parametrize("version", recorded.VERSIONS)
+def test_the_inventory_after_a_taints_only_update_equals_a_fresh_one(version: str) -> None:
+    slices = recorded.slices(version)
+    at = next(i for i, s in enumerate(slices) if s["spec"]["nodeName"] == NODE)
+    new = _tainted(
+        slices[at],
+        (2, "gpu.nvidia.com/xid", "NoExecute"),
+        (5, "maintenance", "NoSchedule"),
+        (6, "soft", "PreferNoSchedule"),  # not blocking: the allocator ignores it
+    )
+    after = slices[:at] + [new] + slices[at + 1 :]
+    inv = dra.inventory(slices)
+    got = dra.with_slice_taints(inv, new)
+    want = dra.inventory(after)
+    assert got == want
+    assert [d.taints for d in got.by_node[NODE]][2] == (("gpu.nvidia.com/xid", "", "NoExecute"),)
+    assert [bool(d.taints) for d in got.by_node[NODE]] == [i in (2, 5) for i in range(8)]
+    # Untouched: the other node's devices are the very same objects.
+    other = next(n for n in got.by_node if n != NODE)
+    assert got.by_node[other] is inv.by_node[other]
+
+
+@pytest.mark.parametrize("version", recorded.VERSIONS)
+def test_the_device_index_after_an_update_equals_a_fresh_one(version: str) -> None:
+    slices = recorded.slices(version)
+    health_inputs({dra.SLICES_KEY: slices}, PARAMS)  # indexed: the memo holds this list
+    at = next(i for i, s in enumerate(slices) if s["spec"]["nodeName"] == NODE)
+    after = list(slices)
+    after[at] = _tainted(slices[at], (4, "k", "NoExecute"))
+    index_slice_update(slices, after, slices[at], after[at], PARAMS)
+    _, got = health_inputs({dra.SLICES_KEY: after}, PARAMS)
+    assert dict(got) == devices_by_node(after, PARAMS.health)
+    assert got[NODE][4] is after[at]["spec"]["devices"][4]  # read from the new slice
+
+
+def _same(a: ClusterSnapshot, b: ClusterSnapshot) -> None:
+    """Two snapshots hold the same cluster: nodes (health included), pods, arrays, DRA."""
+    assert a.nodes == b.nodes
+    assert dict(a.pods) == dict(b.pods)
+    for f in a.arrays.__dataclass_fields__:
+        np.testing.assert_array_equal(getattr(a.arrays, f), getattr(b.arrays, f), err_msg=f)
+    assert a.extra[dra.SLICES_KEY] == b.extra[dra.SLICES_KEY]
+
+
+class CountingCache(ClusterCache):
+    """A real cache that counts its full rebuilds."""
+
+    rebuilds = 0
+
+    def replace_all(self, *args: Any, **kwargs: Any) -> None:
+        self.rebuilds += 1
+        super().replace_all(*args, **kwargs)
+
+
+def _synced(api: Any) -> KubeWatcher:
+    cache = CountingCache(build_snapshot([], [], PARAMS), PARAMS)
+    w = KubeWatcher(api, cache, WatchOptions(podgroups=False))
+    w.sync()
+    return w
+
+
+def _event(w: KubeWatcher, obj: dict[str, Any], typ: str = "MODIFIED") -> None:
+    api: Any = w.api
+    kind = kdra.kinds_for("v1beta2")[0]
+    api.watches[kind.name] = deque([[{"type": typ, "object": obj}]])
+    w.watch_once(w.streams[kind.name])
+
+
+def test_a_taint_event_reassesses_one_node_as_a_rebuild_would() -> None:
+    """The watch applies a device-taint update without a rebuild, and gets the snapshot a
+    rebuild from the same objects gives: the tainted GPU is out of the node's usable set,
+    the claims' holdings stay, the other node is untouched."""
+    w = _synced(_api())
+    cache: Any = w.cache
+    assert cache.rebuilds == 1  # the initial list
+    before = cache.snapshot()
+    new = _tainted(_slice_of("v1beta2"), (7, "gpu.nvidia.com/gpu-lost", "NoSchedule"))
+    _event(w, new)
+    assert cache.rebuilds == 1
+    got = cache.snapshot()
+    n0 = got.node(NODE)
+    assert n0 is not None and n0.health.bad_mask == 1 << 7
+    assert n0.used_mask == before.node(NODE).used_mask == 0b1111
+    assert got.node("gpu-node-1") is before.node("gpu-node-1")
+    w._rebuild()  # the same objects, read whole
+    _same(got, cache.snapshot())
+    assert cache.dra_inventory(got) == dra.inventory(got.extra[dra.SLICES_KEY])
+    # ... and cleared: the GPU is usable again, still without a rebuild.
+    _event(w, _slice_of("v1beta2"))
+    assert cache.rebuilds == 2
+    assert cache.snapshot().node(NODE).health.bad_mask == 0
+
+
+def test_other_slice_events_still_rebuild() -> None:
+    w = _synced(_api())
+    cache: Any = w.cache
+    smaller = _slice_of("v1beta2")
+    smaller["spec"]["devices"].pop()  # a GPU fell off the bus
+    _event(w, smaller)
+    assert cache.rebuilds == 2
+    assert cache.snapshot().node(NODE).gpu_capacity == 7
+    _event(w, _slice_of("v1beta2", "gpu-node-1"), "DELETED")
+    assert cache.rebuilds == 3
+    added = resource_slice("gpu-node-1", [device(j) for j in range(8)])
+    _event(w, added, "ADDED")
+    assert cache.rebuilds == 4
+    assert cache.snapshot().node("gpu-node-1").gpu_capacity == 8
+
+
+class Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_xid_taints_on_the_fast_path_count_as_on_a_rebuild() -> None:
+    """Three non-fatal XID taints, each replacing the last on the node's slice: the node's
+    history shows the burst after the third, whether each update went through the one-node
+    path or a full rebuild (two caches, two trackers, one clock)."""
+    clock = Clock(HEARTBEAT + 30)
+    nodes = recorded.nodes()
+    devs = [device(j) for j in range(8)]
+    first = resource_slice(NODE, devs)
+    caches = []
+    for _ in range(2):
+        tracker = HealthTracker(PARAMS.health, clock=clock)
+        c = ClusterCache(build_snapshot([], [], PARAMS), PARAMS, health_tracker=tracker)
+        c.replace_all(nodes, [], {dra.SLICES_KEY: [first]})
+        caches.append(c)
+    fast, full = caches
+    for i in range(3):
+        clock.t += 60
+        xid = taint("gpu.nvidia.com/xid", "None", "94", f"2026-11-29T19:5{i}:00Z")
+        sl = resource_slice(NODE, [device(j, taints=[xid] if j == i else []) for j in range(8)])
+        assert dra.taints_only_update(first, sl, alone) == NODE
+        assert fast.apply_slice_taints(sl, NODE)
+        full.replace_all(nodes, [], {dra.SLICES_KEY: [sl]})
+        got = fast.snapshot().node(NODE)
+        assert got == full.snapshot().node(NODE)
+        assert (REASON_XID_BURST in got.health.reasons) == (i == 2), (i, got.health)
+    clock.t += 30
+    fast.refresh_nodes()
+    full.refresh_nodes()
+    assert fast.snapshot().node(NODE) == full.snapshot().node(NODE)
+    assert REASON_XID_BURST in fast.snapshot().node(NODE).health.reasons
+
+
+def test_an_unknown_slice_changes_nothing() -> None:
+    cache = ClusterCache(
+        build_snapshot(recorded.nodes(), recorded.pods(), PARAMS, recorded.extra()), PARAMS
+    )
+    before = cache.snapshot()
+    stranger = _slice_of("v1beta2")
+    stranger["metadata"]["name"] = "not-stored"
+    assert not cache.apply_slice_taints(stranger, NODE)
+    assert cache.snapshot() is before
+
+
+def test_slices_kept_out_of_name_order_are_found_too() -> None:
+    """A snapshot whose slices are not sorted by name (built from a file as written)
+    still finds the updated slice, and equals one built from the updated objects."""
+    extra = recorded.extra()
+    extra[dra.SLICES_KEY] = list(reversed(extra[dra.SLICES_KEY]))
+    cache = ClusterCache(build_snapshot(recorded.nodes(), recorded.pods(), PARAMS, extra), PARAMS)
+    new = _tainted(_slice_of("v1beta2"), (0, "k", "NoExecute"))
+    assert cache.apply_slice_taints(new, NODE)
+    after = [
+        new if s["metadata"]["name"] == new["metadata"]["name"] else s
+        for s in extra[dra.SLICES_KEY]
+    ]
+    assert [s["metadata"]["name"] for s in after] == [
+        s["metadata"]["name"] for s in cache.snapshot().extra[dra.SLICES_KEY]
+    ]
+    _same(
+        cache.snapshot(),
+        build_snapshot(recorded.nodes(), recorded.pods(), PARAMS, {**extra, dra.SLICES_KEY: after}),
+    )
+    assert cache.snapshot().node(NODE).health.bad_mask == 1
