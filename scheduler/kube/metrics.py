@@ -32,6 +32,25 @@ class KubeMetrics:
             ["resource"],
             registry=r,
         )
+        self.rebuilds = Counter(
+            "topoplace_kube_snapshot_rebuilds",
+            "Snapshot rebuilt from every stored object, filter and bind waiting meanwhile "
+            "(about a second per 2,000 nodes), by cause (sync, relist, resourceslices)",
+            ["cause"],
+            registry=r,
+        )
+        self.rebuild_seconds = Gauge(
+            "topoplace_kube_snapshot_rebuild_seconds",
+            "Wall-clock seconds the latest snapshot rebuild held the cache",
+            registry=r,
+        )
+        self.slice_updates = Counter(
+            "topoplace_kube_slice_updates",
+            "ResourceSlice events by how they were applied: node (only device taints "
+            "changed: that node re-assessed) or rebuild (every node read again)",
+            ["path"],
+            registry=r,
+        )
         self.synced = Gauge(
             "topoplace_kube_synced",
             "1 once the initial list of every resource is applied",

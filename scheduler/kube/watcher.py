@@ -315,7 +315,7 @@ class KubeWatcher:
                 s = self.streams.get(kind.name) or ResourceStream(kind, self._new_backoff())
                 self.streams[kind.name] = s
                 self._load(s, lists[kind.name])
-            self._rebuild()
+            self._rebuild("sync")
             for obj in self.streams[PODS.name].store.values():
                 if not (obj.get("spec") or {}).get("nodeName") and not pod_terminated(obj):
                     self.cache.remember_pending(obj)
@@ -349,8 +349,10 @@ class KubeWatcher:
     def _key(kind: ResourceKind, obj: Mapping[str, Any]) -> str:
         return str(meta(obj).get("name") or "") if kind == NODES else object_key(obj)
 
-    def _rebuild(self) -> None:
-        """Rebuild the cache from every store, keeping other ``extra`` entries (lock held)."""
+    def _rebuild(self, cause: str) -> None:
+        """Rebuild the cache from every store, keeping other ``extra`` entries (lock held);
+        counted by ``cause`` and timed (:class:`~scheduler.kube.metrics.KubeMetrics`)."""
+        started = time.monotonic()
         extra = dict(self.cache.snapshot().extra)
         extra[PODGROUPS_EXTRA] = self.podgroups()
         if self._dra_stores():
@@ -360,6 +362,8 @@ class KubeWatcher:
             self.streams[PODS.name].store.values(),
             extra=extra,
         )
+        self.metrics.rebuilds.labels(cause=cause).inc()
+        self.metrics.rebuild_seconds.set(time.monotonic() - started)
 
     def relist(self, s: ResourceStream) -> None:
         """List one resource again (after 410 Gone) and rebuild the cache.
@@ -370,7 +374,7 @@ class KubeWatcher:
         lst = self.api.list(s.kind)
         with self._lock:
             self._load(s, lst)
-            self._rebuild()
+            self._rebuild("relist")
         self.metrics.relists.labels(resource=s.kind.name).inc()
         log.info("relisted %s at resourceVersion %s (%d objects)", s.kind.name, s.rv, len(s.store))
 
@@ -467,8 +471,11 @@ class KubeWatcher:
                 node = dra.taints_only_update(old, obj, lambda: _pool_slices(s.store, obj))
             # A device's taints changed (its health): that node alone. Anything else
             # (GPUs added or removed, pools moving on): every node, from every object.
-            if not node or not self.cache.apply_slice_taints(obj, node):
-                self._rebuild()
+            if node and self.cache.apply_slice_taints(obj, node):
+                self.metrics.slice_updates.labels(path="node").inc()
+            else:
+                self.metrics.slice_updates.labels(path="rebuild").inc()
+                self._rebuild("resourceslices")
         else:
             extra = kdra.extra_from_stores(self._dra_stores())
             self.cache.set_extra(dra.CLASSES_KEY, extra[dra.CLASSES_KEY])

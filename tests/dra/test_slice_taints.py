@@ -165,21 +165,27 @@ def _same(a: ClusterSnapshot, b: ClusterSnapshot) -> None:
     assert a.extra[dra.SLICES_KEY] == b.extra[dra.SLICES_KEY]
 
 
-class CountingCache(ClusterCache):
-    """A real cache that counts its full rebuilds."""
-
-    rebuilds = 0
-
-    def replace_all(self, *args: Any, **kwargs: Any) -> None:
-        self.rebuilds += 1
-        super().replace_all(*args, **kwargs)
-
-
 def _synced(api: Any) -> KubeWatcher:
-    cache = CountingCache(build_snapshot([], [], PARAMS), PARAMS)
-    w = KubeWatcher(api, cache, WatchOptions(podgroups=False))
+    w = KubeWatcher(
+        api, ClusterCache(build_snapshot([], [], PARAMS), PARAMS), WatchOptions(podgroups=False)
+    )
     w.sync()
     return w
+
+
+def _counts(w: KubeWatcher) -> tuple[float, ...]:
+    """(rebuilds after the initial list, slice updates applied to one node, slice updates
+    that rebuilt), as ``/metrics`` shows them."""
+    r = w.metrics.registry
+
+    def get(name: str, labels: dict[str, str]) -> float:
+        return r.get_sample_value(name, labels) or 0.0
+
+    return (
+        get("topoplace_kube_snapshot_rebuilds_total", {"cause": "resourceslices"}),
+        get("topoplace_kube_slice_updates_total", {"path": "node"}),
+        get("topoplace_kube_slice_updates_total", {"path": "rebuild"}),
+    )
 
 
 def _event(w: KubeWatcher, obj: dict[str, Any], typ: str = "MODIFIED") -> None:
@@ -194,40 +200,48 @@ def test_a_taint_event_reassesses_one_node_as_a_rebuild_would() -> None:
     rebuild from the same objects gives: the tainted GPU is out of the node's usable set,
     the claims' holdings stay, the other node is untouched."""
     w = _synced(_api())
-    cache: Any = w.cache
-    assert cache.rebuilds == 1  # the initial list
+    cache = w.cache
+    assert (
+        w.metrics.registry.get_sample_value(
+            "topoplace_kube_snapshot_rebuilds_total", {"cause": "sync"}
+        )
+        == 1
+    )
     before = cache.snapshot()
     new = _tainted(_slice_of("v1beta2"), (7, "gpu.nvidia.com/gpu-lost", "NoSchedule"))
     _event(w, new)
-    assert cache.rebuilds == 1
+    assert _counts(w) == (0, 1, 0)
     got = cache.snapshot()
-    n0 = got.node(NODE)
-    assert n0 is not None and n0.health.bad_mask == 1 << 7
-    assert n0.used_mask == before.node(NODE).used_mask == 0b1111
+    n0, n0_before = got.node(NODE), before.node(NODE)
+    assert n0 is not None and n0_before is not None
+    assert n0.health.bad_mask == 1 << 7
+    assert n0.used_mask == n0_before.used_mask == 0b1111
     assert got.node("gpu-node-1") is before.node("gpu-node-1")
-    w._rebuild()  # the same objects, read whole
+    with w._lock:
+        w._rebuild("test")  # the same objects, read whole
     _same(got, cache.snapshot())
     assert cache.dra_inventory(got) == dra.inventory(got.extra[dra.SLICES_KEY])
     # ... and cleared: the GPU is usable again, still without a rebuild.
     _event(w, _slice_of("v1beta2"))
-    assert cache.rebuilds == 2
-    assert cache.snapshot().node(NODE).health.bad_mask == 0
+    assert _counts(w) == (0, 2, 0)
+    assert cache.snapshot().node(NODE).health.bad_mask == 0  # type: ignore[union-attr]
 
 
 def test_other_slice_events_still_rebuild() -> None:
     w = _synced(_api())
-    cache: Any = w.cache
     smaller = _slice_of("v1beta2")
     smaller["spec"]["devices"].pop()  # a GPU fell off the bus
     _event(w, smaller)
-    assert cache.rebuilds == 2
-    assert cache.snapshot().node(NODE).gpu_capacity == 7
+    assert _counts(w) == (1, 0, 1)
+    assert w.cache.snapshot().node(NODE).gpu_capacity == 7  # type: ignore[union-attr]
     _event(w, _slice_of("v1beta2", "gpu-node-1"), "DELETED")
-    assert cache.rebuilds == 3
+    assert _counts(w) == (2, 0, 2)
     added = resource_slice("gpu-node-1", [device(j) for j in range(8)])
     _event(w, added, "ADDED")
-    assert cache.rebuilds == 4
-    assert cache.snapshot().node("gpu-node-1").gpu_capacity == 8
+    assert _counts(w) == (3, 0, 3)
+    assert w.cache.snapshot().node("gpu-node-1").gpu_capacity == 8  # type: ignore[union-attr]
+    seconds = w.metrics.registry.get_sample_value("topoplace_kube_snapshot_rebuild_seconds")
+    assert seconds is not None and 0 < seconds < 10
 
 
 class Clock:
