@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from scheduler.cli.clusterfile import parse_cluster
@@ -349,6 +350,17 @@ def test_prediction_equals_the_real_first_fit_allocation(
         wait_seen(topoplace, f"{namespace}/{name}", allocated=True)
 
 
+def _slice_updates(tp: Topoplace, path: str) -> float:
+    """``topoplace_kube_slice_updates_total{path=...}`` as topoplace's ``/metrics`` shows it."""
+    r = httpx.get(tp.url + "/metrics", timeout=10, **tp._client_kw())
+    r.raise_for_status()
+    want = f'topoplace_kube_slice_updates_total{{path="{path}"}} '
+    for line in r.text.splitlines():
+        if line.startswith(want):
+            return float(line[len(want) :])
+    return 0.0
+
+
 def tp_nodes(tp: Topoplace) -> list[dict[str, Any]]:
     return tp.get("/v1/inspect/nodes")["nodes"]
 
@@ -454,6 +466,7 @@ def test_tainted_device_gets_no_new_claim(
     body = dev.get("basic", dev)
     body["taints"] = [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}]
     sl["spec"]["pool"]["generation"] += 1
+    node_path = _slice_updates(topoplace, "node")
     got = kube_api.request_json("PUT", path, sl)
     kept = next(d for d in got["spec"]["devices"] if d["name"] == "gpu-5")
     if not kept.get("basic", kept).get("taints"):
@@ -467,6 +480,8 @@ def test_tainted_device_gets_no_new_claim(
         30,
         "topoplace to see the tainted GPU",
     )
+    # Applied to that node alone (only its devices' taints changed), not by a rebuild.
+    assert _slice_updates(topoplace, "node") == node_path + 1
     claims.create("eight", 8)
     claims.pod("pod-eight", "eight", run_id, gated=True, selector={"kubernetes.io/hostname": a})
     claims.create("seven", 7)
