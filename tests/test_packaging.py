@@ -34,6 +34,12 @@ def test_wheel_contains_code_and_config(tmp_path: Path) -> None:
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "topoplace = scheduler.cli.main:main" in zipfile.ZipFile(wheel).read(entry).decode()
     assert not any(n.startswith("tests/") for n in names)
+    # The licence: its SPDX expression in the metadata, its text beside it.
+    z = zipfile.ZipFile(wheel)
+    meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert "License-Expression: Apache-2.0" in meta
+    text = z.read(next(n for n in names if n.endswith("/LICENSE"))).decode()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
 
 
 def test_dockerfile_contract() -> None:
