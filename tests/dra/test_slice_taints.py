@@ -26,7 +26,7 @@ from scheduler.runtime.cache import ClusterCache
 from scheduler.runtime.health_tracker import HealthTracker
 from tests.dra import recorded
 from tests.dra.test_watch import _api
-from tests.health.builders import HEARTBEAT, device, resource_slice, taint
+from tests.health.builders import HEARTBEAT, Clock, device, resource_slice, taint
 
 PARAMS = SchedParams()
 
@@ -242,14 +242,6 @@ def test_other_slice_events_still_rebuild() -> None:
     assert w.cache.snapshot().node("gpu-node-1").gpu_capacity == 8  # type: ignore[union-attr]
     seconds = w.metrics.registry.get_sample_value("topoplace_kube_snapshot_rebuild_seconds")
     assert seconds is not None and 0 < seconds < 10
-
-
-class Clock:
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def test_xid_taints_on_the_fast_path_count_as_on_a_rebuild() -> None:

@@ -7,6 +7,9 @@ from typing import Any
 
 from benchmarks.clusters import make_node
 from scheduler.core.health import parse_time
+from scheduler.core.params import SchedParams
+from scheduler.runtime.cache import ClusterCache
+from scheduler.runtime.health_tracker import HealthTracker
 
 HEARTBEAT = parse_time("2026-11-29T20:00:00Z")
 """``lastHeartbeatTime`` that ``make_node`` writes on the Ready condition."""
@@ -89,3 +92,29 @@ def resource_slice(node: str, devices: Sequence[Mapping[str, Any]], driver: str 
             "devices": list(devices),
         },
     }
+
+
+class Clock:
+    """A settable clock (seconds) for the health tracker."""
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def tracked_cache(
+    nodes: Sequence[Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]] = (),
+    at: float = HEARTBEAT + 30,
+    extra: Mapping[str, Any] | None = None,
+    params: SchedParams | None = None,
+) -> tuple[ClusterCache, HealthTracker, Clock]:
+    """A cache over ``nodes`` and ``pods`` (as a cluster file loads them: no history yet)
+    with a health tracker on a clock set to ``at``: (cache, tracker, clock)."""
+    sp = params or SchedParams()
+    clock = Clock(at)
+    tracker = HealthTracker(sp.health, clock=clock)
+    snap = ClusterCache.from_objects(nodes, pods, sp, extra=extra).snapshot()
+    return ClusterCache(snap, sp, health_tracker=tracker), tracker, clock

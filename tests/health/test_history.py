@@ -31,7 +31,15 @@ from scheduler.core.params import SchedParams
 from scheduler.core.schedule import filter_nodes, place_pod, score_nodes
 from scheduler.runtime.cache import ClusterCache
 from scheduler.runtime.health_tracker import HealthTracker
-from tests.health.builders import HEARTBEAT, device, dgx, resource_slice, taint
+from tests.health.builders import (
+    HEARTBEAT,
+    Clock,
+    device,
+    dgx,
+    resource_slice,
+    taint,
+    tracked_cache,
+)
 
 H, D, U = Health.HEALTHY, Health.DEGRADED, Health.UNHEALTHY
 P = HealthParams()
@@ -195,14 +203,6 @@ def test_xid_burst_across_observations() -> None:
 # ---- tracker + cache hook -----------------------------------------------------------------------
 
 
-class Clock:
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def test_cache_without_tracker_keeps_its_behaviour() -> None:
     sp = SchedParams()
     cache = ClusterCache.from_objects([dgx("a")], [], sp)
@@ -213,10 +213,7 @@ def test_cache_without_tracker_keeps_its_behaviour() -> None:
 
 def test_cache_with_tracker_remembers_a_flapping_node() -> None:
     sp = SchedParams()
-    clock = Clock(HEARTBEAT + 10)
-    tracker = HealthTracker(sp.health, clock=clock)
-    cache = ClusterCache.from_objects([dgx("a"), dgx("b")], [], sp)
-    cache.health_tracker = tracker
+    cache, _, clock = tracked_cache([dgx("a"), dgx("b")], at=HEARTBEAT + 10, params=sp)
     for name in ("a", "b"):
         cache.upsert_node(dgx(name))
     for _ in range(3):  # a fails three times in quick succession
@@ -237,12 +234,7 @@ def test_cache_with_tracker_remembers_a_flapping_node() -> None:
 
 
 def test_tracker_flags_a_stale_heartbeat_on_refresh() -> None:
-    sp = SchedParams()
-    clock = Clock(HEARTBEAT + 30)
-    tracker = HealthTracker(sp.health, clock=clock)
-    cache = ClusterCache(
-        ClusterCache.from_objects([dgx("a")], [], sp).snapshot(), sp, health_tracker=tracker
-    )
+    cache, tracker, clock = tracked_cache([dgx("a")])
     tracker.refresh(cache)
     assert cache.snapshot().node("a").health == OK
     clock.t = HEARTBEAT + 900  # no update from the kubelet for 15 minutes
@@ -270,12 +262,8 @@ def test_cache_counts_dra_xids_across_slice_updates() -> None:
     (the watch rebuilds the snapshot on every slice event): no single slice shows a burst,
     the node's history does, and the rebuild, a node update and a refresh all keep it."""
     sp = SchedParams()
-    clock = Clock(HEARTBEAT + 30)
-    tracker = HealthTracker(sp.health, clock=clock)
     node = dgx("a")
-    cache = ClusterCache(
-        ClusterCache.from_objects([node, dgx("b")], [], sp).snapshot(), sp, health_tracker=tracker
-    )
+    cache, _, clock = tracked_cache([node, dgx("b")], params=sp)
     for i in range(3):
         clock.t += 60
         xid = taint("gpu.nvidia.com/xid", "None", "94", f"2026-11-29T19:5{i}:00Z")
@@ -303,15 +291,10 @@ def test_cache_counts_the_xids_of_a_node_whose_gpus_are_its_slices() -> None:
     object's 0."""
     from tests.dra import recorded
 
-    sp = SchedParams()
-    clock = Clock(HEARTBEAT + 30)
-    tracker = HealthTracker(sp.health, clock=clock)
     nodes = recorded.nodes()
     name = "gpu-node-0"
     assert node_gpus(next(n for n in nodes if meta(n)["name"] == name)) == (0, 0)
-    cache = ClusterCache(
-        ClusterCache.from_objects(nodes, [], sp).snapshot(), sp, health_tracker=tracker
-    )
+    cache, _, clock = tracked_cache(nodes)
     for i in range(3):
         clock.t += 60
         xid = taint("gpu.nvidia.com/xid", "None", "94", f"2026-11-29T19:5{i}:00Z")
@@ -328,11 +311,7 @@ def test_cache_counts_the_xids_of_a_node_whose_gpus_are_its_slices() -> None:
 def test_a_rebuild_keeps_a_flapping_verdict() -> None:
     """A relist (or any ResourceSlice event) rebuilds the snapshot from the objects; the
     verdicts it shows carry the health history, as a node update's do."""
-    sp = SchedParams()
-    clock = Clock(HEARTBEAT + 10)
-    tracker = HealthTracker(sp.health, clock=clock)
-    cache = ClusterCache.from_objects([dgx("a"), dgx("b")], [], sp)
-    cache.health_tracker = tracker
+    cache, _, clock = tracked_cache([dgx("a"), dgx("b")], at=HEARTBEAT + 10)
     for _ in range(3):
         clock.t += 60
         cache.upsert_node(dgx("a", ready=False))
@@ -350,14 +329,9 @@ def test_a_rebuild_keeps_a_flapping_verdict() -> None:
 def test_refresh_is_one_transition_and_keeps_usage() -> None:
     """Refreshing many nodes copies the snapshot once (not once per node), keeps the GPUs
     pods hold, and leaves alone a node the watch updated while the refresh assessed."""
-    sp = SchedParams()
-    clock = Clock(HEARTBEAT + 30)
-    tracker = HealthTracker(sp.health, clock=clock)
     nodes = [dgx(f"n{i}") for i in range(6)]
     pods = [make_pod("held", 4, node="n0", gpu_indices=[0, 1, 2, 3])]
-    cache = ClusterCache(
-        ClusterCache.from_objects(nodes, pods, sp).snapshot(), sp, health_tracker=tracker
-    )
+    cache, tracker, clock = tracked_cache(nodes, pods)
     assert cache.refresh_nodes() == 0  # nothing aged yet
     before = cache.snapshot()
     clock.t = HEARTBEAT + 900
@@ -404,12 +378,9 @@ def test_refresh_parses_a_node_again_only_when_its_inputs_change(monkeypatch) ->
 
     monkeypatch.setattr(cache_mod, "modeled_node", counting)
     sp = SchedParams()
-    clock = Clock(HEARTBEAT + 30)
-    tracker = HealthTracker(sp.health, clock=clock)
     nodes = recorded.nodes() + [dgx(f"n{i}") for i in range(4)]
     names = sorted(meta(n)["name"] for n in nodes)
-    base = ClusterCache.from_objects(nodes, [], sp, extra=recorded.extra())
-    cache = ClusterCache(base.snapshot(), sp, health_tracker=tracker)
+    cache, tracker, clock = tracked_cache(nodes, extra=recorded.extra(), params=sp)
 
     def parsed_by(refresh_at: float) -> list[str]:
         parsed.clear()
