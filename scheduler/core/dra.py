@@ -338,9 +338,9 @@ def taints_only_update(old: Any, new: Any, pool_slices: Callable[[], int]) -> st
     (``resourceVersion``, ``generation``). The pool's ``generation`` may change only when
     the pool is this slice alone (``resourceSliceCount`` 1 on both sides and
     ``pool_slices()``, how many slices of the pool the caller holds, 1; asked only then):
-    the newest generation is then this slice whatever its number. Anything else (a device added, removed, renamed
-    or re-attributed, another node, a pool of several slices moving on) is not a
-    taints-only update: the caller re-reads every slice.
+    the newest generation is then this slice whatever its number. Anything else (a device
+    added, removed, renamed or re-attributed, another node, a pool of several slices
+    moving on) is not a taints-only update: the caller re-reads every slice.
     """
     if not isinstance(old, Mapping) or not isinstance(new, Mapping):
         return ""

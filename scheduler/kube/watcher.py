@@ -456,7 +456,8 @@ class KubeWatcher:
         return {s.kind.plural: s.store for s in self.streams.values() if kdra.is_dra_kind(s.kind)}
 
     def _dra_event(self, s: ResourceStream, typ: str, obj: dict[str, Any]) -> None:
-        """Claims change one ledger holding; slices and classes re-read every node."""
+        """Claims change one ledger holding; a slice whose devices' taints alone changed
+        re-reads its node; other slice events re-read every node; classes replace theirs."""
         key = self._key(s.kind, obj)  # namespace/name ("default/" for cluster-scoped kinds)
         old = s.store.get(key)
         if typ == "DELETED":

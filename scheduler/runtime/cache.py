@@ -624,7 +624,8 @@ class ClusterCache:
         (:func:`~scheduler.core.dra.taints_only_update`): the slice is replaced in
         ``extra`` and ``node`` alone is assessed again (per-GPU health, XID taints through
         the health tracker), in one transition, instead of rebuilding the snapshot from
-        every object (:meth:`replace_all`, about a second at 5,000 nodes). The DRA
+        every object (:meth:`replace_all`, 2.6 s at 5,000 nodes with one slice each:
+        ``benchmarks/results/slice_event.md``). The DRA
         inventory and the health inputs' device index are brought up to date for that
         node, not read again from every slice. Returns False, changing nothing, when the
         snapshot holds no slice of that name (the caller rebuilds)."""
