@@ -366,7 +366,7 @@ def test_refresh_parses_a_node_again_only_when_its_inputs_change(monkeypatch) ->
     is what parsing every node again gives (here: the recorded nodes and ResourceSlices of
     a real v1.33 control plane)."""
     import scheduler.runtime.cache as cache_mod
-    from scheduler.core.snapshot import node_from_update
+    from scheduler.core.snapshot import health_inputs, node_from_update
     from tests.dra import recorded
 
     parsed: list[str] = []
@@ -390,9 +390,21 @@ def test_refresh_parses_a_node_again_only_when_its_inputs_change(monkeypatch) ->
 
     def as_parsed_again() -> None:  # what the refresh without memory computed
         snap = cache.snapshot()
+        _, devices = health_inputs(snap.extra, sp)
+        kept = tracker.history
+        # A probe over the same (immutable) history, so that checking records nothing.
+        probe = HealthTracker(sp.health, clock=clock)
+        probe._history = kept
         for n in snap.nodes:
             fresh = node_from_update(snap, n.raw, sp)
-            assert replace(fresh, health=tracker.adjust(n.raw, fresh.health)) == n
+            verdict = probe.adjust(
+                n.raw,
+                fresh.health,
+                devices=devices.get(n.name, ()),
+                gpu_capacity=fresh.gpu_capacity,
+            )
+            assert replace(fresh, health=verdict) == n
+        assert tracker.history is kept
 
     assert parsed_by(HEARTBEAT + 30) == names  # the first refresh parses every node
     assert parsed_by(HEARTBEAT + 60) == []  # nothing changed but the time
