@@ -702,6 +702,7 @@ class ClusterCache:
                 if old is not None and not (old.assumed and claim is not None):
                     snap = without_pod(snap, hk)
                     self._expiry.pop(hk, None)
+                    snap = self._claims_held_again(snap, old.node)
                 self._snap = snap
                 return
             try:
@@ -726,6 +727,33 @@ class ClusterCache:
                 pass
             self._expiry.pop(hk, None)
             self._snap = snap
+
+    def _claims_held_again(self, snap: ClusterSnapshot, node: str) -> ClusterSnapshot:
+        """``snap`` with the holdings of the claims allocated on ``node`` that hold nothing
+        in it: a claim whose devices another holding had when its allocation arrived (two
+        allocators raced for one device, and the loser of the race, topoplace, yields) is
+        held as soon as the other is released, not never (lock held)."""
+        claims = snap.extra.get(dra.CLAIMS_KEY)
+        if not isinstance(claims, Mapping):
+            return snap
+        inv = None
+        for key in sorted(claims):
+            claim = claims[key]
+            hk = dra.holder_key(key)
+            if hk in snap.pods or not isinstance(claim, Mapping):
+                continue
+            if not dra.is_allocated(claim) or dra.allocation_node(claim) != node:
+                continue
+            inv = inv if inv is not None else self.dra_inventory(snap)
+            info = claim_holding_info(claim, inv, snap.node)
+            if info is None:
+                continue
+            try:
+                snap = _holding(snap, info)
+            except ValueError:
+                continue  # still held by another: the next release tries again
+            log.info("claim %s now holds GPUs %s on %s", key, list(info.gpus), node)
+        return snap
 
     def delete_pod(self, key: str) -> None:
         """A pod is gone: release its resources (idempotent)."""

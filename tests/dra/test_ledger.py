@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from scheduler.cli.clusterfile import parse_cluster
@@ -153,3 +155,30 @@ def test_cache_applies_claim_events_incrementally() -> None:
     cache.apply_claim("default/watched-two", None)
     assert cache.snapshot().node("gpu-node-0").used_mask == 0b1111  # type: ignore[union-attr]
     assert "default/watched-two" not in cache.snapshot().extra[dra.CLAIMS_KEY]
+
+
+@pytest.mark.parametrize("how", ["allocation cleared", "claim deleted"])
+def test_a_claim_refused_for_a_held_device_holds_it_once_the_holder_lets_go(how: str) -> None:
+    """Two allocators raced for one device and the watch shows both allocations (live:
+    topoplace's and kube-scheduler's, before topoplace yields): the second cannot hold
+    GPUs the first holds. When the first lets go, the second holds them at once; before,
+    it held nothing until the next rebuild, and topoplace handed the same device out
+    again and again (seen in the live race test)."""
+    cache = ClusterCache.from_objects(
+        recorded.nodes(), recorded.pods(), PARAMS, extra=recorded.extra()
+    )
+    first = recorded.claims()["default/two-gpus"]  # gpu-node-0, GPUs 0 and 1
+    rival = copy.deepcopy(first)
+    rival["metadata"].update(name="rival", uid="rival-uid")
+    cache.apply_claim("default/rival", rival)
+    assert "resourceclaim:default/rival" not in cache.snapshot().pods
+    if how == "claim deleted":
+        cache.apply_claim("default/two-gpus", None)
+    else:
+        released = copy.deepcopy(first)
+        del released["status"]["allocation"]
+        cache.apply_claim("default/two-gpus", released)
+    snap = cache.snapshot()
+    assert "resourceclaim:default/two-gpus" not in snap.pods
+    assert snap.pods["resourceclaim:default/rival"].gpus == (0, 1)
+    assert snap.node("gpu-node-0").used_mask == 0b1111  # type: ignore[union-attr]
