@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.checkout import add_source_option, import_scheduler
+
 REPO = Path(__file__).resolve().parent.parent
 SLICE_FIXTURE = REPO / "tests" / "fixtures" / "kube" / "dra-1.33" / "resourceslices.v1beta1.json"
 
@@ -94,14 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, nargs="+", default=[500, 5000])
     ap.add_argument("--runs", type=int, default=10, help="refreshes after the first")
     ap.add_argument("--slices", action="store_true", help="one DRA ResourceSlice per node")
-    ap.add_argument("--source", default=None, help="import scheduler from this checkout")
+    add_source_option(ap)
     args = ap.parse_args(argv)
-    if args.source:
-        sys.path.insert(0, str(Path(args.source).resolve()))
-    import scheduler
+    where = import_scheduler(args.source)
     from benchmarks.stats import p99
 
-    where = Path(scheduler.__file__).resolve().parent.parent
     print(
         f"health refresh, in process: scheduler from {where}; synthetic 8-GPU nodes, "
         f"{'one 8-GPU DRA ResourceSlice per node' if args.slices else 'no DRA slices'}, "

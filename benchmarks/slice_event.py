@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.checkout import add_source_option, import_scheduler
+
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "kube" / "dra-1.33"
 VERSION = "v1beta1"
@@ -134,14 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, nargs="+", default=[500, 5000])
     ap.add_argument("--events", type=int, default=40, help="events timed per kind")
-    ap.add_argument("--source", default=None, help="import scheduler from this checkout")
+    add_source_option(ap)
     args = ap.parse_args(argv)
-    if args.source:
-        sys.path.insert(0, str(Path(args.source).resolve()))
-    import scheduler
+    where = import_scheduler(args.source)
     from benchmarks.stats import p99
 
-    where = Path(scheduler.__file__).resolve().parent.parent
     print(
         f"ResourceSlice watch events, in process: scheduler from {where}; synthetic 8-GPU "
         f"nodes with one recorded 8-GPU {VERSION} slice each, health tracker on, no pods; "

@@ -39,6 +39,19 @@ def test_plumbing_benchmark_drives_filter_and_bind_and_counts_connections(capsys
         assert cells[4] == "24"  # every request on a new connection: 2 per measured pod
 
 
+def test_slice_event_benchmark_times_both_kinds(capsys) -> None:
+    from benchmarks import slice_event
+
+    assert slice_event.main(["--nodes", "6", "--events", "4"]) == 0
+    out = capsys.readouterr().out
+    rows = [r for r in out.splitlines() if r.startswith("| 6 |")]
+    assert [r.split("|")[2].strip() for r in rows] == ["a device taint", "a device left out / back"]
+    taint, device = ([c.strip() for c in r.strip("|").split("|")] for r in rows)
+    assert 0 <= float(taint[2]) <= float(taint[3]) and 0 < float(device[2]) <= float(device[3])
+    assert taint[4] == "1"  # the last event cleared the taint: that node's health changed
+    assert device[4] == "0"  # the last event put the device back: no health changed
+
+
 def test_health_refresh_benchmark_times_both_cases(capsys) -> None:
     from benchmarks import health_refresh
 
