@@ -189,6 +189,10 @@ class ClusterCache:
         self._pending_bytes = 0
         self._nominated: dict[str, str] = {}
         self._dra_inv: tuple[Any, dra.Inventory] = (None, dra.EMPTY_INVENTORY)
+        self._unheld: dict[str, str] = {}
+        """Allocated claims that hold nothing because another holding had their GPUs when
+        their allocation arrived (claim key -> node): held once that one goes
+        (:meth:`_claims_held_again`)."""
         self._modeled: _Modeled = _Modeled(None, None, None, {})
         """The nodes as the last :meth:`refresh_nodes` or :meth:`replace_all` parsed them
         (:func:`modeled_node`), with the inputs they were parsed with: a node whose object
@@ -695,6 +699,7 @@ class ClusterCache:
             snap = replace(snap, extra=MappingProxyType(extra), generation=snap.generation + 1)
             hk = dra.holder_key(key)
             old = snap.pods.get(hk)
+            self._unheld.pop(key, None)
             info = None
             if claim is not None:
                 info = claim_holding_info(claim, self.dra_inventory(snap), snap.node)
@@ -731,35 +736,33 @@ class ClusterCache:
                         info.node,
                         exc,
                     )
+                    self._unheld[key] = info.node
             except KeyError:
                 pass
             self._expiry.pop(hk, None)
             self._snap = snap
 
     def _claims_held_again(self, snap: ClusterSnapshot, node: str) -> ClusterSnapshot:
-        """``snap`` with the holdings of the claims allocated on ``node`` that hold nothing
-        in it: a claim whose devices another holding had when its allocation arrived (two
+        """``snap`` with the holdings of the claims refused on ``node`` (:attr:`_unheld`):
+        a claim whose devices another holding had when its allocation arrived (two
         allocators raced for one device, and the loser of the race, topoplace, yields) is
         held as soon as the other is released, not never (lock held)."""
-        claims = snap.extra.get(dra.CLAIMS_KEY)
+        waiting = sorted(k for k, n in self._unheld.items() if n == node)
+        claims = snap.extra.get(dra.CLAIMS_KEY) if waiting else None
         if not isinstance(claims, Mapping):
             return snap
-        inv = None
-        for key in sorted(claims):
-            claim = claims[key]
-            hk = dra.holder_key(key)
-            if hk in snap.pods or not isinstance(claim, Mapping):
-                continue
-            if not dra.is_allocated(claim) or dra.allocation_node(claim) != node:
-                continue
-            inv = inv if inv is not None else self.dra_inventory(snap)
-            info = claim_holding_info(claim, inv, snap.node)
+        inv = self.dra_inventory(snap)
+        for key in waiting:
+            claim = claims.get(key)
+            info = claim_holding_info(claim, inv, snap.node) if isinstance(claim, Mapping) else None
             if info is None:
+                self._unheld.pop(key, None)
                 continue
             try:
                 snap = _holding(snap, info)
             except ValueError:
                 continue  # still held by another: the next release tries again
+            self._unheld.pop(key, None)
             log.info("claim %s now holds GPUs %s on %s", key, list(info.gpus), node)
         return snap
 
@@ -771,6 +774,23 @@ class ClusterCache:
             self._expiry.pop(key, None)
             self._snap = without_pod(self._snap, key)
 
+    def _unheld_after_rebuild(self, snap: ClusterSnapshot) -> dict[str, str]:
+        """:attr:`_unheld` of a snapshot just built from objects: its allocated claims on
+        known nodes that hold nothing (``build_snapshot`` counts a device named by two
+        claims once, for the first)."""
+        claims = snap.extra.get(dra.CLAIMS_KEY)
+        if not isinstance(claims, Mapping) or not claims:
+            return {}
+        inv = self.dra_inventory(snap)
+        out = {}
+        for key, claim in claims.items():
+            if dra.holder_key(key) in snap.pods or not isinstance(claim, Mapping):
+                continue
+            info = claim_holding_info(claim, inv, snap.node) if dra.is_allocated(claim) else None
+            if info is not None:
+                out[key] = info.node
+        return out
+
     def replace_all(
         self,
         nodes: Iterable[Mapping[str, Any]],
@@ -780,6 +800,7 @@ class ClusterCache:
         """Rebuild from a fresh list (initial sync or relist), keeping live assumptions."""
         with self._lock:
             snap = build_snapshot(nodes, pods, self.params, extra)
+            self._unheld = self._unheld_after_rebuild(snap)
             self._modeled = self._as_modeled(snap)
             snap = self._with_history(snap)
             for key, pod in self._snap.pods.items():

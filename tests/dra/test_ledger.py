@@ -182,3 +182,21 @@ def test_a_claim_refused_for_a_held_device_holds_it_once_the_holder_lets_go(how:
     assert "resourceclaim:default/two-gpus" not in snap.pods
     assert snap.pods["resourceclaim:default/rival"].gpus == (0, 1)
     assert snap.node("gpu-node-0").used_mask == 0b1111  # type: ignore[union-attr]
+
+
+def test_after_a_rebuild_a_claim_left_unheld_holds_once_the_first_lets_go() -> None:
+    """A rebuild counts a device named by two claims once, for the first by key; the other
+    is remembered as waiting and holds the GPUs as soon as the first is deleted."""
+    extra = recorded.extra()
+    rival = copy.deepcopy(extra[dra.CLAIMS_KEY]["default/two-gpus"])
+    rival["metadata"].update(name="zz-rival", uid="rival-uid")
+    extra[dra.CLAIMS_KEY]["default/zz-rival"] = rival
+    cache = ClusterCache.from_objects([], [], PARAMS)
+    cache.replace_all(recorded.nodes(), recorded.pods(), extra)
+    assert "resourceclaim:default/zz-rival" not in cache.snapshot().pods
+    cache.apply_claim("default/two-gpus", None)
+    assert cache.snapshot().pods["resourceclaim:default/zz-rival"].gpus == (0, 1)
+    # A claim that waits is forgotten once it goes itself: nothing is held for it later.
+    cache.apply_claim("default/zz-rival", None)
+    cache.apply_claim("default/same-root", None)
+    assert cache.snapshot().node("gpu-node-0").used_mask == 0  # type: ignore[union-attr]
