@@ -20,6 +20,7 @@ State machine of a pod's resources::
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import threading
 import time
@@ -452,6 +453,21 @@ class ClusterCache:
             obj, node.health, devices=devices.get(node.name, ()), gpu_capacity=node.gpu_capacity
         )
 
+    def _current(
+        self,
+        raw: Mapping[str, Any],
+        base: NodeInfo,
+        held: NodeInfo | None,
+        devices: Mapping[str, Any],
+    ) -> NodeInfo:
+        """``base``, the node its object ``raw`` models (:func:`modeled_node`), as the
+        snapshot holds it now: with the usage of ``held`` (the same node in the snapshot,
+        if there) and, with a health tracker, its verdict adjusted by history."""
+        fresh = base if held is None else with_usage_of(base, held)
+        if self.health_tracker is not None:
+            fresh = replace(fresh, health=self._tracked(raw, fresh, devices))
+        return fresh
+
     def _with_history(self, snap: ClusterSnapshot) -> ClusterSnapshot:
         """``snap`` (just built from objects) with every node's verdict observed by the
         health tracker and adjusted by its history, as a node update does: a rebuild (a
@@ -515,10 +531,7 @@ class ClusterCache:
                 except ObjectError:
                     continue
             kept[node.name] = (raw, base)
-            held = snap.node(base.name)
-            fresh = base if held is None else with_usage_of(base, held)
-            if self.health_tracker is not None:
-                fresh = replace(fresh, health=self._tracked(raw, fresh, devices))
+            fresh = self._current(raw, base, snap.node(base.name), devices)
             if fresh != node:
                 assessed.append((node, fresh))
         self._modeled = _Modeled(at, devices, params, kept)
@@ -652,14 +665,10 @@ class ClusterCache:
             changed: dict[str, NodeInfo] = {}
             base: NodeInfo | None = None
             if held is not None and held.raw:
-                try:
+                with contextlib.suppress(ObjectError):
                     base = modeled_node(held.raw, self.params, when, devices)
-                except ObjectError:
-                    base = None
             if held is not None and base is not None:
-                fresh = with_usage_of(base, held)
-                if self.health_tracker is not None:
-                    fresh = replace(fresh, health=self._tracked(held.raw, fresh, devices))
+                fresh = self._current(held.raw, base, held, devices)
                 if fresh != held:
                     changed[node] = fresh
             self._snap = with_nodes(snap, changed, extra)
