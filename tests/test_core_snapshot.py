@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from benchmarks.clusters import make_node, make_pod
-from scheduler.core.model import PodInfo, PodRequest
+from scheduler.core.model import NodeInfo, PodInfo, PodRequest
 from scheduler.core.objects import ObjectError, placement_of, request_from_pod
 from scheduler.core.params import SchedParams
 from scheduler.core.quantity import cpu_milli, quantity_int
@@ -21,7 +21,13 @@ from scheduler.core.schedule import (
     place_pod,
     score_nodes,
 )
-from scheduler.core.snapshot import DoubleBookingError, build_snapshot, with_pod, without_pod
+from scheduler.core.snapshot import (
+    ClusterSnapshot,
+    DoubleBookingError,
+    build_snapshot,
+    with_pod,
+    without_pod,
+)
 from scheduler.runtime.cache import ClusterCache
 
 P = SchedParams()
@@ -431,3 +437,102 @@ def test_a_node_with_new_usage_is_the_node_replace_gives() -> None:
             "memory_used_bytes",
         ), f.name
     assert got.raw is node.raw and got.labels is node.labels
+
+
+# ---- a node remodeled over the usage the snapshot holds (the health refresh) ---------------
+
+
+def _usage_snapshot() -> tuple[ClusterSnapshot, SchedParams]:
+    """A whole-GPU node, a HAMi node and a time-slicing node, each holding bound pods."""
+    from benchmarks.clusters import replica_node
+    from tests.sharing.builders import hami_node, share_pod
+
+    params = SchedParams()
+    nodes = [
+        make_node("dgx-0", 8, "h100"),
+        hami_node("hami-0", gpus=4),
+        replica_node("ts-0", gpus=2, replicas=4),
+    ]
+    pods = [
+        make_pod("whole", 2, node="dgx-0", gpu_indices=[0, 1]),
+        share_pod("share", node="hami-0"),
+        make_pod(
+            "rep",
+            1,
+            node="ts-0",
+            node_selector={"nvidia.com/gpu.sharing-strategy": "time-slicing"},
+        ),
+    ]
+    return build_snapshot(nodes, pods, params), params
+
+
+def test_holds_usage_of_is_the_equality_of_the_node_it_would_build() -> None:
+    """``holds_usage_of(held, base, h)`` answers ``replace(with_usage_of(base, held),
+    health=h) == held`` without building that node, for every model field changed, a
+    different verdict, and usage the base cannot carry (GPUs beyond its count, an empty
+    share ledger, replicas on a node without them)."""
+    from dataclasses import fields, replace
+
+    from scheduler.core.model import Health, NodeHealth
+    from scheduler.core.snapshot import _MODEL_FIELDS, holds_usage_of, modeled_node, with_usage_of
+
+    snap, params = _usage_snapshot()
+    held_by = {n.name: n for n in snap.nodes}
+    assert held_by["dgx-0"].used_mask == 0b11
+    assert held_by["hami-0"].share_used and held_by["ts-0"].replicas_used == 1
+    other_health = NodeHealth(Health.DEGRADED, reasons=("test",))
+    changes = {
+        "name": "x",
+        "labels": {"a": "b"},
+        "annotations": {"a": "b"},
+        "shape_source": "zzz",
+        "gpu_capacity": 1,
+        "gpu_allocatable": 1,
+        "fabric_path": ("elsewhere",),
+        "cpu_milli": 1,
+        "memory_bytes": 1,
+        "unmodeled": "why",
+        "devices": (),
+        "sharing": "gpushare",
+        "replicas": 0,
+        "replica_gpus": 99,
+        "replica_capacity": 99,
+        "replica_strategy": "mps",
+    }
+    # every compared field but usage and health is a model field, and each is changed here
+    assert set(_MODEL_FIELDS) == {
+        f.name
+        for f in fields(NodeInfo)
+        if f.compare
+        and f.name
+        not in {
+            "used_mask",
+            "cpu_used_milli",
+            "memory_used_bytes",
+            "share_used",
+            "replicas_used",
+            "health",
+        }
+    }
+    assert set(_MODEL_FIELDS) - {"shape"} == set(changes)
+    checked = 0
+    for held in snap.nodes:
+        base = modeled_node(held.raw, params, None, {})
+        shapes = [n.shape for n in snap.nodes if n.shape != base.shape]
+        assert shapes  # another hardware shape: the model field ``shape`` changed
+        bases = [base, replace(base, shape=shapes[0])] + [
+            replace(base, **{k: v}) for k, v in changes.items()
+        ]
+        helds = [
+            held,
+            replace(held, used_mask=held.used_mask | (1 << 40)),
+            replace(held, share_used=((0, 0, 0),) * held.gpu_capacity),
+            replace(held, replicas_used=3),
+        ]
+        for b in bases:
+            for h in helds:
+                for verdict in (h.health, other_health):
+                    built = replace(with_usage_of(b, h), health=verdict)
+                    assert holds_usage_of(h, b, verdict) == (built == h), (held.name, b, h)
+                    checked += built == h
+    assert checked >= 3  # each node as the snapshot holds it is recognised

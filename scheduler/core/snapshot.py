@@ -879,6 +879,32 @@ def with_usage_of(node: NodeInfo, holder: NodeInfo) -> NodeInfo:
     )
 
 
+_USAGE_FIELDS = frozenset(
+    {"used_mask", "cpu_used_milli", "memory_used_bytes", "share_used", "replicas_used", "health"}
+)
+_MODEL_FIELDS = tuple(f.name for f in fields(NodeInfo) if f.compare and f.name not in _USAGE_FIELDS)
+"""The fields of a node that :func:`with_usage_of` takes from the modeled node as they
+are (compared fields only: ``raw`` is not)."""
+
+
+def holds_usage_of(held: NodeInfo, base: NodeInfo, health: NodeHealth) -> bool:
+    """Whether ``replace(with_usage_of(base, held), health=health) == held``, decided
+    without building that node: the periodic health refresh remodels every node and
+    almost always finds it as it was (``ClusterCache.refresh_nodes``)."""
+    if held.health != health:
+        return False
+    for name in _MODEL_FIELDS:
+        a, b = getattr(held, name), getattr(base, name)
+        if a is not b and a != b:
+            return False
+    share_used = held.share_used[: base.gpu_capacity]
+    return (
+        held.used_mask == held.used_mask & base.all_mask
+        and held.share_used == (share_used if any(t for _, _, t in share_used) else ())
+        and (base.replicas > 0 or held.replicas_used == 0)
+    )
+
+
 def with_nodes(
     snap: ClusterSnapshot,
     changed: Mapping[str, NodeInfo],

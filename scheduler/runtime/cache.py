@@ -51,6 +51,7 @@ from scheduler.core.snapshot import (
     build_snapshot,
     claim_holding_info,
     health_inputs,
+    holds_usage_of,
     index_slice_update,
     modeled_node,
     pod_info_for,
@@ -462,11 +463,16 @@ class ClusterCache:
     ) -> NodeInfo:
         """``base``, the node its object ``raw`` models (:func:`modeled_node`), as the
         snapshot holds it now: with the usage of ``held`` (the same node in the snapshot,
-        if there) and, with a health tracker, its verdict adjusted by history."""
-        fresh = base if held is None else with_usage_of(base, held)
-        if self.health_tracker is not None:
-            fresh = replace(fresh, health=self._tracked(raw, fresh, devices))
-        return fresh
+                if there) and, with a health tracker, its verdict adjusted by history. ``held``
+                itself when that is what it already is (the common case of a refresh: nothing
+                but the time changed)."""
+        # the verdict reads the node's name, GPU count and health: base's, usage aside
+        verdict = base.health if self.health_tracker is None else self._tracked(raw, base, devices)
+        if held is None:
+            return base if verdict is base.health else replace(base, health=verdict)
+        if holds_usage_of(held, base, verdict):
+            return held
+        return replace(with_usage_of(base, held), health=verdict)
 
     def _with_history(self, snap: ClusterSnapshot) -> ClusterSnapshot:
         """``snap`` (just built from objects) with every node's verdict observed by the
@@ -532,7 +538,7 @@ class ClusterCache:
                     continue
             kept[node.name] = (raw, base)
             fresh = self._current(raw, base, snap.node(base.name), devices)
-            if fresh != node:
+            if fresh is not node and fresh != node:
                 assessed.append((node, fresh))
         self._modeled = _Modeled(at, devices, params, kept)
         with self._lock:
@@ -669,7 +675,7 @@ class ClusterCache:
                     base = modeled_node(held.raw, self.params, when, devices)
             if held is not None and base is not None:
                 fresh = self._current(held.raw, base, held, devices)
-                if fresh != held:
+                if fresh is not held and fresh != held:
                     changed[node] = fresh
             self._snap = with_nodes(snap, changed, extra)
             inv_slices, inv = self._dra_inv
