@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from scheduler.core import dra
+from scheduler.core.health import NOW_KEY, RESOURCESLICES_KEY
 from scheduler.core.model import NodeHealth, NodeInfo, PodInfo
 from scheduler.core.objects import (
     REDACTED_ANNOTATIONS,
@@ -89,6 +90,15 @@ def _holding(snap: ClusterSnapshot, pod: PodInfo) -> ClusterSnapshot:
     ):
         return _with_record(snap, pod)
     return with_pod(snap, pod)
+
+
+def _same_health_inputs(a: ClusterSnapshot, b: ClusterSnapshot) -> bool:
+    """Whether two snapshots assess their nodes' health from the same inputs besides the
+    objects (see :func:`health_inputs`): the same ResourceSlices (by identity: a new list
+    is a new object) and the same pinned time."""
+    return a.extra.get(RESOURCESLICES_KEY) is b.extra.get(RESOURCESLICES_KEY) and a.extra.get(
+        NOW_KEY
+    ) == b.extra.get(NOW_KEY)
 
 
 def _slice_name(s: Any) -> Any:
@@ -191,6 +201,12 @@ class ClusterCache:
         self._pending_bytes = 0
         self._nominated: dict[str, str] = {}
         self._dra_inv: tuple[Any, dra.Inventory] = (None, dra.EMPTY_INVENTORY)
+        self._bound_unseen: dict[str, Any] = {}
+        """Pods topoplace bound (the API accepted the Binding: :meth:`confirm` without an
+        object) that the watch has not shown bound yet, by key, with their uid. The
+        stores a rebuild reads still show them pending, so :meth:`replace_all` carries
+        their records over, and an older event of the pending pod does not release them
+        (:meth:`upsert_pod`)."""
         self._unheld: dict[str, str] = {}
         """Allocated claims that hold nothing because another holding had their GPUs when
         their allocation arrived (claim key -> node): held once that one goes
@@ -346,6 +362,10 @@ class ClusterCache:
                     else replace(pod, assumed=False, raw=raw)
                 )
                 self._snap = _with_record(self._snap, bound)
+                if raw is None:
+                    self._bound_unseen[key] = meta(pod.raw).get("uid")
+            if raw is not None:
+                self._bound_unseen.pop(key, None)
             return True
 
     def expire(self) -> list[str]:
@@ -540,9 +560,15 @@ class ClusterCache:
             fresh = self._current(raw, base, snap.node(base.name), devices)
             if fresh is not node and fresh != node:
                 assessed.append((node, fresh))
-        self._modeled = _Modeled(at, devices, params, kept)
         with self._lock:
             current = self._snap
+            if not _same_health_inputs(current, snap):
+                # Rebuilt (or its slices patched) meanwhile: these nodes were assessed
+                # against devices the snapshot no longer has. The rebuild applied the
+                # history itself; the next refresh assesses from the new inputs.
+                log.debug("health refresh skipped: the snapshot's health inputs changed")
+                return 0
+            self._modeled = _Modeled(at, devices, params, kept)
             changed: dict[str, NodeInfo] = {}
             for seen, fresh in assessed:
                 now = current.node(seen.name)
@@ -569,10 +595,14 @@ class ClusterCache:
             if not node or pod_terminated(obj):
                 old = self._snap.pods.get(key)
                 if old is not None and (pod_terminated(obj) or not old.assumed):
+                    if not pod_terminated(obj) and self._unseen_as(key, obj):
+                        return  # an event from before topoplace's own Binding
                     self._snap = without_pod(self._snap, key)
                     self._expiry.pop(key, None)
                     self._nominated.pop(key, None)
+                    self._bound_unseen.pop(key, None)
                 return
+            self._bound_unseen.pop(key, None)
             self._drop_pending(key)
             old = self._snap.pods.get(key)
             if old is not None and old.node == node and not old.assumed:
@@ -785,6 +815,7 @@ class ClusterCache:
         """A pod is gone: release its resources (idempotent)."""
         with self._lock:
             self._drop_pending(key)
+            self._bound_unseen.pop(key, None)
             self._nominated.pop(key, None)
             self._expiry.pop(key, None)
             self._snap = without_pod(self._snap, key)
@@ -812,17 +843,48 @@ class ClusterCache:
         pods: Iterable[Mapping[str, Any]],
         extra: Mapping[str, Any] | None = None,
     ) -> None:
-        """Rebuild from a fresh list (initial sync or relist), keeping live assumptions."""
+        """Rebuild from objects (the initial list, a relist, a ResourceSlice change),
+        keeping what topoplace holds that the objects do not show yet: assumptions and
+        nominations, and pods it bound whose binding the watch has not shown (listed
+        still pending, with the same uid).
+
+        The new snapshot is built without the lock: at 5,000 nodes that takes seconds,
+        and filter and bind go on answering from the current snapshot meanwhile. What
+        they hold when it is ready is carried over under the lock."""
+        pods = pods if isinstance(pods, list) else list(pods)
+        snap = build_snapshot(nodes, pods, self.params, extra)
+        unheld = self._unheld_after_rebuild(snap)
+        modeled = self._as_modeled(snap)
+        snap = self._with_history(snap)
+        pending = {
+            object_key(p): meta(p).get("uid")
+            for p in pods
+            if isinstance(p, Mapping)
+            and not (p.get("spec") or {}).get("nodeName")
+            and not pod_terminated(p)
+        }
         with self._lock:
-            snap = build_snapshot(nodes, pods, self.params, extra)
-            self._unheld = self._unheld_after_rebuild(snap)
-            self._modeled = self._as_modeled(snap)
-            snap = self._with_history(snap)
+            unseen, still_unseen = self._bound_unseen, {}
             for key, pod in self._snap.pods.items():
-                if pod.assumed and key not in snap.pods and pod.node in snap.index:
-                    try:
-                        snap = with_pod(snap, pod)
-                    except ValueError:
-                        log.warning("dropping assumption %s: its GPUs are now held", key)
-                        self._expiry.pop(key, None)
+                if key in snap.pods or pod.node not in snap.index:
+                    continue
+                bound = key in unseen and key in pending and pending[key] == unseen[key]
+                if not pod.assumed and not bound:
+                    continue
+                try:
+                    snap = with_pod(snap, pod)
+                except ValueError:
+                    log.warning("dropping %s's GPUs: they are now held", key)
+                    self._expiry.pop(key, None)
+                    continue
+                if bound:
+                    still_unseen[key] = unseen[key]
+            self._bound_unseen = still_unseen
+            self._unheld = unheld
+            self._modeled = modeled
             self._snap = snap
+
+    def _unseen_as(self, key: str, obj: Mapping[str, Any]) -> bool:
+        """Whether ``obj`` is the pod topoplace bound as ``key`` and the watch has not
+        shown bound yet (:attr:`_bound_unseen`: the same uid)."""
+        return key in self._bound_unseen and self._bound_unseen[key] == meta(obj).get("uid")
