@@ -13,7 +13,18 @@ two kinds:
   round robin over the nodes: the watcher re-assesses that node alone
   (``ClusterCache.apply_slice_taints``);
 * ``device``: a slice republished with a device left out (then put back): every node is
-  read again from every object (``KubeWatcher._rebuild`` -> ``ClusterCache.replace_all``).
+  read again from every object (``KubeWatcher._rebuild`` -> ``ClusterCache.replace_all``),
+  here at once for each event (``slice_rebuild_delay_s=0``).
+
+Two more figures for changes that need a rebuild:
+
+* ``burst``: ``--burst`` slices republished with a device left out, one after another (a
+  driver restarting on many nodes), then the rebuild that is due: the CPU of the whole
+  burst and how many rebuilds it took (with the shipped ``WatchOptions``: one; a checkout
+  without the coalescing rebuilds for each);
+* ``wait``: while one rebuild runs in the watch's thread, a probe thread takes the cache
+  (``ClusterCache.assume_chosen`` with a choice that holds nothing, as filter and bind
+  take it) every millisecond: the longest and the median wall time of one take.
 
 Each event's copy of the slice is made outside the timing. The API objects come from
 :class:`ListOnlyApiNoServer` (a stand-in for the API server: it serves discovery and the
@@ -22,7 +33,8 @@ initial lists from memory; nothing here talks to a cluster).
 Prints the conditions and, per case, the median and p99 CPU ms of one event
 (``time.process_time``) and the nodes whose health the last event changed.
 
-Run: ``python -m benchmarks.slice_event [--nodes 500 5000] [--events 40] [--source DIR]``
+Run: ``python -m benchmarks.slice_event [--nodes 500 5000] [--events 40] [--burst 20]
+[--source DIR]``
 (``--source`` imports ``scheduler`` from another checkout, for a before / after
 comparison; a checkout without the taint path rebuilds on both kinds).
 """
@@ -60,8 +72,10 @@ class ListOnlyApiNoServer:
         return copy.deepcopy(self.lists.get(kind.name) or {"items": [], "metadata": {}})
 
 
-def one_case(nodes: int, events: int) -> dict[str, tuple[list[float], int]]:
-    """Per kind: (CPU ms of each event, nodes whose health the last one changed)."""
+def one_case(nodes: int, events: int, burst: int = 0) -> dict[str, Any]:
+    """Per kind: (CPU ms of each event, nodes whose health the last one changed); with
+    ``burst``, also "burst": (CPU ms of the burst and its rebuild, rebuilds) and "wait":
+    (the probe's wall ms per take of the cache during one rebuild)."""
     from benchmarks.clusters import synthetic_cluster
     from benchmarks.health_refresh import node_slices
     from scheduler.cli.main import load_params
@@ -88,10 +102,13 @@ def one_case(nodes: int, events: int) -> dict[str, tuple[list[float], int]]:
     params = load_params(None)
     cache = ClusterCache.from_objects([], [], params)
     cache.health_tracker = HealthTracker(params.health)
-    watcher = KubeWatcher(ListOnlyApiNoServer(lists), cache, WatchOptions(podgroups=False))
+    at_once = WatchOptions(podgroups=False)
+    if hasattr(at_once, "slice_rebuild_delay_s"):  # a checkout with the coalescing
+        at_once = WatchOptions(podgroups=False, slice_rebuild_delay_s=0)
+    watcher = KubeWatcher(ListOnlyApiNoServer(lists), cache, at_once)
     watcher.sync()
     stream = watcher.streams[kinds[0].name]
-    out: dict[str, tuple[list[float], int]] = {}
+    out: dict[str, Any] = {}
     rv = 10 * nodes
     for case in ("taint", "device"):
         times = []
@@ -122,7 +139,61 @@ def one_case(nodes: int, events: int) -> dict[str, tuple[list[float], int]]:
                 1 for a, b in zip(before.nodes, after.nodes, strict=True) if a.health != b.health
             )
         out[case] = (times, changed)
+    if burst:
+        out["burst"] = _burst(watcher, stream, burst, rv)
+        out["wait"] = _wait(watcher)
     return out
+
+
+def _burst(watcher: Any, stream: Any, burst: int, rv: int) -> tuple[float, int]:
+    """(CPU ms, rebuilds) of ``burst`` slices republished with a device left out, one per
+    node, and the rebuild that is then due, with the shipped watch options."""
+    from scheduler.kube.watcher import WatchOptions
+
+    watcher.options = WatchOptions(podgroups=False)
+    counter = watcher.metrics.rebuilds.labels(cause="resourceslices")
+    before = counter._value.get()
+    keys = list(stream.store)[:burst]
+    objs = []
+    for k in keys:
+        new = copy.deepcopy(stream.store[k])
+        rv += 1
+        new["metadata"]["resourceVersion"] = str(rv)
+        new["spec"]["devices"].pop()
+        objs.append(new)
+    t = time.process_time()
+    for new in objs:
+        watcher.apply_event(stream, {"type": "MODIFIED", "object": new})
+    if hasattr(watcher, "rebuild_stale_slices"):
+        watcher.rebuild_stale_slices(force=True)
+    cpu = 1000 * (time.process_time() - t)
+    return cpu, int(counter._value.get() - before)
+
+
+def _wait(watcher: Any) -> list[float]:
+    """Wall ms of each take of the cache by a probe thread (every 1 ms) while the
+    watcher rebuilds once."""
+    import threading
+
+    cache = watcher.cache
+    waits: list[float] = []
+    stop = threading.Event()
+
+    def probe() -> None:
+        while not stop.is_set():
+            t = time.perf_counter()
+            cache.assume_chosen(lambda snap: "probe holds nothing")
+            waits.append(1000 * (time.perf_counter() - t))
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=probe)
+    thread.start()
+    time.sleep(0.05)
+    with watcher._lock:
+        watcher._rebuild("resourceslices")
+    stop.set()
+    thread.join()
+    return waits
 
 
 def _key(slice_obj: dict[str, Any]) -> str:
@@ -136,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, nargs="+", default=[500, 5000])
     ap.add_argument("--events", type=int, default=40, help="events timed per kind")
+    ap.add_argument(
+        "--burst", type=int, default=20, help="slices republished in the burst (0: none)"
+    )
     add_source_option(ap)
     args = ap.parse_args(argv)
     where = import_scheduler(args.source)
@@ -148,11 +222,29 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("| nodes | event | median | p99 | nodes whose health the last event changed |")
     print("|---|---|---|---|---|")
-    for n in args.nodes:
-        for case, (times, changed) in one_case(n, args.events).items():
+    results = {n: one_case(n, args.events, args.burst) for n in args.nodes}
+    for n, cases in results.items():
+        for case in ("taint", "device"):
+            times, changed = cases[case]
             label = "a device taint" if case == "taint" else "a device left out / back"
             print(
                 f"| {n} | {label} | {statistics.median(times):.2f} | {p99(times):.2f} | {changed} |"
+            )
+    if args.burst:
+        print()
+        print(
+            f"A burst of {args.burst} slices republished with a device left out, then the "
+            "rebuild due (shipped watch options); a probe taking the cache every 1 ms "
+            "during one rebuild (wall ms per take)"
+        )
+        print("| nodes | burst CPU ms | rebuilds | probe takes | longest take | median take |")
+        print("|---|---|---|---|---|---|")
+        for n, cases in results.items():
+            cpu, rebuilds = cases["burst"]
+            waits = cases["wait"]
+            print(
+                f"| {n} | {cpu:.1f} | {rebuilds} | {len(waits)} | {max(waits):.3f} "
+                f"| {statistics.median(waits):.3f} |"
             )
     return 0
 

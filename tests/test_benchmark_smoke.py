@@ -42,11 +42,17 @@ def test_plumbing_benchmark_drives_filter_and_bind_and_counts_connections(capsys
 def test_slice_event_benchmark_times_both_kinds(capsys) -> None:
     from benchmarks import slice_event
 
-    assert slice_event.main(["--nodes", "6", "--events", "4"]) == 0
+    assert slice_event.main(["--nodes", "6", "--events", "4", "--burst", "4"]) == 0
     out = capsys.readouterr().out
     rows = [r for r in out.splitlines() if r.startswith("| 6 |")]
-    assert [r.split("|")[2].strip() for r in rows] == ["a device taint", "a device left out / back"]
-    taint, device = ([c.strip() for c in r.strip("|").split("|")] for r in rows)
+    assert [r.split("|")[2].strip() for r in rows[:2]] == [
+        "a device taint",
+        "a device left out / back",
+    ]
+    burst = [c.strip() for c in rows[2].strip("|").split("|")]
+    assert float(burst[1]) > 0 and burst[2] == "1"  # four changes, one rebuild
+    assert int(burst[3]) > 0 and float(burst[4]) >= float(burst[5]) >= 0
+    taint, device = ([c.strip() for c in r.strip("|").split("|")] for r in rows[:2])
     assert 0 <= float(taint[2]) <= float(taint[3]) and 0 < float(device[2]) <= float(device[3])
     assert taint[4] == "1"  # the last event cleared the taint: that node's health changed
     assert device[4] == "0"  # the last event put the device back: no health changed

@@ -33,7 +33,10 @@ watch is connected, else the moment the earliest still-broken watch broke;
 
 Concurrency: each resource runs in its own daemon thread. Every store update together
 with its cache update happens under one watcher lock, so a relist of one resource (which
-rebuilds the cache from all stores) never interleaves with an event of another.
+rebuilds the cache from all stores) never interleaves with an event of another. A burst
+of ResourceSlice changes that need a rebuild is applied by one rebuild on a thread of
+its own (``kube-slice-rebuild``, see ``WatchOptions.slice_rebuild_delay_s``), under the
+same lock.
 """
 
 from __future__ import annotations
@@ -98,6 +101,15 @@ class WatchOptions:
         podgroups: discover and watch PodGroup APIs.
         dra: discover and watch ``resource.k8s.io`` ResourceSlices, ResourceClaims and
             DeviceClasses (:mod:`scheduler.kube.dra`).
+        slice_rebuild_delay_s: a ResourceSlice change that needs a rebuild of the cache
+            (any but a device-taint update: GPUs published, removed, moved) after a quiet
+            spell is rebuilt at once; one within this long of the last rebuild waits
+            this long for the rest of its burst (a DRA driver rolled out publishes a
+            slice per node), then one rebuild applies them all; 0: each rebuilds at
+            once, in the watch's thread.
+        slice_rebuild_share: those rebuilds take at most this share of the time (a
+            rebuild of 2.6 s at 5,000 nodes is followed by at least 7.8 s without one
+            at 0.25), see :func:`slice_rebuild_due`.
     """
 
     broken_after_s: float = 30.0
@@ -108,6 +120,30 @@ class WatchOptions:
     watch_seconds: int | None = None
     podgroups: bool = True
     dra: bool = True
+    slice_rebuild_delay_s: float = 0.5
+    slice_rebuild_share: float = 0.25
+
+
+def slice_rebuild_due(
+    now: float,
+    stale_since: float | None,
+    delay: float,
+    last_end: float,
+    last_seconds: float,
+    share: float,
+) -> float:
+    """When the rebuild for a ResourceSlice change seen at ``now`` may run, with changes
+    pending since ``stale_since`` (None: none) and the last rebuild ended at ``last_end``
+    after ``last_seconds``.
+
+    Rebuilds keep to ``share`` of the time: the next starts no sooner than the last one's
+    end plus ``last_seconds x (1 / share - 1)``. A change after a quiet spell (nothing
+    pending, no rebuild for ``delay`` and that gap) is rebuilt at once (``now``); any
+    other waits ``delay`` from the first pending change, for the rest of its burst."""
+    gap = last_seconds * (1.0 / share - 1.0) if 0 < share < 1 else 0.0
+    if stale_since is None and now >= last_end + max(delay, gap):
+        return now
+    return max((now if stale_since is None else stale_since) + delay, last_end + gap)
 
 
 def _pool_slices(store: Mapping[str, Mapping[str, Any]], slice_obj: Mapping[str, Any]) -> int:
@@ -200,6 +236,13 @@ class KubeWatcher:
         self._boot_broken_since: float | None = None
         self._boot_thread: threading.Thread | None = None
         self._event_counters: dict[tuple[str, str], Any] = {}
+        self._slices_stale_since: float | None = None
+        """When the first ResourceSlice change not yet in the cache arrived (None: all
+        are in); a rebuild applies them (:meth:`rebuild_stale_slices`)."""
+        self._slices_stale = threading.Event()
+        self._last_rebuild = (float("-inf"), 0.0)
+        """(end, seconds) of the last rebuild, on :attr:`_clock`."""
+        self._rebuilder: threading.Thread | None = None
 
     def _new_backoff(self) -> Backoff:
         o = self.options
@@ -352,18 +395,85 @@ class KubeWatcher:
     def _rebuild(self, cause: str) -> None:
         """Rebuild the cache from every store, keeping other ``extra`` entries (lock held);
         counted by ``cause`` and timed (:class:`~scheduler.kube.metrics.KubeMetrics`)."""
-        started = time.monotonic()
+        started, at = time.monotonic(), self._clock()
+        self._slices_stale_since = None  # every store is read: pending slices included
+        self._slices_stale.clear()
         extra = dict(self.cache.snapshot().extra)
         extra[PODGROUPS_EXTRA] = self.podgroups()
         if self._dra_stores():
             extra.update(kdra.extra_from_stores(self._dra_stores()))
         self.cache.replace_all(
             self.streams[NODES.name].store.values(),
-            self.streams[PODS.name].store.values(),
+            list(self.streams[PODS.name].store.values()),
             extra=extra,
         )
         self.metrics.rebuilds.labels(cause=cause).inc()
         self.metrics.rebuild_seconds.set(time.monotonic() - started)
+        end = self._clock()
+        self._last_rebuild = (end, end - at)
+
+    def _slices_changed(self) -> None:
+        """A ResourceSlice change the cache can only take by a rebuild (lock held): at
+        once, or marked pending for :meth:`rebuild_stale_slices`."""
+        now = self._clock()
+        end, seconds = self._last_rebuild
+        o = self.options
+        due = slice_rebuild_due(
+            now,
+            self._slices_stale_since,
+            o.slice_rebuild_delay_s,
+            end,
+            seconds,
+            o.slice_rebuild_share,
+        )
+        if o.slice_rebuild_delay_s <= 0 or (self._slices_stale_since is None and due <= now):
+            self._rebuild("resourceslices")
+            return
+        if self._slices_stale_since is None:
+            self._slices_stale_since = now
+        self._slices_stale.set()
+
+    def slice_rebuild_due(self) -> float | None:
+        """When the pending ResourceSlice changes are due to be rebuilt (on the watcher's
+        clock), None when none are pending."""
+        with self._lock:
+            since = self._slices_stale_since
+            if since is None:
+                return None
+            end, seconds = self._last_rebuild
+            o = self.options
+            return slice_rebuild_due(
+                since, since, o.slice_rebuild_delay_s, end, seconds, o.slice_rebuild_share
+            )
+
+    def rebuild_stale_slices(self, force: bool = False) -> bool:
+        """Rebuild the cache for the pending ResourceSlice changes if they are due (or
+        ``force``); True if it rebuilt."""
+        with self._lock:
+            due = self.slice_rebuild_due()
+            if due is None or (not force and due > self._clock()):
+                return False
+            self._rebuild("resourceslices")
+            return True
+
+    def _rebuild_loop(self) -> None:
+        """The thread that applies pending ResourceSlice changes when they are due."""
+        while not self._stop.is_set():
+            if not self._slices_stale.wait(timeout=1.0):
+                continue
+            due = self.slice_rebuild_due()
+            if due is None:
+                continue
+            wait = due - self._clock()
+            if wait > 0:
+                self._stop.wait(min(wait, 1.0))
+                continue
+            try:
+                self.rebuild_stale_slices()
+            except Exception:  # a bug in rebuilding: keep the thread, retry when due
+                log.exception("rebuild for ResourceSlice changes failed")
+                with self._lock:
+                    self._last_rebuild = (self._clock(), max(self._last_rebuild[1], 1.0))
 
     def relist(self, s: ResourceStream) -> None:
         """List one resource again (after 410 Gone) and rebuild the cache.
@@ -468,15 +578,16 @@ class KubeWatcher:
             self.cache.apply_claim(key, None if typ == "DELETED" else obj)
         elif s.kind.plural == "resourceslices":
             node = ""
-            if typ == "MODIFIED" and old is not None:
+            if typ == "MODIFIED" and old is not None and self._slices_stale_since is None:
                 node = dra.taints_only_update(old, obj, lambda: _pool_slices(s.store, obj))
             # A device's taints changed (its health): that node alone. Anything else
-            # (GPUs added or removed, pools moving on): every node, from every object.
+            # (GPUs added or removed, pools moving on), or any change while others wait
+            # for their rebuild: every node, from every object, once the burst is in.
             if node and self.cache.apply_slice_taints(obj, node):
                 self.metrics.slice_updates.labels(path="node").inc()
             else:
                 self.metrics.slice_updates.labels(path="rebuild").inc()
-                self._rebuild("resourceslices")
+                self._slices_changed()
         else:
             extra = kdra.extra_from_stores(self._dra_stores())
             self.cache.set_extra(dra.CLASSES_KEY, extra[dra.CLASSES_KEY])
@@ -587,6 +698,10 @@ class KubeWatcher:
             )
             s.thread = t
             t.start()
+        self._rebuilder = threading.Thread(
+            target=self._rebuild_loop, name="kube-slice-rebuild", daemon=True
+        )
+        self._rebuilder.start()
 
     def start(self) -> None:
         """Start the initial sync and then one watch thread per resource (daemons)."""
@@ -605,7 +720,8 @@ class KubeWatcher:
             if w is not None:
                 w.close()
         deadline = time.monotonic() + timeout
-        threads = [self._boot_thread] + [s.thread for s in streams]
+        self._slices_stale.set()  # wakes the rebuild thread, which sees the stop
+        threads = [self._boot_thread, self._rebuilder] + [s.thread for s in streams]
         for t in threads:
             if t is not None and t is not threading.current_thread():
                 t.join(max(0.0, deadline - time.monotonic()))

@@ -5,6 +5,8 @@ versions). Any other slice change still rebuilds."""
 from __future__ import annotations
 
 import copy
+import threading
+import time
 from collections import deque
 from typing import Any
 
@@ -21,7 +23,7 @@ from scheduler.core.snapshot import (
     index_slice_update,
 )
 from scheduler.kube import dra as kdra
-from scheduler.kube.watcher import KubeWatcher, WatchOptions
+from scheduler.kube.watcher import KubeWatcher, WatchOptions, slice_rebuild_due
 from scheduler.runtime.cache import ClusterCache
 from scheduler.runtime.health_tracker import HealthTracker
 from tests.dra import recorded
@@ -165,9 +167,12 @@ def _same(a: ClusterSnapshot, b: ClusterSnapshot) -> None:
     assert a.extra[dra.SLICES_KEY] == b.extra[dra.SLICES_KEY]
 
 
-def _synced(api: Any) -> KubeWatcher:
+def _synced(api: Any, clock: Any = None, **options: Any) -> KubeWatcher:
     w = KubeWatcher(
-        api, ClusterCache(build_snapshot([], [], PARAMS), PARAMS), WatchOptions(podgroups=False)
+        api,
+        ClusterCache(build_snapshot([], [], PARAMS), PARAMS),
+        WatchOptions(podgroups=False, **options),
+        **({} if clock is None else {"clock": clock}),
     )
     w.sync()
     return w
@@ -227,21 +232,98 @@ def test_a_taint_event_reassesses_one_node_as_a_rebuild_would() -> None:
     assert cache.snapshot().node(NODE).health.bad_mask == 0  # type: ignore[union-attr]
 
 
-def test_other_slice_events_still_rebuild() -> None:
-    w = _synced(_api())
+def test_other_slice_events_rebuild_once_their_burst_is_in() -> None:
+    """A slice change that is not a taint update waits ``slice_rebuild_delay_s`` for the
+    rest of its burst; one rebuild then applies every change, a taint update that came
+    meanwhile included, and equals a rebuild from the same objects."""
+    clock = Clock(1000.0)
+    w = _synced(_api(), clock)
+    assert w.slice_rebuild_due() is None
     smaller = _slice_of("v1beta2")
     smaller["spec"]["devices"].pop()  # a GPU fell off the bus
     _event(w, smaller)
-    assert _counts(w) == (1, 0, 1)
-    assert w.cache.snapshot().node(NODE).gpu_capacity == 7  # type: ignore[union-attr]
+    assert _counts(w) == (0, 0, 1)
+    assert w.cache.snapshot().node(NODE).gpu_capacity == 8  # type: ignore[union-attr]
+    assert w.slice_rebuild_due() == 1000.5
+    assert not w.rebuild_stale_slices()  # not due yet
+    clock.t += 0.2
     _event(w, _slice_of("v1beta2", "gpu-node-1"), "DELETED")
-    assert _counts(w) == (2, 0, 2)
     added = resource_slice("gpu-node-1", [device(j) for j in range(8)])
     _event(w, added, "ADDED")
-    assert _counts(w) == (3, 0, 3)
-    assert w.cache.snapshot().node("gpu-node-1").gpu_capacity == 8  # type: ignore[union-attr]
+    # A taint update while others wait joins them (the snapshot's slices are behind).
+    _event(w, _tainted(smaller, (2, "gpu.nvidia.com/xid", "NoExecute")))
+    assert _counts(w) == (0, 0, 4)
+    assert w.slice_rebuild_due() == 1000.5  # from the first change of the burst
+    clock.t = 1000.5
+    assert w.rebuild_stale_slices()
+    assert _counts(w) == (1, 0, 4)
+    assert w.slice_rebuild_due() is None
+    got = w.cache.snapshot()
+    n0 = got.node(NODE)
+    assert n0 is not None and n0.gpu_capacity == 7 and n0.health.bad_mask == 1 << 2
+    assert got.node("gpu-node-1").gpu_capacity == 8  # type: ignore[union-attr]
+    with w._lock:
+        w._rebuild("test")  # the same objects, read whole
+    _same(got, w.cache.snapshot())
     seconds = w.metrics.registry.get_sample_value("topoplace_kube_snapshot_rebuild_seconds")
     assert seconds is not None and 0 < seconds < 10
+    # With nothing pending, a taint update takes the one-node path again ...
+    _event(w, _tainted(smaller, (3, "gpu.nvidia.com/xid", "NoExecute")))
+    assert _counts(w) == (1, 1, 4)
+    assert w.cache.snapshot().node(NODE).health.bad_mask == 1 << 3  # type: ignore[union-attr]
+    # ... and a change after a quiet spell is rebuilt at once.
+    clock.t += 1.0
+    _event(w, _slice_of("v1beta2"))  # the GPU is back
+    assert _counts(w) == (2, 1, 5)
+    assert w.cache.snapshot().node(NODE).gpu_capacity == 8  # type: ignore[union-attr]
+    assert w.slice_rebuild_due() is None
+
+
+def test_slice_rebuild_delay_zero_rebuilds_at_once() -> None:
+    w = _synced(_api(), slice_rebuild_delay_s=0)
+    smaller = _slice_of("v1beta2")
+    smaller["spec"]["devices"].pop()
+    _event(w, smaller)
+    assert _counts(w) == (1, 0, 1)
+    assert w.cache.snapshot().node(NODE).gpu_capacity == 7  # type: ignore[union-attr]
+    assert w.slice_rebuild_due() is None
+
+
+def test_slice_rebuilds_keep_to_their_share_of_the_time() -> None:
+    """A change after a quiet spell rebuilds at once; one close after a rebuild waits for
+    its burst (``delay``) and, after a rebuild of ``d`` seconds, for ``d x (1 / share -
+    1)``: at 0.25, a 2.6-s rebuild of 5,000 nodes is followed by 7.8 s without one."""
+    never = float("-inf")
+    assert slice_rebuild_due(100.0, None, 0.5, never, 0.0, 0.25) == 100.0  # quiet: now
+    assert slice_rebuild_due(100.0, None, 0.5, 99.0, 0.1, 0.25) == 100.0  # 1 s since
+    assert slice_rebuild_due(100.0, None, 0.5, 99.8, 0.1, 0.25) == 100.5  # a burst
+    assert slice_rebuild_due(100.0, None, 0.5, 99.0, 2.6, 0.25) == pytest.approx(99.0 + 7.8)
+    # Pending since 99.9: due from then, whatever the latest change.
+    assert slice_rebuild_due(100.2, 99.9, 0.5, 90.0, 0.1, 0.25) == pytest.approx(100.4)
+    assert slice_rebuild_due(100.2, 99.9, 0.5, 99.0, 2.6, 0.25) == pytest.approx(106.8)
+    assert slice_rebuild_due(100.0, None, 0.5, 99.8, 2.6, 1.0) == 100.5  # no share kept
+
+
+def test_the_rebuild_thread_applies_pending_changes_when_due() -> None:
+    """The watcher's rebuild thread, on the real clock: a pending change is in the cache
+    once the delay is over, and ``stop`` ends the thread."""
+    w = _synced(_api(), slice_rebuild_delay_s=1.0)
+    thread = threading.Thread(target=w._rebuild_loop, daemon=True)
+    thread.start()
+    try:
+        smaller = _slice_of("v1beta2")
+        smaller["spec"]["devices"].pop()
+        _event(w, smaller)  # within a second of the initial list's rebuild: pending
+        assert _counts(w) == (0, 0, 1)
+        deadline = time.monotonic() + 10
+        while _counts(w)[0] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _counts(w) == (1, 0, 1)
+        assert w.cache.snapshot().node(NODE).gpu_capacity == 7  # type: ignore[union-attr]
+    finally:
+        w.stop()
+        thread.join(timeout=5)
+    assert not thread.is_alive()
 
 
 def test_xid_taints_on_the_fast_path_count_as_on_a_rebuild() -> None:
