@@ -341,6 +341,11 @@ class KubeRuntime:
                     poll(self.extender)
                 except Exception:
                     log.exception("waking parked gang members failed")
+            if lead is None or lead.active:
+                try:
+                    self.extender.parked.poll(self.cache)
+                except Exception:
+                    log.exception("waking refused pods failed")
             every = self.options.health_refresh_interval_s
             tracker = self.cache.health_tracker
             if tracker is not None and every > 0 and time.monotonic() - last_refresh >= every:
@@ -430,9 +435,11 @@ def build_kube_runtime(
         leadership=Leadership() if opts.leader_lease is not None else None,
     )
     lead = ext.leadership
-    waker = None
+    # Pods kube-scheduler parked after topoplace alone refused them come back when
+    # woken: gang members (the gang runtime) and single GPU pods (ext.parked).
+    waker = PodWaker(api, km)
+    ext.parked.waker = waker.wake
     if gangs is not None and hasattr(gangs, "waker"):
-        waker = PodWaker(api, km)
         gangs.waker = waker.wake
     rt = KubeRuntime(api, cache, watcher, binder, ext, readiness, opts, km, waker)
 

@@ -111,6 +111,7 @@ from scheduler.core.objects import ObjectError, PlanRecord, request_from_pod
 from scheduler.core.policies.registry import DEFAULT_GANG_POLICY, GANG_POLICIES, get_policy
 from scheduler.core.schedule import Assignment, FilterOutcome, PlacementResult
 from scheduler.core.snapshot import ClusterSnapshot, DoubleBookingError
+from scheduler.runtime.parked import WAKE_BACKOFF_SECONDS, free_gpus
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +146,6 @@ def on_event_loop() -> bool:
 
 
 REFUSAL_HOLD_SECONDS = 2.0
-WAKE_BACKOFF_SECONDS = (2.0, 4.0, 8.0, 16.0, 30.0)
-"""Delays between two wakes of the parked members of a gang that is still refused."""
 RESERVE_RETRIES = 2
 DONE_KEPT = 64
 FIRST_SEEN_KEPT = 4096
@@ -245,12 +244,6 @@ def _over_namespace_cap(
             f"(bound: {cap})"
         )
     return ""
-
-
-def _free_gpus(snap: ClusterSnapshot) -> int:
-    """Free GPUs on schedulable nodes (the capacity a refused gang waits for)."""
-    a = snap.arrays
-    return int(a.free[a.blocked == 0].sum()) if len(snap.nodes) else 0
 
 
 class GangRuntime:
@@ -470,7 +463,7 @@ class GangRuntime:
             ext.cache.now(),
             members,
             dict(details or {}),
-            _free_gpus(snap),
+            free_gpus(snap),
         )
         if remember:
             self._refusals[gang] = ref
@@ -583,7 +576,7 @@ class GangRuntime:
             # a deletion the refusal did not see (the watch lagged) ends the hold at once.
             if ref is not None and (
                 ref.generation == snap.generation
-                or (cache.now() - ref.at < REFUSAL_HOLD_SECONDS and _free_gpus(snap) <= ref.free)
+                or (cache.now() - ref.at < REFUSAL_HOLD_SECONDS and free_gpus(snap) <= ref.free)
             ):
                 self._members.setdefault(req.gang, {})[req.key] = req
                 self._park(req)
@@ -642,7 +635,7 @@ class GangRuntime:
         cache = ext.cache
         with self._plan_lock:
             snap = cache.snapshot()
-            free = _free_gpus(snap)
+            free = free_gpus(snap)
             now = cache.now()
             for gang in sorted(self._parked):
                 if not self._parked[gang]:

@@ -64,6 +64,7 @@ from scheduler.core.schedule import (
 from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.runtime.cache import ClusterCache
 from scheduler.runtime.dra import DraRouter
+from scheduler.runtime.parked import ParkedPods
 from scheduler.server import wire
 from scheduler.server.decisions import DecisionLog, gang_member_summary
 from scheduler.server.fractional_verbs import (
@@ -242,6 +243,8 @@ class Extender:
         self.metrics = metrics or Metrics()
         self.ready = ready
         self.gangs = gangs
+        self.parked = ParkedPods()
+        """Refused single GPU pods to wake when GPUs free (kube mode sets its waker)."""
         self.fetch_pod = fetch_pod
         self._tables: tuple[Any, NameTable | None] | None = None
         self._names_memo = wire.NamesMemo()
@@ -296,6 +299,10 @@ class Extender:
                 # ones when a node is offered: see send_reasons).
                 counts = np.bincount(codes, minlength=CODE_NOT_CHOSEN + 1)
                 feasible = pos[codes == FEASIBLE]
+                if len(feasible):
+                    self.parked.offered(req.key)
+                elif self._ours(pod):  # kube-scheduler parks it: wake it when GPUs free
+                    self.parked.refused(req.key, req.gpus, snap, pos)
                 not_chosen = int(counts[CODE_NOT_CHOSEN])
                 if not self.send_reasons(len(feasible)):  # counted only: no node lists
                     sizes = verdict_counts(snap, pos, codes, (CODE_NOT_CHOSEN,), counts)

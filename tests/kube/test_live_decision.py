@@ -15,9 +15,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from scheduler.core.health import REASON_GPU_CORDON
+from scheduler.core.params import SchedParams
 from scheduler.kube.waker import WAKE_ANNOTATION
 from tests.kube.conftest import NODE_LABEL, Topoplace, make_gpu_node
 from tests.kube.test_live import (
@@ -30,6 +32,7 @@ from tests.kube.test_live import (
 )
 
 RACE_RUNS = int(os.environ.get("TOPOPLACE_RACE_RUNS", "3"))
+NOMINATION_TTL_S = SchedParams().extender.nomination_ttl_seconds
 _VERSION = os.environ.get("KCP_K8S_VERSION", "")
 PARKS_EXTENDER_REFUSALS = _VERSION.startswith("v1.2") or _VERSION in ("v1.30", "v1.31")
 """kube-scheduler before 1.32 keeps a pod refused only by an extender in its unschedulable
@@ -173,3 +176,53 @@ def test_gang_member_refused_in_a_race_comes_back(
             woken = core.read_namespaced_pod(a, namespace).metadata.annotations or {}
             assert WAKE_ANNOTATION in woken, "member A came back without being woken"
         delete_pods(core, namespace, [a, b])
+
+
+def test_a_pod_refused_for_gpus_only_topoplace_held_comes_back_when_they_lapse(
+    core: Any,
+    topoplace: Topoplace,
+    namespace: str,
+    scheduler_name: str,
+    shipped_scheduler: Any,
+    run_id: str,
+) -> None:
+    """GPUs held by topoplace alone: a filter call for a pod that never binds (the test
+    plays kube-scheduler) nominates all 8 GPUs of the one node, for the nomination's TTL.
+    A pod asking 8 GPUs there is refused by topoplace alone, and kube-scheduler parks it.
+    When the nomination lapses nothing happens in the cluster, so on every kube-scheduler
+    version no event brings the pod back before the 5-minute flush; topoplace wakes it
+    (``scheduler.runtime.parked``) and it binds within seconds of the lapse."""
+    label = f"{run_id}-park"
+    with fresh_nodes(core, topoplace, f"tp-park-{run_id}", label, 1) as (node,):
+        ghost = _pod("ghost", 8, scheduler_name, label)
+        ghost["metadata"].update({"namespace": namespace, "uid": f"ghost-{run_id}"})
+        r = httpx.post(
+            topoplace.url + "/scheduler/filter",
+            json={"Pod": ghost, "NodeNames": [node]},
+            timeout=10,
+        )
+        assert r.status_code == 200 and r.json()["NodeNames"] == [node], r.text
+        held_at = time.monotonic()  # the ghost's 8 GPUs are nominated from now
+        name = "parked-a"
+        core.create_namespaced_pod(namespace, _pod(name, 8, scheduler_name, label))
+
+        def refused() -> bool:
+            c = _scheduled_condition(core.read_namespaced_pod(name, namespace))
+            return c is not None and c.status == "False" and c.reason == "Unschedulable"
+
+        wait_for(refused, 20, "the pod refused while topoplace holds the node's GPUs")
+        time.sleep(3)  # any retry from the backoff queue: refused again, parked for good
+        assert refused() and not bound(core, namespace, [name])
+        got = wait_for(
+            lambda: (x := bound(core, namespace, [name])) and x,
+            NOMINATION_TTL_S + 20,
+            "the pod bound once the nomination lapsed (woken, not left parked)",
+            every=0.2,
+        )
+        after = time.monotonic() - held_at
+        print(f"\nbound {after:.1f} s after the nomination (TTL {NOMINATION_TTL_S:.0f} s)")
+        assert after >= NOMINATION_TTL_S - 1  # not before the GPUs were free
+        assert got[name].spec.node_name == node
+        woken = core.read_namespaced_pod(name, namespace).metadata.annotations or {}
+        assert WAKE_ANNOTATION in woken, "the pod came back without being woken"
+        delete_pods(core, namespace, [name])

@@ -1,0 +1,186 @@
+"""Single GPU pods that filter refused, woken when GPUs they could use appear.
+
+kube-scheduler keeps a pod that no node passed in its unschedulable queue until a cluster
+event that one of the plugins that rejected it cares about. When only topoplace refused it
+there is no such plugin. Before 1.32 no event moves it; from 1.32 only an event some
+in-tree plugin registers for does (``isEventOfInterest``: a pod deleted, a node's
+allocatable, labels, taints or conditions changed), not a node annotation, and nothing of
+what changes inside topoplace alone: a nomination or a gang's reservation that expires,
+GPUs a cordon annotation gives back, a health verdict that ages, a burst of ResourceSlice
+changes applied after its delay, a deletion kube-scheduler retried on before topoplace's
+watch delivered it. Such a pod waits for the periodic flush
+(``podMaxInUnschedulablePodsDuration``, 5 minutes).
+
+:class:`ParkedPods` remembers each single GPU pod that filter refused while none of the
+nodes kube-scheduler offered for it (its candidates, which passed every in-tree filter)
+had as many free GPUs as it asks. The kube janitor's :meth:`ParkedPods.poll` (every
+second) wakes, in the order they were refused, those of which a candidate now has that
+many free GPUs, as many as the free GPUs can take, through the gang runtime's waker (an
+annotation patch: an update of the pod moves it). A pod woken and refused again is woken
+next only after a backoff. A pod refused while a candidate had GPUs enough (its CPU,
+memory or topology refused it) is not parked: GPUs are not what it waits for, and the
+events kube-scheduler watches for bring it back.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from scheduler.core.snapshot import ClusterSnapshot
+
+log = logging.getLogger(__name__)
+
+WAKE_BACKOFF_SECONDS = (2.0, 4.0, 8.0, 16.0, 30.0)
+"""Delays before a pod (or a gang's parked members) woken and refused again is woken
+once more."""
+
+MAX_PARKED = 10_000
+"""Refused pods remembered at most; the oldest refusal goes first."""
+
+
+@dataclass(frozen=True, slots=True)
+class Parked:
+    """A refused pod: the GPUs it asks, its candidates (a bit per node position of
+    ``index``, the snapshot's node index when it was refused), and its wakes so far
+    (count, and the time of the last)."""
+
+    gpus: int
+    candidates: int
+    index: Any
+    wakes: int = 0
+    woken_at: float = float("-inf")
+
+
+def _free(snap: ClusterSnapshot) -> np.ndarray:
+    """Free GPUs per node position, 0 on nodes that take no pod."""
+    a = snap.arrays
+    return np.where(a.blocked == 0, a.free, 0)
+
+
+def free_gpus(snap: ClusterSnapshot) -> int:
+    """Free GPUs on schedulable nodes (the capacity a refused pod or gang waits for)."""
+    return int(_free(snap).sum()) if len(snap.nodes) else 0
+
+
+def _bits(flags: np.ndarray) -> int:
+    """A bool per node position as an int, bit ``i`` for position ``i``."""
+    return int.from_bytes(np.packbits(flags, bitorder="little").tobytes(), "little")
+
+
+def _positions(bits: int) -> list[int]:
+    out, i = [], 0
+    while bits:
+        if bits & 1:
+            out.append(i)
+        bits >>= 1
+        i += 1
+    return out
+
+
+def _remap(bits: int, old: Any, new: Any) -> int:
+    """Candidates given by position in the node index ``old``, by position in ``new``
+    (nodes gone are dropped)."""
+    by_position = {i: name for name, i in old.items()}
+    out = 0
+    for i in _positions(bits):
+        j = new.get(by_position.get(i))
+        if j is not None:
+            out |= 1 << j
+    return out
+
+
+class ParkedPods:
+    """Refused single GPU pods, and when to wake them (see the module docstring).
+
+    ``waker(keys, why)`` asks kube-scheduler to retry the pods (kube mode sets it to
+    :meth:`scheduler.kube.waker.PodWaker.wake`); without one nothing is remembered.
+    Thread-safe: filter parks, the janitor polls.
+    """
+
+    def __init__(self, limit: int = MAX_PARKED) -> None:
+        self.waker: Callable[[list[str], str], None] | None = None
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._pods: OrderedDict[str, Parked] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    def get(self, key: str) -> Parked | None:
+        """The pod's record, if parked."""
+        return self._pods.get(key)
+
+    def refused(self, key: str, gpus: int, snap: ClusterSnapshot, candidates: Any) -> bool:
+        """Filter offered ``key`` (asking ``gpus``) none of the nodes at positions
+        ``candidates`` of ``snap``. Parks it if none of them had ``gpus`` free GPUs;
+        True if parked."""
+        if self.waker is None or gpus <= 0 or not len(candidates):
+            return False
+        free = _free(snap)
+        if int(free[candidates].max()) >= gpus:  # GPUs were there: something else refused
+            self.offered(key)
+            return False
+        flags = np.zeros(len(free), dtype=bool)
+        flags[candidates] = True
+        bits = _bits(flags)
+        with self._lock:
+            old = self._pods.get(key)
+            if old is None:
+                self._pods[key] = Parked(gpus, bits, snap.index)
+                while len(self._pods) > self.limit:
+                    self._pods.popitem(last=False)
+            else:  # keeps its place in the order and its wakes (the backoff)
+                self._pods[key] = replace(old, gpus=gpus, candidates=bits, index=snap.index)
+        return True
+
+    def offered(self, key: str) -> None:
+        """Filter offered ``key`` a node: nothing to wake it for."""
+        if self._pods:
+            with self._lock:
+                self._pods.pop(key, None)
+
+    def poll(self, cache: Any) -> list[str]:
+        """Wake the parked pods of which a candidate now has the GPUs they ask (see the
+        module docstring); drop those bound, deleted or forgotten. Returns the keys woken."""
+        if not self._pods or self.waker is None:
+            return []
+        snap = cache.snapshot()
+        now = cache.now()
+        free = _free(snap)
+        budget = free_gpus(snap)
+        at_least = {g: _bits(free >= g) for g in {p.gpus for p in self._pods.values()}}
+        woken: list[str] = []
+        with self._lock:
+            for key, p in list(self._pods.items()):
+                if key in snap.pods or cache.pending(key) is None:
+                    del self._pods[key]  # bound (held), or no longer a pending pod
+                    continue
+                if p.index is not snap.index:  # nodes came or went: positions moved
+                    p = replace(p, candidates=_remap(p.candidates, p.index, snap.index))
+                    p = replace(p, index=snap.index)
+                    self._pods[key] = p
+                if p.gpus > budget or not p.candidates & at_least[p.gpus]:
+                    continue
+                if p.wakes and now - p.woken_at < _backoff(p.wakes):
+                    continue
+                woken.append(key)
+                budget -= p.gpus
+                self._pods[key] = replace(p, wakes=p.wakes + 1, woken_at=now)
+        if woken:
+            log.info("waking %d refused pod(s): a node they may use has the GPUs", len(woken))
+            try:
+                self.waker(woken, "GPUs freed since the refusal")
+            except Exception:  # the waker is an I/O edge: never let it break the janitor
+                log.exception("waking refused pods failed")
+        return woken
+
+
+def _backoff(wakes: int) -> float:
+    return WAKE_BACKOFF_SECONDS[min(wakes, len(WAKE_BACKOFF_SECONDS)) - 1]
