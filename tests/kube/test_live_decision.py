@@ -115,6 +115,12 @@ def _scheduled_condition(pod: Any) -> Any:
     )
 
 
+def _unschedulable(core: Any, namespace: str, name: str) -> bool:
+    """Whether kube-scheduler last found no node for the pod (PodScheduled False)."""
+    c = _scheduled_condition(core.read_namespaced_pod(name, namespace))
+    return c is not None and c.status == "False" and c.reason == "Unschedulable"
+
+
 def _cordoned_in_topoplace(tp: Topoplace, node: str) -> bool:
     got = {x["name"]: x["reasons"] for x in tp.get("/v1/inspect/nodes")["nodes"]}
     return REASON_GPU_CORDON in got.get(node, [])
@@ -148,8 +154,7 @@ def test_gang_member_refused_in_a_race_comes_back(
         core.create_namespaced_pod(namespace, _pod(a, 8, scheduler_name, label, annotations=ann))
 
         def refused() -> bool:
-            c = _scheduled_condition(core.read_namespaced_pod(a, namespace))
-            return c is not None and c.status == "False" and c.reason == "Unschedulable"
+            return _unschedulable(core, namespace, a)
 
         wait_for(refused, 30, "member A refused while topoplace sees 15 usable GPUs")
         # Let any retry from kube-scheduler's backoff queue happen: in a quiet cluster it is
@@ -207,8 +212,7 @@ def test_a_pod_refused_for_gpus_only_topoplace_held_comes_back_when_they_lapse(
         core.create_namespaced_pod(namespace, _pod(name, 8, scheduler_name, label))
 
         def refused() -> bool:
-            c = _scheduled_condition(core.read_namespaced_pod(name, namespace))
-            return c is not None and c.status == "False" and c.reason == "Unschedulable"
+            return _unschedulable(core, namespace, name)
 
         wait_for(refused, 20, "the pod refused while topoplace holds the node's GPUs")
         time.sleep(3)  # any retry from the backoff queue: refused again, parked for good
