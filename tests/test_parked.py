@@ -152,3 +152,26 @@ def test_pods_bound_or_gone_are_dropped_and_nothing_is_kept_without_a_waker() ->
     ext.parked.waker = None  # serve --cluster: nobody parks pods
     assert _filter(cache, ext, make_pod("b", 8, namespace="ml")) == []
     assert len(ext.parked) == 0
+
+
+def test_metrics_show_the_parked_pods() -> None:
+    """``/metrics`` over real HTTP (the ASGI app through httpx): one refused pod parked."""
+    import asyncio
+
+    import httpx
+
+    from scheduler.server.app import create_app
+
+    (node,) = dgx_h100_nodes(1)
+    name = node["metadata"]["name"]
+    x = make_pod("x", 8, namespace="ml", node=name, gpu_indices=list(range(8)))
+    cache, ext, waker, clock, _ = _setup([x])
+    assert _filter(cache, ext, make_pod("a", 8, namespace="ml")) == []
+
+    async def scrape() -> str:
+        transport = httpx.ASGITransport(app=create_app(ext))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return (await client.get("/metrics")).text
+
+    text = asyncio.run(scrape())
+    assert "topoplace_parked_pods 1.0" in text

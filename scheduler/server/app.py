@@ -406,6 +406,7 @@ def create_app(
         metrics.free_gpus.set(int(a.free.sum()))
         metrics.unhealthy_nodes.set(int((a.state >= int(Health.UNHEALTHY)).sum()))
         metrics.unmodeled_nodes.set(snap.unmodeled_nodes)
+        metrics.parked_pods.set(len(extender.parked))
         metrics.free_gpus_by_domain.clear()
         for (product, domain), free in ui.free_by_domain(snap, extender.params.fabric).items():
             metrics.free_gpus_by_domain.labels(product=product, domain=domain).set(free)

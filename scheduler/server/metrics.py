@@ -88,6 +88,12 @@ class Metrics:
         self.unhealthy_nodes = Gauge(
             "topoplace_unhealthy_nodes", "Nodes graded unhealthy", registry=r
         )
+        self.parked_pods = Gauge(
+            "topoplace_parked_pods",
+            "Single GPU pods topoplace refused for want of GPUs, to be woken when a node they "
+            "may use has them (kube mode), set at scrape time",
+            registry=r,
+        )
         self.gang_events = Counter(
             "topoplace_gang_events", "Gang planning events by kind", ["event"], registry=r
         )
