@@ -396,8 +396,6 @@ class KubeWatcher:
         """Rebuild the cache from every store, keeping other ``extra`` entries (lock held);
         counted by ``cause`` and timed (:class:`~scheduler.kube.metrics.KubeMetrics`)."""
         started, at = time.monotonic(), self._clock()
-        self._slices_stale_since = None  # every store is read: pending slices included
-        self._slices_stale.clear()
         extra = dict(self.cache.snapshot().extra)
         extra[PODGROUPS_EXTRA] = self.podgroups()
         if self._dra_stores():
@@ -407,6 +405,10 @@ class KubeWatcher:
             list(self.streams[PODS.name].store.values()),
             extra=extra,
         )
+        # Every store was read: slice changes pending (no event came meanwhile: the
+        # watcher's lock is held) are in. After a failure they stay pending.
+        self._slices_stale_since = None
+        self._slices_stale.clear()
         self.metrics.rebuilds.labels(cause=cause).inc()
         self.metrics.rebuild_seconds.set(time.monotonic() - started)
         end = self._clock()
@@ -433,7 +435,7 @@ class KubeWatcher:
             self._slices_stale_since = now
         self._slices_stale.set()
 
-    def slice_rebuild_due(self) -> float | None:
+    def pending_slices_due(self) -> float | None:
         """When the pending ResourceSlice changes are due to be rebuilt (on the watcher's
         clock), None when none are pending."""
         with self._lock:
@@ -450,7 +452,7 @@ class KubeWatcher:
         """Rebuild the cache for the pending ResourceSlice changes if they are due (or
         ``force``); True if it rebuilt."""
         with self._lock:
-            due = self.slice_rebuild_due()
+            due = self.pending_slices_due()
             if due is None or (not force and due > self._clock()):
                 return False
             self._rebuild("resourceslices")
@@ -461,7 +463,7 @@ class KubeWatcher:
         while not self._stop.is_set():
             if not self._slices_stale.wait(timeout=1.0):
                 continue
-            due = self.slice_rebuild_due()
+            due = self.pending_slices_due()
             if due is None:
                 continue
             wait = due - self._clock()

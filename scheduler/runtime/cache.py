@@ -483,9 +483,9 @@ class ClusterCache:
     ) -> NodeInfo:
         """``base``, the node its object ``raw`` models (:func:`modeled_node`), as the
         snapshot holds it now: with the usage of ``held`` (the same node in the snapshot,
-                if there) and, with a health tracker, its verdict adjusted by history. ``held``
-                itself when that is what it already is (the common case of a refresh: nothing
-                but the time changed)."""
+        if there) and, with a health tracker, its verdict adjusted by history. ``held``
+        itself when that is what it already is (the common case of a refresh: nothing but
+        the time changed)."""
         # the verdict reads the node's name, GPU count and health: base's, usage aside
         verdict = base.health if self.health_tracker is None else self._tracked(raw, base, devices)
         if held is None:

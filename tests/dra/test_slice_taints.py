@@ -238,13 +238,13 @@ def test_other_slice_events_rebuild_once_their_burst_is_in() -> None:
     meanwhile included, and equals a rebuild from the same objects."""
     clock = Clock(1000.0)
     w = _synced(_api(), clock)
-    assert w.slice_rebuild_due() is None
+    assert w.pending_slices_due() is None
     smaller = _slice_of("v1beta2")
     smaller["spec"]["devices"].pop()  # a GPU fell off the bus
     _event(w, smaller)
     assert _counts(w) == (0, 0, 1)
     assert w.cache.snapshot().node(NODE).gpu_capacity == 8  # type: ignore[union-attr]
-    assert w.slice_rebuild_due() == 1000.5
+    assert w.pending_slices_due() == 1000.5
     assert not w.rebuild_stale_slices()  # not due yet
     clock.t += 0.2
     _event(w, _slice_of("v1beta2", "gpu-node-1"), "DELETED")
@@ -253,11 +253,11 @@ def test_other_slice_events_rebuild_once_their_burst_is_in() -> None:
     # A taint update while others wait joins them (the snapshot's slices are behind).
     _event(w, _tainted(smaller, (2, "gpu.nvidia.com/xid", "NoExecute")))
     assert _counts(w) == (0, 0, 4)
-    assert w.slice_rebuild_due() == 1000.5  # from the first change of the burst
+    assert w.pending_slices_due() == 1000.5  # from the first change of the burst
     clock.t = 1000.5
     assert w.rebuild_stale_slices()
     assert _counts(w) == (1, 0, 4)
-    assert w.slice_rebuild_due() is None
+    assert w.pending_slices_due() is None
     got = w.cache.snapshot()
     n0 = got.node(NODE)
     assert n0 is not None and n0.gpu_capacity == 7 and n0.health.bad_mask == 1 << 2
@@ -276,7 +276,7 @@ def test_other_slice_events_rebuild_once_their_burst_is_in() -> None:
     _event(w, _slice_of("v1beta2"))  # the GPU is back
     assert _counts(w) == (2, 1, 5)
     assert w.cache.snapshot().node(NODE).gpu_capacity == 8  # type: ignore[union-attr]
-    assert w.slice_rebuild_due() is None
+    assert w.pending_slices_due() is None
 
 
 def test_slice_rebuild_delay_zero_rebuilds_at_once() -> None:
@@ -286,7 +286,7 @@ def test_slice_rebuild_delay_zero_rebuilds_at_once() -> None:
     _event(w, smaller)
     assert _counts(w) == (1, 0, 1)
     assert w.cache.snapshot().node(NODE).gpu_capacity == 7  # type: ignore[union-attr]
-    assert w.slice_rebuild_due() is None
+    assert w.pending_slices_due() is None
 
 
 def test_slice_rebuilds_keep_to_their_share_of_the_time() -> None:
@@ -389,3 +389,24 @@ def test_slices_kept_out_of_name_order_are_found_too() -> None:
         build_snapshot(recorded.nodes(), recorded.pods(), PARAMS, {**extra, dra.SLICES_KEY: after}),
     )
     assert cache.snapshot().node(NODE).health.bad_mask == 1
+
+
+def test_a_failed_rebuild_leaves_the_slice_changes_pending(monkeypatch) -> None:
+    clock = Clock(1000.0)
+    w = _synced(_api(), clock)
+    smaller = _slice_of("v1beta2")
+    smaller["spec"]["devices"].pop()
+    _event(w, smaller)
+    clock.t = 1000.5
+    real = w.cache.replace_all
+
+    def broken(*args: Any, **kw: Any) -> None:
+        raise RuntimeError("a bug in rebuilding")
+
+    monkeypatch.setattr(w.cache, "replace_all", broken)
+    with pytest.raises(RuntimeError):
+        w.rebuild_stale_slices()
+    assert w.pending_slices_due() == 1000.5  # still pending
+    monkeypatch.setattr(w.cache, "replace_all", real)
+    assert w.rebuild_stale_slices()
+    assert w.cache.snapshot().node(NODE).gpu_capacity == 7  # type: ignore[union-attr]
