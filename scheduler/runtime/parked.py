@@ -11,15 +11,18 @@ changes applied after its delay, a deletion kube-scheduler retried on before top
 watch delivered it. Such a pod waits for the periodic flush
 (``podMaxInUnschedulablePodsDuration``, 5 minutes).
 
-:class:`ParkedPods` remembers each single GPU pod that filter refused while none of the
+Which pods: whole-GPU pods placed one by one (gang members are woken by the gang runtime,
+``scheduler.runtime.gangs``; fractional, replica and DRA claim pods are not parked).
+:class:`ParkedPods` remembers each such pod that filter refused while none of the
 nodes kube-scheduler offered for it (its candidates, which passed every in-tree filter)
 had as many free GPUs as it asks. The kube janitor's :meth:`ParkedPods.poll` (every
 second) wakes, in the order they were refused, those of which a candidate now has that
-many free GPUs, as many as the free GPUs can take, through the gang runtime's waker (an
-annotation patch: an update of the pod moves it). A pod woken and refused again is woken
-next only after a backoff. A pod refused while a candidate had GPUs enough (its CPU,
-memory or topology refused it) is not parked: GPUs are not what it waits for, and the
-events kube-scheduler watches for bring it back.
+many free GPUs, as many as the free GPUs can take, through the waker kube mode also uses
+for gang members (an annotation patch: an update of the pod moves it). A pod woken and
+refused again is woken next only after a backoff. A pod refused while a candidate had as
+many free GPUs as it asks is not parked (its CPU or memory refused it, or the free GPUs
+did not form a set it accepts): a count of free GPUs cannot tell when it fits, and the
+events kube-scheduler watches for (a pod deleted) bring it back.
 """
 
 from __future__ import annotations
