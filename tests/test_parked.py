@@ -175,3 +175,28 @@ def test_metrics_show_the_parked_pods() -> None:
 
     text = asyncio.run(scrape())
     assert "topoplace_parked_pods 1.0" in text
+
+
+def test_pods_refused_while_the_cache_was_behind_are_woken_once_it_caught_up() -> None:
+    """Whatever refused them: pods refused since the cache fell behind (here: a
+    nodeSelector no node matches, which no GPU count explains) are woken when the watch
+    says it caught up, those refused before are not, and a pod woken so and refused
+    again waits out a backoff before the next such wake."""
+    cache, ext, waker, clock, _ = _setup()
+    early = make_pod("early", 2, namespace="ml", node_selector={"pool": "nowhere"})
+    assert _filter(cache, ext, early) == []
+    clock.t += 10
+    since = clock.t
+    late = make_pod("late", 2, namespace="ml", node_selector={"pool": "nowhere"})
+    assert _filter(cache, ext, late) == []
+    fits = make_pod("fits", 1, namespace="ml")
+    assert _filter(cache, ext, fits) != []  # offered a node: nothing to wake
+    assert ext.parked.wake_refused_since(since, cache, "caught up") == ["ml/late"]
+    assert waker.calls == [(["ml/late"], "caught up")]
+    assert _filter(cache, ext, late) == []  # refused again, right away
+    assert ext.parked.wake_refused_since(since, cache, "caught up") == []  # backoff
+    clock.t += WAKE_BACKOFF_SECONDS[0]
+    assert ext.parked.wake_refused_since(since, cache, "caught up") == ["ml/late"]
+    cache.delete_pod("ml/late")
+    clock.t += WAKE_BACKOFF_SECONDS[-1]
+    assert ext.parked.wake_refused_since(since, cache, "caught up") == []  # gone

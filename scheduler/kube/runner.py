@@ -437,10 +437,18 @@ def build_kube_runtime(
     lead = ext.leadership
     # Pods kube-scheduler parked after topoplace alone refused them come back when
     # woken: gang members (the gang runtime) and single GPU pods (ext.parked).
+    # And any pod refused while the cache was behind on ResourceSlice changes, once a
+    # rebuild has applied them (kube-scheduler may have retried it on the change first).
     waker = PodWaker(api, km)
     ext.parked.waker = waker.wake
     if gangs is not None and hasattr(gangs, "waker"):
         gangs.waker = waker.wake
+
+    def caught_up(since: float) -> None:
+        if lead is None or lead.active:
+            ext.parked.wake_refused_since(since, cache, "ResourceSlice changes applied")
+
+    watcher.on_caught_up = caught_up
     rt = KubeRuntime(api, cache, watcher, binder, ext, readiness, opts, km, waker)
 
     def start_allocator() -> None:

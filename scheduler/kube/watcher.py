@@ -124,6 +124,12 @@ class WatchOptions:
     slice_rebuild_share: float = 0.25
 
 
+WATCH_LAG_S = 1.0
+"""How long before topoplace's watch delivered a change kube-scheduler may have seen it and
+retried pods on it: a pod refused that long before a ResourceSlice change counts as
+refused while the cache was behind (:attr:`KubeWatcher.on_caught_up`)."""
+
+
 def slice_rebuild_due(
     now: float,
     stale_since: float | None,
@@ -243,6 +249,14 @@ class KubeWatcher:
         self._last_rebuild = (float("-inf"), 0.0)
         """(end, seconds) of the last rebuild, on :attr:`_clock`."""
         self._rebuilder: threading.Thread | None = None
+        self._behind_since: float | None = None
+        """Since when (the cache's clock, less :data:`WATCH_LAG_S`) the cache is behind on
+        ResourceSlice changes it takes by a rebuild; None when it is not."""
+        self.on_caught_up: Callable[[float], Any] | None = None
+        """Called with :attr:`_behind_since` once a rebuild has applied those changes
+        (kube mode: wake the pods refused since then, ``ParkedPods.wake_refused_since``):
+        kube-scheduler may have retried pods on a change the cache did not have yet, and
+        a pod only topoplace refused gets no other event to bring it back."""
 
     def _new_backoff(self) -> Backoff:
         o = self.options
@@ -413,10 +427,18 @@ class KubeWatcher:
         self.metrics.rebuild_seconds.set(time.monotonic() - started)
         end = self._clock()
         self._last_rebuild = (end, end - at)
+        behind, self._behind_since = self._behind_since, None
+        if behind is not None and self.on_caught_up is not None:
+            try:
+                self.on_caught_up(behind)
+            except Exception:  # a hook's failure must not fail the rebuild
+                log.exception("after the rebuild: waking refused pods failed")
 
     def _slices_changed(self) -> None:
         """A ResourceSlice change the cache can only take by a rebuild (lock held): at
         once, or marked pending for :meth:`rebuild_stale_slices`."""
+        if self._behind_since is None:
+            self._behind_since = self.cache.now() - WATCH_LAG_S
         now = self._clock()
         end, seconds = self._last_rebuild
         o = self.options

@@ -112,6 +112,11 @@ class ParkedPods:
         self.limit = limit
         self._lock = threading.Lock()
         self._pods: OrderedDict[str, Parked] = OrderedDict()
+        self._refused_at: OrderedDict[str, float] = OrderedDict()
+        """Every pod refused (any kind, any reason) by the time of its latest refusal, for
+        :meth:`wake_refused_since`."""
+        self._behind_wakes: dict[str, tuple[int, float]] = {}
+        """Wakes by :meth:`wake_refused_since` per pod (count, time of the last): backoff."""
 
     def __len__(self) -> int:
         return len(self._pods)
@@ -119,6 +124,17 @@ class ParkedPods:
     def get(self, key: str) -> Parked | None:
         """The pod's record, if parked."""
         return self._pods.get(key)
+
+    def note_refusal(self, key: str, at: float) -> None:
+        """Filter offered ``key`` no node at ``at`` (the cache's clock), for whatever
+        reason: :meth:`wake_refused_since` wakes it if the cache was behind then."""
+        if self.waker is None:
+            return
+        with self._lock:
+            self._refused_at[key] = at
+            self._refused_at.move_to_end(key)
+            while len(self._refused_at) > self.limit:
+                self._refused_at.popitem(last=False)
 
     def refused(self, key: str, gpus: int, snap: ClusterSnapshot, candidates: Any) -> bool:
         """Filter offered ``key`` (asking ``gpus``) none of the nodes at positions
@@ -128,7 +144,9 @@ class ParkedPods:
             return False
         free = _free(snap)
         if int(free[candidates].max()) >= gpus:  # GPUs were there: something else refused
-            self.offered(key)
+            if key in self._pods:
+                with self._lock:
+                    self._pods.pop(key, None)
             return False
         flags = np.zeros(len(free), dtype=bool)
         flags[candidates] = True
@@ -145,9 +163,45 @@ class ParkedPods:
 
     def offered(self, key: str) -> None:
         """Filter offered ``key`` a node: nothing to wake it for."""
-        if self._pods:
+        if self._pods or self._refused_at:
             with self._lock:
                 self._pods.pop(key, None)
+                self._refused_at.pop(key, None)
+                self._behind_wakes.pop(key, None)
+
+    def wake_refused_since(self, since: float, cache: Any, why: str) -> list[str]:
+        """The cache has caught up with a change it was behind on from ``since`` (the
+        cache's clock): wake the pods refused since then that are still pending, whatever
+        refused them, for kube-scheduler may have retried them on that change before the
+        cache had it. A pod woken so and refused again waits out a backoff before the
+        next such wake. Returns the keys woken."""
+        if self.waker is None or not self._refused_at:
+            return []
+        snap = cache.snapshot()
+        now = cache.now()
+        woken: list[str] = []
+        with self._lock:
+            for key, at in list(self._refused_at.items()):
+                if at < since:
+                    continue
+                if key in snap.pods or cache.pending(key) is None:
+                    del self._refused_at[key]
+                    self._behind_wakes.pop(key, None)
+                    continue
+                count, last = self._behind_wakes.get(key, (0, float("-inf")))
+                if count and now - last < _backoff(count):
+                    continue
+                self._behind_wakes[key] = (count + 1, now)
+                woken.append(key)
+            while len(self._behind_wakes) > self.limit:
+                self._behind_wakes.pop(next(iter(self._behind_wakes)))
+        if woken:
+            log.info("waking %d pod(s) refused while the cache was behind (%s)", len(woken), why)
+            try:
+                self.waker(woken, why)
+            except Exception:  # the waker is an I/O edge: never let it break the watch
+                log.exception("waking refused pods failed")
+        return woken
 
     def poll(self, cache: Any) -> list[str]:
         """Wake the parked pods of which a candidate now has the GPUs they ask (see the
@@ -164,6 +218,7 @@ class ParkedPods:
             for key, p in list(self._pods.items()):
                 if key in snap.pods or cache.pending(key) is None:
                     del self._pods[key]  # bound (held), or no longer a pending pod
+                    self._refused_at.pop(key, None)
                     continue
                 if p.index is not snap.index:  # nodes came or went: positions moved
                     p = replace(p, candidates=_remap(p.candidates, p.index, snap.index))

@@ -283,9 +283,11 @@ class Extender:
         if isinstance(req, dict):
             return orjson.dumps(req)
         if is_share_pod(pod):  # fractional pods: a branch of their own (fractional_verbs)
-            return orjson.dumps(share_filter(self, pod, req, wire.names_list(names), items))
+            res = share_filter(self, pod, req, wire.names_list(names), items)
+            return orjson.dumps(self._noted(pod, req, res))
         if is_replica_pod(self, pod, req):  # time-slicing / MPS replicas (fractional_verbs)
-            return orjson.dumps(replica_filter(self, pod, req, wire.names_list(names), items))
+            res = replica_filter(self, pod, req, wire.names_list(names), items)
+            return orjson.dumps(self._noted(pod, req, res))
         if items is None and req.gpus > 0 and not (self.gangs is not None and req.gang):
             with self.cache.lock:
                 snap = self._decision_snapshot(req)
@@ -302,6 +304,7 @@ class Extender:
                 if len(feasible):
                     self.parked.offered(req.key)
                 elif self._ours(pod):  # kube-scheduler parks it: wake it when GPUs free
+                    self.parked.note_refusal(req.key, self.cache.now())
                     self.parked.refused(req.key, req.gpus, snap, pos)
                 not_chosen = int(counts[CODE_NOT_CHOSEN])
                 if not self.send_reasons(len(feasible)):  # counted only: no node lists
@@ -321,7 +324,22 @@ class Extender:
             if table is not None and pos is not None:
                 self._count_groups(len(pos), [])
                 return table.filter_result(pos, [])
-        return orjson.dumps(self._filter(pod, req, wire.names_list(names), items))
+        return orjson.dumps(
+            self._noted(pod, req, self._filter(pod, req, wire.names_list(names), items))
+        )
+
+    def _noted(
+        self, pod: Mapping[str, Any], req: PodRequest, res: dict[str, Any]
+    ) -> dict[str, Any]:
+        """``res`` (a filter reply), its refusal noted for waking (``parked``)."""
+        if res.get("Error"):
+            return res
+        offered = res.get("NodeNames") or ((res.get("Nodes") or {}).get("items"))
+        if offered:
+            self.parked.offered(req.key)
+        elif self._ours(pod):
+            self.parked.note_refusal(req.key, self.cache.now())
+        return res
 
     def send_reasons(self, offered: int) -> bool:
         """Whether a filter reply offering ``offered`` nodes carries the failed nodes'

@@ -23,7 +23,7 @@ from scheduler.core.snapshot import (
     index_slice_update,
 )
 from scheduler.kube import dra as kdra
-from scheduler.kube.watcher import KubeWatcher, WatchOptions, slice_rebuild_due
+from scheduler.kube.watcher import WATCH_LAG_S, KubeWatcher, WatchOptions, slice_rebuild_due
 from scheduler.runtime.cache import ClusterCache
 from scheduler.runtime.health_tracker import HealthTracker
 from tests.dra import recorded
@@ -410,3 +410,32 @@ def test_a_failed_rebuild_leaves_the_slice_changes_pending(monkeypatch) -> None:
     monkeypatch.setattr(w.cache, "replace_all", real)
     assert w.rebuild_stale_slices()
     assert w.cache.snapshot().node(NODE).gpu_capacity == 7  # type: ignore[union-attr]
+
+
+def test_the_watch_says_when_the_cache_caught_up_on_slice_changes() -> None:
+    """``on_caught_up`` gets the time (the cache's clock, less ``WATCH_LAG_S``) of the
+    first slice change a rebuild took in, once that rebuild is done: for a burst, after
+    its rebuild; for a change after a quiet spell, at once. The one-node taint path is
+    never behind."""
+    clock = Clock(1000.0)
+    cache = ClusterCache(build_snapshot([], [], PARAMS), PARAMS, clock)
+    w = KubeWatcher(_api(), cache, WatchOptions(podgroups=False), clock=clock)
+    w.sync()
+    calls: list[float] = []
+    w.on_caught_up = calls.append
+    _event(w, _tainted(_slice_of("v1beta2"), (1, "k", "NoSchedule")))
+    assert _counts(w) == (0, 1, 0) and calls == []
+    clock.t = 1000.2
+    smaller = _slice_of("v1beta2")
+    smaller["spec"]["devices"].pop()
+    _event(w, smaller)
+    clock.t = 1000.4
+    _event(w, _slice_of("v1beta2", "gpu-node-1"), "DELETED")
+    assert _counts(w) == (0, 1, 2) and calls == []  # pending: the cache is behind
+    clock.t = 1000.7
+    assert w.rebuild_stale_slices()
+    assert calls == [pytest.approx(1000.2 - WATCH_LAG_S)]
+    clock.t = 1010.0
+    _event(w, _slice_of("v1beta2"))  # after a quiet spell: rebuilt at once
+    assert _counts(w) == (2, 1, 3)
+    assert calls[1:] == [pytest.approx(1010.0 - WATCH_LAG_S)]
