@@ -846,11 +846,17 @@ def test_options_from_env() -> None:
         {
             "TOPOPLACE_SCHEDULER_NAMES": "topoplace, topology-gpu",
             "TOPOPLACE_WATCH_BROKEN_AFTER_S": "12.5",
+            "TOPOPLACE_SLICE_REBUILD_DELAY_S": "2",
         }
     )
     assert o.scheduler_names == ("topoplace", "topology-gpu")
     assert o.watch.broken_after_s == 12.5
+    assert o.watch.slice_rebuild_delay_s == 2.0
     assert options_from_env({}) == KubeOptions()
+    assert options_from_env({}).watch.slice_rebuild_delay_s == 0.5
+    for bad in ("-1", "nan", "soon", "601"):
+        with pytest.raises(ValueError, match="TOPOPLACE_SLICE_REBUILD_DELAY_S must be 0..600"):
+            options_from_env({"TOPOPLACE_SLICE_REBUILD_DELAY_S": bad})
 
 
 # ---- snapshot command -------------------------------------------------------------------

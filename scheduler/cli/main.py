@@ -441,6 +441,9 @@ def _kube_options(args: argparse.Namespace) -> Any:
 
     try:
         opts = options_from_env()
+    except ValueError as exc:
+        raise CliError(f"environment: {exc}") from None
+    try:
         if args.leader_lease:
             opts = replace(opts, leader_lease=parse_lease_ref(args.leader_lease))
     except ValueError as exc:

@@ -112,6 +112,7 @@ DEFAULT_PROFILES = ("topoplace",)
 """Profiles topoplace binds for when ``TOPOPLACE_SCHEDULER_NAMES`` names none (the
 profile of the shipped scheduler configuration)."""
 ENV_BROKEN_AFTER = "TOPOPLACE_WATCH_BROKEN_AFTER_S"
+ENV_SLICE_REBUILD_DELAY = "TOPOPLACE_SLICE_REBUILD_DELAY_S"
 ENV_LEADER_LEASE = "TOPOPLACE_LEADER_LEASE"
 ENV_LEADER_IDENTITY = "TOPOPLACE_LEADER_IDENTITY"
 
@@ -120,6 +121,8 @@ def options_from_env(environ: Mapping[str, str] | None = None) -> KubeOptions:
     """Defaults overridable without CLI flags (e.g. in the Deployment):
     ``TOPOPLACE_SCHEDULER_NAMES`` (comma-separated profiles that call topoplace) and
     ``TOPOPLACE_WATCH_BROKEN_AFTER_S`` (readiness threshold for a broken watch),
+    ``TOPOPLACE_SLICE_REBUILD_DELAY_S`` (``WatchOptions.slice_rebuild_delay_s``: how long a
+    burst of ResourceSlice changes gathers before its rebuild),
     ``TOPOPLACE_LEADER_LEASE`` (``NAMESPACE/NAME``: follow that Lease) and
     ``TOPOPLACE_LEADER_IDENTITY``."""
     import os
@@ -132,6 +135,15 @@ def options_from_env(environ: Mapping[str, str] | None = None) -> KubeOptions:
     broken = env.get(ENV_BROKEN_AFTER, "").strip()
     if broken:
         opts = replace(opts, watch=replace(opts.watch, broken_after_s=float(broken)))
+    delay = env.get(ENV_SLICE_REBUILD_DELAY, "").strip()
+    if delay:
+        try:
+            value = float(delay)
+        except ValueError:
+            value = float("nan")
+        if not 0 <= value <= 600:
+            raise ValueError(f"{ENV_SLICE_REBUILD_DELAY} must be 0..600 seconds, got {delay!r}")
+        opts = replace(opts, watch=replace(opts.watch, slice_rebuild_delay_s=value))
     lease = env.get(ENV_LEADER_LEASE, "").strip()
     if lease:
         from scheduler.kube.leader import parse_lease_ref

@@ -298,6 +298,9 @@ class Topoplace:
         self.scheduler_names = scheduler_names
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self.extra_env: dict[str, str] = {}
+        """Environment for the next :meth:`start` on top of the suite's (a test that needs
+        another setting restarts the extender with it, then without)."""
         self.url = f"{'https' if tls_dir is not None else 'http'}://127.0.0.1:{port}"
 
     def _client_kw(self) -> dict[str, Any]:
@@ -357,6 +360,7 @@ class Topoplace:
                         }
                     )
                 ),
+                **self.extra_env,
             },
         )
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -709,3 +710,66 @@ def test_compute_domains_one_per_node_and_one_nvlink_domain(
                 kube_api.request_json(
                     "DELETE", f"/apis/resource.k8s.io/{dra_version}/resourceslices/{name}"
                 )
+
+
+# ---- a burst of ResourceSlices: pods refused while the cache was behind are woken ---------------
+
+
+@contextlib.contextmanager
+def _restarted(tp: Topoplace, env: dict[str, str]) -> Iterator[None]:
+    """The suite's topoplace restarted with ``env`` for the block, then without."""
+    tp.kill(signal.SIGTERM)
+    tp.extra_env = dict(env)
+    tp.start()
+    tp.wait_ready()
+    try:
+        yield
+    finally:
+        tp.kill(signal.SIGTERM)
+        tp.extra_env = {}
+        tp.start()
+        tp.wait_ready()
+
+
+def test_a_claim_pod_refused_while_its_slices_wait_for_their_rebuild_is_woken(
+    topoplace: Topoplace,
+    dra_scheduler: Any,
+    cluster: DraCluster,
+    claims: Claims,
+    run_id: str,
+    namespace: str,
+    core: Any,
+) -> None:
+    """The race of a DRA burst, forced. topoplace runs with
+    ``TOPOPLACE_SLICE_REBUILD_DELAY_S=8``: a slice change within 8 s of the last rebuild
+    waits 8 s for the rest of its burst. Node A's slices are published and applied; node
+    B's follow at once. kube-scheduler sees B's slices at once and tries a claim pod that
+    may only go to B; topoplace does not have B's GPUs yet and refuses it, and
+    kube-scheduler parks it with no event to come. Once the rebuild is in, topoplace wakes
+    the pods it refused since the slices fell behind: the pod binds on B, woken."""
+    from scheduler.kube.waker import WAKE_ANNOTATION
+
+    delay = 8.0
+    with _restarted(topoplace, {"TOPOPLACE_SLICE_REBUILD_DELAY_S": str(delay)}):
+        (a,) = cluster.add_nodes(1)
+        wait_for(
+            lambda: any(n["name"] == a and n["gpus"] == 8 for n in tp_nodes(topoplace)),
+            30,
+            "topoplace to see node A's GPUs",
+        )
+        (b,) = cluster.add_nodes(1)  # within 8 s of A's rebuild: B's slices wait
+        t0 = time.monotonic()
+        claims.create("burst", 8)
+        claims.pod("pod-burst", "burst", run_id, selector={"kubernetes.io/hostname": b})
+
+        def refused() -> bool:
+            st = core.read_namespaced_pod("pod-burst", namespace).status
+            c = next((x for x in st.conditions or [] if x.type == "PodScheduled"), None)
+            return c is not None and c.status == "False" and c.reason == "Unschedulable"
+
+        wait_for(refused, delay, "the pod refused while topoplace lacks B's slices")
+        assert not any(n["name"] == b and n["gpus"] == 8 for n in tp_nodes(topoplace))
+        wait_for(lambda: claims.node_of("pod-burst") == b, delay + 20, "the pod bound on B")
+        print(f"\nbound {time.monotonic() - t0:.1f} s after B's slices (delay {delay:.0f} s)")
+        woken = core.read_namespaced_pod("pod-burst", namespace).metadata.annotations or {}
+        assert WAKE_ANNOTATION in woken, "the pod came back without being woken"
