@@ -200,3 +200,28 @@ def test_pods_refused_while_the_cache_was_behind_are_woken_once_it_caught_up() -
     cache.delete_pod("ml/late")
     clock.t += WAKE_BACKOFF_SECONDS[-1]
     assert ext.parked.wake_refused_since(since, cache, "caught up") == []  # gone
+
+
+def test_a_share_pod_refused_while_a_nomination_held_its_gpu_is_woken_when_it_lapses() -> None:
+    """A fractional (HAMi) pod is not parked for GPUs, but a hold of topoplace's own that
+    lapses frees memory no API event announces: the pods refused while it held (within
+    the longest hold's TTL) are woken at the next poll, once."""
+    from tests.sharing.builders import hami_node, share_pod
+
+    clock = Clock(1000.0)
+    cache = ClusterCache(build_snapshot([hami_node("t4-0", gpus=1)], [], P), P, clock)
+    ext = Extender(cache, RecordingBinder(), gangs=GangRuntime())
+    waker = RecordingWakerNoApi()
+    ext.parked.waker = waker
+    assert ext.parked.poll(cache) == []  # the first poll learns the count of lapsed holds
+    big = share_pod("big", mem=15000, cores=50)
+    assert _filter(cache, ext, big) == ["t4-0"]  # nominated: the GPU's memory is held
+    small = share_pod("small", mem=4000, cores=20)
+    assert _filter(cache, ext, small) == []
+    assert ext.parked.get("infer/small") is None  # not parked for GPUs
+    assert ext.parked.poll(cache) == []  # nothing lapsed
+    clock.t += P.extender.nomination_ttl_seconds + 1
+    assert cache.expire() == ["infer/big"]
+    assert ext.parked.poll(cache) == ["infer/small"]
+    assert waker.calls[-1] == (["infer/small"], "held resources lapsed")
+    assert ext.parked.poll(cache) == []  # once

@@ -355,7 +355,9 @@ class KubeRuntime:
                     log.exception("waking parked gang members failed")
             if lead is None or lead.active:
                 try:
-                    self.extender.parked.poll(self.cache)
+                    p = self.extender.params
+                    window = max(p.extender.nomination_ttl_seconds, p.gang.plan_ttl_seconds)
+                    self.extender.parked.poll(self.cache, window)
                 except Exception:
                     log.exception("waking refused pods failed")
             every = self.options.health_refresh_interval_s

@@ -201,6 +201,7 @@ class ClusterCache:
         self._pending_bytes = 0
         self._nominated: dict[str, str] = {}
         self._dra_inv: tuple[Any, dra.Inventory] = (None, dra.EMPTY_INVENTORY)
+        self._expired_total = 0
         self._bound_unseen: dict[str, Any] = {}
         """Pods topoplace bound (the API accepted the Binding: :meth:`confirm` without an
         object) that the watch has not shown bound yet, by key, with their uid. The
@@ -375,7 +376,14 @@ class ClusterCache:
             gone = sorted(k for k, t in self._expiry.items() if t <= now)
             for k in gone:
                 self.forget(k)
+            self._expired_total += len(gone)
             return gone
+
+    @property
+    def expired_total(self) -> int:
+        """Assumptions dropped by :meth:`expire` so far (nominations and gang reservations
+        that lapsed: resources freed without any event from the API)."""
+        return self._expired_total
 
     def expiry_of(self, key: str) -> float | None:
         """When an assumption expires (cache clock), None if it does not."""

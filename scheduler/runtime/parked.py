@@ -23,6 +23,12 @@ refused again is woken next only after a backoff. A pod refused while a candidat
 many free GPUs as it asks is not parked (its CPU or memory refused it, or the free GPUs
 did not form a set it accepts): a count of free GPUs cannot tell when it fits, and the
 events kube-scheduler watches for (a pod deleted) bring it back.
+
+Two moments wake every pod refused in a window, whatever its kind and whatever refused it
+(:meth:`ParkedPods.wake_refused_since`, with its own backoff): a hold of topoplace's own
+lapsed (a nomination or a gang reservation: the poll sees the cache's ``expired_total``
+grow, and wakes the pods refused within the longest hold's TTL), and a rebuild applied
+ResourceSlice changes the cache was behind on (``KubeWatcher.on_caught_up``).
 """
 
 from __future__ import annotations
@@ -117,6 +123,8 @@ class ParkedPods:
         :meth:`wake_refused_since`."""
         self._behind_wakes: dict[str, tuple[int, float]] = {}
         """Wakes by :meth:`wake_refused_since` per pod (count, time of the last): backoff."""
+        self._expired_seen: int | None = None
+        """The cache's ``expired_total`` at the last poll."""
 
     def __len__(self) -> int:
         return len(self._pods)
@@ -169,12 +177,15 @@ class ParkedPods:
                 self._refused_at.pop(key, None)
                 self._behind_wakes.pop(key, None)
 
-    def wake_refused_since(self, since: float, cache: Any, why: str) -> list[str]:
+    def wake_refused_since(
+        self, since: float, cache: Any, why: str, besides_parked: bool = False
+    ) -> list[str]:
         """The cache has caught up with a change it was behind on from ``since`` (the
         cache's clock): wake the pods refused since then that are still pending, whatever
         refused them, for kube-scheduler may have retried them on that change before the
         cache had it. A pod woken so and refused again waits out a backoff before the
-        next such wake. Returns the keys woken."""
+        next such wake. ``besides_parked``: not the pods parked for GPUs (:meth:`poll` has
+        a closer rule for them). Returns the keys woken."""
         if self.waker is None or not self._refused_at:
             return []
         snap = cache.snapshot()
@@ -182,7 +193,7 @@ class ParkedPods:
         woken: list[str] = []
         with self._lock:
             for key, at in list(self._refused_at.items()):
-                if at < since:
+                if at < since or (besides_parked and key in self._pods):
                     continue
                 if key in snap.pods or cache.pending(key) is None:
                     del self._refused_at[key]
@@ -203,11 +214,27 @@ class ParkedPods:
                 log.exception("waking refused pods failed")
         return woken
 
-    def poll(self, cache: Any) -> list[str]:
+    def poll(self, cache: Any, hold_window_s: float = 60.0) -> list[str]:
         """Wake the parked pods of which a candidate now has the GPUs they ask (see the
-        module docstring); drop those bound, deleted or forgotten. Returns the keys woken."""
-        if not self._pods or self.waker is None:
+        module docstring); drop those bound, deleted or forgotten. And when holds of
+        topoplace's own lapsed since the last poll (the cache's ``expired_total``: a
+        nomination or gang reservation freed GPUs, CPU, memory, shares or replicas, which
+        no API event announces), wake the other pods refused within ``hold_window_s``
+        (the longest such hold) with :meth:`wake_refused_since`. Returns the keys woken."""
+        if self.waker is None:
             return []
+        expired = getattr(cache, "expired_total", 0)
+        lapsed = self._expired_seen is not None and expired != self._expired_seen
+        self._expired_seen = expired
+        behind = (
+            self.wake_refused_since(
+                cache.now() - hold_window_s, cache, "held resources lapsed", besides_parked=True
+            )
+            if lapsed
+            else []
+        )
+        if not self._pods:
+            return behind
         snap = cache.snapshot()
         now = cache.now()
         free = _free(snap)
@@ -237,7 +264,7 @@ class ParkedPods:
                 self.waker(woken, "GPUs freed since the refusal")
             except Exception:  # the waker is an I/O edge: never let it break the janitor
                 log.exception("waking refused pods failed")
-        return woken
+        return behind + woken
 
 
 def _backoff(wakes: int) -> float:
