@@ -72,3 +72,16 @@ def test_health_refresh_benchmark_times_both_cases(capsys) -> None:
         assert float(cells[1]) > 0 and 0 <= float(cells[2]) <= float(cells[3])
         assert cells[4] == "0"  # nothing changed between refreshes
         assert float(cells[5]) >= 0
+
+
+def test_parked_poll_benchmark_times_both_cases(capsys) -> None:
+    from benchmarks import parked_poll
+
+    assert parked_poll.main(["--nodes", "6", "--parked", "4", "--polls", "3"]) == 0
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| 6 |")]
+    assert [r.split("|")[3].strip() for r in rows] == ["idle", "freed"]
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[1] == "4"  # every refused pod parked
+        assert 0 <= float(cells[3]) <= float(cells[4])
+        assert cells[5] == "4"  # three nodes freed (8, 16, 24 free GPUs): all four woken
