@@ -10,7 +10,7 @@ then times ``poll``:
 * ``freed``: one node's pod deleted before each poll (one pod woken, the rest checked).
 
 The waker is ``CountingWakerNoApi`` (a stand-in for the annotation patch through the API,
-whose cost is the waker's thread's, not the poll's).
+whose cost is the waker's thread's, not the poll's); nothing is bound (``StubBinderNoApi``).
 
 Prints the conditions and, per case, the median and p99 CPU ms of one poll
 (``time.process_time``).
@@ -29,6 +29,7 @@ from typing import Any
 import orjson
 
 from benchmarks.clusters import dgx_h100_nodes, make_pod
+from benchmarks.pod_path import StubBinderNoApi
 from benchmarks.stats import p99
 
 
@@ -50,7 +51,6 @@ def one_case(nodes: int, parked: int, polls: int) -> dict[str, Any]:
     from scheduler.runtime.gangs import GangRuntime
     from scheduler.server import wire
     from scheduler.server.extender import Extender
-    from tests.sharing.builders import RecordingBinder
 
     params = load_params(None)
     objs = dgx_h100_nodes(nodes)
@@ -60,7 +60,7 @@ def one_case(nodes: int, parked: int, polls: int) -> dict[str, Any]:
         for i, n in enumerate(names)
     ]
     cache = ClusterCache(build_snapshot(objs, full, params), params)
-    ext = Extender(cache, RecordingBinder(), gangs=GangRuntime())
+    ext = Extender(cache, StubBinderNoApi(), gangs=GangRuntime())
     waker = CountingWakerNoApi()
     ext.parked.waker = waker
     for i in range(parked):
