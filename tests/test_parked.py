@@ -225,3 +225,16 @@ def test_a_share_pod_refused_while_a_nomination_held_its_gpu_is_woken_when_it_la
     assert ext.parked.poll(cache) == ["infer/small"]
     assert waker.calls[-1] == (["infer/small"], "held resources lapsed")
     assert ext.parked.poll(cache) == []  # once
+
+
+def test_one_window_wakes_at_most_max_wakes_pods_the_longest_refused_first(monkeypatch) -> None:
+    import scheduler.runtime.parked as parked_mod
+
+    monkeypatch.setattr(parked_mod, "MAX_WAKES", 2)
+    cache, ext, waker, clock, _ = _setup()
+    for i in range(4):
+        clock.t += 1
+        pod = make_pod(f"w{i}", 2, namespace="ml", node_selector={"pool": "nowhere"})
+        assert _filter(cache, ext, pod) == []
+    assert ext.parked.wake_refused_since(0.0, cache, "caught up") == ["ml/w0", "ml/w1"]
+    assert ext.parked.wake_refused_since(0.0, cache, "caught up") == ["ml/w2", "ml/w3"]

@@ -53,6 +53,10 @@ once more."""
 MAX_PARKED = 10_000
 """Refused pods remembered at most; the oldest refusal goes first."""
 
+MAX_WAKES = 200
+"""Pods :meth:`ParkedPods.wake_refused_since` wakes at most per call (the longest-refused
+first): a wake is an API patch and a scheduling cycle, and a window can hold many pods."""
+
 
 @dataclass(frozen=True, slots=True)
 class Parked:
@@ -184,8 +188,9 @@ class ParkedPods:
         cache's clock): wake the pods refused since then that are still pending, whatever
         refused them, for kube-scheduler may have retried them on that change before the
         cache had it. A pod woken so and refused again waits out a backoff before the
-        next such wake. ``besides_parked``: not the pods parked for GPUs (:meth:`poll` has
-        a closer rule for them). Returns the keys woken."""
+        next such wake; at most :data:`MAX_WAKES` are woken, those refused longest ago
+        first. ``besides_parked``: not the pods parked for GPUs (:meth:`poll` has a closer
+        rule for them). Returns the keys woken."""
         if self.waker is None or not self._refused_at:
             return []
         snap = cache.snapshot()
@@ -202,6 +207,8 @@ class ParkedPods:
                 count, last = self._behind_wakes.get(key, (0, float("-inf")))
                 if count and now - last < _backoff(count):
                     continue
+                if len(woken) >= MAX_WAKES:
+                    break
                 self._behind_wakes[key] = (count + 1, now)
                 woken.append(key)
             while len(self._behind_wakes) > self.limit:
