@@ -7,7 +7,9 @@ offered every node, as kube-scheduler sends them with ``percentageOfNodesToScore
 then times ``poll``:
 
 * ``idle``: nothing freed since the last poll (the common case);
-* ``freed``: one node's pod deleted before each poll (one pod woken, the rest checked).
+* ``freed``: one node's pod deleted before each poll (one pod woken, the rest checked);
+* ``joined``: a node (full) added before each poll: the node positions move, so every
+  parked pod's candidates are mapped onto the new ones.
 
 The waker is ``CountingWakerNoApi`` (a stand-in for the annotation patch through the API,
 whose cost is the waker's thread's, not the poll's); nothing is bound (``StubBinderNoApi``).
@@ -71,11 +73,18 @@ def one_case(nodes: int, parked: int, polls: int) -> dict[str, Any]:
     assert len(ext.parked) == parked
     ext.parked.poll(cache)
     out: dict[str, Any] = {"parked": len(ext.parked)}
-    for case in ("idle", "freed"):
+    extra = dgx_h100_nodes(nodes + polls)[nodes:]
+    for case in ("idle", "freed", "joined"):
         times = []
         for i in range(polls):
             if case == "freed":
                 cache.delete_pod(f"bench/x{i}")
+            elif case == "joined":
+                name = extra[i]["metadata"]["name"]
+                cache.upsert_node(extra[i])
+                cache.upsert_pod(
+                    make_pod(f"j{i}", 8, namespace="bench", node=name, gpu_indices=list(range(8)))
+                )
             t = time.process_time()
             ext.parked.poll(cache)
             times.append(1000 * (time.process_time() - t))
@@ -100,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in args.nodes:
         for k in args.parked:
             r = one_case(n, k, args.polls)
-            for case in ("idle", "freed"):
+            for case in ("idle", "freed", "joined"):
                 t = r[case]
                 print(
                     f"| {n} | {r['parked']} | {case} | {statistics.median(t):.3f} "

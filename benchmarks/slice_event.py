@@ -2,8 +2,9 @@
 process.
 
 A DRA driver republishes a node's ResourceSlice whenever a device's taints change (a GPU
-marked unhealthy, an XID, maintenance). The watch applies each event under the cache lock,
-so filter and bind wait for it. This benchmark builds a watcher over ``--nodes`` synthetic
+marked unhealthy, an XID, maintenance). The watch applies a taint update under the cache
+lock, so filter and bind wait for it; a rebuild runs beside them, sharing the interpreter
+(see ``wait`` below). This benchmark builds a watcher over ``--nodes`` synthetic
 8-GPU nodes with one recorded 8-GPU slice each (``benchmarks.health_refresh.node_slices``:
 ``tests/fixtures/kube/dra-1.33``, renamed per node), the recorded DeviceClass and a health
 tracker, lists them as the watch's initial sync does, then times ``--events`` events of

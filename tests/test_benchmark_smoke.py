@@ -79,7 +79,7 @@ def test_parked_poll_benchmark_times_both_cases(capsys) -> None:
 
     assert parked_poll.main(["--nodes", "6", "--parked", "4", "--polls", "3"]) == 0
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| 6 |")]
-    assert [r.split("|")[3].strip() for r in rows] == ["idle", "freed"]
+    assert [r.split("|")[3].strip() for r in rows] == ["idle", "freed", "joined"]
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[1] == "4"  # every refused pod parked

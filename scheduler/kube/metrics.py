@@ -34,15 +34,15 @@ class KubeMetrics:
         )
         self.rebuilds = Counter(
             "topoplace_kube_snapshot_rebuilds",
-            "Snapshot rebuilt from every stored object, filter and bind waiting meanwhile "
-            "(0.2 s at 500 nodes, 2-3 s at 5,000 with DRA slices), by cause (sync, relist, "
-            "resourceslices)",
+            "Snapshot rebuilt from every stored object (0.2 s at 500 nodes, 2-3 s at 5,000 "
+            "with DRA slices; filter and bind answer from the previous one meanwhile), by "
+            "cause (sync, relist, resourceslices: one per burst of slice changes)",
             ["cause"],
             registry=r,
         )
         self.rebuild_seconds = Gauge(
             "topoplace_kube_snapshot_rebuild_seconds",
-            "Wall-clock seconds the latest snapshot rebuild held the cache",
+            "Wall-clock seconds the latest snapshot rebuild took",
             registry=r,
         )
         self.slice_updates = Counter(

@@ -87,26 +87,28 @@ def _bits(flags: np.ndarray) -> int:
     return int.from_bytes(np.packbits(flags, bitorder="little").tobytes(), "little")
 
 
-def _positions(bits: int) -> list[int]:
-    out, i = [], 0
-    while bits:
-        if bits & 1:
-            out.append(i)
-        bits >>= 1
-        i += 1
+def _flags(bits: int, n: int) -> np.ndarray:
+    """:func:`_bits` back: a bool per position ``0..n-1``."""
+    raw = np.frombuffer(bits.to_bytes((n + 7) // 8, "little"), dtype=np.uint8)
+    return np.unpackbits(raw, bitorder="little")[:n].astype(bool)
+
+
+def _moves(old: Any, new: Any) -> np.ndarray:
+    """Per position of the node index ``old`` (name -> position), the same node's position
+    in ``new``; -1 for a node gone."""
+    out = np.full(len(old), -1, dtype=np.int64)
+    for name, i in old.items():
+        out[i] = new.get(name, -1)
     return out
 
 
-def _remap(bits: int, old: Any, new: Any) -> int:
-    """Candidates given by position in the node index ``old``, by position in ``new``
-    (nodes gone are dropped)."""
-    by_position = {i: name for name, i in old.items()}
-    out = 0
-    for i in _positions(bits):
-        j = new.get(by_position.get(i))
-        if j is not None:
-            out |= 1 << j
-    return out
+def _remap(bits: int, moves: np.ndarray, size: int) -> int:
+    """Candidates given by old positions (``bits``), by the new positions of ``moves``
+    (:func:`_moves`) among ``size`` nodes; nodes gone are dropped."""
+    moved = moves[_flags(bits, len(moves))]
+    flags = np.zeros(size, dtype=bool)
+    flags[moved[moved >= 0]] = True
+    return _bits(flags)
 
 
 class ParkedPods:
@@ -200,7 +202,7 @@ class ParkedPods:
             for key, at in list(self._refused_at.items()):
                 if at < since or (besides_parked and key in self._pods):
                     continue
-                if key in snap.pods or cache.pending(key) is None:
+                if _gone(key, snap, cache):
                     del self._refused_at[key]
                     self._behind_wakes.pop(key, None)
                     continue
@@ -247,17 +249,20 @@ class ParkedPods:
         free = _free(snap)
         budget = free_gpus(snap)
         at_least = {g: _bits(free >= g) for g in {p.gpus for p in self._pods.values()}}
+        moves: dict[int, np.ndarray] = {}  # by id of an old index (held by the records)
         woken: list[str] = []
         with self._lock:
             for key, p in list(self._pods.items()):
-                if key in snap.pods or cache.pending(key) is None:
+                if _gone(key, snap, cache):
                     del self._pods[key]  # bound (held), or no longer a pending pod
                     self._refused_at.pop(key, None)
                     continue
                 if p.index is not snap.index:  # nodes came or went: positions moved
-                    p = replace(p, candidates=_remap(p.candidates, p.index, snap.index))
-                    p = replace(p, index=snap.index)
-                    self._pods[key] = p
+                    m = moves.get(id(p.index))
+                    if m is None:
+                        m = moves[id(p.index)] = _moves(p.index, snap.index)
+                    bits = _remap(p.candidates, m, len(free))
+                    p = self._pods[key] = replace(p, candidates=bits, index=snap.index)
                 if p.gpus > budget or not p.candidates & at_least[p.gpus]:
                     continue
                 if p.wakes and now - p.woken_at < _backoff(p.wakes):
@@ -272,6 +277,12 @@ class ParkedPods:
             except Exception:  # the waker is an I/O edge: never let it break the janitor
                 log.exception("waking refused pods failed")
         return behind + woken
+
+
+def _gone(key: str, snap: ClusterSnapshot, cache: Any) -> bool:
+    """Whether a refused pod needs no wake any more: it holds resources (bound), or it is
+    no longer a pending pod the cache knows."""
+    return key in snap.pods or cache.pending(key) is None
 
 
 def _backoff(wakes: int) -> float:

@@ -301,10 +301,8 @@ class Extender:
                 # ones when a node is offered: see send_reasons).
                 counts = np.bincount(codes, minlength=CODE_NOT_CHOSEN + 1)
                 feasible = pos[codes == FEASIBLE]
-                if len(feasible):
-                    self.parked.offered(req.key)
-                elif self._ours(pod):  # kube-scheduler parks it: wake it when GPUs free
-                    self.parked.note_refusal(req.key, self.cache.now())
+                if self._note_outcome(pod, req, len(feasible) > 0):
+                    # kube-scheduler parks it: wake it when its candidates have the GPUs
                     self.parked.refused(req.key, req.gpus, snap, pos)
                 not_chosen = int(counts[CODE_NOT_CHOSEN])
                 if not self.send_reasons(len(feasible)):  # counted only: no node lists
@@ -331,15 +329,22 @@ class Extender:
     def _noted(
         self, pod: Mapping[str, Any], req: PodRequest, res: dict[str, Any]
     ) -> dict[str, Any]:
-        """``res`` (a filter reply), its refusal noted for waking (``parked``)."""
-        if res.get("Error"):
-            return res
-        offered = res.get("NodeNames") or ((res.get("Nodes") or {}).get("items"))
+        """``res`` (a filter reply), its outcome told to ``parked`` (:meth:`_note_outcome`)."""
+        if not res.get("Error"):
+            offered = res.get("NodeNames") or ((res.get("Nodes") or {}).get("items"))
+            self._note_outcome(pod, req, bool(offered))
+        return res
+
+    def _note_outcome(self, pod: Mapping[str, Any], req: PodRequest, offered: bool) -> bool:
+        """Tell ``parked`` what filter answered the pod: a node (nothing to wake it for),
+        or none, a refusal of one of topoplace's pods, noted for waking; True then."""
         if offered:
             self.parked.offered(req.key)
-        elif self._ours(pod):
-            self.parked.note_refusal(req.key, self.cache.now())
-        return res
+            return False
+        if not self._ours(pod):
+            return False
+        self.parked.note_refusal(req.key, self.cache.now())
+        return True
 
     def send_reasons(self, offered: int) -> bool:
         """Whether a filter reply offering ``offered`` nodes carries the failed nodes'
