@@ -19,6 +19,7 @@ import orjson
 
 import scheduler.runtime.cache as cache_mod
 from benchmarks.clusters import dgx_h100_nodes, make_pod
+from scheduler.core.model import indices_to_mask
 from scheduler.core.params import SchedParams
 from scheduler.runtime.cache import ClusterCache
 from scheduler.runtime.gangs import GangRuntime
@@ -62,7 +63,7 @@ def test_a_pod_bound_but_not_yet_watched_keeps_its_gpus_through_a_rebuild() -> N
     cache.replace_all(nodes, [a])  # the store: ``a`` as created, without spec.nodeName
     after = cache.snapshot()
     assert after.pods["ml/a"].gpus == held.gpus
-    assert after.node(node).used_mask == held_mask(held.gpus)  # type: ignore[union-attr]
+    assert after.node(node).used_mask == indices_to_mask(held.gpus)  # type: ignore[union-attr]
     b = _pod("b", 4)
     _filter_and_bind(cache, ext, b)
     assert set(cache.snapshot().pods["ml/b"].gpus).isdisjoint(held.gpus)
@@ -92,10 +93,6 @@ def test_a_pod_bound_but_not_yet_watched_keeps_its_gpus_through_a_rebuild() -> N
     cache.replace_all(nodes, [bound_a, b])
     assert "ml/b" not in cache.snapshot().pods
     assert cache._bound_unseen == {}
-
-
-def held_mask(gpus: tuple[int, ...]) -> int:
-    return sum(1 << g for g in gpus)
 
 
 def _bound(pod: dict[str, Any], node: str) -> dict[str, Any]:
