@@ -50,16 +50,28 @@ IDLE_CONNECTIONS = 2
 """Idle connections kube-scheduler's extender client keeps (Go's default per host)."""
 
 
-def _server_ns(pid: int) -> int:
-    """Nanoseconds on CPU of all the threads of process ``pid`` so far."""
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
-                total += int(f.read().split()[0])
-        except (FileNotFoundError, ProcessLookupError):
-            pass  # a thread that ended: its time is lost (worker threads only)
-    return total
+def _server_ns(pid: int, settle_s: float = 0.05) -> int:
+    """Nanoseconds on CPU of all the threads of process ``pid`` so far.
+
+    A thread's ``schedstat`` counts its time up to when it last left the CPU: a thread
+    still running (finishing a reply) shows none of its current stretch. So the threads
+    are read once none is running (``R`` in ``stat``), or after ``settle_s``."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        total = 0
+        running = False
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                    stat = f.read()
+                running |= stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] == b"R"
+                with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                    total += int(f.read().split()[0])
+            except (FileNotFoundError, ProcessLookupError):
+                pass  # a thread that ended: its time is lost (worker threads only)
+        if not running or time.monotonic() > deadline:
+            return total
+        time.sleep(0.0002)
 
 
 def _post(path: str, body: bytes) -> bytes:
