@@ -38,13 +38,15 @@ SLICE_FIXTURE = REPO / "tests" / "fixtures" / "kube" / "dra-1.33" / "resourcesli
 
 
 def node_slices(names: list[str]) -> list[dict[str, Any]]:
-    """One recorded GPU ResourceSlice per node, renamed to it (devices as recorded)."""
+    """One recorded GPU ResourceSlice per node, renamed to it, in a pool of its own named
+    after it (devices as recorded)."""
     recorded = json.loads(SLICE_FIXTURE.read_text())["items"][0]
     out = []
     for name in names:
         s = copy.deepcopy(recorded)
         s["metadata"]["name"] = f"{name}-gpu.nvidia.com"
         s["spec"]["nodeName"] = name
+        s["spec"]["pool"]["name"] = name  # a pool per node, as the driver publishes
         out.append(s)
     return out
 
