@@ -85,3 +85,30 @@ def test_parked_poll_benchmark_times_both_cases(capsys) -> None:
         assert cells[1] == "4"  # every refused pod parked
         assert 0 <= float(cells[3]) <= float(cells[4])
         assert cells[5] == "4"  # three nodes freed (8, 16, 24 free GPUs): all four woken
+
+
+def test_node_slices_give_every_node_its_dra_devices() -> None:
+    """The benchmarks' per-node slices are a pool per node: one pool shared by every
+    node's slice is incomplete (more slices than ``resourceSliceCount``), and the
+    allocator, like topoplace's inventory, would use none of its devices."""
+    from benchmarks.health_refresh import node_slices
+    from scheduler.core import dra
+
+    names = ["n-0", "n-1", "n-2"]
+    inv = dra.inventory(node_slices(names))
+    assert sorted(inv.by_node) == names
+    assert all(len(inv.by_node[n]) == 8 and inv.gpus[n] == 8 for n in names)
+
+
+def test_dra_latency_benchmark_times_both_verbs(capsys) -> None:
+    from benchmarks import dra_latency
+
+    assert dra_latency.main(["--nodes", "10", "--pods", "4", "--held", "0.4"]) == 0
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| 10 |")]
+    assert [r.split("|")[2].strip() for r in rows] == ["filter", "prioritize"]
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert 0 < float(cells[2]) <= float(cells[3])
+        # claims of 1, 2, 4, 8 GPUs: every node offered for the first three, the six
+        # without a held claim for the last (median 10); filter keeps all of them
+        assert cells[5] == "10" and cells[6] == "10"

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
@@ -130,11 +131,11 @@ class Device:
     capacity: Mapping[str, str] = field(default_factory=lambda: EMPTY_MAP, compare=False)
     taints: tuple[tuple[str, str, str], ...] = ()
     consumes: tuple[tuple[str, Mapping[str, int]], ...] = ()
+    id: DeviceId = field(init=False, compare=False, repr=False)
+    """(driver, pool, name), made once (the allocator's prediction looks it up per device)."""
 
-    @property
-    def id(self) -> DeviceId:
-        """(driver, pool, name)."""
-        return (self.driver, self.pool, self.name)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "id", (self.driver, self.pool, self.name))
 
     @property
     def whole_gpu(self) -> bool:
@@ -162,6 +163,8 @@ class Inventory:
         counters: (driver, pool, counter set) -> counter -> amount (shared counters).
         exact_order: nodes whose devices come from one slice per pool (allocator order
             known exactly).
+        read: id of a slice object -> (that object, its devices): what a later
+            :func:`inventory` may take again for the very same objects.
     """
 
     by_node: Mapping[str, tuple[Device, ...]]
@@ -169,6 +172,9 @@ class Inventory:
     gpus: Mapping[str, int]
     counters: Mapping[tuple[str, str, str], Mapping[str, int]]
     exact_order: frozenset[str]
+    read: Mapping[int, tuple[Any, tuple[Device, ...]]] = field(
+        default_factory=lambda: EMPTY_MAP, compare=False, repr=False
+    )
 
 
 EMPTY_INVENTORY = Inventory(EMPTY_MAP, EMPTY_MAP, EMPTY_MAP, EMPTY_MAP, frozenset())
@@ -248,12 +254,19 @@ def _device(
     )
 
 
-def inventory(slices: Any, drivers: Sequence[str] = GPU_DRIVERS) -> Inventory:
+def inventory(
+    slices: Any, drivers: Sequence[str] = GPU_DRIVERS, previous: Inventory | None = None
+) -> Inventory:
     """Index node-local ResourceSlices (``spec.nodeName``) of ``drivers`` (all when empty).
 
     Never raises on odd objects: anything unreadable is skipped. Deterministic: slices are
-    taken in (driver, pool, slice name) order whatever order they come in.
+    taken in (driver, pool, slice name) order whatever order they come in. ``previous``:
+    an inventory of earlier slices; the devices it read from the very same slice objects
+    (unchanged since: API objects are not modified in place) are taken again instead of
+    being read anew, so a rebuild after a few slices changed reads those few.
     """
+    old = previous.read if previous is not None else EMPTY_MAP
+    read: dict[int, tuple[Any, tuple[Device, ...]]] = {}
     pools: dict[tuple[str, str], list[tuple[int, str, Mapping[str, Any]]]] = {}
     for s in _seq(slices):
         if not isinstance(s, Mapping):
@@ -292,13 +305,21 @@ def inventory(slices: Any, drivers: Sequence[str] = GPU_DRIVERS) -> Inventory:
                         for k, v in _map(c.get("counters")).items()
                     }
                 )
-            whole = 0
-            for raw in _spec_devices(spec):
-                d = _device(driver, pname, sname, node, raw, whole)
-                if d.kind == "gpu":
-                    whole += 1
-                devs.append(d)
-                names.add(d.name)
+            seen = old.get(id(s))
+            if seen is not None and seen[0] is s:
+                mine = seen[1]
+            else:
+                built = []
+                whole = 0
+                for raw in _spec_devices(spec):
+                    d = _device(driver, pname, sname, node, raw, whole)
+                    if d.kind == "gpu":
+                        whole += 1
+                    built.append(d)
+                mine = tuple(built)
+            read[id(s)] = (s, mine)
+            devs += mine
+            names.update(d.name for d in mine)
         if len(names) != len(devs):
             continue  # duplicate device names: an invalid pool, not used by the allocator
         for d in devs:
@@ -314,6 +335,7 @@ def inventory(slices: Any, drivers: Sequence[str] = GPU_DRIVERS) -> Inventory:
         gpus=MappingProxyType({n: g for n, g in gpus.items() if g > 0}),
         counters=MappingProxyType(counters),
         exact_order=frozenset(n for n, c in slices_of.items() if c == 1),
+        read=MappingProxyType(read),
     )
 
 
@@ -383,7 +405,7 @@ def with_slice_taints(inv: Inventory, new: Mapping[str, Any]) -> Inventory:
     if not current:
         return inv
     raws = {_str(d.get("name")): d for d in _spec_devices(spec)}
-    by_id = dict(inv.by_id)
+    by_id = _copied(inv.by_id)
     devices: list[Device] = []
     for d in current:
         raw = raws.get(d.name) if d.slice == sname and d.driver == driver else None
@@ -393,9 +415,19 @@ def with_slice_taints(inv: Inventory, new: Mapping[str, Any]) -> Inventory:
                 d = replace(d, taints=taints)
                 by_id[d.id] = d
         devices.append(d)
-    by_node = dict(inv.by_node)
+    by_node = _copied(inv.by_node)
     by_node[node] = tuple(devices)
     return replace(inv, by_node=MappingProxyType(by_node), by_id=MappingProxyType(by_id))
+
+
+def _copied(m: Mapping[Any, Any]) -> dict[Any, Any]:
+    """A dict copy of ``m`` (a read-only proxy's underlying dict is copied as a whole,
+    30x faster than item by item: 0.14 ms for the 40,000 devices of 5,000 nodes)."""
+    if isinstance(m, MappingProxyType | dict):
+        out = m.copy()
+        if isinstance(out, dict):
+            return out
+    return dict(m)
 
 
 def dra_gpu_count(devices: Iterable[Any]) -> int:
@@ -667,12 +699,15 @@ class Prediction:
         feasible: a full solution exists.
         devices: per claim, the chosen devices in request order.
         gpus: GPU indices of the chosen devices (whole-GPU ledger view), sorted.
+        greedy: one request without constraints, on candidates that consume no counters:
+            its devices are the first free candidates (:func:`first_fit_stands`).
     """
 
     known: bool
     feasible: bool = False
     devices: tuple[tuple[Device, ...], ...] = ()
     gpus: tuple[int, ...] = ()
+    greedy: bool = field(default=False, compare=False)
 
 
 UNKNOWN = Prediction(False)
@@ -715,6 +750,85 @@ def _add_consumption(
             slot[c] = slot.get(c, 0) + sign * n
 
 
+@dataclass(frozen=True, slots=True)
+class FitEntry:
+    """One request of a claim, compiled for :func:`first_fit_compiled` (the same for every
+    node).
+
+    Attributes:
+        claim: index of its claim.
+        request: the request; None when the claim is outside the modelled subset.
+        preds: its class's and its own CEL selectors as predicates; None when the class is
+            unknown or a selector is outside the CEL subset.
+        key: (selector expressions, tolerations): entries with equal keys select the same
+            devices of a node (:func:`request_candidates`).
+    """
+
+    claim: int
+    request: Request | None
+    preds: tuple[Predicate, ...] | None = None
+    key: tuple[Any, ...] = ()
+
+    @property
+    def count(self) -> int:
+        """Devices the request asks for (``ExactCount``)."""
+        return self.request.count if self.request is not None else 0
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledClaims:
+    """Unallocated claims compiled once for every node: their specs and, in allocation
+    order, the requests up to the first one the prediction does not model."""
+
+    claims: tuple[ClaimSpec, ...]
+    entries: tuple[FitEntry, ...]
+
+    @property
+    def greedy(self) -> FitEntry | None:
+        """The one entry when the claims are one modelled ``ExactCount`` request without
+        constraints (the allocator then takes the first free candidates), else None."""
+        if len(self.entries) != 1:
+            return None
+        e = self.entries[0]
+        r = e.request
+        if r is None or e.preds is None or r.all_devices or self.claims[e.claim].constraints:
+            return None
+        return e
+
+
+def compile_claims(claims: Sequence[ClaimSpec], classes: Mapping[str, Any]) -> CompiledClaims:
+    """``claims`` (in the pod's order) with each request's selectors compiled."""
+    entries: list[FitEntry] = []
+    for ci, spec in enumerate(claims):
+        if not spec.supported:
+            entries.append(FitEntry(ci, None))
+            break
+        stop = False
+        for r in spec.requests:
+            preds = _request_predicates(classes, r)
+            if preds is None:
+                entries.append(FitEntry(ci, r))
+                stop = True
+                break
+            exprs = (*(class_selectors(classes, r.device_class) or ()), *r.selectors)
+            entries.append(FitEntry(ci, r, tuple(preds), (exprs, r.tolerations)))
+        if stop:
+            break
+    return CompiledClaims(tuple(claims), tuple(entries))
+
+
+def request_candidates(devices: Sequence[Device], entry: FitEntry) -> tuple[Device, ...]:
+    """The devices of ``devices`` (one node's, in allocator order) that ``entry``'s request
+    may take: every selector true, every blocking taint tolerated."""
+    preds = entry.preds or ()
+    tols = entry.request.tolerations if entry.request is not None else ()
+    return tuple(
+        d
+        for d in devices
+        if all(p(d) for p in preds) and all(_tolerated(t, tols) for t in d.taints)
+    )
+
+
 def first_fit(
     inv: Inventory,
     node: str,
@@ -737,33 +851,116 @@ def first_fit(
         The prediction (``known=False`` when a request, class or selector is outside the
         modelled subset, or the budget ran out).
     """
+    return first_fit_compiled(
+        inv, node, compile_claims(claims, classes), frozenset(in_use), None, max_steps
+    )
+
+
+def first_fit_compiled(
+    inv: Inventory,
+    node: str,
+    compiled: CompiledClaims,
+    in_use: AbstractSet[DeviceId],
+    candidates: Callable[[str, FitEntry], Sequence[Device]] | None = None,
+    max_steps: int = MAX_STEPS,
+) -> Prediction:
+    """:func:`first_fit` for claims compiled once (:func:`compile_claims`).
+
+    Args:
+        inv / node / max_steps: as for :func:`first_fit`.
+        compiled: the unallocated claims.
+        in_use: devices other claims hold; only those of ``node``'s pools matter (its own
+            devices, and the shared counters of its pools).
+        candidates: (node, entry) -> :func:`request_candidates` of the node's devices
+            (a memo's); None computes them.
+    """
     devices = inv.by_node.get(node, ())
+    claims = compiled.claims
+    one = compiled.greedy
+    if one is not None:
+        cands = (
+            candidates(node, one) if candidates is not None else request_candidates(devices, one)
+        )
+        quick = _first_free(cands, one.claim, len(claims), one.count, in_use, max_steps)
+        if quick is not None:
+            return quick
+    # Flatten: (claim index, request, device slot) in allocation order.
+    slots: list[tuple[int, Request, Sequence[Device]]] = []
+    for e in compiled.entries:
+        r = e.request
+        if r is None or e.preds is None:
+            return UNKNOWN
+        cands = candidates(node, e) if candidates is not None else request_candidates(devices, e)
+        if r.all_devices:
+            if not cands:
+                return INFEASIBLE
+            slots.extend((e.claim, r, (d,)) for d in cands)
+        else:
+            slots.extend((e.claim, r, cands) for _ in range(r.count))
+    return _search(inv, claims, slots, in_use, max_steps)
+
+
+def _first_free(
+    cands: Sequence[Device],
+    claim: int,
+    claims: int,
+    count: int,
+    in_use: AbstractSet[DeviceId],
+    max_steps: int,
+) -> Prediction | None:
+    """One request (of claim ``claim`` among ``claims``) without constraints or shared
+    counters: the search's answer without the search. When it fits, slot k scans the
+    candidates from the first, skipping those in use and those taken, so it costs the
+    k-th free one's position + 1 steps. When fewer candidates are free than it asks, it is
+    infeasible: the search would try every order of the free ones first (37 ms for 8
+    GPUs on a node with 7 free), and past its budget call it unknown. None when a
+    candidate it scans consumes counters (the search decides; those it does not reach
+    cannot change its answer)."""
+    chosen: list[Device] = []
+    steps = 0
+    for pos, d in enumerate(cands):
+        if d.consumes:
+            return None
+        if d.id in in_use:
+            continue
+        chosen.append(d)
+        steps += pos + 1
+        if len(chosen) == count:
+            break
+    else:
+        if len(chosen) < count:
+            return INFEASIBLE
+    if steps > max_steps:
+        return UNKNOWN
+    gpus = tuple(sorted({d.gpu for d in chosen if d.gpu is not None}))
+    mine = tuple(chosen)
+    devices = (mine,) if claims == 1 else tuple(mine if i == claim else () for i in range(claims))
+    return Prediction(True, True, devices, gpus, greedy=True)
+
+
+def first_fit_stands(p: Prediction, more: AbstractSet[DeviceId]) -> bool:
+    """Whether the first fit that gave ``p`` gives it again with the devices ``more`` in
+    use as well, known without running it: a greedy prediction takes the first free
+    candidates, so a device in use that it did not take was either in use already (it
+    comes before) or is never reached (it comes after)."""
+    return p.greedy and not any(d.id in more for c in p.devices for d in c)
+
+
+def _search(
+    inv: Inventory,
+    claims: Sequence[ClaimSpec],
+    slots: Sequence[tuple[int, Request, Sequence[Device]]],
+    in_use: AbstractSet[DeviceId],
+    max_steps: int,
+) -> Prediction:
+    """The allocator's search over ``slots``: the first full solution in slot and device
+    order, backtracking over constraints and counters."""
     busy = set(in_use)
     used: dict[tuple[str, str, str], dict[str, int]] = {}
     for did in busy:
         d = inv.by_id.get(did)
         if d is not None and d.consumes:
             _add_consumption(d, used, 1)
-    # Flatten: (claim index, request, device slot) in allocation order, with predicates.
-    slots: list[tuple[int, Request, list[Device]]] = []
-    for ci, spec in enumerate(claims):
-        if not spec.supported:
-            return UNKNOWN
-        for r in spec.requests:
-            ok = _request_predicates(classes, r)
-            if ok is None:
-                return UNKNOWN
-            cands = [
-                d
-                for d in devices
-                if all(p(d) for p in ok) and all(_tolerated(t, r.tolerations) for t in d.taints)
-            ]
-            if r.all_devices:
-                if not cands:
-                    return INFEASIBLE
-                slots.extend((ci, r, [d]) for d in cands)
-            else:
-                slots.extend((ci, r, cands) for _ in range(r.count))
     chosen: list[Device | None] = [None] * len(slots)
     # Constraint state per (claim, constraint index): attribute value, count.
     cons_state: dict[tuple[int, int], list[Any]] = {}
@@ -954,6 +1151,49 @@ class PodPlan:
     never: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimPod:
+    """A claim pod's claims, read once for every node (:func:`plan_prepared`).
+
+    Attributes:
+        pins: nodes its allocated claims are pinned to.
+        holdings: node -> GPU indices its allocated claims hold there.
+        complete: every claim it names exists.
+        pending: its unallocated GPU claims, compiled; None when there are none.
+    """
+
+    pins: frozenset[str]
+    holdings: Mapping[str, frozenset[int]]
+    complete: bool
+    pending: CompiledClaims | None
+
+
+def prepare_claim_pod(pod: Mapping[str, Any], inv: Inventory, extra: Mapping[str, Any]) -> ClaimPod:
+    """What :func:`plan_pod` reads of the pod and its claims, whatever the node."""
+    classes = _map(extra.get(CLASSES_KEY))
+    claims, complete = pod_claims(pod, _map(extra.get(CLAIMS_KEY)))
+    claims = gpu_claims(claims, classes)  # channels, NICs: not ours
+    pins: set[str] = set()
+    holdings: dict[str, set[int]] = {}
+    pending = []
+    for c in claims:
+        if is_allocated(c):
+            pinned = allocation_node(c)
+            if pinned:
+                pins.add(pinned)
+            h = claim_holding(c, inv)
+            if h is not None:
+                holdings.setdefault(h[0], set()).update(h[1])
+        else:
+            pending.append(claim_spec(c))
+    return ClaimPod(
+        frozenset(pins),
+        MappingProxyType({n: frozenset(g) for n, g in holdings.items()}),
+        complete,
+        compile_claims(pending, classes) if pending else None,
+    )
+
+
 def plan_pod(
     pod: Mapping[str, Any],
     node: str,
@@ -973,25 +1213,28 @@ def plan_pod(
         in_flight: devices topoplace is allocating and kube-scheduler may not see yet;
             a node whose first fit would take one is refused.
     """
-    claims, complete = pod_claims(pod, _map(extra.get(CLAIMS_KEY)))
-    claims = gpu_claims(claims, _map(extra.get(CLASSES_KEY)))  # channels, NICs: not ours
-    pending = []
-    gpus: set[int] = set()
-    for c in claims:
-        if is_allocated(c):
-            pinned = allocation_node(c)
-            if pinned and pinned != node:
-                return PodPlan(node, UNKNOWN, (), REASON_CLAIM_PINNED)
-            h = claim_holding(c, inv)
-            if h is not None and h[0] == node:
-                gpus.update(h[1])
-        else:
-            pending.append(claim_spec(c))
-    if not complete:
+    return plan_prepared(prepare_claim_pod(pod, inv, extra), node, inv, held, in_flight)
+
+
+def plan_prepared(
+    prep: ClaimPod,
+    node: str,
+    inv: Inventory,
+    held: AbstractSet[DeviceId],
+    in_flight: AbstractSet[DeviceId] = frozenset(),
+    candidates: Callable[[str, FitEntry], Sequence[Device]] | None = None,
+) -> PodPlan:
+    """:func:`plan_pod` for a pod prepared once (:func:`prepare_claim_pod`). ``held``
+    needs only the devices of ``node``'s pools; ``candidates`` as for
+    :func:`first_fit_compiled`."""
+    if prep.pins and (len(prep.pins) > 1 or node not in prep.pins):
+        return PodPlan(node, UNKNOWN, (), REASON_CLAIM_PINNED)
+    gpus = prep.holdings.get(node, frozenset())
+    if not prep.complete:
         return PodPlan(node, UNKNOWN, tuple(sorted(gpus)))
-    if not pending:
+    if prep.pending is None:
         return PodPlan(node, Prediction(True, True), tuple(sorted(gpus)))
-    p = first_fit(inv, node, pending, _map(extra.get(CLASSES_KEY)), held)
+    p = first_fit_compiled(inv, node, prep.pending, held, candidates)
     if not p.known:
         return PodPlan(node, p, tuple(sorted(gpus)))
     if not p.feasible:

@@ -470,8 +470,10 @@ def build_snapshot(
     pod_objs: Iterable[Mapping[str, Any]],
     params: SchedParams,
     extra: Mapping[str, Any] | None = None,
+    inventory: dra.Inventory | None = None,
 ) -> ClusterSnapshot:
-    """Build a snapshot from Node and Pod objects.
+    """Build a snapshot from Node and Pod objects. ``inventory``: ``dra.inventory`` of
+    ``extra``'s ResourceSlices when the caller has it already (read from them otherwise).
 
     Pods count when bound (``spec.nodeName``) and not Succeeded/Failed. Pods with a
     placement record are placed first so inferred indices never collide with known ones.
@@ -508,7 +510,7 @@ def build_snapshot(
     mem: dict[str, int] = {}
     replicas: dict[str, int] = {}
     pods: dict[str, PodInfo] = {}
-    taken.update(_claim_holdings(extra or EMPTY_MAP, nodes, pods))  # DRA: before pods
+    taken.update(_claim_holdings(extra or EMPTY_MAP, nodes, pods, inventory))  # DRA first
     shared: dict[str, NodeInfo] = {}  # nodes carrying the share ledger built so far
     for p, node_name in bound:
         node = nodes.get(node_name)
@@ -558,7 +560,10 @@ def build_snapshot(
 
 
 def _claim_holdings(
-    extra: Mapping[str, Any], nodes: Mapping[str, NodeInfo], pods: dict[str, PodInfo]
+    extra: Mapping[str, Any],
+    nodes: Mapping[str, NodeInfo],
+    pods: dict[str, PodInfo],
+    inv: dra.Inventory | None = None,
 ) -> dict[str, int]:
     """Allocated ResourceClaims of ``extra`` as ledger holdings (``dra.HOLDER_PREFIX`` keys)
     added to ``pods``; returns the GPU masks they hold per node. Claims are exact facts
@@ -567,7 +572,8 @@ def _claim_holdings(
     if not claims:
         return {}
     values = claims.values() if isinstance(claims, Mapping) else claims
-    inv = dra.inventory(extra.get(RESOURCESLICES_KEY))
+    if inv is None:
+        inv = dra.inventory(extra.get(RESOURCESLICES_KEY))
     taken: dict[str, int] = {}
     for c in sorted((c for c in values if isinstance(c, Mapping)), key=dra.object_key):
         info = claim_holding_info(c, inv, nodes.get)

@@ -34,7 +34,7 @@ import orjson
 
 from scheduler.core import dra
 from scheduler.core.health import NOW_KEY, RESOURCESLICES_KEY
-from scheduler.core.model import NodeHealth, NodeInfo, PodInfo
+from scheduler.core.model import EMPTY_MAP, NodeHealth, NodeInfo, PodInfo
 from scheduler.core.objects import (
     REDACTED_ANNOTATIONS,
     ObjectError,
@@ -172,6 +172,17 @@ class _Modeled(NamedTuple):
     """Node name -> (its Node object, the node parsed from it)."""
 
 
+def _slices_inventory(
+    extra: Mapping[str, Any] | None, previous: dra.Inventory | None = None
+) -> tuple[Any, dra.Inventory]:
+    """(the ResourceSlices of ``extra``, their DRA inventory; slices ``previous`` read
+    already are not read again)."""
+    slices = (extra or EMPTY_MAP).get(dra.SLICES_KEY)
+    if not slices:
+        return slices, dra.EMPTY_INVENTORY
+    return slices, dra.inventory(slices, previous=previous)
+
+
 class ClusterCache:
     """Thread-safe owner of the current snapshot and of assumptions.
 
@@ -232,7 +243,10 @@ class ClusterCache:
         extra: Mapping[str, Any] | None = None,
     ) -> ClusterCache:
         """A cache over Node and Pod objects (a cluster file or an initial list)."""
-        return cls(build_snapshot(nodes, pods, params, extra), params, clock)
+        inv = _slices_inventory(extra)
+        cache = cls(build_snapshot(nodes, pods, params, extra, inv[1]), params, clock)
+        cache._dra_inv = (cache._snap.extra.get(dra.SLICES_KEY), inv[1])
+        return cache
 
     @property
     def lock(self) -> threading.RLock:
@@ -676,7 +690,7 @@ class ClusterCache:
         slices = (snap or self._snap).extra.get(dra.SLICES_KEY)
         cached = self._dra_inv
         if cached[0] is not slices:
-            cached = (slices, dra.inventory(slices) if slices else dra.EMPTY_INVENTORY)
+            cached = (slices, _slices_inventory({dra.SLICES_KEY: slices}, cached[1])[1])
             self._dra_inv = cached
         return cached[1]
 
@@ -828,14 +842,13 @@ class ClusterCache:
             self._expiry.pop(key, None)
             self._snap = without_pod(self._snap, key)
 
-    def _unheld_after_rebuild(self, snap: ClusterSnapshot) -> dict[str, str]:
+    def _unheld_after_rebuild(self, snap: ClusterSnapshot, inv: dra.Inventory) -> dict[str, str]:
         """:attr:`_unheld` of a snapshot just built from objects: its allocated claims on
         known nodes that hold nothing (``build_snapshot`` counts a device named by two
         claims once, for the first)."""
         claims = snap.extra.get(dra.CLAIMS_KEY)
         if not isinstance(claims, Mapping) or not claims:
             return {}
-        inv = self.dra_inventory(snap)
         out = {}
         for key, claim in claims.items():
             if dra.holder_key(key) in snap.pods or not isinstance(claim, Mapping):
@@ -860,8 +873,11 @@ class ClusterCache:
         and filter and bind go on answering from the current snapshot meanwhile. What
         they hold when it is ready is carried over under the lock."""
         pods = pods if isinstance(pods, list) else list(pods)
-        snap = build_snapshot(nodes, pods, self.params, extra)
-        unheld = self._unheld_after_rebuild(snap)
+        # The DRA inventory is read once, here, beside the snapshot (claim holdings and
+        # claim pods' filters use it), not by the first claim pod's filter.
+        slices, inv = _slices_inventory(extra, self._dra_inv[1])
+        snap = build_snapshot(nodes, pods, self.params, extra, inv)
+        unheld = self._unheld_after_rebuild(snap, inv)
         modeled = self._as_modeled(snap)
         snap = self._with_history(snap)
         pending = {
@@ -891,6 +907,7 @@ class ClusterCache:
             self._unheld = unheld
             self._modeled = modeled
             self._snap = snap
+            self._dra_inv = (snap.extra.get(dra.SLICES_KEY), inv)
 
     def _unseen_as(self, key: str, obj: Mapping[str, Any]) -> bool:
         """Whether ``obj`` is the pod topoplace bound as ``key`` and the watch has not

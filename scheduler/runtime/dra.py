@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -40,6 +41,10 @@ CLIQUE_LABEL = "nvidia.com/gpu.clique"
 """``<ClusterUUID>.<CliqueID>``: the NVLink partition a node's GPUs are in. A ComputeDomain
 (IMEX) spans one partition, so the whole value counts (the fabric's ``nvlink-domain``
 level keeps only the ClusterUUID, the physical rack)."""
+
+CANDIDATES_MEMO_MAX = 200_000
+"""Entries (node, request form) of the candidate devices kept per inventory: every node
+for a few dozen request forms at 5,000 nodes."""
 
 
 def clique_reader(snap: ClusterSnapshot, fabric: Any = None) -> Callable[[str], str | None]:
@@ -79,6 +84,21 @@ def held_and_in_flight(
     return held, frozenset(flying - held)
 
 
+def _grouped(ids: frozenset[dra.DeviceId]) -> Mapping[Any, frozenset[dra.DeviceId]]:
+    """Device ids by (driver, pool)."""
+    groups: dict[Any, set[dra.DeviceId]] = {}
+    for did in ids:
+        groups.setdefault(did[:2], set()).add(did)
+    return {k: frozenset(v) for k, v in groups.items()}
+
+
+def _pod_identity(pod: Mapping[str, Any]) -> tuple[str, Any, Any]:
+    """(namespace/name, uid, resourceVersion): the same pod, unchanged."""
+    meta = pod.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else EMPTY_MAP
+    return object_key(pod), meta.get("uid"), meta.get("resourceVersion")
+
+
 class DraRouter:
     """Filter / prioritize for claim pods over the cache's snapshot.
 
@@ -99,7 +119,14 @@ class DraRouter:
         self.picks_ttl_s = picks_ttl_s
         self._lock = threading.Lock()
         self._picks: dict[str, tuple[float, frozenset[dra.DeviceId]]] = {}
+        self._pick_counts: Counter[dra.DeviceId] = Counter()  # device -> pods picking it
         self._memo: tuple[Any, Any, tuple[frozenset[Any], frozenset[Any]]] | None = None
+        # held devices by (driver, pool), for the last held set (one per claims change)
+        self._pools_memo: tuple[frozenset[Any], Mapping[Any, frozenset[Any]]] | None = None
+        # per inventory: (node, entry key) -> candidate devices; node -> its pools
+        self._inv_memo: tuple[Any, dict[Any, Any], dict[str, tuple[Any, ...]]] | None = None
+        # the last pod's plans: (pod identity, snapshot, name -> plan), for prioritize
+        self._last_plans: tuple[Any, Any, dict[str, dra.PodPlan]] | None = None
 
     def _held(self, snap: ClusterSnapshot) -> tuple[frozenset[Any], frozenset[Any]]:
         memo = self._memo
@@ -109,6 +136,22 @@ class DraRouter:
             self._memo = memo
         return memo[2]
 
+    def _by_pool(self, held: frozenset[Any]) -> Mapping[Any, frozenset[Any]]:
+        """``held`` grouped by (driver, pool): a node's first fit needs only its pools'."""
+        memo = self._pools_memo
+        if memo is not None and memo[0] is held:
+            return memo[1]
+        out = _grouped(held)
+        self._pools_memo = (held, out)
+        return out
+
+    def _inventory_memo(self, inv: dra.Inventory) -> tuple[dict[Any, Any], dict[str, Any]]:
+        memo = self._inv_memo
+        if memo is None or memo[0] is not inv:
+            memo = (inv, {}, {})
+            self._inv_memo = memo
+        return memo[1], memo[2]
+
     def plans(
         self,
         pod: Mapping[str, Any],
@@ -116,11 +159,37 @@ class DraRouter:
         also_held: frozenset[dra.DeviceId] = frozenset(),
     ) -> list[dra.PodPlan]:
         """One plan per name (unknown nodes, unhealthy and cordoned nodes refused);
-        ``also_held``: devices to count as taken besides allocated claims."""
+        ``also_held``: devices to count as taken besides allocated claims.
+
+        The pod's claims are read once (``dra.prepare_claim_pod``); per node only its own
+        pools' held devices are looked at, and the devices each request may take on it are
+        remembered per inventory. Without ``also_held``, the plans of the last pod are
+        kept with the snapshot they were made on: prioritize, which follows filter for the
+        same pod, reuses them while the snapshot is the same."""
         snap = self.cache.snapshot()
+        ident = _pod_identity(pod)
+        last = self._last_plans
+        if not also_held and last is not None and last[0] == ident and last[1] is snap:
+            known = last[2]
+            if all(n in known for n in names):
+                return [known[n] for n in names]
         inv = self.cache.dra_inventory(snap)
         held, flying = self._held(snap)
-        held = held | also_held
+        by_pool = self._by_pool(held)
+        more = _grouped(also_held) if also_held else EMPTY_MAP
+        cands, pools = self._inventory_memo(inv)
+
+        def candidates(node: str, entry: dra.FitEntry) -> Sequence[dra.Device]:
+            key = (node, entry.key)
+            got = cands.get(key)
+            if got is None:
+                got = dra.request_candidates(inv.by_node.get(node, ()), entry)
+                if len(cands) >= CANDIDATES_MEMO_MAX:
+                    cands.clear()  # many distinct selectors: start over, stay bounded
+                cands[key] = got
+            return got
+
+        prep = dra.prepare_claim_pod(pod, inv, snap.extra)
         domain = dra.pod_compute_domain(pod, snap.extra.get(dra.CLAIMS_KEY) or EMPTY_MAP)
         if domain:
             serving = dra.serving_domains(all_claims(snap))
@@ -140,7 +209,20 @@ class DraRouter:
             elif why:
                 out.append(dra.PodPlan(name, dra.UNKNOWN, (), why))
             else:
-                out.append(dra.plan_pod(pod, name, inv, snap.extra, held, flying))
+                mine = pools.get(name)
+                if mine is None:
+                    mine = tuple(sorted({d.id[:2] for d in inv.by_node.get(name, ())}))
+                    pools[name] = mine
+                if len(mine) == 1 and not more:
+                    busy = by_pool.get(mine[0], frozenset())
+                else:
+                    busy = frozenset().union(
+                        *(by_pool.get(p, frozenset()) for p in mine),
+                        *(more.get(p, frozenset()) for p in mine),
+                    )
+                out.append(dra.plan_prepared(prep, name, inv, busy, flying, candidates))
+        if not also_held:
+            self._last_plans = (ident, snap, dict(zip(names, out, strict=True)))
         return out
 
     def filter(self, pod: Mapping[str, Any], names: Sequence[str]) -> FilterOutcome:
@@ -153,17 +235,37 @@ class DraRouter:
         picks = {d.id for p in plans if not p.verdict for c in p.prediction.devices for d in c}
         # kube-scheduler also counts the devices of pods it filtered before this one and has
         # not written yet (its in-flight allocations): the first fit may land past them.
-        others = self.likely_kube_picks(exclude=object_key(pod))
+        # Only where it took one of those can it land elsewhere (dra.first_fit_stands).
+        key = object_key(pod)
+        others = self.likely_kube_picks(exclude=key)
         if others and picks:
-            ok = [p.node for p in plans if not p.verdict]
-            for p in self.plans(pod, ok, others):
-                picks.update(d.id for c in p.prediction.devices for d in c)
+            redo = [
+                p.node
+                for p in plans
+                if not p.verdict and not dra.first_fit_stands(p.prediction, others)
+            ]
+            if redo:
+                for p in self.plans(pod, redo, others):
+                    picks.update(d.id for c in p.prediction.devices for d in c)
         with self._lock:
+            self._drop_picks(key)
             if picks:
-                self._picks[object_key(pod)] = (self._clock() + self.picks_ttl_s, frozenset(picks))
-            else:
-                self._picks.pop(object_key(pod), None)
+                ids = frozenset(picks)
+                self._picks[key] = (self._clock() + self.picks_ttl_s, ids)
+                self._pick_counts.update(ids)
         return FilterOutcome(feasible, MappingProxyType(failed), MappingProxyType(never))
+
+    def _drop_picks(self, key: str) -> None:
+        """Forget pod ``key``'s picks (under the lock)."""
+        old = self._picks.pop(key, None)
+        if old is not None:
+            counts = self._pick_counts
+            for i in old[1]:
+                n = counts[i] - 1
+                if n:
+                    counts[i] = n
+                else:
+                    del counts[i]
 
     def prioritize(self, pod: Mapping[str, Any], names: Sequence[str]) -> list[tuple[str, int]]:
         """Scores 0..10 by the predicted set's bandwidth (``dra.plan_scores``)."""
@@ -177,15 +279,16 @@ class DraRouter:
         now = self._clock()
         snap = self.cache.snapshot()
         claims = snap.extra.get(dra.CLAIMS_KEY) or EMPTY_MAP
-        out: set[dra.DeviceId] = set()
         with self._lock:
-            for key, (deadline, ids) in list(self._picks.items()):
+            for key, (deadline, _) in list(self._picks.items()):
                 pod = self.cache.pending(key)
                 done = pod is not None and all(
                     dra.is_allocated(c) for c in dra.pod_claims(pod, claims)[0]
                 )
                 if deadline < now or done:
-                    del self._picks[key]
-                elif key != exclude:
-                    out |= ids
-        return frozenset(out)
+                    self._drop_picks(key)
+            counts = self._pick_counts
+            mine = self._picks.get(exclude)
+            if mine is None:
+                return frozenset(counts)
+            return frozenset(i for i, n in counts.items() if n > 1 or i not in mine[1])

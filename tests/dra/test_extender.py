@@ -164,3 +164,81 @@ def test_remembered_picks_account_for_kube_schedulers_in_flight_allocations() ->
         "gpu-6",
         "gpu-7",
     ]
+
+
+def _claim_pod(name: str, claim: str) -> dict:
+    pod = copy.deepcopy(_captured("filter.json")["Pod"])
+    pod["metadata"]["name"] = name
+    pod["metadata"]["uid"] = f"uid-{name}"
+    pod["spec"]["resourceClaims"][0]["resourceClaimName"] = claim
+    return pod
+
+
+def test_router_plans_equal_the_plan_of_each_node_read_from_scratch() -> None:
+    """The router reads a pod's claims once and keeps each node's candidate devices per
+    inventory; its plans are those of ``dra.plan_pod`` on every node, for every recorded
+    claim (allocated, pending, tainted node, several counts), also on a second pod that
+    finds the memo filled."""
+    ext = _ext()
+    snap = ext.cache.snapshot()
+    inv = ext.cache.dra_inventory(snap)
+    held, flying = ext.dra._held(snap)
+    names = ["gpu-node-1", "gpu-node-0", "gpu-node-9"]
+    seen = set()
+    for key in sorted(snap.extra[dra.CLAIMS_KEY]):
+        pod = _claim_pod(f"p-{key.split('/')[1]}", key.split("/")[1])
+        got = ext.dra.plans(pod, names)
+        want = [dra.plan_pod(pod, n, inv, snap.extra, held, flying) for n in names[:2]]
+        assert got[:2] == want, key
+        assert got[2].verdict == "node unknown to topoplace"
+        seen.add((want[0].verdict, want[1].verdict, want[0].gpus, want[1].gpus))
+    assert len(seen) >= 3  # the claims are not all alike
+
+
+def test_prioritize_reuses_filters_plans_only_on_the_same_snapshot() -> None:
+    """kube-scheduler prioritizes right after it filters: the plans filter made are reused
+    while nothing changed; once a claim is allocated in between, prioritize plans again."""
+    ext = _ext()
+    body = _captured("filter.json")
+    first = ext.dra.plans(body["Pod"], ["gpu-node-0"])
+    again = ext.dra.plans(copy.deepcopy(body["Pod"]), ["gpu-node-0"])
+    assert again[0] is first[0]  # reused: same pod, same snapshot
+    assert [d.name for d in first[0].prediction.devices[0]] == ["gpu-4", "gpu-5"]
+    # Another claim takes gpu-4 and gpu-5 of gpu-node-0 before prioritize.
+    other = _pure_c1()
+    other["metadata"]["name"] = "taken"
+    devs = [
+        d for d in ext.cache.dra_inventory().by_node["gpu-node-0"] if d.name in ("gpu-4", "gpu-5")
+    ]
+    other["status"] = {
+        "allocation": dra.allocation_status("gpu-node-0", dra.claim_spec(other), devs)
+    }
+    ext.cache.apply_claim("default/taken", other)
+    after = ext.dra.plans(body["Pod"], ["gpu-node-0"])
+    assert [d.name for d in after[0].prediction.devices[0]] == ["gpu-6", "gpu-7"]
+    scores = {h["Host"]: h["Score"] for h in ext.prioritize(_captured("prioritize.json"))}
+    assert scores["gpu-node-0"] == 10
+
+
+def test_a_rebuild_reads_the_slices_once_and_claim_pods_find_them_read(monkeypatch) -> None:
+    """A rebuild (a relist, a slice change) reads the ResourceSlices into the DRA
+    inventory once, for the claims it holds and for the claim pods that follow: the first
+    claim pod's filter does not read every slice again (0.4 s at 1,000 nodes)."""
+    ext = _ext()
+    calls = []
+    real = dra.inventory
+
+    def counting(slices, *a, **kw):
+        calls.append(len(slices))
+        return real(slices, *a, **kw)
+
+    monkeypatch.setattr(dra, "inventory", counting)
+    extra = recorded.extra()
+    extra[dra.CLAIMS_KEY]["default/pure-c1"] = _pure_c1()
+    ext.cache.replace_all(recorded.nodes(), recorded.pods(), extra)
+    assert calls == [2]  # the two recorded slices, once
+    snap = ext.cache.snapshot()
+    assert dra.holder_key("default/pinned-seven") in snap.pods  # claims held from it
+    res = ext.filter(_captured("filter.json"))
+    assert [n["metadata"]["name"] for n in res["Nodes"]["items"]] == ["gpu-node-0"]
+    assert calls == [2]

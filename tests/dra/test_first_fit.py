@@ -227,3 +227,66 @@ def test_shared_counters_keep_partitions_apart() -> None:
         }
     }
     assert dra.claim_holding(claim, inv) == ("n", (0,))  # a partition holds its parent GPU
+
+
+def _search_only(
+    inv: dra.Inventory, node: str, specs: list[dra.ClaimSpec], held: frozenset, budget: int
+) -> dra.Prediction:
+    """The allocator's search alone (no shortcut), on the slots first_fit builds."""
+    comp = dra.compile_claims(specs, recorded.classes())
+    slots: list = []
+    for e in comp.entries:
+        if e.request is None or e.preds is None:
+            return dra.UNKNOWN
+        cands = dra.request_candidates(inv.by_node.get(node, ()), e)
+        if e.request.all_devices:
+            if not cands:
+                return dra.INFEASIBLE
+            slots.extend((e.claim, e.request, (d,)) for d in cands)
+        else:
+            slots.extend((e.claim, e.request, cands) for _ in range(e.request.count))
+    return dra._search(inv, comp.claims, slots, held, budget)
+
+
+def test_the_one_request_shortcut_answers_as_the_search_does() -> None:
+    """Every count on both recorded nodes (gpu-5 of gpu-node-1 tainted), with every held
+    subset of four devices drawn deterministically, one claim or the claim after an
+    empty one: same devices, GPUs and verdict as the search, where the search decides
+    within its budget."""
+    import random
+
+    inv = dra.inventory(recorded.slices())
+    classes = recorded.classes()
+    rng = random.Random(7)
+    empty = dra.ClaimSpec("x/empty", ())
+    checked = feasible = 0
+    for node in ("gpu-node-0", "gpu-node-1"):
+        ids = [d.id for d in inv.by_node[node]]
+        for _ in range(40):
+            held = frozenset(rng.sample(ids, rng.randint(0, 5)))
+            for count in range(1, 9):
+                spec = dra.ClaimSpec("x/c", (dra.Request("gpus", "gpu.nvidia.com", count),))
+                for specs in ([spec], [empty, spec]):
+                    want = _search_only(inv, node, specs, held, 10**7)
+                    got = dra.first_fit(inv, node, specs, classes, held)
+                    assert (got.known, got.feasible, got.devices, got.gpus) == (
+                        want.known,
+                        want.feasible,
+                        want.devices,
+                        want.gpus,
+                    ), (node, sorted(held), count, len(specs))
+                    checked += 1
+                    feasible += got.feasible
+    assert checked == 1280 and 0 < feasible < checked
+
+
+def test_too_few_free_devices_is_infeasible_without_trying_every_order() -> None:
+    """8 GPUs on a node with one held: the search tries every order of the 7 free ones
+    (tens of thousands of steps); the answer is infeasible, also on a budget the search
+    would exhaust."""
+    inv = dra.inventory(recorded.slices())
+    held = frozenset({inv.by_node["gpu-node-0"][0].id})
+    eight = dra.ClaimSpec("x/eight", (dra.Request("gpus", "gpu.nvidia.com", 8),))
+    assert _search_only(inv, "gpu-node-0", [eight], held, 1000) == dra.UNKNOWN
+    p = dra.first_fit(inv, "gpu-node-0", [eight], recorded.classes(), held, max_steps=1000)
+    assert (p.known, p.feasible) == (True, False)

@@ -439,3 +439,23 @@ def test_the_watch_says_when_the_cache_caught_up_on_slice_changes() -> None:
     _event(w, _slice_of("v1beta2"))  # after a quiet spell: rebuilt at once
     assert _counts(w) == (2, 1, 3)
     assert calls[1:] == [pytest.approx(1010.0 - WATCH_LAG_S)]
+
+
+def test_an_inventory_takes_again_the_devices_of_the_slices_it_read() -> None:
+    """A rebuild after one slice changed reads that slice alone: the devices of the other,
+    the very same objects, are taken from the previous inventory; the result equals an
+    inventory read from scratch."""
+    slices = recorded.slices()
+    first = dra.inventory(slices)
+    changed = copy.deepcopy(slices[1])
+    changed["spec"]["devices"].pop()
+    now = [slices[0], changed]
+    again = dra.inventory(now, previous=first)
+    fresh = dra.inventory(copy.deepcopy(now))
+    assert again == fresh
+    assert again.by_node["gpu-node-0"] == fresh.by_node["gpu-node-0"]
+    kept, before = again.by_node["gpu-node-0"], first.by_node["gpu-node-0"]
+    assert all(a is b for a, b in zip(kept, before, strict=True))
+    read, before = again.by_node["gpu-node-1"], first.by_node["gpu-node-1"]
+    assert len(read) == len(before) - 1
+    assert not any(a is b for a, b in zip(read, before[:-1], strict=True))
