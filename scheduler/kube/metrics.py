@@ -52,6 +52,12 @@ class KubeMetrics:
             ["path"],
             registry=r,
         )
+        self.slices_pending = Gauge(
+            "topoplace_kube_slices_pending",
+            "1 while ResourceSlice changes wait for the rebuild that applies them (a burst "
+            "being gathered, or rebuilds kept to their share of the time), else 0",
+            registry=r,
+        )
         self.synced = Gauge(
             "topoplace_kube_synced",
             "1 once the initial list of every resource is applied",

@@ -423,6 +423,7 @@ class KubeWatcher:
         # watcher's lock is held) are in. After a failure they stay pending.
         self._slices_stale_since = None
         self._slices_stale.clear()
+        self.metrics.slices_pending.set(0)
         self.metrics.rebuilds.labels(cause=cause).inc()
         self.metrics.rebuild_seconds.set(time.monotonic() - started)
         end = self._clock()
@@ -455,6 +456,7 @@ class KubeWatcher:
             return
         if self._slices_stale_since is None:
             self._slices_stale_since = now
+            self.metrics.slices_pending.set(1)
         self._slices_stale.set()
 
     def pending_slices_due(self) -> float | None:

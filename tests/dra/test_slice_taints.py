@@ -245,6 +245,8 @@ def test_other_slice_events_rebuild_once_their_burst_is_in() -> None:
     assert _counts(w) == (0, 0, 1)
     assert w.cache.snapshot().node(NODE).gpu_capacity == 8  # type: ignore[union-attr]
     assert w.pending_slices_due() == 1000.5
+    pending = "topoplace_kube_slices_pending"
+    assert w.metrics.registry.get_sample_value(pending) == 1
     assert not w.rebuild_stale_slices()  # not due yet
     clock.t += 0.2
     _event(w, _slice_of("v1beta2", "gpu-node-1"), "DELETED")
@@ -258,6 +260,7 @@ def test_other_slice_events_rebuild_once_their_burst_is_in() -> None:
     assert w.rebuild_stale_slices()
     assert _counts(w) == (1, 0, 4)
     assert w.pending_slices_due() is None
+    assert w.metrics.registry.get_sample_value(pending) == 0
     got = w.cache.snapshot()
     n0 = got.node(NODE)
     assert n0 is not None and n0.gpu_capacity == 7 and n0.health.bad_mask == 1 << 2
