@@ -806,11 +806,7 @@ def test_a_burst_of_claim_pods_fills_the_nodes_exactly(
     took one). It must refuse no node kube-scheduler can use: every pod binds, on the
     node of its claim's allocation, no device twice, the four nodes full."""
     nodes = cluster.add_nodes(4)
-    wait_for(
-        lambda: len([n for n in tp_nodes(topoplace) if n["name"] in nodes and n["gpus"] == 8]) == 4,
-        30,
-        "topoplace to see the four DRA nodes with 8 GPUs",
-    )
+    _wait_nodes(topoplace, nodes)
     sizes = (5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 1, 1)
     for i, count in enumerate(sizes):
         claims.create(f"burst-{i}", count)
