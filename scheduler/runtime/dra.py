@@ -125,8 +125,9 @@ class DraRouter:
         self._pools_memo: tuple[frozenset[Any], Mapping[Any, frozenset[Any]]] | None = None
         # per inventory: (node, entry key) -> candidate devices; node -> its pools
         self._inv_memo: tuple[Any, dict[Any, Any], dict[str, tuple[Any, ...]]] | None = None
-        # the last pod's plans: (pod identity, snapshot, name -> plan), for prioritize
-        self._last_plans: tuple[Any, Any, dict[str, dra.PodPlan]] | None = None
+        # the last pod's plans, for prioritize: (pod identity and what its plans were made
+        # from, name -> (plan, the node's health then))
+        self._last_plans: tuple[tuple[Any, ...], dict[str, tuple[dra.PodPlan, Any]]] | None = None
 
     def _held(self, snap: ClusterSnapshot) -> tuple[frozenset[Any], frozenset[Any]]:
         memo = self._memo
@@ -164,17 +165,22 @@ class DraRouter:
         The pod's claims are read once (``dra.prepare_claim_pod``); per node only its own
         pools' held devices are looked at, and the devices each request may take on it are
         remembered per inventory. Without ``also_held``, the plans of the last pod are
-        kept with the snapshot they were made on: prioritize, which follows filter for the
-        same pod, reuses them while the snapshot is the same."""
+        kept: prioritize, which follows filter for the same pod, reuses them while what
+        they were made from is unchanged (:meth:`_plans_again`)."""
         snap = self.cache.snapshot()
-        ident = _pod_identity(pod)
-        last = self._last_plans
-        if not also_held and last is not None and last[0] == ident and last[1] is snap:
-            known = last[2]
-            if all(n in known for n in names):
-                return [known[n] for n in names]
         inv = self.cache.dra_inventory(snap)
         held, flying = self._held(snap)
+        basis = (
+            _pod_identity(pod),
+            inv,
+            snap.extra.get(dra.CLAIMS_KEY),
+            snap.extra.get(dra.CLASSES_KEY),
+            flying,
+        )
+        if not also_held:
+            again = self._plans_again(snap, basis, names)
+            if again is not None:
+                return again
         by_pool = self._by_pool(held)
         more = _grouped(also_held) if also_held else EMPTY_MAP
         cands, pools = self._inventory_memo(inv)
@@ -221,8 +227,32 @@ class DraRouter:
                         *(more.get(p, frozenset()) for p in mine),
                     )
                 out.append(dra.plan_prepared(prep, name, inv, busy, flying, candidates))
-        if not also_held:
-            self._last_plans = (ident, snap, dict(zip(names, out, strict=True)))
+        if not also_held and not domain:
+            health = [n.health if (n := snap.node(name)) is not None else None for name in names]
+            self._last_plans = (basis, dict(zip(names, zip(out, health, strict=True), strict=True)))
+        return out
+
+    def _plans_again(
+        self, snap: ClusterSnapshot, basis: tuple[Any, ...], names: Sequence[str]
+    ) -> list[dra.PodPlan] | None:
+        """The last plans of the same pod, when what they were made from is unchanged: the
+        same inventory, claims, classes and devices in flight (other pods bound meanwhile
+        change none of these), and each node's health the very same. None otherwise."""
+        last = self._last_plans
+        if last is None or len(last[0]) != len(basis):
+            return None
+        if last[0][0] != basis[0] or last[0][4] != basis[4]:
+            return None
+        if any(a is not b for a, b in zip(last[0][1:4], basis[1:4], strict=True)):
+            return None
+        known = last[1]
+        out = []
+        for name in names:
+            got = known.get(name)
+            node = snap.node(name)
+            if got is None or (node.health if node is not None else None) is not got[1]:
+                return None
+            out.append(got[0])
         return out
 
     def filter(self, pod: Mapping[str, Any], names: Sequence[str]) -> FilterOutcome:

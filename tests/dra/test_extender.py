@@ -12,6 +12,7 @@ import pytest
 from scheduler.core import dra
 from scheduler.core.model import PodInfo
 from scheduler.core.params import SchedParams
+from scheduler.core.schedule import REASON_CORDONED
 from scheduler.runtime.cache import ClusterCache
 from scheduler.server.extender import Extender
 from tests.dra import recorded
@@ -195,14 +196,30 @@ def test_router_plans_equal_the_plan_of_each_node_read_from_scratch() -> None:
     assert len(seen) >= 3  # the claims are not all alike
 
 
-def test_prioritize_reuses_filters_plans_only_on_the_same_snapshot() -> None:
+def test_prioritize_reuses_filters_plans_while_what_they_read_is_unchanged() -> None:
     """kube-scheduler prioritizes right after it filters: the plans filter made are reused
-    while nothing changed; once a claim is allocated in between, prioritize plans again."""
+    while their inputs are unchanged (other pods binding meanwhile make a new snapshot,
+    not new claims); a node's health changed, or a claim allocated, and they are made
+    again."""
     ext = _ext()
     body = _captured("filter.json")
     first = ext.dra.plans(body["Pod"], ["gpu-node-0"])
     again = ext.dra.plans(copy.deepcopy(body["Pod"]), ["gpu-node-0"])
-    assert again[0] is first[0]  # reused: same pod, same snapshot
+    assert again[0] is first[0]  # reused: same pod, nothing changed
+    # Another snapshot (as when other pods bind), the same claims and node health: reused.
+    ext.cache.set_extra("podgroups", {})
+    assert ext.dra.plans(body["Pod"], ["gpu-node-0"])[0] is first[0]
+    # The node cordoned: planned again.
+    node = next(n for n in recorded.nodes() if n["metadata"]["name"] == "gpu-node-0")
+    ext.cache.upsert_node({**node, "spec": {**node.get("spec", {}), "unschedulable": True}})
+    assert ext.dra.plans(body["Pod"], ["gpu-node-0"])[0].verdict == REASON_CORDONED
+    ext.cache.upsert_node(node)
+    # The pod's own claim asks for three GPUs now (nothing else changed): planned again.
+    three = _pure_c1()
+    three["spec"]["devices"]["requests"][0]["exactly"]["count"] = 3
+    ext.cache.apply_claim("default/pure-c1", three)
+    assert len(ext.dra.plans(body["Pod"], ["gpu-node-0"])[0].prediction.devices[0]) == 3
+    ext.cache.apply_claim("default/pure-c1", _pure_c1())
     assert [d.name for d in first[0].prediction.devices[0]] == ["gpu-4", "gpu-5"]
     # Another claim takes gpu-4 and gpu-5 of gpu-node-0 before prioritize.
     other = _pure_c1()
