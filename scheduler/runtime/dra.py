@@ -92,6 +92,22 @@ def _grouped(ids: frozenset[dra.DeviceId]) -> Mapping[Any, frozenset[dra.DeviceI
     return {k: frozenset(v) for k, v in groups.items()}
 
 
+def _same_basis(
+    was: tuple[Any, ...], now: tuple[Any, ...], was_claims: Sequence[Any], claims: Sequence[Any]
+) -> bool:
+    """Whether plans made from ``was`` (pod identity, inventory, classes, devices in flight,
+    claims complete) and the pod's claim objects ``was_claims`` hold for ``now``."""
+    return (
+        was[0] == now[0]
+        and was[1] is now[1]
+        and was[2] is now[2]
+        and was[3] == now[3]
+        and was[4] == now[4]
+        and len(was_claims) == len(claims)
+        and all(a is b for a, b in zip(was_claims, claims, strict=True))
+    )
+
+
 def _pod_identity(pod: Mapping[str, Any]) -> tuple[str, Any, Any]:
     """(namespace/name, uid, resourceVersion): the same pod, unchanged."""
     meta = pod.get("metadata")
@@ -125,9 +141,9 @@ class DraRouter:
         self._pools_memo: tuple[frozenset[Any], Mapping[Any, frozenset[Any]]] | None = None
         # per inventory: (node, entry key) -> candidate devices; node -> its pools
         self._inv_memo: tuple[Any, dict[Any, Any], dict[str, tuple[Any, ...]]] | None = None
-        # the last pod's plans, for prioritize: (pod identity and what its plans were made
-        # from, name -> (plan, the node's health then))
-        self._last_plans: tuple[tuple[Any, ...], dict[str, tuple[dra.PodPlan, Any]]] | None = None
+        # the last pod's plans, for prioritize: (what they were made from, the pod's claim
+        # objects, name -> (plan, the node's held devices then))
+        self._last_plans: tuple[tuple[Any, ...], tuple[Any, ...], dict[str, Any]] | None = None
 
     def _held(self, snap: ClusterSnapshot) -> tuple[frozenset[Any], frozenset[Any]]:
         memo = self._memo
@@ -165,22 +181,21 @@ class DraRouter:
         The pod's claims are read once (``dra.prepare_claim_pod``); per node only its own
         pools' held devices are looked at, and the devices each request may take on it are
         remembered per inventory. Without ``also_held``, the plans of the last pod are
-        kept: prioritize, which follows filter for the same pod, reuses them while what
-        they were made from is unchanged (:meth:`_plans_again`)."""
+        kept, each with the node's held devices it was made with: prioritize, which follows
+        filter for the same pod, takes a node's plan again while they are the same (other
+        pods bound, or claims allocated on other nodes, meanwhile) and the pod's claims,
+        the classes, the inventory and the devices in flight are unchanged. (Health and
+        cordons are checked anew on every call.)"""
         snap = self.cache.snapshot()
         inv = self.cache.dra_inventory(snap)
         held, flying = self._held(snap)
-        basis = (
-            _pod_identity(pod),
-            inv,
-            snap.extra.get(dra.CLAIMS_KEY),
-            snap.extra.get(dra.CLASSES_KEY),
-            flying,
-        )
-        if not also_held:
-            again = self._plans_again(snap, basis, names)
-            if again is not None:
-                return again
+        claims = snap.extra.get(dra.CLAIMS_KEY) or EMPTY_MAP
+        own, complete = dra.pod_claims(pod, claims)
+        basis = (_pod_identity(pod), inv, snap.extra.get(dra.CLASSES_KEY), flying, complete)
+        last = self._last_plans
+        known: Mapping[str, tuple[dra.PodPlan, Any]] = EMPTY_MAP
+        if not also_held and last is not None and _same_basis(last[0], basis, last[1], own):
+            known = last[2]
         by_pool = self._by_pool(held)
         more = _grouped(also_held) if also_held else EMPTY_MAP
         cands, pools = self._inventory_memo(inv)
@@ -195,25 +210,27 @@ class DraRouter:
                 cands[key] = got
             return got
 
-        prep = dra.prepare_claim_pod(pod, inv, snap.extra)
-        domain = dra.pod_compute_domain(pod, snap.extra.get(dra.CLAIMS_KEY) or EMPTY_MAP)
+        prep: dra.ClaimPod | None = None
+        domain = dra.pod_compute_domain(pod, claims)
         if domain:
             serving = dra.serving_domains(all_claims(snap))
             clique = clique_reader(snap, self.cache.params.fabric)
             cliques = dra.domain_cliques(domain, serving, clique)
         out = []
+        made: dict[str, tuple[dra.PodPlan, Any]] = {}
         for name in names:
             node = snap.node(name)
             why = dra.cd_verdict(domain, name, clique(name), serving, cliques) if domain else ""
+            busy: Any = None
             if node is None:
-                out.append(dra.PodPlan(name, dra.UNKNOWN, (), REASON_UNKNOWN_NODE))
+                plan = dra.PodPlan(name, dra.UNKNOWN, (), REASON_UNKNOWN_NODE)
             elif node.health.state >= Health.UNHEALTHY:
                 reason = node.health.reasons[0] if node.health.reasons else "node unhealthy"
-                out.append(dra.PodPlan(name, dra.UNKNOWN, (), reason, never=True))
+                plan = dra.PodPlan(name, dra.UNKNOWN, (), reason, never=True)
             elif node.health.unschedulable:
-                out.append(dra.PodPlan(name, dra.UNKNOWN, (), REASON_CORDONED))
+                plan = dra.PodPlan(name, dra.UNKNOWN, (), REASON_CORDONED)
             elif why:
-                out.append(dra.PodPlan(name, dra.UNKNOWN, (), why))
+                plan = dra.PodPlan(name, dra.UNKNOWN, (), why)
             else:
                 mine = pools.get(name)
                 if mine is None:
@@ -226,33 +243,17 @@ class DraRouter:
                         *(by_pool.get(p, frozenset()) for p in mine),
                         *(more.get(p, frozenset()) for p in mine),
                     )
-                out.append(dra.plan_prepared(prep, name, inv, busy, flying, candidates))
+                prev = known.get(name)  # a plan reads the node's held devices, not the node
+                if prev is not None and prev[1] == busy:
+                    plan = prev[0]
+                else:
+                    if prep is None:
+                        prep = dra.prepare_claim_pod(pod, inv, snap.extra)
+                    plan = dra.plan_prepared(prep, name, inv, busy, flying, candidates)
+            out.append(plan)
+            made[name] = (plan, busy)
         if not also_held and not domain:
-            health = [n.health if (n := snap.node(name)) is not None else None for name in names]
-            self._last_plans = (basis, dict(zip(names, zip(out, health, strict=True), strict=True)))
-        return out
-
-    def _plans_again(
-        self, snap: ClusterSnapshot, basis: tuple[Any, ...], names: Sequence[str]
-    ) -> list[dra.PodPlan] | None:
-        """The last plans of the same pod, when what they were made from is unchanged: the
-        same inventory, claims, classes and devices in flight (other pods bound meanwhile
-        change none of these), and each node's health the very same. None otherwise."""
-        last = self._last_plans
-        if last is None or len(last[0]) != len(basis):
-            return None
-        if last[0][0] != basis[0] or last[0][4] != basis[4]:
-            return None
-        if any(a is not b for a, b in zip(last[0][1:4], basis[1:4], strict=True)):
-            return None
-        known = last[1]
-        out = []
-        for name in names:
-            got = known.get(name)
-            node = snap.node(name)
-            if got is None or (node.health if node is not None else None) is not got[1]:
-                return None
-            out.append(got[0])
+            self._last_plans = (basis, tuple(own), made)
         return out
 
     def filter(self, pod: Mapping[str, Any], names: Sequence[str]) -> FilterOutcome:

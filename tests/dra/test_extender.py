@@ -199,8 +199,8 @@ def test_router_plans_equal_the_plan_of_each_node_read_from_scratch() -> None:
 def test_prioritize_reuses_filters_plans_while_what_they_read_is_unchanged() -> None:
     """kube-scheduler prioritizes right after it filters: the plans filter made are reused
     while their inputs are unchanged (other pods binding meanwhile make a new snapshot,
-    not new claims); a node's health changed, or a claim allocated, and they are made
-    again."""
+    not new claims); a node cordoned, the pod's claim changed, or a claim allocated or
+    released on the node, and they are made again."""
     ext = _ext()
     body = _captured("filter.json")
     first = ext.dra.plans(body["Pod"], ["gpu-node-0"])
@@ -235,6 +235,10 @@ def test_prioritize_reuses_filters_plans_while_what_they_read_is_unchanged() -> 
     assert [d.name for d in after[0].prediction.devices[0]] == ["gpu-6", "gpu-7"]
     scores = {h["Host"]: h["Score"] for h in ext.prioritize(_captured("prioritize.json"))}
     assert scores["gpu-node-0"] == 10
+    # The other claim released (the pod's own claims unchanged): planned again.
+    ext.cache.apply_claim("default/taken", None)
+    back = ext.dra.plans(body["Pod"], ["gpu-node-0"])
+    assert [d.name for d in back[0].prediction.devices[0]] == ["gpu-4", "gpu-5"]
 
 
 def test_a_rebuild_reads_the_slices_once_and_claim_pods_find_them_read(monkeypatch) -> None:
