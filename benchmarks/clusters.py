@@ -441,3 +441,56 @@ def synthetic_cluster(
                 make_pod(f"job-{name}", g, namespace="bench", node=name, gpu_indices=list(range(g)))
             )
     return as_list(nodes + pods)
+
+
+def resource_claim(
+    name: str,
+    count: int,
+    version: str = "v1beta2",
+    namespace: str = "default",
+    cls: str = "gpu.nvidia.com",
+) -> dict[str, Any]:
+    """A pending ResourceClaim of ``count`` devices of DeviceClass ``cls``, in the shape of
+    ``resource.k8s.io/<version>`` (v1beta1: ``deviceClassName``/``count`` on the request;
+    v1beta2 and v1: under ``exactly``)."""
+    if version == "v1beta1":
+        req: dict[str, Any] = {"name": "gpus", "deviceClassName": cls, "count": count}
+    else:
+        req = {"name": "gpus", "exactly": {"deviceClassName": cls, "count": count}}
+    return {
+        "apiVersion": f"resource.k8s.io/{version}",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": _uid(f"claim/{namespace}/{name}"),
+        },
+        "spec": {"devices": {"requests": [req]}},
+    }
+
+
+def claim_pod(
+    name: str, claim: str, scheduler: str = "topoplace", namespace: str = "default"
+) -> dict[str, Any]:
+    """A pod whose GPUs are the ResourceClaim ``claim`` (one container using it)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "uid": _uid(f"pod/{namespace}/{name}")},
+        "spec": {
+            "schedulerName": scheduler,
+            "terminationGracePeriodSeconds": 0,
+            "resourceClaims": [{"name": "gpus", "resourceClaimName": claim}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.9",
+                    "resources": {
+                        "requests": {"cpu": "1", "memory": "1Gi"},
+                        "claims": [{"name": "gpus"}],
+                    },
+                }
+            ],
+        },
+        "status": {"phase": "Pending"},
+    }

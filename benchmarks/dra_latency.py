@@ -54,54 +54,9 @@ FIXTURES = REPO / "tests" / "fixtures" / "kube" / "dra-1.33"
 COUNTS = (1, 2, 4, 8)
 
 
-def _claim(name: str, count: int) -> dict[str, Any]:
-    """A pending v1beta2 claim of ``count`` devices of class ``gpu.nvidia.com``."""
-    return {
-        "apiVersion": "resource.k8s.io/v1beta2",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpus",
-                        "exactly": {
-                            "deviceClassName": "gpu.nvidia.com",
-                            "allocationMode": "ExactCount",
-                            "count": count,
-                        },
-                    }
-                ]
-            }
-        },
-    }
-
-
-def _pod(name: str, claim: str) -> dict[str, Any]:
-    """A claim pod as kube-scheduler sends it (the captured v1.33.0 shape, trimmed)."""
-    return {
-        "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
-        "spec": {
-            "schedulerName": "topoplace",
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.k8s.io/pause:3.9",
-                    "resources": {
-                        "requests": {"cpu": "100m", "memory": "128Mi"},
-                        "claims": [{"name": "gpus"}],
-                    },
-                }
-            ],
-            "resourceClaims": [{"name": "gpus", "resourceClaimName": claim}],
-        },
-        "status": {"phase": "Pending"},
-    }
-
-
 def one_case(nodes: int, pods: int, held: float) -> dict[str, Any]:
     """Wall ms per verb for each pod, and the nodes offered / kept."""
-    from benchmarks.clusters import dgx_h100_nodes
+    from benchmarks.clusters import claim_pod, dgx_h100_nodes, resource_claim
     from benchmarks.health_refresh import node_slices
     from scheduler.cli.main import load_params
     from scheduler.core import dra
@@ -117,13 +72,13 @@ def one_case(nodes: int, pods: int, held: float) -> dict[str, Any]:
     rng = random.Random(11)
     claims = []
     for name in sorted(rng.sample(names, int(held * nodes))):
-        c = _claim(f"held-{name}", 4)
+        c = resource_claim(f"held-{name}", 4)
         spec = dra.claim_spec(c)
         c["status"] = {
             "allocation": dra.allocation_status(name, spec, inv.by_node[name][:4]),
         }
         claims.append(c)
-    pending = [_claim(f"want-{i:04d}", COUNTS[i % len(COUNTS)]) for i in range(pods)]
+    pending = [resource_claim(f"want-{i:04d}", COUNTS[i % len(COUNTS)]) for i in range(pods)]
     extra = dra.extra_of([*classes, *slices, *claims, *pending])
     cache = ClusterCache.from_objects(objs, [], load_params(None), extra=extra)
     ext = Extender(cache)
@@ -138,7 +93,7 @@ def one_case(nodes: int, pods: int, held: float) -> dict[str, Any]:
         offered = [
             n for n in names if dra.first_fit(inv, n, [spec], cls, in_use).feasible
         ]  # what kube-scheduler's DynamicResources filter leaves
-        pod = _pod(f"pod-{i:04d}", claim["metadata"]["name"])
+        pod = claim_pod(f"pod-{i:04d}", claim["metadata"]["name"])
         raw = orjson.dumps({"Pod": pod, "NodeNames": offered})
         t = time.perf_counter()
         reply = ext.filter_json(orjson.loads(raw), raw)

@@ -52,6 +52,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.clusters import claim_pod, resource_claim
 from benchmarks.live.kubeapi import Api, ApiError
 from benchmarks.live.kubesched import KubeScheduler, Topoplace, render_default_config
 from benchmarks.live.run import Plane, log
@@ -91,39 +92,17 @@ def node_objects(count: int, run: str) -> list[dict[str, Any]]:
 
 
 def claim_object(name: str, count: int, version: str) -> dict[str, Any]:
-    if version == "v1beta1":
-        req: dict[str, Any] = {"name": "gpus", "deviceClassName": CLASS, "count": count}
-    else:
-        req = {"name": "gpus", "exactly": {"deviceClassName": CLASS, "count": count}}
-    return {
-        "apiVersion": f"resource.k8s.io/{version}",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {"devices": {"requests": [req]}},
-    }
+    """The run's claim ``name`` of ``count`` GPUs (class ``gpu.nvidia.com``)."""
+    claim = resource_claim(name, count, version, NAMESPACE, CLASS)
+    del claim["metadata"]["uid"]  # the API server gives it
+    return claim
 
 
 def pod_object(name: str, claim: str, scheduler: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {
-            "schedulerName": scheduler,
-            "terminationGracePeriodSeconds": 0,
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.k8s.io/pause:3.9",
-                    "resources": {
-                        "requests": {"cpu": "1", "memory": "1Gi"},
-                        "claims": [{"name": "gpu"}],
-                    },
-                }
-            ],
-        },
-    }
+    """The run's pod ``name`` using claim ``claim``."""
+    pod = claim_pod(name, claim, scheduler, NAMESPACE)
+    del pod["metadata"]["uid"], pod["status"]
+    return pod
 
 
 def workload(pods: int) -> list[tuple[str, str, int]]:
@@ -260,26 +239,11 @@ def run_arm(
     if arm == "topoplace":
         tp = Topoplace(kc, logs, port=args.extender_port, source=args.topoplace_src)
         tp.start()
-        ks = KubeScheduler(
-            kc,
-            tp.extender_url,
-            logs,
-            port=args.topoplace_sched_port,
-            kube_bin=args.kube_bin,
-            config_path=VARIANT,
-            extra_args=GATES,
-        )
+        url, port, how = tp.extender_url, args.topoplace_sched_port, {"config_path": VARIANT}
     else:
         cfg = render_default_config(kc, ARMS[arm], percentage_of_nodes_to_score=100)
-        ks = KubeScheduler(
-            kc,
-            "",
-            logs,
-            port=args.default_sched_port,
-            kube_bin=args.kube_bin,
-            config=cfg,
-            extra_args=GATES,
-        )
+        url, port, how = "", args.default_sched_port, {"config": cfg}
+    ks = KubeScheduler(kc, url, logs, port=port, kube_bin=args.kube_bin, extra_args=GATES, **how)
     try:
         create_backlog(api, version, work, ARMS[arm])
         ks.start()
