@@ -448,7 +448,10 @@ def _remove_highest(bad: int, count: int, gpu_count: int) -> tuple[int, int]:
 def devices_by_node(
     slices: Any, params: HealthParams | None = None
 ) -> Mapping[str, tuple[Mapping[str, Any], ...]]:
-    """Index the devices of GPU ResourceSlices by node name.
+    """Index the devices of GPU ResourceSlices by node name: those of the newest
+    generation of each pool, once the pool is complete (as many slices as its
+    ``resourceSliceCount``), as kube-scheduler's allocator and ``dra.inventory`` take
+    them; a stale generation's slices and a pool half published count for nothing.
 
     Args:
         slices: ResourceSlice objects (anything else is ignored).
@@ -458,18 +461,35 @@ def devices_by_node(
         node name -> its devices, in (slice name, device order) order.
     """
     drivers = (params or HealthParams()).dra_drivers
-    acc: dict[str, list[tuple[str, int, Mapping[str, Any]]]] = {}
+    pools: dict[tuple[str, str], list[tuple[int, str, Mapping[str, Any]]]] = {}
     for s in _seq(slices):
         if not isinstance(s, Mapping):
             continue
         spec = _map(s.get("spec"))
         node = _str(spec.get("nodeName"))
-        if not node or (drivers and _str(spec.get("driver")) not in drivers):
+        driver = _str(spec.get("driver"))
+        if not node or (drivers and driver not in drivers):
             continue
+        pool = _map(spec.get("pool"))
+        gen = pool.get("generation")
+        gen = gen if isinstance(gen, int) and not isinstance(gen, bool) else 0
         sname = _str(_map(s.get("metadata")).get("name"))
-        for j, d in enumerate(_seq(spec.get("devices"))):
-            if isinstance(d, Mapping):
-                acc.setdefault(node, []).append((sname, j, d))
+        pools.setdefault((driver, _str(pool.get("name"))), []).append((gen, sname, s))
+    acc: dict[str, list[tuple[str, int, Mapping[str, Any]]]] = {}
+    for entries in pools.values():
+        # As the allocator (and dra.inventory): the newest generation of each pool, and
+        # only once all its slices are published.
+        newest = max(g for g, _, _ in entries)
+        current = [(n, s) for g, n, s in entries if g == newest]
+        want = _map(_map(current[0][1].get("spec")).get("pool")).get("resourceSliceCount", 1)
+        if not isinstance(want, int) or isinstance(want, bool) or len(current) != want:
+            continue
+        for sname, s in current:
+            spec = _map(s.get("spec"))
+            node = _str(spec.get("nodeName"))
+            for j, d in enumerate(_seq(spec.get("devices"))):
+                if isinstance(d, Mapping):
+                    acc.setdefault(node, []).append((sname, j, d))
     return {
         n: tuple(d for _, _, d in sorted(v, key=lambda t: (t[0], t[1]))) for n, v in acc.items()
     }

@@ -462,3 +462,26 @@ def test_an_inventory_takes_again_the_devices_of_the_slices_it_read() -> None:
     read, before = again.by_node["gpu-node-1"], first.by_node["gpu-node-1"]
     assert len(read) == len(before) - 1
     assert not any(a is b for a, b in zip(read, before[:-1], strict=True))
+
+
+def test_health_reads_the_devices_the_allocator_uses() -> None:
+    """The health path reads a pool's devices as kube-scheduler's allocator and the DRA
+    inventory do: the newest generation only (a driver's stale slice, tainted, still
+    listed, marks no GPU unhealthy) and only a complete pool (a pool of two slices with
+    one published gives no GPUs)."""
+    tainted = resource_slice(NODE, [device(j) for j in range(8)])
+    tainted["spec"]["devices"][3] = device(3, taints=[taint("gpu.nvidia.com/xid")])
+    fresh = resource_slice(NODE, [device(j) for j in range(8)])
+    fresh["metadata"]["name"] = "gpu-node-0-gen2"
+    fresh["spec"]["pool"]["generation"] = 2
+    half = resource_slice("gpu-node-1", [device(j) for j in range(8)])
+    half["spec"]["pool"]["resourceSliceCount"] = 2
+    slices = [tainted, fresh, half]
+    assert devices_by_node([tainted], PARAMS.health)[NODE][3]["taints"]  # alone, it counts
+    got = devices_by_node(slices, PARAMS.health)
+    assert list(got) == [NODE]
+    assert list(got[NODE]) == fresh["spec"]["devices"]
+    inv = dra.inventory(slices)
+    assert sorted(inv.by_node) == [NODE]
+    assert [d.name for d in inv.by_node[NODE]] == [d["name"] for d in got[NODE]]
+    assert not any(d.taints for d in inv.by_node[NODE])
