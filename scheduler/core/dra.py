@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from scheduler.core.health import device_gpu_index
+from scheduler.core.health import allocatable_pools, device_gpu_index
 from scheduler.core.model import EMPTY_MAP, MAX_NODE_GPUS
 from scheduler.core.quantity import quantity_int
 from topology.select import ring_bottleneck, select_gpus
@@ -267,30 +267,11 @@ def inventory(
     """
     old = previous.read if previous is not None else EMPTY_MAP
     read: dict[int, tuple[Any, tuple[Device, ...]]] = {}
-    pools: dict[tuple[str, str], list[tuple[int, str, Mapping[str, Any]]]] = {}
-    for s in _seq(slices):
-        if not isinstance(s, Mapping):
-            continue
-        spec = _map(s.get("spec"))
-        driver = _str(spec.get("driver"))
-        node = _str(spec.get("nodeName"))
-        if not node or not driver or (drivers and driver not in drivers):
-            continue
-        pool = _map(spec.get("pool"))
-        pname = _str(pool.get("name"))
-        gen = _int(pool.get("generation"))
-        sname = _str(_map(s.get("metadata")).get("name"))
-        pools.setdefault((driver, pname), []).append((gen, sname, s))
     by_node: dict[str, list[Device]] = {}
     by_id: dict[DeviceId, Device] = {}
     counters: dict[tuple[str, str, str], Mapping[str, int]] = {}
     slices_of: dict[str, int] = {}
-    for (driver, pname), entries in sorted(pools.items()):
-        newest = max(g for g, _, _ in entries)
-        current = sorted((n, s) for g, n, s in entries if g == newest)
-        want = _int(_map(_map(current[0][1].get("spec")).get("pool")).get("resourceSliceCount"), 1)
-        if len(current) != want:
-            continue  # incomplete pool: the allocator does not use it
+    for (driver, pname), current in allocatable_pools(slices, drivers):
         names: set[str] = set()
         devs: list[Device] = []
         for sname, s in current:

@@ -445,13 +445,48 @@ def _remove_highest(bad: int, count: int, gpu_count: int) -> tuple[int, int]:
 # ---- DRA ResourceSlices -----------------------------------------------------------------------
 
 
+def allocatable_pools(
+    slices: Any, drivers: Sequence[str] = ()
+) -> list[tuple[tuple[str, str], list[tuple[str, Mapping[str, Any]]]]]:
+    """The node-local ResourceSlices of ``drivers`` (all when empty) that kube-scheduler's
+    DRA allocator uses, by pool: for each (driver, pool name) in order, the (name, slice)
+    of its newest generation in name order, and only pools whose slices are all published
+    (as many as their ``resourceSliceCount``). Anything unreadable is skipped."""
+    pools: dict[tuple[str, str], list[tuple[int, str, Mapping[str, Any]]]] = {}
+    for s in _seq(slices):
+        if not isinstance(s, Mapping):
+            continue
+        spec = _map(s.get("spec"))
+        driver = _str(spec.get("driver"))
+        if not _str(spec.get("nodeName")) or not driver or (drivers and driver not in drivers):
+            continue
+        pool = _map(spec.get("pool"))
+        sname = _str(_map(s.get("metadata")).get("name"))
+        pools.setdefault((driver, _str(pool.get("name"))), []).append(
+            (_count(pool.get("generation"), 0), sname, s)
+        )
+    out = []
+    for key, entries in sorted(pools.items()):
+        newest = max(g for g, _, _ in entries)
+        current = sorted(((n, s) for g, n, s in entries if g == newest), key=lambda t: t[0])
+        want = _count(
+            _map(_map(current[0][1].get("spec")).get("pool")).get("resourceSliceCount"), 1
+        )
+        if len(current) == want:
+            out.append((key, current))
+    return out
+
+
+def _count(v: Any, default: int) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else default
+
+
 def devices_by_node(
     slices: Any, params: HealthParams | None = None
 ) -> Mapping[str, tuple[Mapping[str, Any], ...]]:
-    """Index the devices of GPU ResourceSlices by node name: those of the newest
-    generation of each pool, once the pool is complete (as many slices as its
-    ``resourceSliceCount``), as kube-scheduler's allocator and ``dra.inventory`` take
-    them; a stale generation's slices and a pool half published count for nothing.
+    """Index the devices of GPU ResourceSlices by node name: those the allocator uses
+    (:func:`allocatable_pools`, as ``dra.inventory`` reads them), so a stale generation's
+    slices and a pool half published count for nothing.
 
     Args:
         slices: ResourceSlice objects (anything else is ignored).
@@ -461,29 +496,8 @@ def devices_by_node(
         node name -> its devices, in (slice name, device order) order.
     """
     drivers = (params or HealthParams()).dra_drivers
-    pools: dict[tuple[str, str], list[tuple[int, str, Mapping[str, Any]]]] = {}
-    for s in _seq(slices):
-        if not isinstance(s, Mapping):
-            continue
-        spec = _map(s.get("spec"))
-        node = _str(spec.get("nodeName"))
-        driver = _str(spec.get("driver"))
-        if not node or (drivers and driver not in drivers):
-            continue
-        pool = _map(spec.get("pool"))
-        gen = pool.get("generation")
-        gen = gen if isinstance(gen, int) and not isinstance(gen, bool) else 0
-        sname = _str(_map(s.get("metadata")).get("name"))
-        pools.setdefault((driver, _str(pool.get("name"))), []).append((gen, sname, s))
     acc: dict[str, list[tuple[str, int, Mapping[str, Any]]]] = {}
-    for entries in pools.values():
-        # As the allocator (and dra.inventory): the newest generation of each pool, and
-        # only once all its slices are published.
-        newest = max(g for g, _, _ in entries)
-        current = [(n, s) for g, n, s in entries if g == newest]
-        want = _map(_map(current[0][1].get("spec")).get("pool")).get("resourceSliceCount", 1)
-        if not isinstance(want, int) or isinstance(want, bool) or len(current) != want:
-            continue
+    for _, current in allocatable_pools(slices, drivers):
         for sname, s in current:
             spec = _map(s.get("spec"))
             node = _str(spec.get("nodeName"))

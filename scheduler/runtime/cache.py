@@ -172,15 +172,10 @@ class _Modeled(NamedTuple):
     """Node name -> (its Node object, the node parsed from it)."""
 
 
-def _slices_inventory(
-    extra: Mapping[str, Any] | None, previous: dra.Inventory | None = None
-) -> tuple[Any, dra.Inventory]:
-    """(the ResourceSlices of ``extra``, their DRA inventory; slices ``previous`` read
-    already are not read again)."""
-    slices = (extra or EMPTY_MAP).get(dra.SLICES_KEY)
-    if not slices:
-        return slices, dra.EMPTY_INVENTORY
-    return slices, dra.inventory(slices, previous=previous)
+def _inventory(slices: Any, previous: dra.Inventory | None = None) -> dra.Inventory:
+    """The DRA inventory of ``slices`` (slices ``previous`` read already are not read
+    again)."""
+    return dra.inventory(slices, previous=previous) if slices else dra.EMPTY_INVENTORY
 
 
 class ClusterCache:
@@ -243,9 +238,9 @@ class ClusterCache:
         extra: Mapping[str, Any] | None = None,
     ) -> ClusterCache:
         """A cache over Node and Pod objects (a cluster file or an initial list)."""
-        inv = _slices_inventory(extra)
-        cache = cls(build_snapshot(nodes, pods, params, extra, inv[1]), params, clock)
-        cache._dra_inv = (cache._snap.extra.get(dra.SLICES_KEY), inv[1])
+        inv = _inventory((extra or EMPTY_MAP).get(dra.SLICES_KEY))
+        cache = cls(build_snapshot(nodes, pods, params, extra, inv), params, clock)
+        cache._dra_inv = (cache._snap.extra.get(dra.SLICES_KEY), inv)
         return cache
 
     @property
@@ -690,7 +685,7 @@ class ClusterCache:
         slices = (snap or self._snap).extra.get(dra.SLICES_KEY)
         cached = self._dra_inv
         if cached[0] is not slices:
-            cached = (slices, _slices_inventory({dra.SLICES_KEY: slices}, cached[1])[1])
+            cached = (slices, _inventory(slices, cached[1]))
             self._dra_inv = cached
         return cached[1]
 
@@ -875,7 +870,7 @@ class ClusterCache:
         pods = pods if isinstance(pods, list) else list(pods)
         # The DRA inventory is read once, here, beside the snapshot (claim holdings and
         # claim pods' filters use it), not by the first claim pod's filter.
-        slices, inv = _slices_inventory(extra, self._dra_inv[1])
+        inv = _inventory((extra or EMPTY_MAP).get(dra.SLICES_KEY), self._dra_inv[1])
         snap = build_snapshot(nodes, pods, self.params, extra, inv)
         unheld = self._unheld_after_rebuild(snap, inv)
         modeled = self._as_modeled(snap)

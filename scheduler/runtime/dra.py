@@ -27,7 +27,7 @@ from typing import Any
 
 from scheduler.core import dra
 from scheduler.core.model import EMPTY_MAP, Health
-from scheduler.core.objects import object_key
+from scheduler.core.objects import meta, object_key
 from scheduler.core.schedule import REASON_CORDONED, REASON_UNKNOWN_NODE, FilterOutcome
 from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.runtime.cache import ClusterCache
@@ -110,9 +110,8 @@ def _same_basis(
 
 def _pod_identity(pod: Mapping[str, Any]) -> tuple[str, Any, Any]:
     """(namespace/name, uid, resourceVersion): the same pod, unchanged."""
-    meta = pod.get("metadata")
-    meta = meta if isinstance(meta, Mapping) else EMPTY_MAP
-    return object_key(pod), meta.get("uid"), meta.get("resourceVersion")
+    m = meta(pod)
+    return object_key(pod), m.get("uid"), m.get("resourceVersion")
 
 
 class DraRouter:
