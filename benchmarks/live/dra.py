@@ -55,6 +55,7 @@ from typing import Any
 from benchmarks.clusters import claim_pod, resource_claim
 from benchmarks.live.kubeapi import Api, ApiError
 from benchmarks.live.kubesched import KubeScheduler, Topoplace, render_default_config
+from benchmarks.live.metrics import histogram_ms, parse_prometheus
 from benchmarks.live.run import Plane, log
 from benchmarks.live.scenario import NodeSpec
 
@@ -205,24 +206,14 @@ def clear(api: Api, version: str) -> None:
         time.sleep(0.5)
 
 
-def verb_means(tp: Topoplace) -> dict[str, float]:
-    """Server-side mean ms of filter and prioritize so far (``topoplace_request_seconds``)."""
-    text = tp_metrics(tp)
-    sums: dict[str, float] = {}
-    counts: dict[str, float] = {}
-    for line in text.splitlines():
-        for verb in ("filter", "prioritize"):
-            if line.startswith("topoplace_request_seconds_sum") and f'verb="{verb}"' in line:
-                sums[verb] = sums.get(verb, 0.0) + float(line.rsplit(" ", 1)[1])
-            if line.startswith("topoplace_request_seconds_count") and f'verb="{verb}"' in line:
-                counts[verb] = counts.get(verb, 0.0) + float(line.rsplit(" ", 1)[1])
-    return {v: 1000 * sums[v] / counts[v] for v in sums if counts.get(v)}
-
-
-def tp_metrics(tp: Topoplace) -> str:
-    import httpx
-
-    return httpx.get(tp.url + "/metrics", timeout=10).text
+def verb_ms(tp: Topoplace) -> dict[str, dict[str, float]]:
+    """Server-side filter and prioritize latency of this topoplace so far (count, mean,
+    p50, p99 ms of ``topoplace_request_seconds``; it is started fresh per arm)."""
+    now = parse_prometheus(tp.metrics())
+    return {
+        v: histogram_ms({}, now, "topoplace_request_seconds", verb=v)
+        for v in ("filter", "prioritize")
+    }
 
 
 def run_arm(
@@ -248,7 +239,7 @@ def run_arm(
         create_backlog(api, version, work, ARMS[arm])
         ks.start()
         seen = wait_bound(api, len(work), args.timeout)
-        after = verb_means(tp) if tp is not None else {}
+        verbs = verb_ms(tp) if tp is not None else {}
         allocated = allocations(api, version)
     finally:
         ks.stop()
@@ -268,8 +259,11 @@ def run_arm(
         "nodes_used": len(used),
         "whole_nodes_free": free,
         "placed": placed,
-        "filter_ms": after.get("filter", float("nan")),
-        "prioritize_ms": after.get("prioritize", float("nan")),
+        **{
+            f"{v}_{k}": verbs[v][k] if v in verbs else float("nan")
+            for v in ("filter", "prioritize")
+            for k in ("mean_ms", "p99_ms")
+        },
     }
 
 
@@ -396,8 +390,10 @@ def write(
         "nodes_used",
         "whole_nodes_free",
         "placed_as_offline",
-        "filter_ms",
-        "prioritize_ms",
+        "filter_mean_ms",
+        "filter_p99_ms",
+        "prioritize_mean_ms",
+        "prioritize_p99_ms",
     ]
     with open(out / "runs.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
@@ -423,7 +419,7 @@ def write(
         f"{offline_used} nodes used.",
         "",
         "| arm | runs | pods bound | pods/s | nodes used | whole nodes free | placed as "
-        "offline | filter mean ms | prioritize mean ms |",
+        "offline | filter mean / p99 ms | prioritize mean / p99 ms |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, m in sorted(med.items()):
@@ -431,7 +427,8 @@ def write(
         lines.append(
             f"| {arm} | {n} | {m['bound']:.0f} | {m['pods_per_s']:.1f} | {m['nodes_used']:.0f} "
             f"| {m['whole_nodes_free']:.0f} | {m['placed_as_offline']:.0f} "
-            f"| {m['filter_ms']:.2f} | {m['prioritize_ms']:.2f} |"
+            f"| {m['filter_mean_ms']:.2f} / {m['filter_p99_ms']:.2f} "
+            f"| {m['prioritize_mean_ms']:.2f} / {m['prioritize_p99_ms']:.2f} |"
         )
     lines += ["", "Per run:", "", "| " + " | ".join(fields) + " |", "|" + "---|" * len(fields)]
     for r in rows:
