@@ -55,12 +55,17 @@ from typing import Any
 from benchmarks.clusters import claim_pod, resource_claim
 from benchmarks.live.kubeapi import Api, ApiError
 from benchmarks.live.kubesched import KubeScheduler, Topoplace, render_default_config
-from benchmarks.live.metrics import histogram_ms, parse_prometheus
 from benchmarks.live.run import Plane, log
 from benchmarks.live.scenario import NodeSpec
+from benchmarks.live.standalone import (
+    REPO,
+    add_plane_args,
+    pods_per_s,
+    source_of,
+    verb_ms,
+    wait_bound,
+)
 
-REPO = Path(__file__).resolve().parents[2]
-CONTROLPLANE = REPO.parent / "shared" / "controlplane"
 VARIANT = REPO / "config" / "deploy" / "dra" / "scheduler-config-dra.yaml"
 CLASS = "gpu.nvidia.com"
 NAMESPACE = "livebench-dra"
@@ -160,24 +165,6 @@ def create_backlog(api: Api, version: str, work: list[tuple[str, str, int]], sch
         api.create_pod(NAMESPACE, pod_object(pod, claim, sched))
 
 
-def wait_bound(api: Api, total: int, timeout: float) -> dict[str, float]:
-    """pod -> when it was first seen bound (monotonic, polled every 0.2 s), until all are
-    or nothing binds for 20 s or ``timeout``."""
-    seen: dict[str, float] = {}
-    start = last = time.monotonic()
-    while len(seen) < total:
-        now = time.monotonic()
-        if now - start > timeout or now - last > 20:
-            break
-        for p in api.list_pods(NAMESPACE).get("items", []):
-            name = p["metadata"]["name"]
-            if name not in seen and (p.get("spec") or {}).get("nodeName"):
-                seen[name] = now
-                last = now
-        time.sleep(0.2)
-    return seen
-
-
 def allocations(api: Api, version: str) -> dict[str, tuple[str, tuple[str, ...]]]:
     """claim -> (node, device names) of its allocation."""
     from scheduler.core import dra
@@ -206,16 +193,6 @@ def clear(api: Api, version: str) -> None:
         time.sleep(0.5)
 
 
-def verb_ms(tp: Topoplace) -> dict[str, dict[str, float]]:
-    """Server-side filter and prioritize latency of this topoplace so far (count, mean,
-    p50, p99 ms of ``topoplace_request_seconds``; it is started fresh per arm)."""
-    now = parse_prometheus(tp.metrics())
-    return {
-        v: histogram_ms({}, now, "topoplace_request_seconds", verb=v)
-        for v in ("filter", "prioritize")
-    }
-
-
 def run_arm(
     arm: str,
     args: argparse.Namespace,
@@ -238,15 +215,14 @@ def run_arm(
     try:
         create_backlog(api, version, work, ARMS[arm])
         ks.start()
-        seen = wait_bound(api, len(work), args.timeout)
+        seen = wait_bound(api, NAMESPACE, len(work), args.timeout)
         verbs = verb_ms(tp) if tp is not None else {}
         allocated = allocations(api, version)
     finally:
         ks.stop()
         if tp is not None:
             tp.stop()
-    times = sorted(seen.values())
-    pods_s = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else float("nan")
+    pods_s = pods_per_s(list(seen.values()))
     placed = {p: allocated.get(c) for p, c, _ in work if p in seen}
     used = {v[0] for v in placed.values() if v}
     free = args.nodes - len(used)
@@ -273,18 +249,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--pods", type=int, default=200)
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--arms", default="topoplace,default")
-    ap.add_argument("--kube-bin", default=os.environ.get("KUBE_BIN", ""))
-    ap.add_argument("--controlplane", default=str(CONTROLPLANE))
-    ap.add_argument("--topoplace-src", default=None)
-    ap.add_argument("--timeout", type=float, default=600.0)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--api-port", type=int, default=26443)
-    ap.add_argument("--etcd-port", type=int, default=22379)
-    ap.add_argument("--etcd-peer-port", type=int, default=22380)
-    ap.add_argument("--sched-port", type=int, default=21259)
-    ap.add_argument("--topoplace-sched-port", type=int, default=21269)
-    ap.add_argument("--default-sched-port", type=int, default=21279)
-    ap.add_argument("--extender-port", type=int, default=28888)
+    add_plane_args(ap)
     return ap.parse_args(argv)
 
 
@@ -366,14 +331,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _source(src: str | None) -> str:
-    """The checkout topoplace ran from, with the revision a pinned export records."""
-    if src is None:
-        return "this checkout"
-    rev = Path(src) / ".livebench-rev"
-    return f"{src} ({rev.read_text().strip()})" if rev.is_file() else src
-
-
 def write(
     out: Path,
     args: argparse.Namespace,
@@ -412,7 +369,7 @@ def write(
         f"Conditions: {args.nodes} fake 8-GPU nodes, one ResourceSlice each ({version}, "
         f"`fake_dra.py`); {args.pods} pods, one claim each of {'/'.join(map(str, SIZES))} "
         f"GPUs in turn, a backlog created before each arm's kube-scheduler starts; "
-        f"{args.runs} run(s), arms alternating; topoplace from {_source(args.topoplace_src)}; "
+        f"{args.runs} run(s), arms alternating; topoplace from {source_of(args.topoplace_src)}; "
         "pods/s from the first bind to the last (binds seen by listing every 0.2 s).",
         "",
         f"Offline (topoplace's router, pod after pod): {offline_placed} placed, "

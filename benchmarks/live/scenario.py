@@ -373,7 +373,8 @@ def mix_scenario(
 # ---- openb: a real node list and workload ------------------------------------------------
 
 
-def _dns_name(name: str) -> str:
+def dns_name(name: str) -> str:
+    """A trace name as a DNS-1123 name (the trace writes `openb-node-0001` style names)."""
     return name.lower().replace("_", "-")
 
 
@@ -410,7 +411,7 @@ def openb_scenario(
         raw_nodes = [raw_nodes[int(i * step)] for i in range(max_nodes)]
     nodes = tuple(
         NodeSpec(
-            name=_dns_name(n.name),
+            name=dns_name(n.name),
             gpus=n.num_gpu,
             cpu_milli=n.cpu_milli_capacity,
             memory_mib=n.memory_mib_capacity,
@@ -436,7 +437,7 @@ def openb_scenario(
             break
         requested += t.num_gpu
         cpu, mem = (t.cpu_milli, t.memory_mib) if resources == "trace" else (100, 128)
-        pods.append(PodSpec(_dns_name(t.name), t.num_gpu, cpu, mem, gpu_models=tuple(t.gpu_spec)))
+        pods.append(PodSpec(dns_name(t.name), t.num_gpu, cpu, mem, gpu_models=tuple(t.gpu_spec)))
     desc = (
         f"openb {workload}: {len(nodes)} GPU nodes ({capacity} GPUs) from the trace's node "
         f"list; {len(pods)} whole-GPU tasks ({requested} GPUs) in creation order, "

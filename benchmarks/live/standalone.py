@@ -1,0 +1,81 @@
+"""What the standalone live benchmarks share (``benchmarks.live.dra``,
+``benchmarks.live.fractional``): their command-line flags for the control plane and the
+ports, the wait for a backlog's binds, topoplace's server-side verb latency, and how a
+checkout is named in a report.
+
+They run beside ``benchmarks.live.run`` (the scenario runner) because their pods carry what
+it does not model: ResourceClaims, GPU shares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchmarks.live.kubeapi import Api
+from benchmarks.live.kubesched import Topoplace
+from benchmarks.live.metrics import histogram_ms, parse_prometheus
+
+REPO = Path(__file__).resolve().parents[2]
+CONTROLPLANE = REPO.parent / "shared" / "controlplane"
+
+
+def add_plane_args(ap: argparse.ArgumentParser) -> None:
+    """``--kube-bin``, ``--controlplane``, ``--topoplace-src``, ``--timeout``, ``--out``
+    and the ports of the control plane, both kube-schedulers and the extender."""
+    ap.add_argument("--kube-bin", default=os.environ.get("KUBE_BIN", ""))
+    ap.add_argument("--controlplane", default=str(CONTROLPLANE))
+    ap.add_argument("--topoplace-src", default=None, help="another checkout (an A/B)")
+    ap.add_argument("--timeout", type=float, default=600.0, help="cap per arm, seconds")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--api-port", type=int, default=26443)
+    ap.add_argument("--etcd-port", type=int, default=22379)
+    ap.add_argument("--etcd-peer-port", type=int, default=22380)
+    ap.add_argument("--sched-port", type=int, default=21259)
+    ap.add_argument("--topoplace-sched-port", type=int, default=21269)
+    ap.add_argument("--default-sched-port", type=int, default=21279)
+    ap.add_argument("--extender-port", type=int, default=28888)
+
+
+def wait_bound(api: Api, namespace: str, total: int, timeout: float) -> dict[str, float]:
+    """pod -> when it was first seen bound (monotonic, pods listed every 0.2 s), until all
+    ``total`` are, or nothing binds for 20 s, or ``timeout`` seconds passed."""
+    seen: dict[str, float] = {}
+    start = last = time.monotonic()
+    while len(seen) < total:
+        now = time.monotonic()
+        if now - start > timeout or now - last > 20:
+            break
+        for p in api.list_pods(namespace).get("items", []):
+            name = p["metadata"]["name"]
+            if name not in seen and (p.get("spec") or {}).get("nodeName"):
+                seen[name] = now
+                last = now
+        time.sleep(0.2)
+    return seen
+
+
+def pods_per_s(times: Sequence[float]) -> float:
+    """Binds per second from the first bind to the last (nan for fewer than two)."""
+    ts = sorted(times)
+    return (len(ts) - 1) / (ts[-1] - ts[0]) if len(ts) > 1 and ts[-1] > ts[0] else float("nan")
+
+
+def verb_ms(
+    tp: Topoplace, verbs: Sequence[str] = ("filter", "prioritize")
+) -> dict[str, dict[str, float]]:
+    """Server-side latency of ``verbs`` of this topoplace so far (count, mean, p50, p99 ms
+    of ``topoplace_request_seconds``; it is started fresh per arm)."""
+    now = parse_prometheus(tp.metrics())
+    return {v: histogram_ms({}, now, "topoplace_request_seconds", verb=v) for v in verbs}
+
+
+def source_of(src: str | None) -> str:
+    """The checkout topoplace ran from, with the revision a pinned export records."""
+    if src is None:
+        return "this checkout"
+    rev = Path(src) / ".livebench-rev"
+    return f"{src} ({rev.read_text().strip()})" if rev.is_file() else src
