@@ -1,0 +1,487 @@
+"""Fractional GPUs (HAMi) through the real kube-scheduler, against topoplace's engine offline.
+
+Opt-in: needs the control-plane binaries (``--kube-bin``) and ``../shared/controlplane``,
+and the Alibaba openb trace (``../shared/data/alibaba-gpu-v2023``). One loopback control
+plane; the trace's GPU nodes (``--nodes`` takes an even sample of them) as fake nodes
+running HAMi's device plugin: each carries HAMi's ``hami.io/node-nvidia-register`` (its
+GPUs with their memory, split 10 ways) and advertises ``nvidia.com/gpu`` as GPUs x 10
+replicas, as HAMi's plugin does. The pods are the trace's GPU tasks (workload ``default``:
+whole and fractional GPUs), in creation order, as long as the GPU shares they ask stay
+within ``--fill`` of the cluster's GPUs (and at most ``--pods``):
+
+* a fractional task (``gpu_milli`` below 1000) asks HAMi for one GPU with
+  ``nvidia.com/gpumem-percentage`` and ``nvidia.com/gpucores`` of ``gpu_milli / 10`` %;
+* a whole-GPU task asks for its GPUs at 100 % memory and compute each (HAMi's exclusive
+  form), so whole and fractional pods share one ledger, as in the FGD paper's simulator.
+
+CPU and memory requests are token ones (100m, 128Mi), so kube-scheduler's own filters
+never leave out a node topoplace would choose.
+
+**Live**: the pods are created as a backlog before kube-scheduler starts (names that sort
+in arrival order); kube-scheduler runs the shipped configuration
+(``config/deploy/scheduler-config.yaml``: the HAMi resources are the extender's
+``managedResources``) with ``topoplace serve --kubeconfig`` and the shipped policy with
+one change, ``sharing.hami_lock: release``: there is no HAMi device plugin here to release
+the node lock a bind takes (with ``hold`` a node would take one pod per lock expiry), so
+topoplace releases it once the Binding is written, as the live fractional test does. Each
+pod's GPUs are read from the annotation topoplace hands HAMi
+(``hami.io/vgpu-devices-allocated``).
+
+**Offline**: the same Node objects and pods in the same order through topoplace's own
+extender in process (filter, then bind on the node it offers), with no kube-scheduler.
+"placed as offline" counts pods that got exactly the node and the devices (memory and
+compute per GPU) of the offline replay.
+
+There is no default-scheduler arm: kube-scheduler alone cannot place these pods (no node
+advertises ``nvidia.com/gpumem-percentage`` or ``gpucores``), and HAMi's own scheduler is
+not available here.
+
+Reports pods bound and pods/s (first bind to last), nodes and GPUs in use, GPUs left
+untouched, the allocation ratio (GPU shares bound over the cluster's GPUs), shares that
+overcommit a GPU (memory, compute or split count, recomputed from the annotations alone:
+must be 0), placed as offline, and topoplace's server-side filter and bind latency, in
+``summary.md`` and ``runs.csv`` under ``--out``.
+
+Run::
+
+    python -m benchmarks.live.fractional --nodes 300 --pods 1500 --runs 2 \\
+        --kube-bin $HOME/kube-bin-1.33 --out out/live-frac
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+from benchmarks.clusters import hami_register
+from benchmarks.live.kubeapi import Api
+from benchmarks.live.kubesched import KubeScheduler, Topoplace
+from benchmarks.live.run import Plane, log
+from benchmarks.live.scenario import PRODUCT_LABEL, NodeSpec, dns_name
+from benchmarks.live.standalone import (
+    REPO,
+    add_plane_args,
+    pods_per_s,
+    source_of,
+    verb_ms,
+    wait_bound,
+)
+from scheduler.core.fractional import HAMI_ALLOCATED, HAMI_REGISTER
+
+DATA = REPO.parent / "shared" / "data" / "alibaba-gpu-v2023"
+NAMESPACE = "livebench-frac"
+SCHEDULER = "topoplace"
+SPLIT = 10
+"""HAMi's ``deviceSplitCount`` default: tasks that may share one GPU."""
+MEMORY_MIB = {"V100M16": 16384, "V100M32": 32768, "P100": 16384, "T4": 15360, "A10": 24576}
+"""GPU memory of the trace's models; the trace's anonymised models (G2, G3) get
+:data:`OTHER_MIB`. Requests are percentages, so memory only scales the MiB written."""
+OTHER_MIB = 16384
+MILLI = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One pod of the workload: ``gpus`` devices at ``milli`` per mille each."""
+
+    name: str
+    gpus: int
+    milli: int
+
+
+def node_objects(data: Path, count: int | None, run: str) -> list[dict[str, Any]]:
+    """The trace's GPU nodes (an even sample of ``count``) as HAMi nodes."""
+    from benchmarks.sim import openb
+
+    raw = [n for n in openb.load_nodes(data) if n.num_gpu > 0]
+    if count is not None and count < len(raw):
+        step = len(raw) / max(1, count)
+        raw = [raw[int(i * step)] for i in range(count)]
+    out = []
+    for n in raw:
+        name = dns_name(n.name)
+        obj = NodeSpec(
+            name,
+            n.num_gpu,
+            n.cpu_milli_capacity,
+            n.memory_mib_capacity,
+            pods=250,
+            labels={PRODUCT_LABEL: n.gpu_model},
+        ).to_object(run)
+        mib = MEMORY_MIB.get(n.gpu_model, OTHER_MIB)
+        obj["metadata"].setdefault("annotations", {})[HAMI_REGISTER] = hami_register(
+            name, n.num_gpu, mib, f"NVIDIA-{n.gpu_model}", SPLIT
+        )
+        for part in ("capacity", "allocatable"):
+            obj["status"][part]["nvidia.com/gpu"] = str(n.num_gpu * SPLIT)
+        out.append(obj)
+    return out
+
+
+def workload(
+    data: Path, name: str, gpus: int, biggest: int, fill: float, limit: int | None
+) -> list[Task]:
+    """The trace's GPU tasks in creation order while their shares stay within ``fill`` of
+    ``gpus`` GPUs (tasks wider than the ``biggest`` node are left out), at most ``limit``."""
+    from benchmarks.sim import openb
+
+    tasks = openb.load_tasks(name, data)
+    times = openb.load_task_times(name, data)
+    order = sorted(
+        range(len(tasks)), key=lambda i: (times.get(tasks[i].name, (0, 0))[0] if times else 0, i)
+    )
+    out: list[Task] = []
+    asked = 0
+    for i in order:
+        t = tasks[i]
+        if t.num_gpu < 1 or t.gpu_milli < 1 or t.num_gpu > biggest:
+            continue
+        milli = min(MILLI, t.gpu_milli)
+        if asked + t.num_gpu * milli > fill * gpus * MILLI:
+            break
+        if limit is not None and len(out) >= limit:
+            break
+        asked += t.num_gpu * milli
+        out.append(Task(f"a{len(out):05d}-{dns_name(t.name)}", t.num_gpu, milli))
+    return out
+
+
+def pod_object(task: Task, scheduler: str = SCHEDULER) -> dict[str, Any]:
+    """A HAMi pod for ``task``: ``nvidia.com/gpu`` with memory and compute percentages."""
+    pct = str(-(-task.milli // 10))  # per mille to percent, rounded up
+    limits = {
+        "nvidia.com/gpu": str(task.gpus),
+        "nvidia.com/gpumem-percentage": pct,
+        "nvidia.com/gpucores": pct,
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": task.name, "namespace": NAMESPACE, "labels": {"app": "livebench"}},
+        "spec": {
+            "schedulerName": scheduler,
+            "containers": [
+                {
+                    "name": "infer",
+                    "image": "registry.k8s.io/pause:3.9",
+                    "resources": {
+                        "requests": {"cpu": "100m", "memory": "128Mi"},
+                        "limits": limits,
+                    },
+                }
+            ],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
+class _Recorder:
+    """The offline replay's binder: records each Binding's node and annotations."""
+
+    def __init__(self) -> None:
+        self.last: tuple[str, dict[str, str]] | None = None
+
+    def bind(self, pod: Any, node: str, annotations: Mapping[str, str]) -> str:
+        self.last = (node, dict(annotations))
+        return ""
+
+
+def policy_file(path: Path) -> Path:
+    """The shipped policy with ``sharing.hami_lock: release``, written to ``path``."""
+    policy = yaml.safe_load((REPO / "config" / "policy.yaml").read_text())
+    policy.setdefault("sharing", {})["hami_lock"] = "release"
+    path.write_text(yaml.safe_dump(policy))
+    return path
+
+
+def offline(
+    nodes: list[dict[str, Any]], work: list[Task], policy: Path
+) -> dict[str, tuple[str, str]]:
+    """pod -> (node, ``hami.io/vgpu-devices-allocated``) topoplace's own extender gives it,
+    pod after pod (the live arm's policy; every node a candidate)."""
+    from scheduler.cli.main import load_params
+    from scheduler.runtime.cache import ClusterCache
+    from scheduler.server.extender import Extender
+
+    binder = _Recorder()
+    ext = Extender(ClusterCache.from_objects(nodes, [], load_params(str(policy))), binder)
+    names = sorted(n["metadata"]["name"] for n in nodes)
+    out: dict[str, tuple[str, str]] = {}
+    for i, t in enumerate(work):
+        pod = pod_object(t)
+        pod["metadata"]["uid"] = f"offline-{i}"
+        r = orjson.loads(ext.filter_json({"Pod": pod, "NodeNames": names}))
+        if not r.get("NodeNames"):
+            continue
+        binder.last = None
+        body = {"PodName": t.name, "PodNamespace": NAMESPACE, "PodUID": f"offline-{i}"}
+        res = ext.bind({**body, "Node": r["NodeNames"][0]})
+        if res.get("Error") or binder.last is None:
+            raise RuntimeError(f"offline bind of {t.name} failed: {res.get('Error')}")
+        out[t.name] = (binder.last[0], binder.last[1].get(HAMI_ALLOCATED, ""))
+    return out
+
+
+def devices_of(nodes: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """GPU UUID -> its memory (MiB), compute (%) and split count, from the registers."""
+    out: dict[str, dict[str, int]] = {}
+    for n in nodes:
+        text = (n["metadata"].get("annotations") or {}).get(HAMI_REGISTER)
+        for d in orjson.loads(text) if text else []:
+            out[d["id"]] = {"mem": d["devmem"], "core": d["devcore"], "count": d["count"]}
+    return out
+
+
+def shares(value: str) -> list[tuple[str, int, int]]:
+    """(GPU UUID, memory MiB, compute %) of each device in a HAMi allocation value
+    (``UUID,TYPE,MEM,CORES:`` per device, ``;`` after each container)."""
+    out = []
+    for container in value.split(";"):
+        for dev in container.split(":"):
+            if dev:
+                uuid, _, mem, cores = dev.split(",")
+                out.append((uuid, int(mem), int(cores)))
+    return out
+
+
+def overcommitted(placed: Mapping[str, tuple[str, str]], devices: Mapping[str, Any]) -> int:
+    """GPUs whose shares (from the annotations alone) exceed its memory, compute or split
+    count, or that no register lists."""
+    mem: Counter[str] = Counter()
+    core: Counter[str] = Counter()
+    count: Counter[str] = Counter()
+    for _, value in placed.values():
+        for uuid, m, c in shares(value):
+            mem[uuid] += m
+            core[uuid] += c
+            count[uuid] += 1
+    bad = 0
+    for uuid in count:
+        d = devices.get(uuid)
+        if d is None or mem[uuid] > d["mem"] or core[uuid] > d["core"] or count[uuid] > d["count"]:
+            bad += 1
+    return bad
+
+
+def figures(
+    placed: Mapping[str, tuple[str, str]], work: list[Task], devices: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Nodes and GPUs in use, GPUs untouched, allocation ratio, overcommitted GPUs."""
+    by_name = {t.name: t for t in work}
+    used = {uuid for _, v in placed.values() for uuid, _, _ in shares(v)}
+    alloc = sum(by_name[p].gpus * by_name[p].milli for p in placed if p in by_name)
+    return {
+        "bound": len(placed),
+        "nodes_used": len({n for n, _ in placed.values()}),
+        "gpus_used": len(used),
+        "gpus_untouched": len(devices) - len(used),
+        "allocation": alloc / (MILLI * len(devices)) if devices else float("nan"),
+        "overcommitted_gpus": overcommitted(placed, devices),
+    }
+
+
+def allocated(api: Api) -> dict[str, tuple[str, str]]:
+    """pod -> (node, ``hami.io/vgpu-devices-allocated``) of every bound pod."""
+    out = {}
+    for p in api.list_pods(NAMESPACE).get("items", []):
+        node = (p.get("spec") or {}).get("nodeName")
+        if node:
+            ann = p["metadata"].get("annotations") or {}
+            out[p["metadata"]["name"]] = (node, ann.get(HAMI_ALLOCATED, ""))
+    return out
+
+
+def run_arm(
+    args: argparse.Namespace, api: Api, kc: str, logs: Path, work: list[Task]
+) -> tuple[dict[str, Any], dict[str, tuple[str, str]]]:
+    """One live run: topoplace and kube-scheduler started fresh, the backlog, figures."""
+    tp = Topoplace(
+        kc, logs, port=args.extender_port, source=args.topoplace_src, policy=args.policy_file
+    )
+    tp.start()
+    ks = KubeScheduler(
+        kc, tp.extender_url, logs, port=args.topoplace_sched_port, kube_bin=args.kube_bin
+    )
+    try:
+        for t in work:
+            api.create_pod(NAMESPACE, pod_object(t))
+        ks.start()
+        seen = wait_bound(api, NAMESPACE, len(work), args.timeout)
+        verbs = verb_ms(tp, ("filter", "bind"))
+        placed = allocated(api)
+    finally:
+        ks.stop()
+        tp.stop()
+    row = {
+        "pods_per_s": pods_per_s(list(seen.values())),
+        **{f"{v}_{k}": verbs[v][k] for v in ("filter", "bind") for k in ("mean_ms", "p99_ms")},
+    }
+    return row, placed
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default=str(DATA), help="the alibaba-gpu-v2023 folder")
+    ap.add_argument("--workload", default="default", help="openb pod list (default, ...)")
+    ap.add_argument("--nodes", type=int, default=None, help="sample of the trace's GPU nodes")
+    ap.add_argument("--pods", type=int, default=None, help="at most this many pods")
+    ap.add_argument("--fill", type=float, default=0.9, help="GPU shares asked / GPUs")
+    ap.add_argument("--runs", type=int, default=1)
+    add_plane_args(ap)
+    return ap.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not args.kube_bin or not (Path(args.kube_bin) / "kube-scheduler").is_file():
+        print(
+            "needs --kube-bin (or KUBE_BIN) with kube-apiserver and kube-scheduler", file=sys.stderr
+        )
+        return 2
+    cp, data = Path(args.controlplane), Path(args.data)
+    if not (cp / "up.sh").is_file():
+        print(f"needs ../shared/controlplane ({cp}: up.sh)", file=sys.stderr)
+        return 2
+    if not (data / "openb_node_list_gpu_node.csv").is_file():
+        print(f"needs the openb trace ({data})", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work_dir = Path(tempfile.mkdtemp(prefix="livebench-frac-"))
+    plane = Plane(
+        work_dir,
+        Path(args.kube_bin),
+        args.api_port,
+        args.etcd_port,
+        args.etcd_peer_port,
+        args.sched_port,
+        scripts=cp,
+    )
+    kc = plane.up()
+    plane.stop_scheduler()
+    api = Api(kc)
+    rows: list[dict[str, Any]] = []
+    try:
+        nodes = node_objects(data, args.nodes, "frac")
+        api.create_nodes(nodes)
+        api.ensure_namespace(NAMESPACE)
+        live_nodes = api.list_nodes()
+        devices = devices_of(live_nodes)
+        biggest = max(int(n["status"]["capacity"]["nvidia.com/gpu"]) // SPLIT for n in nodes)
+        work = workload(data, args.workload, len(devices), biggest, args.fill, args.pods)
+        t = time.monotonic()
+        args.policy_file = policy_file(work_dir / "policy.yaml")
+        want = offline(live_nodes, work, args.policy_file)
+        log(f"offline: {len(want)} of {len(work)} placed in {time.monotonic() - t:.1f}s")
+        order = [t.name for t in work]
+        for run in range(1, args.runs + 1):
+            row, placed = run_arm(args, api, kc, work_dir / "logs", work)
+            same = [p for p in order if p in want and placed.get(p) == want[p]]
+            diverged = next((i for i, p in enumerate(order) if placed.get(p) != want.get(p)), -1)
+            row.update(
+                run=run,
+                **figures(placed, work, devices),
+                placed_as_offline=len(same),
+                first_divergence=diverged,
+            )
+            log(
+                f"run {run}: {row['bound']}/{len(work)} bound, {row['pods_per_s']:.1f} pods/s, "
+                f"{len(same)} placed as offline, {row['overcommitted_gpus']} overcommitted"
+            )
+            rows.append(row)
+            api.delete_pods(NAMESPACE)
+        write(out, args, work, devices, rows, figures(want, work, devices))
+    finally:
+        api.close()
+        if (work_dir / "logs").is_dir():
+            shutil.copytree(work_dir / "logs", out / "logs", dirs_exist_ok=True)
+        plane.down(purge=True)
+    return 0
+
+
+FIELDS = (
+    "bound",
+    "pods_per_s",
+    "nodes_used",
+    "gpus_used",
+    "gpus_untouched",
+    "allocation",
+    "overcommitted_gpus",
+    "placed_as_offline",
+    "first_divergence",
+    "filter_mean_ms",
+    "filter_p99_ms",
+    "bind_mean_ms",
+    "bind_p99_ms",
+)
+
+
+def write(
+    out: Path,
+    args: argparse.Namespace,
+    work: list[Task],
+    devices: Mapping[str, Any],
+    rows: list[dict[str, Any]],
+    off: dict[str, Any],
+) -> None:
+    with open(out / "runs.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["run", *FIELDS], extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    med = {k: statistics.median(float(r[k]) for r in rows) for k in FIELDS}
+    kinds = Counter("whole" if t.milli == MILLI else "fractional" for t in work)
+    gpus = defaultdict(int)
+    for t in work:
+        gpus[t.gpus] += 1
+    lines = [
+        "# Live fractional GPUs (HAMi)",
+        "",
+        f"Conditions: {len(devices)} GPUs on the openb trace's GPU nodes"
+        f"{f' (an even sample of {args.nodes})' if args.nodes else ''} as HAMi nodes (split "
+        f"{SPLIT}); {len(work)} pods of workload `{args.workload}` in creation order "
+        f"({kinds['fractional']} fractional, {kinds['whole']} whole-GPU; by GPUs: "
+        f"{dict(sorted(gpus.items()))}), shares up to {args.fill:.0%} of the GPUs; a backlog "
+        f"created before kube-scheduler starts; {args.runs} run(s); topoplace from "
+        f"{source_of(args.topoplace_src)}, shipped configuration, shipped policy with `sharing.hami_lock: release`; pods/s from the "
+        "first bind to the last (binds seen by listing every 0.2 s).",
+        "",
+        "| | pods bound | pods/s | nodes used | GPUs used | GPUs untouched | allocation "
+        "| overcommitted GPUs | placed as offline | filter mean / p99 ms | bind mean / p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| live topoplace (median of {len(rows)}) | {med['bound']:.0f} | "
+        f"{med['pods_per_s']:.1f} | {med['nodes_used']:.0f} | {med['gpus_used']:.0f} | "
+        f"{med['gpus_untouched']:.0f} | {med['allocation']:.4f} | "
+        f"{med['overcommitted_gpus']:.0f} | {med['placed_as_offline']:.0f} | "
+        f"{med['filter_mean_ms']:.2f} / {med['filter_p99_ms']:.2f} | "
+        f"{med['bind_mean_ms']:.2f} / {med['bind_p99_ms']:.2f} |",
+        f"| offline (topoplace's extender, in process) | {off['bound']} | | "
+        f"{off['nodes_used']} | {off['gpus_used']} | {off['gpus_untouched']} | "
+        f"{off['allocation']:.4f} | {off['overcommitted_gpus']} | | | |",
+        "",
+        "Per run:",
+        "",
+        "| run | " + " | ".join(FIELDS) + " |",
+        "|" + "---|" * (len(FIELDS) + 1),
+    ]
+    for r in rows:
+        cells = [f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k]) for k in FIELDS]
+        lines.append(f"| {r['run']} | " + " | ".join(cells) + " |")
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,86 @@
+"""The live fractional benchmark's objects and offline side (``benchmarks/live/fractional.py``);
+its live side needs a control plane and runs by hand (``python -m benchmarks.live.fractional``).
+Needs the openb trace in ``../shared/data`` (skipped without it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks.live import fractional as frac
+from scheduler.core.fractional import hami_devices, resolve, share_request, task_milli
+from scheduler.core.params import SchedParams
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "alibaba-gpu-v2023"
+needs_trace = pytest.mark.skipif(
+    not (DATA / "openb_node_list_gpu_node.csv").is_file(),
+    reason="needs the openb trace in ../shared/data/alibaba-gpu-v2023",
+)
+
+
+def _uids(nodes: list[dict]) -> list[dict]:
+    for n in nodes:
+        n["metadata"]["uid"] = "uid-" + n["metadata"]["name"]
+    return nodes
+
+
+@needs_trace
+def test_nodes_are_the_trace_nodes_registered_as_hami_does() -> None:
+    nodes = frac.node_objects(DATA, 40, "t")
+    assert len(nodes) == 40
+    for n in nodes:
+        devs = hami_devices(n["metadata"]["annotations"][frac.HAMI_REGISTER])
+        gpus = len(devs)
+        assert gpus >= 1 and [d.index for d in devs] == list(range(gpus))
+        assert all(d.split == frac.SPLIT and d.cores == 100 and d.memory_mib > 0 for d in devs)
+        assert n["status"]["allocatable"]["nvidia.com/gpu"] == str(gpus * frac.SPLIT)
+        model = n["metadata"]["labels"][frac.PRODUCT_LABEL]
+        assert devs[0].memory_mib == frac.MEMORY_MIB.get(model, frac.OTHER_MIB)
+
+
+@needs_trace
+def test_workload_stays_within_the_fill_and_asks_hami_for_the_trace_share() -> None:
+    work = frac.workload(DATA, "default", 100, 8, 0.5, None)
+    asked = sum(t.gpus * t.milli for t in work)
+    assert asked <= 0.5 * 100 * 1000 and asked > 0.45 * 100 * 1000
+    assert len({t.name for t in work}) == len(work) and work == sorted(work, key=lambda t: t.name)
+    assert any(t.milli < 1000 for t in work) and any(t.milli == 1000 for t in work)
+    assert len(frac.workload(DATA, "default", 100, 8, 0.5, 7)) == 7
+    # Each pod, read as topoplace reads it, asks exactly the task's share of a device.
+    (node,) = frac.node_objects(DATA, 1, "t")
+    (dev,) = hami_devices(node["metadata"]["annotations"][frac.HAMI_REGISTER])[:1]
+    for t in work[:50]:
+        req = share_request(frac.pod_object(t), 100, SchedParams().sharing)
+        assert req is not None and req.devices == t.gpus
+        share = resolve(req.containers[0], dev)
+        assert task_milli(share, dev) == -(-t.milli // 10) * 10
+
+
+def test_shares_and_overcommit_read_from_the_annotations_alone() -> None:
+    value = "GPU-a,NVIDIA,4000,30:GPU-b,NVIDIA,1000,10:;"
+    assert frac.shares(value) == [("GPU-a", 4000, 30), ("GPU-b", 1000, 10)]
+    devices = {"GPU-a": {"mem": 16000, "core": 100, "count": 2}}
+    ok = {"p1": ("n", "GPU-a,NVIDIA,8000,50:;"), "p2": ("n", "GPU-a,NVIDIA,8000,50:;")}
+    assert frac.overcommitted(ok, devices) == 0
+    assert frac.overcommitted({**ok, "p3": ("n", "GPU-a,NVIDIA,1,0:;")}, devices) == 1  # count
+    assert frac.overcommitted({"p": ("n", "GPU-a,NVIDIA,16001,10:;")}, devices) == 1  # memory
+    assert frac.overcommitted({"p": ("n", "GPU-a,NVIDIA,1,101:;")}, devices) == 1  # compute
+    assert frac.overcommitted({"p": ("n", "GPU-x,NVIDIA,1,1:;")}, devices) == 1  # unknown GPU
+
+
+@needs_trace
+def test_offline_places_the_sample_without_overcommit_and_deterministically(
+    tmp_path: Path,
+) -> None:
+    nodes = _uids(frac.node_objects(DATA, 30, "t"))
+    devices = frac.devices_of(nodes)
+    work = frac.workload(DATA, "default", len(devices), 8, 0.85, None)
+    policy = frac.policy_file(tmp_path / "policy.yaml")
+    want = frac.offline(nodes, work, policy)
+    fig = frac.figures(want, work, devices)
+    assert fig["bound"] == len(want) >= 0.95 * len(work)
+    assert fig["overcommitted_gpus"] == 0
+    assert 0.8 <= fig["allocation"] <= 0.85
+    assert all(v[1] and v[1].endswith(";") for v in want.values())
+    assert frac.offline(_uids(frac.node_objects(DATA, 30, "t")), work, policy) == want
