@@ -40,8 +40,8 @@ malformed input raises :class:`ShareError` with a constant-prefixed message.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -74,7 +74,7 @@ from scheduler.core.sharing import (
     TaskShape,
     TypicalDistribution,
     allocate,
-    typical_tasks,
+    typical_from_counts,
 )
 
 # ---- keys ---------------------------------------------------------------------------------
@@ -860,33 +860,90 @@ def workload_distribution(
         elif p.gpus:
             counts[TaskShape(p.cpu_milli, MILLI, len(p.gpus))] += 1
     counts.update(extra)
-    tasks = [
-        SharingTask(name="", cpu_milli=s.cpu_milli, num_gpu=s.num_gpu, gpu_milli=s.gpu_milli)
-        for s, c in sorted(counts.items())
-        for _ in range(c)
-    ]
-    return typical_tasks(tasks, popularity)
+    return typical_from_counts(counts, popularity)
 
 
-@dataclass(frozen=True, slots=True)
 class ShareDecision:
     """The decision for one fractional pod on one node.
 
     Attributes:
         node: node name.
-        containers: per container, the shares it gets.
+        containers: per container, the shares it gets (computed on first use when the
+            decision was made lazily: :func:`decide` scores every node that fits, and
+            only the few nodes a caller looks at need their devices).
         score: node score 0..100 (the sharing policy's, e.g. FGD's sigmoid of the
             fragmentation drop).
     """
 
-    node: str
-    containers: tuple[tuple[GpuShare, ...], ...]
-    score: int
+    __slots__ = ("node", "score", "_containers", "_make")
+
+    def __init__(
+        self,
+        node: str,
+        containers: tuple[tuple[GpuShare, ...], ...] | None,
+        score: int,
+        make: Callable[[], tuple[tuple[GpuShare, ...], ...]] | None = None,
+    ) -> None:
+        if containers is None and make is None:
+            raise ValueError("a ShareDecision needs its containers or a way to make them")
+        self.node = node
+        self.score = score
+        self._containers = containers
+        self._make = make
+
+    @property
+    def containers(self) -> tuple[tuple[GpuShare, ...], ...]:
+        if self._containers is None:
+            assert self._make is not None
+            self._containers, self._make = self._make(), None
+        return self._containers
 
     @property
     def shares(self) -> tuple[GpuShare, ...]:
         """Every share of the pod."""
         return tuple(s for c in self.containers for s in c)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ShareDecision):
+            return NotImplemented
+        return (self.node, self.score, self.containers) == (
+            other.node,
+            other.score,
+            other.containers,
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"ShareDecision(node={self.node!r}, containers={self.containers!r}, score={self.score})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """What :func:`decide` computes of one node for one request form, before scoring.
+
+    Attributes:
+        node: the node, as the fit was computed on it.
+        got: the devices the request gets there without a policy's choice (None: it
+            does not fit).
+        free: the projected free share per GPU index (see :func:`decide`).
+        need: the request's share there (per mille of a device).
+        model: the device type.
+    """
+
+    node: NodeInfo
+    got: list[list[GpuShare]] | None
+    free: tuple[int, ...] = ()
+    need: int = 0
+    model: str = ""
+
+
+def fit_form(req: ShareRequest, selection_policy: str) -> tuple[ShareRequest, str]:
+    """What a :class:`Fit` depends on besides the node: the request without its CPU (which
+    the fit does not read) and the device selection policy."""
+    return replace(req, cpu_milli=0), selection_policy
 
 
 def node_verdict(node: NodeInfo, req: ShareRequest) -> str:
@@ -899,12 +956,59 @@ def node_verdict(node: NodeInfo, req: ShareRequest) -> str:
     return ""
 
 
+def _fit(node: NodeInfo, req: ShareRequest, ask: ContainerAsk, selection_policy: str) -> Fit:
+    """``node``'s :class:`Fit` for ``req`` (``ask``: its first container asking devices)."""
+    got = choose_devices(node, req, None, selection_policy)
+    if got is None:
+        return Fit(node, None)
+    devs = node_devices(node)
+    free = [0] * node.gpu_capacity
+    need = 0
+    for d in devs:
+        u = usage_of(node, d.index)
+        s = resolve(ask, d)
+        m = min(MILLI, task_milli(s, d))
+        f = free_milli(node, d, u)
+        if device_fits(node, d, s, u, req):
+            f = max(f, m)
+        else:
+            f = min(f, m - 1)
+        free[d.index] = max(0, f)
+        need = max(need, m)
+    return Fit(node, got, tuple(free), need, devs[0].type if devs else "")
+
+
+def node_fits(
+    nodes: Sequence[NodeInfo],
+    req: ShareRequest,
+    selection_policy: str = "nvidia-best-effort",
+    known: Mapping[str, Fit] | None = None,
+) -> dict[str, Fit]:
+    """The :class:`Fit` of every node of ``nodes`` that ``req``'s form may go on
+    (:func:`node_verdict`), by name. A fit in ``known`` (of the same form, see
+    :func:`fit_form`) is taken again when its node is the very object given: a snapshot
+    replaces a node's object whenever anything on it changes (its objects are immutable),
+    so a fit is reused only for the state it was computed on."""
+    ask = next((c for c in req.containers if c.count), None)
+    out: dict[str, Fit] = {}
+    if ask is None:
+        return out
+    known = known or {}
+    for n in nodes:
+        if node_verdict(n, req):
+            continue
+        f = known.get(n.name)
+        out[n.name] = f if f is not None and f.node is n else _fit(n, req, ask, selection_policy)
+    return out
+
+
 def decide(
     nodes: Sequence[NodeInfo],
     req: ShareRequest,
     dist: TypicalDistribution,
     params: SharingParams,
     selection_policy: str = "nvidia-best-effort",
+    fits: Mapping[str, Fit] | None = None,
 ) -> dict[str, ShareDecision]:
     """Score every node of ``nodes`` that can take ``req`` now, with its devices.
 
@@ -915,6 +1019,13 @@ def decide(
     as a whole-GPU-like task of their per-device share (FGD: the fragmentation drop).
     Nodes are given in any order; the result is keyed by name, each node's score is that
     node's alone, so the winner is the same whatever the order (ties: lowest name).
+
+    ``fits``: :func:`node_fits` of these nodes for ``req``'s form (a node without a fit
+    for its very object is fitted here); a caller that decides pod after pod keeps them
+    and hands them to the next :func:`node_fits` as ``known``, so that only nodes that
+    changed are fitted again. A single-device pod's devices on a node are
+    named when its decision's ``containers`` are first read. Either way the decisions are
+    exactly those computed afresh.
     """
     policy = get_sharing_policy(params.policy)
     out: dict[str, ShareDecision] = {}
@@ -922,50 +1033,37 @@ def decide(
     ask = next((c for c in req.containers if c.count), None)
     if ask is None:
         return out
-    fit_nodes: list[tuple[NodeInfo, list[list[GpuShare]]]] = []
+    fits = fits or {}
+    fit_nodes: list[Fit] = []
     for n in sorted(nodes, key=lambda n: n.name):
-        if node_verdict(n, req):
-            continue
-        got = choose_devices(n, req, None, selection_policy)
-        if got is not None:
-            fit_nodes.append((n, got))
+        f = fits.get(n.name)
+        if f is None or f.node is not n:  # not given for this very node: fit it here
+            if node_verdict(n, req):
+                continue
+            f = _fit(n, req, ask, selection_policy)
+        if f.got is not None:
+            fit_nodes.append(f)
     if not fit_nodes:
         return out
     # The projected view: one row per fitting node; the request's share per node.
-    rows_free, rows_task, models = [], [], []
-    width = max(8, max(n.gpu_capacity for n, _ in fit_nodes))
-    for n, _ in fit_nodes:
-        devs = node_devices(n)
-        free = [0] * width
-        need = 0
-        for d in devs:
-            u = usage_of(n, d.index)
-            s = resolve(ask, d)
-            m = min(MILLI, task_milli(s, d))
-            f = free_milli(n, d, u)
-            if device_fits(n, d, s, u, req):
-                f = max(f, m)
-            else:
-                f = min(f, m - 1)
-            free[d.index] = max(0, f)
-            need = max(need, m)
-        rows_free.append(free)
-        rows_task.append(need)
-        models.append(devs[0].type if devs else "")
     k = len(fit_nodes)
+    width = max(8, max(f.node.gpu_capacity for f in fit_nodes))
+    gpu_free = np.zeros((k, width), dtype=np.int64)
+    for i, f in enumerate(fit_nodes):
+        gpu_free[i, : len(f.free)] = f.free
     view = SharingClusterView(
-        names=tuple(n.name for n, _ in fit_nodes),
-        models=tuple(models),
-        gpu_count=np.array([n.gpu_capacity for n, _ in fit_nodes], dtype=np.int64),
-        gpu_free=np.array(rows_free, dtype=np.int64).reshape(k, width),
+        names=tuple(f.node.name for f in fit_nodes),
+        models=tuple(f.model for f in fit_nodes),
+        gpu_count=np.array([f.node.gpu_capacity for f in fit_nodes], dtype=np.int64),
+        gpu_free=gpu_free,
         cpu_free=np.array(
             [
-                max(0, n.cpu_milli - n.cpu_used_milli) if n.cpu_milli else 1 << 40
-                for n, _ in fit_nodes
+                max(0, f.node.cpu_milli - f.node.cpu_used_milli) if f.node.cpu_milli else 1 << 40
+                for f in fit_nodes
             ],
             dtype=np.int64,
         ),
-        cpu_capacity=np.array([n.cpu_milli for n, _ in fit_nodes], dtype=np.int64),
+        cpu_capacity=np.array([f.node.cpu_milli for f in fit_nodes], dtype=np.int64),
         memory_free=np.zeros(k, dtype=np.int64),
         memory_capacity=np.zeros(k, dtype=np.int64),
         affinity=np.zeros((k, width + 1), dtype=np.int64),
@@ -973,10 +1071,6 @@ def decide(
         rank=np.arange(k, dtype=np.int64),
     )
     frag = FragmentationModel.build(dist, view.model_names)
-    # Nodes whose GPUs give the request the same share form one group (one policy call).
-    groups: dict[int, list[int]] = {}
-    for i, need in enumerate(rows_task):
-        groups.setdefault(need, []).append(i)
     if not simple:
         # Several devices or containers: FGD's measure of the drop in fragmentation the
         # chosen devices leave (the policy's single-device scoring does not apply).
@@ -984,32 +1078,60 @@ def decide(
 
         free = view.gpu_free
         after = free.copy()
-        for i, (n, got) in enumerate(fit_nodes):
-            devs = node_devices(n)
-            for s in (s for c in got for s in c):
+        for i, f in enumerate(fit_nodes):
+            devs = node_devices(f.node)
+            for s in (s for c in f.got or () for s in c):
                 after[i, s.gpu] = max(0, after[i, s.gpu] - min(MILLI, task_milli(s, devs[s.gpu])))
         cpu = view.cpu_free
         delta = frag.node_frag(free, cpu, view.model_ids) - frag.node_frag(
             after, cpu - req.cpu_milli, view.model_ids
         )
         scores = sigmoid_score(delta)
-        for i, (n, got) in enumerate(fit_nodes):
-            out[n.name] = ShareDecision(n.name, tuple(tuple(c) for c in got), int(scores[i]))
+        for i, f in enumerate(fit_nodes):
+            got = tuple(tuple(c) for c in f.got or ())
+            out[f.node.name] = ShareDecision(f.node.name, got, int(scores[i]))
         return out
+    # Nodes whose GPUs give the request the same share form one group (one policy call).
+    groups: dict[int, list[int]] = {}
+    for i, f in enumerate(fit_nodes):
+        groups.setdefault(f.need, []).append(i)
     for need, members in sorted(groups.items()):
         cand = np.array(members, dtype=np.int64)
         task = SharingTask(name="", cpu_milli=req.cpu_milli, num_gpu=1, gpu_milli=need)
         ctx = SharingContext(candidates=cand, frag=frag)
         result = policy.score(view, task, ctx)
         for j, i in enumerate(result.nodes):
-            n, got = fit_nodes[int(i)]
+            f = fit_nodes[int(i)]
             one = SharingScores(
                 result.nodes[j : j + 1], result.scores[j : j + 1], result.gpus[j : j + 1]
             )
-            _, gpus = place_on_view(view, task, policy, one)
-            got = choose_devices(n, req, gpus[0], selection_policy) or got
-            out[n.name] = ShareDecision(n.name, tuple(tuple(c) for c in got), int(result.scores[j]))
+            out[f.node.name] = ShareDecision(
+                f.node.name,
+                None,
+                int(result.scores[j]),
+                make=_devices_on(view, task, policy, one, f, req, selection_policy),
+            )
     return out
+
+
+def _devices_on(
+    view: SharingClusterView,
+    task: SharingTask,
+    policy: SharingPolicy,
+    one: SharingScores,
+    f: Fit,
+    req: ShareRequest,
+    selection_policy: str,
+) -> Callable[[], tuple[tuple[GpuShare, ...], ...]]:
+    """The devices a single-device pod gets on ``f``'s node: the policy's device
+    (:func:`place_on_view` on the node's own scores ``one``) if it fits, else the fit's."""
+
+    def make() -> tuple[tuple[GpuShare, ...], ...]:
+        _, gpus = place_on_view(view, task, policy, one)
+        got = choose_devices(f.node, req, gpus[0], selection_policy) or f.got or []
+        return tuple(tuple(c) for c in got)
+
+    return make
 
 
 def best_decision(decisions: Mapping[str, ShareDecision]) -> ShareDecision | None:

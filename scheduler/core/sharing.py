@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -344,7 +344,14 @@ def typical_tasks(
     Returns:
         The distribution, most popular shape first.
     """
-    counts = Counter(t.shape for t in tasks)
+    return typical_from_counts(Counter(t.shape for t in tasks), popularity, step)
+
+
+def typical_from_counts(
+    counts: Mapping[TaskShape, int], popularity: float = 0.95, step: int = 1
+) -> TypicalDistribution:
+    """:func:`typical_tasks` of a workload given as how many tasks have each shape."""
+    counts = {s: c for s, c in counts.items() if c > 0}
     if not counts:
         raise ValueError("typical_tasks needs at least one task")
     ranked = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)

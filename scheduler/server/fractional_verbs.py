@@ -53,6 +53,7 @@ from scheduler.core.schedule import (
     verdict_reason,
 )
 from scheduler.core.snapshot import BLOCKED_SHARED, ClusterSnapshot
+from scheduler.runtime.share_fits import FitMemo
 from scheduler.server import wire
 
 if TYPE_CHECKING:
@@ -135,8 +136,17 @@ def _decisions(
             unres[name] = why
             continue
         cands.append(node)
+    memo = getattr(ext, "_share_fits", None)
+    if memo is None:
+        memo = ext._share_fits = FitMemo()  # type: ignore[attr-defined]
+    policy = ext.params.selection_policy
     got = decide(
-        cands, req, _distribution(ext, snap, req), ext.params.sharing, ext.params.selection_policy
+        cands,
+        req,
+        _distribution(ext, snap, req),
+        ext.params.sharing,
+        policy,
+        memo.fits(cands, req, policy),
     )
     for n in cands:
         if n.name not in got:
