@@ -44,7 +44,8 @@ class _StaleConnection(Exception):
 
 
 class AsyncPoster:
-    """JSON POSTs to one API server over kept-alive asyncio connections.
+    """JSON requests (the Binding POST, HAMi's node-lock GET and PATCH) to one API server
+    over kept-alive asyncio connections.
 
     Args:
         host: the API server URL (``https://host:port`` or ``http://...``).
@@ -167,8 +168,10 @@ class AsyncPoster:
 
     # ---- requests ----------------------------------------------------------------------
 
-    def _request(self, path: str, data: bytes, headers: Mapping[str, str]) -> bytes:
-        lines = [f"POST {self.base_path}{path} HTTP/1.1", f"Host: {self.netloc}"]
+    def _request(
+        self, path: str, data: bytes, headers: Mapping[str, str], method: str = "POST"
+    ) -> bytes:
+        lines = [f"{method} {self.base_path}{path} HTTP/1.1", f"Host: {self.netloc}"]
         lines += [f"{k}: {v}" for k, v in headers.items() if k.lower() != "content-length"]
         lines.append(f"Content-Length: {len(data)}")
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + data
@@ -220,28 +223,35 @@ class AsyncPoster:
                 credentials and retries once).
             ApiUnavailable: no answer (connect failure, TLS, timeout, a broken response).
         """
+        return await self.request_json("POST", path, data, content_type)
+
+    async def request_json(
+        self, method: str, path: str, data: bytes = b"", content_type: str | None = None
+    ) -> dict[str, Any]:
+        """:meth:`post_json` with another method (``GET`` with no body, ``PATCH`` with a
+        patch of ``content_type``)."""
         _, read = self.timeouts.request
         async with self._semaphore():
             try:
                 # asyncio.timeout, not wait_for: in Python 3.11 wait_for runs the request
                 # as a Task of its own (one more Task and loop turn per Binding).
                 async with asyncio.timeout(read):
-                    status, reason, body = await self._post(path, data, content_type)
+                    status, reason, body = await self._send(method, path, data, content_type)
             except TimeoutError:
-                raise ApiUnavailable(f"POST {path} timed out", timeout=True) from None
+                raise ApiUnavailable(f"{method} {path} timed out", timeout=True) from None
         if not 200 <= status < 300:
             raise decode_status(body, status, reason)
         return json_object(body)
 
-    async def _post(
-        self, path: str, data: bytes, content_type: str | None = None
+    async def _send(
+        self, method: str, path: str, data: bytes, content_type: str | None = None
     ) -> tuple[int, str, bytes]:
         status, reason, body = 0, "", b""
         for attempt in (0, 1):
             headers = self.headers(attempt > 0)
             if content_type is not None:
                 headers = {**headers, "Content-Type": content_type}
-            request = self._request(path, data, headers)
+            request = self._request(path, data, headers, method)
             conn = self._take_idle()
             reused = conn is not None
             if conn is None:

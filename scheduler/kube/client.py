@@ -531,6 +531,42 @@ class KubeApi:
             md["resourceVersion"] = resource_version
         return self._json(self._core.patch_node, name, {"metadata": md})
 
+    async def get_node_async(self, name: str) -> dict[str, Any]:
+        """:meth:`get_node` from the event loop (:meth:`request_async`)."""
+        obj = await self.request_async("GET", f"/api/v1/nodes/{quote(name, safe='')}")
+        return strip_object(obj, NODES)
+
+    async def patch_node_annotations_async(
+        self, name: str, annotations: Mapping[str, str | None], resource_version: str = ""
+    ) -> dict[str, Any]:
+        """:meth:`patch_node_annotations` from the event loop: a JSON merge patch of the
+        node's metadata (``resourceVersion`` in it makes the patch conditional, 409 if the
+        node changed)."""
+        md: dict[str, Any] = {"annotations": dict(annotations)}
+        if resource_version:
+            md["resourceVersion"] = resource_version
+        obj = await self.request_async(
+            "PATCH",
+            f"/api/v1/nodes/{quote(name, safe='')}",
+            orjson.dumps({"metadata": md}),
+            "application/merge-patch+json",
+        )
+        return strip_object(obj, NODES)
+
+    async def request_async(
+        self, method: str, path: str, data: bytes = b"", content_type: str = "application/json"
+    ) -> dict[str, Any]:
+        """A raw JSON request from the event loop, on the connections of
+        :class:`scheduler.kube.aio.AsyncPoster` (the Binding's), with the same credentials
+        and errors as :meth:`request_json`; in a worker thread when the configuration needs
+        what the poster does not do (a proxy)."""
+        poster = self._async_poster()
+        if poster is None:
+            import asyncio
+
+            return await asyncio.to_thread(self._request, method, path, data or None, content_type)
+        return await poster.request_json(method, path, data, content_type)
+
     def api_resources(self, group: str, version: str) -> dict[str, Any] | None:
         """The ``APIResourceList`` of ``group/version``, or None when it is not served."""
         try:

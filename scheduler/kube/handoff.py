@@ -22,7 +22,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -58,11 +58,69 @@ def parse_lock(value: str) -> tuple[float, str, str] | None:
     return t.timestamp(), ns, pod
 
 
+class _Blocking:
+    """The blocking API calls the lock makes, as awaitables that never suspend (so that the
+    lock's one protocol, written as coroutines, also runs without an event loop)."""
+
+    def __init__(self, api: Any) -> None:
+        self.api = api
+
+    async def get_node(self, name: str) -> dict[str, Any]:
+        return dict(self.api.get_node(name))
+
+    async def patch(
+        self, name: str, annotations: Mapping[str, str | None], rv: str
+    ) -> dict[str, Any]:
+        return dict(self.api.patch_node_annotations(name, annotations, rv))
+
+    async def get_pod(self, namespace: str, name: str) -> Any:
+        return self.api.get_pod(namespace, name)
+
+
+class _EventLoop(_Blocking):
+    """The lock's API calls from the event loop: the API's ``*_async`` calls where it has
+    them (``KubeApi``: no worker thread), else the blocking call in a worker thread."""
+
+    async def get_node(self, name: str) -> dict[str, Any]:
+        call = getattr(self.api, "get_node_async", None)
+        if call is not None:
+            return dict(await call(name))
+        return dict(await asyncio.to_thread(self.api.get_node, name))
+
+    async def patch(
+        self, name: str, annotations: Mapping[str, str | None], rv: str
+    ) -> dict[str, Any]:
+        call = getattr(self.api, "patch_node_annotations_async", None)
+        if call is not None:
+            return dict(await call(name, annotations, rv))
+        return dict(await asyncio.to_thread(self.api.patch_node_annotations, name, annotations, rv))
+
+    async def get_pod(self, namespace: str, name: str) -> Any:
+        return await asyncio.to_thread(self.api.get_pod, namespace, name)
+
+
+def _drive(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run a coroutine whose awaits are all :class:`_Blocking`'s (it never suspends)."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coro.close()
+    raise RuntimeError("a blocking HAMi lock call suspended")
+
+
 class HamiNodeLock:
     """Take and release ``hami.io/mutex.lock`` on a node, in HAMi's format.
 
+    One protocol, written once as coroutines (:meth:`_acquire`, :meth:`_release`), run
+    from the event loop (:meth:`acquire_async`, :meth:`release_async`: the API's async
+    calls, no worker thread) or blocking (:meth:`acquire`, :meth:`release`). A release
+    right after this lock's own acquire patches the node version that acquire's patch
+    returned, without reading the node again (a conflict reads it, as before).
+
     Args:
-        api: needs ``get_node``, ``patch_node_annotations`` and ``get_pod``.
+        api: needs ``get_node``, ``patch_node_annotations`` and ``get_pod`` (and uses
+            ``get_node_async`` / ``patch_node_annotations_async`` when it has them).
         expiry_s: a lock older than this is taken over (HAMi's ``NodeLockTimeout``).
         clock: wall clock (epoch seconds).
     """
@@ -71,21 +129,38 @@ class HamiNodeLock:
         self.api = api
         self.expiry_s = expiry_s
         self.clock = clock
+        self._taken: dict[tuple[str, str, str], str] = {}
+        """(node, namespace, pod) -> the node's resourceVersion after this lock's patch."""
 
-    def _pod_exists(self, ns: str, name: str) -> bool:
+    def acquire(self, node: str, namespace: str, name: str) -> str:
+        """Take the lock for the pod; "" on success (also when it already holds it)."""
+        return str(_drive(self._acquire(_Blocking(self.api), node, namespace, name)))
+
+    def release(self, node: str, namespace: str, name: str) -> None:
+        """Delete the lock if this pod holds it (HAMi's owner check); errors are logged."""
+        _drive(self._release(_Blocking(self.api), node, namespace, name))
+
+    async def acquire_async(self, node: str, namespace: str, name: str) -> str:
+        """:meth:`acquire` from the event loop."""
+        return await self._acquire(_EventLoop(self.api), node, namespace, name)
+
+    async def release_async(self, node: str, namespace: str, name: str) -> None:
+        """:meth:`release` from the event loop."""
+        await self._release(_EventLoop(self.api), node, namespace, name)
+
+    async def _pod_exists(self, calls: _Blocking, ns: str, name: str) -> bool:
         try:
-            self.api.get_pod(ns, name)
+            await calls.get_pod(ns, name)
         except ApiError as exc:
             if exc.not_found:
                 return False
             raise
         return True
 
-    def acquire(self, node: str, namespace: str, name: str) -> str:
-        """Take the lock for the pod; "" on success (also when it already holds it)."""
+    async def _acquire(self, calls: _Blocking, node: str, namespace: str, name: str) -> str:
         for _ in range(LOCK_RETRIES):
             try:
-                obj = self.api.get_node(node)
+                obj = await calls.get_node(node)
                 m = meta(obj)
                 held = (m.get("annotations") or {}).get(HAMI_LOCK)
                 if held:
@@ -95,13 +170,16 @@ class HamiNodeLock:
                         if (ns, pod) == (namespace, name):
                             return ""
                         fresh = self.clock() - t <= self.expiry_s
-                        if fresh and (not ns or not pod or self._pod_exists(ns, pod)):
+                        if fresh and (not ns or not pod or await self._pod_exists(calls, ns, pod)):
                             return f"{ERR_NODE_LOCKED} ({ns}/{pod})"
                     log.info("taking over HAMi node lock %r on %s", held, node)
                 value = lock_value(namespace, name, self.clock())
-                self.api.patch_node_annotations(
+                after = await calls.patch(
                     node, {HAMI_LOCK: value}, str(m.get("resourceVersion") or "")
                 )
+                rv = str(meta(after).get("resourceVersion") or "")
+                if rv:
+                    self._taken[(node, namespace, name)] = rv
                 return ""
             except ApiError as exc:
                 if exc.conflict:
@@ -109,20 +187,21 @@ class HamiNodeLock:
                 return f"{ERR_LOCK_FAILED}: {exc.message}"
         return f"{ERR_LOCK_FAILED}: node kept changing"
 
-    def release(self, node: str, namespace: str, name: str) -> None:
-        """Delete the lock if this pod holds it (HAMi's owner check); errors are logged."""
+    async def _release(self, calls: _Blocking, node: str, namespace: str, name: str) -> None:
+        rv = self._taken.pop((node, namespace, name), None)
         for _ in range(LOCK_RETRIES):
             try:
-                obj = self.api.get_node(node)
-                m = meta(obj)
-                held = (m.get("annotations") or {}).get(HAMI_LOCK) or ""
-                if not held.endswith(f",{namespace},{name}"):
-                    return
-                self.api.patch_node_annotations(
-                    node, {HAMI_LOCK: None}, str(m.get("resourceVersion") or "")
-                )
+                if rv is None:
+                    obj = await calls.get_node(node)
+                    m = meta(obj)
+                    held = (m.get("annotations") or {}).get(HAMI_LOCK) or ""
+                    if not held.endswith(f",{namespace},{name}"):
+                        return
+                    rv = str(m.get("resourceVersion") or "")
+                await calls.patch(node, {HAMI_LOCK: None}, rv)
                 return
             except ApiError as exc:
+                rv = None  # read the node again
                 if exc.conflict:
                     continue
                 log.warning("releasing HAMi node lock on %s failed: %s", node, exc)
@@ -145,10 +224,17 @@ class HandoffBinder:
         self.mode = mode
         self._mutex = threading.Lock()
         self._per_node: dict[str, threading.Lock] = {}
+        self._per_node_async: dict[str, asyncio.Lock] = {}
 
     def fetch_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The inner binder's pod lookup."""
         return self.inner.fetch_pod(namespace, name)
+
+    def _node_alock(self, node: str) -> asyncio.Lock:
+        lk = self._per_node_async.get(node)
+        if lk is None:
+            lk = self._per_node_async[node] = asyncio.Lock()
+        return lk
 
     def _node_mutex(self, node: str) -> threading.Lock:
         with self._mutex:
@@ -160,15 +246,35 @@ class HandoffBinder:
     async def bind_async(
         self, pod: Mapping[str, Any], node: str, annotations: Mapping[str, str]
     ) -> str:
-        """:meth:`bind` from the event loop: every bind without a HAMi hand-off is the inner
-        binder's own ``bind_async`` (no thread, no extra API call: the whole-GPU path is
-        untouched); a HAMi hand-off (lock, Binding, release) runs in a worker thread."""
+        """:meth:`bind` from the event loop, without a worker thread: every bind without a
+        HAMi hand-off is the inner binder's own ``bind_async`` (no extra API call: the
+        whole-GPU path is untouched); a HAMi hand-off takes the lock, writes the Binding and
+        releases the lock with the API's async calls, one bind per node at a time.
+
+        (Before, a HAMi hand-off ran in a worker thread: at 300 nodes and some 20
+        fractional pods a second, the threads waited on the event loop for the GIL, binds
+        took seconds, and kube-scheduler's 5 s timeout retried pods already bound.)"""
+        inner = getattr(self.inner, "bind_async", None)
         if HAMI_NODE not in annotations:
-            inner = getattr(self.inner, "bind_async", None)
             if inner is not None:
                 return str(await inner(pod, node, annotations))
             return self.inner.bind(pod, node, annotations)
-        return await asyncio.to_thread(self.bind, pod, node, annotations)
+        m = meta(pod)
+        ns, name = str(m.get("namespace") or "default"), str(m.get("name") or "")
+        async with self._node_alock(node):
+            err = await self.lock.acquire_async(node, ns, name)
+            if err:
+                return err
+            err = "binding failed"
+            try:
+                if inner is not None:
+                    err = str(await inner(pod, node, annotations))
+                else:
+                    err = await asyncio.to_thread(self.inner.bind, pod, node, annotations)
+            finally:
+                if err or self.mode == "release":
+                    await self.lock.release_async(node, ns, name)
+            return err
 
     def bind(self, pod: Mapping[str, Any], node: str, annotations: Mapping[str, str]) -> str:
         """Bind through the inner binder; under HAMi's node lock for HAMi hand-offs."""

@@ -118,23 +118,91 @@ def test_other_binds_pass_through_without_api_calls() -> None:
     assert inner.calls == ["dgx-0"] and api.patches == []
 
 
+class AsyncRecordingBinder(RecordingBinder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.async_calls: list[str] = []
+
+    async def bind_async(self, pod: Any, node: str, ann: Any) -> str:
+        self.async_calls.append(node)
+        return ""
+
+
+class AsyncInMemoryApiMock(InMemoryApiMock):
+    """The in-memory API with the event-loop calls ``KubeApi`` has; its blocking calls
+    fail the test (nothing may run them from the event loop)."""
+
+    def __init__(self, pods: set[tuple[str, str]] = frozenset()) -> None:  # type: ignore[assignment]
+        super().__init__(pods)
+        self.reads = 0
+
+    async def get_node_async(self, name: str) -> dict[str, Any]:
+        self.reads += 1
+        return InMemoryApiMock.get_node(self, name)
+
+    async def patch_node_annotations_async(self, name: str, ann: dict, rv: str = "") -> dict:
+        return dict(InMemoryApiMock.patch_node_annotations(self, name, ann, rv))
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        raise AssertionError("a blocking read from the event loop")
+
+    def patch_node_annotations(self, name: str, ann: dict, rv: str = "") -> dict[str, Any]:
+        raise AssertionError("a blocking patch from the event loop")
+
+
 def test_async_path_keeps_the_inner_binders_event_loop_write() -> None:
     import asyncio
-
-    class AsyncRecordingBinder(RecordingBinder):
-        def __init__(self) -> None:
-            super().__init__()
-            self.async_calls: list[str] = []
-
-        async def bind_async(self, pod: Any, node: str, ann: Any) -> str:
-            self.async_calls.append(node)
-            return ""
 
     api = InMemoryApiMock({("infer", "p0")})
     inner = AsyncRecordingBinder()
     b = HandoffBinder(inner, HamiNodeLock(api, 300, lambda: NOW), "release")
     assert asyncio.run(b.bind_async(POD, "dgx-0", {"topoplace.io/placement": "{}"})) == ""
     assert inner.async_calls == ["dgx-0"] and inner.calls == [] and api.patches == []
+    # A HAMi hand-off writes its Binding on the event loop too, under the lock (an API
+    # without async calls is called in a worker thread).
     assert asyncio.run(b.bind_async(POD, "infer-a", HAMI)) == ""
-    assert inner.calls == ["infer-a"]  # under the lock, in a worker thread
+    assert inner.async_calls == ["dgx-0", "infer-a"] and inner.calls == []
     assert [list(p) for p in api.patches] == [[HAMI_LOCK], [HAMI_LOCK]]
+    assert HAMI_LOCK not in api.node["metadata"]["annotations"]
+
+
+def test_async_hand_off_uses_the_apis_async_calls_and_reads_the_node_once() -> None:
+    import asyncio
+
+    api = AsyncInMemoryApiMock({("infer", "p0")})
+    inner = AsyncRecordingBinder()
+    b = HandoffBinder(inner, HamiNodeLock(api, 300, lambda: NOW), "release")
+    assert asyncio.run(b.bind_async(POD, "infer-a", HAMI)) == ""
+    assert inner.async_calls == ["infer-a"]
+    assert api.patches == [{HAMI_LOCK: "2025-11-29T21:00:00Z,infer,p0"}, {HAMI_LOCK: None}]
+    # The release patched the version acquire's patch returned: one read in all.
+    assert api.reads == 1
+    # Another writer between acquire and release: the release reads the node again.
+    lock = HamiNodeLock(api, 300, lambda: NOW)
+
+    async def bump_between() -> None:
+        assert await lock.acquire_async("infer-a", "infer", "p0") == ""
+        api.node["metadata"]["resourceVersion"] = "99"  # e.g. a label changed
+        await lock.release_async("infer-a", "infer", "p0")
+
+    asyncio.run(bump_between())
+    assert HAMI_LOCK not in api.node["metadata"]["annotations"]
+    assert api.patches[-1] == {HAMI_LOCK: None} and api.reads == 3
+
+
+def test_async_binds_on_one_node_take_turns() -> None:
+    import asyncio
+
+    api = AsyncInMemoryApiMock({("infer", f"p{i}") for i in range(4)})
+    inner = AsyncRecordingBinder()
+    b = HandoffBinder(inner, HamiNodeLock(api, 300, lambda: NOW), "hold")
+    pods = [{"metadata": {"namespace": "infer", "name": f"p{i}"}} for i in range(2)]
+
+    async def both() -> list[str]:
+        return list(await asyncio.gather(*(b.bind_async(p, "infer-a", HAMI) for p in pods)))
+
+    got = asyncio.run(both())
+    # hold: the first keeps the lock (HAMi's device plugin releases it); the second,
+    # serialized behind it, finds it held by a live pod and is refused.
+    assert got[0] == "" and got[1].startswith(ERR_NODE_LOCKED)
+    assert inner.async_calls == ["infer-a"]
