@@ -116,7 +116,11 @@ class HamiNodeLock:
     from the event loop (:meth:`acquire_async`, :meth:`release_async`: the API's async
     calls, no worker thread) or blocking (:meth:`acquire`, :meth:`release`). A release
     right after this lock's own acquire patches the node version that acquire's patch
-    returned, without reading the node again (a conflict reads it, as before).
+    returned, and an acquire on a node this lock released last patches the version that
+    release returned, without reading the node first (the patches are conditional: if
+    anything changed the node meanwhile, the server answers 409 and the node is read, as
+    before). Back-to-back binds on one node (a packing policy's usual case) then cost one
+    read in all instead of two each.
 
     Args:
         api: needs ``get_node``, ``patch_node_annotations`` and ``get_pod`` (and uses
@@ -131,6 +135,8 @@ class HamiNodeLock:
         self.clock = clock
         self._taken: dict[tuple[str, str, str], str] = {}
         """(node, namespace, pod) -> the node's resourceVersion after this lock's patch."""
+        self._free_at: dict[str, str] = {}
+        """node -> the resourceVersion at which this lock's release left it unlocked."""
 
     def acquire(self, node: str, namespace: str, name: str) -> str:
         """Take the lock for the pod; "" on success (also when it already holds it)."""
@@ -158,10 +164,16 @@ class HamiNodeLock:
         return True
 
     async def _acquire(self, calls: _Blocking, node: str, namespace: str, name: str) -> str:
+        free_at = self._free_at.pop(node, None)
         for _ in range(LOCK_RETRIES):
             try:
-                obj = await calls.get_node(node)
-                m = meta(obj)
+                if free_at is not None:
+                    # This lock released the node at that version: if the node is still
+                    # at it, the lock is free (a conditional patch checks), no read needed.
+                    m: Mapping[str, Any] = {"resourceVersion": free_at}
+                    free_at = None
+                else:
+                    m = meta(await calls.get_node(node))
                 held = (m.get("annotations") or {}).get(HAMI_LOCK)
                 if held:
                     parsed = parse_lock(held)
@@ -198,7 +210,10 @@ class HamiNodeLock:
                     if not held.endswith(f",{namespace},{name}"):
                         return
                     rv = str(m.get("resourceVersion") or "")
-                await calls.patch(node, {HAMI_LOCK: None}, rv)
+                after = await calls.patch(node, {HAMI_LOCK: None}, rv)
+                rv = str(meta(after).get("resourceVersion") or "")
+                if rv:
+                    self._free_at[node] = rv
                 return
             except ApiError as exc:
                 rv = None  # read the node again

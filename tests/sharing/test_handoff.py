@@ -68,6 +68,19 @@ class RecordingBinder:
 
 
 POD = {"metadata": {"namespace": "infer", "name": "p0"}}
+
+
+def plant(api: InMemoryApiMock, value: str | None) -> None:
+    """Another writer sets (or clears) the node's lock: a new resourceVersion, as any
+    write to an object on the API server gives it."""
+    md = api.node["metadata"]
+    if value is None:
+        md["annotations"].pop(HAMI_LOCK, None)
+    else:
+        md["annotations"][HAMI_LOCK] = value
+    md["resourceVersion"] = str(int(md["resourceVersion"]) + 1)
+
+
 HAMI = {"hami.io/vgpu-node": "infer-a"}
 
 
@@ -95,16 +108,16 @@ def test_release_mode_expiry_dangling_and_failure() -> None:
     assert HAMI_LOCK not in api.node["metadata"]["annotations"]
     assert api.patches[-1] == {HAMI_LOCK: None}
     # a lock of a pod that no longer exists is taken over
-    api.node["metadata"]["annotations"][HAMI_LOCK] = lock_value("infer", "gone", NOW)
+    plant(api, lock_value("infer", "gone", NOW))
     assert b.bind(POD, "infer-a", HAMI) == ""
     # an expired lock of a live pod is taken over; a fresh one is not
     api.pods.add(("infer", "live"))
-    api.node["metadata"]["annotations"][HAMI_LOCK] = lock_value("infer", "live", NOW - 301)
+    plant(api, lock_value("infer", "live", NOW - 301))
     assert b.bind(POD, "infer-a", HAMI) == ""
-    api.node["metadata"]["annotations"][HAMI_LOCK] = lock_value("infer", "live", NOW - 10)
+    plant(api, lock_value("infer", "live", NOW - 10))
     assert b.bind(POD, "infer-a", HAMI).startswith(ERR_NODE_LOCKED)
     # a failed bind releases the lock even in hold mode
-    api.node["metadata"]["annotations"].pop(HAMI_LOCK)
+    plant(api, None)
     hold = HandoffBinder(RecordingBinder("binding conflict"), HamiNodeLock(api, 300, lambda: NOW))
     assert hold.bind(POD, "infer-a", HAMI) == "binding conflict"
     assert HAMI_LOCK not in api.node["metadata"]["annotations"]
@@ -206,3 +219,24 @@ def test_async_binds_on_one_node_take_turns() -> None:
     # serialized behind it, finds it held by a live pod and is refused.
     assert got[0] == "" and got[1].startswith(ERR_NODE_LOCKED)
     assert inner.async_calls == ["infer-a"]
+
+
+def test_back_to_back_binds_on_a_node_read_it_once_and_still_see_other_writers() -> None:
+    import asyncio
+
+    api = AsyncInMemoryApiMock({("infer", f"p{i}") for i in range(6)})
+    inner = AsyncRecordingBinder()
+    b = HandoffBinder(inner, HamiNodeLock(api, 300, lambda: NOW), "release")
+    pods = [{"metadata": {"namespace": "infer", "name": f"p{i}"}} for i in range(6)]
+
+    async def binds(which: range) -> list[str]:
+        return [await b.bind_async(pods[i], "infer-a", HAMI) for i in which]
+
+    assert asyncio.run(binds(range(4))) == ["", "", "", ""]
+    assert api.reads == 1  # lock, bind, release: the next lock patches release's version
+    assert len(api.patches) == 8 and HAMI_LOCK not in api.node["metadata"]["annotations"]
+    # Another scheduler's live lock lands in between: the conditional patch fails, the
+    # node is read, and the bind is refused as before.
+    plant(api, lock_value("infer", "p5", NOW))
+    assert asyncio.run(binds(range(4, 5)))[0].startswith(ERR_NODE_LOCKED)
+    assert api.reads == 2 and inner.async_calls == ["infer-a"] * 4
