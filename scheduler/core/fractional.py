@@ -835,6 +835,57 @@ def free_milli(node: NodeInfo, dev: GpuDevice, used: tuple[int, int, int]) -> in
     )
 
 
+PodShape = tuple[PodInfo, tuple[GpuDevice, ...] | None, TaskShape]
+"""A pod, the device inventory its share was read against (None for whole GPUs), its shape."""
+
+
+def pod_shapes(
+    nodes: Iterable[NodeInfo],
+    pods: Iterable[PodInfo],
+    known: Mapping[str, PodShape] | None = None,
+) -> dict[str, PodShape]:
+    """FGD's task shape of every pod holding GPUs or shares, by pod key: a share as
+    :func:`task_milli` of its device, whole GPUs as 1000 milli each. A shape in ``known``
+    is taken again when its pod is the very object given and its node's devices are the
+    same object (a snapshot keeps unchanged objects), so a caller that keeps the result
+    reads only the pods that changed."""
+    by_name = {n.name: n for n in nodes}
+    known = known or {}
+    out: dict[str, PodShape] = {}
+    for p in pods:
+        if p.shares:
+            node = by_name.get(p.node)
+            if node is None:
+                continue
+            devs = node_devices(node)
+            hit = known.get(p.key)
+            if hit is not None and hit[0] is p and hit[1] is devs:
+                out[p.key] = hit
+                continue
+            s = p.shares[0]
+            if s.gpu >= len(devs):
+                continue
+            milli = min(MILLI, task_milli(s, devs[s.gpu]))
+            out[p.key] = (p, devs, TaskShape(p.cpu_milli, milli, len(p.shares)))
+        elif p.gpus:
+            hit = known.get(p.key)
+            if hit is not None and hit[0] is p:
+                out[p.key] = hit
+            else:
+                out[p.key] = (p, None, TaskShape(p.cpu_milli, MILLI, len(p.gpus)))
+    return out
+
+
+def shapes_distribution(
+    shapes: Iterable[PodShape], extra: Iterable[TaskShape] = (), popularity: float = 0.95
+) -> TypicalDistribution:
+    """FGD's target workload from :func:`pod_shapes` plus ``extra`` shapes, ranked as the
+    FGD artifact ranks them."""
+    counts: Counter[TaskShape] = Counter(shape for _, _, shape in shapes)
+    counts.update(extra)
+    return typical_from_counts(counts, popularity)
+
+
 def workload_distribution(
     nodes: Iterable[NodeInfo],
     pods: Iterable[PodInfo],
@@ -844,23 +895,7 @@ def workload_distribution(
     """FGD's target workload from the pods seen so far: every pod holding GPUs or shares
     (a share as :func:`task_milli` of its device, whole GPUs as 1000 milli each) plus
     ``extra`` shapes (the pod being placed), ranked as the FGD artifact ranks them."""
-    by_name = {n.name: n for n in nodes}
-    counts: Counter[TaskShape] = Counter()
-    for p in pods:
-        if p.shares:
-            node = by_name.get(p.node)
-            if node is None:
-                continue
-            devs = node_devices(node)
-            s = p.shares[0]
-            if s.gpu >= len(devs):
-                continue
-            milli = min(MILLI, task_milli(s, devs[s.gpu]))
-            counts[TaskShape(p.cpu_milli, milli, len(p.shares))] += 1
-        elif p.gpus:
-            counts[TaskShape(p.cpu_milli, MILLI, len(p.gpus))] += 1
-    counts.update(extra)
-    return typical_from_counts(counts, popularity)
+    return shapes_distribution(pod_shapes(nodes, pods).values(), extra, popularity)
 
 
 class ShareDecision:

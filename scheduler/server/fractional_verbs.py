@@ -35,9 +35,10 @@ from scheduler.core.fractional import (
     gpushare_annotations,
     hami_annotations,
     node_verdict,
+    pod_shapes,
+    shapes_distribution,
     share_request,
     task_milli,
-    workload_distribution,
 )
 from scheduler.core.model import PodInfo, PodRequest
 from scheduler.core.objects import ObjectError, bound_pod, meta, pod_resource, replica_request
@@ -86,9 +87,11 @@ def _distribution(ext: Extender, snap: ClusterSnapshot, req: ShareRequest) -> An
             d = n.devices[0]
             shapes.append(TaskShape(req.cpu_milli, min(1000, task_milli(resolve(ask, d), d)), 1))
             break
-    dist = workload_distribution(
-        snap.nodes, snap.pods.values(), shapes, ext.params.sharing.popularity
-    )
+    # The pods' shapes are kept between calls: only pods that changed are read again.
+    known = getattr(ext, "_share_pod_shapes", None)
+    held = pod_shapes(snap.nodes, snap.pods.values(), known)
+    ext._share_pod_shapes = held  # type: ignore[attr-defined]
+    dist = shapes_distribution(held.values(), shapes, ext.params.sharing.popularity)
     ext._share_dist_memo = (snap.pods, key, dist)  # type: ignore[attr-defined]
     return dist
 

@@ -171,3 +171,52 @@ def test_typical_from_counts_equals_typical_tasks(
 
     counts = Counter(t.shape for t in tasks)
     assert typical_from_counts(counts, popularity) == typical_tasks(tasks, popularity)
+
+
+def test_pod_shapes_kept_between_pods_equal_shapes_read_afresh() -> None:
+    from scheduler.core.fractional import pod_shapes, shapes_distribution
+
+    snap = _cluster()
+    known = None
+    for k, pod in enumerate(_pods(3, 40)):
+        req = share_request(pod, 1000 + 500 * (k % 3), PARAMS.sharing)
+        assert req is not None
+        fresh = pod_shapes(snap.nodes, snap.pods.values())
+        kept = pod_shapes(snap.nodes, snap.pods.values(), known)
+        assert {p: v[2] for p, v in kept.items()} == {p: v[2] for p, v in fresh.items()}
+        if known:  # every pod placed before is read again only if its object changed
+            assert all(kept[p] is known[p] for p in known if p in kept)
+        known = kept
+        if kept:
+            assert shapes_distribution(kept.values(), (), 0.95) == workload_distribution(
+                snap.nodes, snap.pods.values()
+            )
+        dist = typical_tasks([SharingTask("x", 2000, num_gpu=1, gpu_milli=250)])
+        best = best_decision(decide(snap.nodes, req, dist, PARAMS.sharing))
+        if best is not None:
+            snap = with_pod(
+                snap,
+                PodInfo(
+                    key=f"t/p{k}",
+                    uid="",
+                    node=best.node,
+                    gpus=(),
+                    shares=best.shares,
+                    cpu_milli=req.cpu_milli,
+                ),
+            )
+    assert known and len(known) >= 30
+    # A pod placed again under the same key, with another share: its shape is read anew.
+    from dataclasses import replace
+
+    from scheduler.core.snapshot import without_pod
+
+    key = next(iter(known))
+    old = snap.pods[key]
+    smaller = tuple(
+        replace(s, milli=s.milli // 2, memory_mib=s.memory_mib // 2) for s in old.shares
+    )
+    snap = with_pod(without_pod(snap, key), replace(old, shares=smaller))
+    again = pod_shapes(snap.nodes, snap.pods.values(), known)
+    assert again[key][2] != known[key][2]
+    assert again[key][2] == pod_shapes(snap.nodes, snap.pods.values())[key][2]
