@@ -206,6 +206,8 @@ class ClusterCache:
         self._pending: OrderedDict[str, PendingPod] = OrderedDict()
         self._pending_bytes = 0
         self._nominated: dict[str, str] = {}
+        self._binding: dict[str, str] = {}
+        """Pod key -> node of a bind in flight (from its assume to its confirm or forget)."""
         self._dra_inv: tuple[Any, dra.Inventory] = (None, dra.EMPTY_INVENTORY)
         self._expired_total = 0
         self._bound_unseen: dict[str, Any] = {}
@@ -322,9 +324,28 @@ class ClusterCache:
         with self._lock:
             nominated = self.take_nomination(key, node)
             choice = self.assume_chosen(lambda s: choose(s, nominated))
-            if isinstance(choice, str) and nominated is not None:
-                self.forget(key)
+            if isinstance(choice, str):
+                if nominated is not None:
+                    self.forget(key)
+            else:
+                self._binding[key] = choice.node
             return choice
+
+    def binding(self, key: str) -> str | None:
+        """The node ``key``'s bind is writing to (assumed at bind, not yet confirmed or
+        forgotten), or None. kube-scheduler gives up on a bind after its ``httpTimeout``
+        and schedules the pod again while the write may still land: a filter then must not
+        decide afresh (the new hold would replace the one the write carries, and free its
+        GPUs for others), but offer that node alone."""
+        with self._lock:
+            node = self._binding.get(key)
+            if node is None:
+                return None
+            pod = self._snap.pods.get(key)
+            if pod is None or not pod.assumed or pod.node != node:
+                del self._binding[key]  # settled some other way (a rebuild, the watch)
+                return None
+            return node
 
     def take_nomination(self, key: str, node: str) -> tuple[int, ...] | None:
         """At bind: the GPUs nominated for ``key`` on ``node`` (still held, now without a
@@ -349,6 +370,7 @@ class ClusterCache:
         """Release an assumed pod (idempotent). Bound pods are left alone. True if released."""
         with self._lock:
             self._nominated.pop(key, None)
+            self._binding.pop(key, None)
             pod = self._snap.pods.get(key)
             self._expiry.pop(key, None)
             if pod is None or not pod.assumed:
@@ -362,6 +384,7 @@ class ClusterCache:
         with self._lock:
             pod = self._snap.pods.get(key)
             self._expiry.pop(key, None)
+            self._binding.pop(key, None)
             if pod is None:
                 return False
             self._nominated.pop(key, None)
@@ -834,6 +857,7 @@ class ClusterCache:
             self._drop_pending(key)
             self._bound_unseen.pop(key, None)
             self._nominated.pop(key, None)
+            self._binding.pop(key, None)
             self._expiry.pop(key, None)
             self._snap = without_pod(self._snap, key)
 

@@ -89,6 +89,11 @@ ERR_OTHER_NODE = "pod is already bound to another node"
 ERR_NOT_OUR_PROFILE = "pod's schedulerName is not one of topoplace's profiles"
 ERR_ALREADY_BOUND = "pod is already bound"
 ERR_NO_ROOM_CPU_MEMORY = "node lacks the CPU or memory the pod requests"
+ERR_BIND_IN_FLIGHT = "the pod's bind to another node is still being written"
+REASON_BIND_IN_FLIGHT = "the pod's bind to another node is still being written"
+"""Filter's reason for the other nodes, and bind's error for another node, while a bind of
+the pod is in flight (``ClusterCache.binding``): kube-scheduler gave up on it after its
+``httpTimeout`` and scheduled the pod again, but the write may still land."""
 
 
 class Binder(Protocol):
@@ -282,6 +287,11 @@ class Extender:
         req = self._filter_request(pod, self._names_memo.head)
         if isinstance(req, dict):
             return orjson.dumps(req)
+        if not req.gang:
+            binding = self.cache.binding(req.key)
+            if binding is not None:  # a bind kube-scheduler timed out is still being written
+                res = self._bind_in_flight(binding, wire.names_list(names), items)
+                return orjson.dumps(self._noted(pod, req, res))
         if is_share_pod(pod):  # fractional pods: a branch of their own (fractional_verbs)
             res = share_filter(self, pod, req, wire.names_list(names), items)
             return orjson.dumps(self._noted(pod, req, res))
@@ -325,6 +335,17 @@ class Extender:
         return orjson.dumps(
             self._noted(pod, req, self._filter(pod, req, wire.names_list(names), items))
         )
+
+    def _bind_in_flight(
+        self, node: str, names: list[str], items: list[Mapping[str, Any]] | None
+    ) -> dict[str, Any]:
+        """Filter's answer for a pod whose bind to ``node`` is still being written: that
+        node alone, the hold the write carries kept (a new decision would replace it and
+        free its GPUs for other pods while the write may land). kube-scheduler then binds
+        the pod there again, which settles as the first write did."""
+        offered = (node,) if node in names else ()
+        failed = {n: REASON_BIND_IN_FLIGHT for n in names if n != node}
+        return self.filter_reply(FilterOutcome(offered, failed, {}), items)
 
     def _noted(
         self, pod: Mapping[str, Any], req: PodRequest, res: dict[str, Any]
@@ -691,6 +712,9 @@ class Extender:
         if held is not None and not held.assumed:
             # Idempotent retry of a bind that succeeded (reply lost or timed out).
             return "" if held.node == node else ERR_OTHER_NODE
+        binding = self.cache.binding(key)
+        if binding is not None and binding != node:
+            return f"{ERR_BIND_IN_FLIGHT} ({binding})"
         pod = self.cache.pending(key) or fetched
         if pod is None and self.fetch_pod is not None:
             ns, name = key.split("/", 1)
