@@ -40,7 +40,7 @@ malformed input raises :class:`ShareError` with a constant-prefixed message.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -903,34 +903,37 @@ class ShareDecision:
 
     Attributes:
         node: node name.
-        containers: per container, the shares it gets (computed on first use when the
+        containers: per container, the shares it gets (named on first use when the
             decision was made lazily: :func:`decide` scores every node that fits, and
             only the few nodes a caller looks at need their devices).
         score: node score 0..100 (the sharing policy's, e.g. FGD's sigmoid of the
             fragmentation drop).
     """
 
-    __slots__ = ("node", "score", "_containers", "_make")
+    __slots__ = ("node", "score", "_containers", "_source", "_index")
 
     def __init__(
         self,
         node: str,
         containers: tuple[tuple[GpuShare, ...], ...] | None,
         score: int,
-        make: Callable[[], tuple[tuple[GpuShare, ...], ...]] | None = None,
+        source: _ScoredGroup | None = None,
+        index: int = 0,
     ) -> None:
-        if containers is None and make is None:
-            raise ValueError("a ShareDecision needs its containers or a way to make them")
+        if containers is None and source is None:
+            raise ValueError("a ShareDecision needs its containers or a group to name them")
         self.node = node
         self.score = score
         self._containers = containers
-        self._make = make
+        self._source = source
+        self._index = index
 
     @property
     def containers(self) -> tuple[tuple[GpuShare, ...], ...]:
         if self._containers is None:
-            assert self._make is not None
-            self._containers, self._make = self._make(), None
+            assert self._source is not None
+            self._containers = self._source.devices(self._index)
+            self._source = None
         return self._containers
 
     @property
@@ -1135,38 +1138,43 @@ def decide(
         task = SharingTask(name="", cpu_milli=req.cpu_milli, num_gpu=1, gpu_milli=need)
         ctx = SharingContext(candidates=cand, frag=frag)
         result = policy.score(view, task, ctx)
-        for j, i in enumerate(result.nodes):
-            f = fit_nodes[int(i)]
-            one = SharingScores(
-                result.nodes[j : j + 1], result.scores[j : j + 1], result.gpus[j : j + 1]
-            )
-            out[f.node.name] = ShareDecision(
-                f.node.name,
-                None,
-                int(result.scores[j]),
-                make=_devices_on(view, task, policy, one, f, req, selection_policy),
-            )
+        group = _ScoredGroup(view, task, policy, result, fit_nodes, req, selection_policy)
+        nodes, scores = result.nodes.tolist(), result.scores.tolist()
+        for j, (i, score) in enumerate(zip(nodes, scores, strict=True)):
+            name = fit_nodes[i].node.name
+            out[name] = ShareDecision(name, None, int(score), group, j)
     return out
 
 
-def _devices_on(
-    view: SharingClusterView,
-    task: SharingTask,
-    policy: SharingPolicy,
-    one: SharingScores,
-    f: Fit,
-    req: ShareRequest,
-    selection_policy: str,
-) -> Callable[[], tuple[tuple[GpuShare, ...], ...]]:
-    """The devices a single-device pod gets on ``f``'s node: the policy's device
-    (:func:`place_on_view` on the node's own scores ``one``) if it fits, else the fit's."""
+class _ScoredGroup:
+    """One policy call of :func:`decide` (nodes whose GPUs give the request the same
+    share): names the devices of its ``j``-th scored node on demand."""
 
-    def make() -> tuple[tuple[GpuShare, ...], ...]:
-        _, gpus = place_on_view(view, task, policy, one)
-        got = choose_devices(f.node, req, gpus[0], selection_policy) or f.got or []
+    __slots__ = ("view", "task", "policy", "result", "fits", "req", "selection_policy")
+
+    def __init__(
+        self,
+        view: SharingClusterView,
+        task: SharingTask,
+        policy: SharingPolicy,
+        result: SharingScores,
+        fits: list[Fit],
+        req: ShareRequest,
+        selection_policy: str,
+    ) -> None:
+        self.view, self.task, self.policy, self.result = view, task, policy, result
+        self.fits, self.req, self.selection_policy = fits, req, selection_policy
+
+    def devices(self, j: int) -> tuple[tuple[GpuShare, ...], ...]:
+        """The devices a single-device pod gets on the ``j``-th scored node: the policy's
+        device (:func:`place_on_view` on that node's own scores) if it fits, else the
+        fit's."""
+        r = self.result
+        one = SharingScores(r.nodes[j : j + 1], r.scores[j : j + 1], r.gpus[j : j + 1])
+        _, gpus = place_on_view(self.view, self.task, self.policy, one)
+        f = self.fits[int(r.nodes[j])]
+        got = choose_devices(f.node, self.req, gpus[0], self.selection_policy) or f.got or []
         return tuple(tuple(c) for c in got)
-
-    return make
 
 
 def best_decision(decisions: Mapping[str, ShareDecision]) -> ShareDecision | None:

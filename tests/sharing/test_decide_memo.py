@@ -136,15 +136,18 @@ def test_a_lazy_decision_reads_like_an_eager_one() -> None:
     shares = ((),)
     calls = []
 
-    def make() -> tuple[tuple[object, ...], ...]:
-        calls.append(1)
-        return shares  # type: ignore[return-value]
+    class GroupStandIn:
+        """Stands in for decide's scored group: names the devices of node ``j``."""
 
-    lazy = ShareDecision("n", None, 42, make=make)
+        def devices(self, j: int) -> tuple[tuple[object, ...], ...]:
+            calls.append(j)
+            return shares  # type: ignore[return-value]
+
+    lazy = ShareDecision("n", None, 42, GroupStandIn(), 1)  # type: ignore[arg-type]
     assert calls == []
     assert lazy == ShareDecision("n", shares, 42)  # type: ignore[arg-type]
     assert lazy.containers is shares and lazy.shares == ()
-    assert calls == [1]  # made once
+    assert calls == [1]  # named once, for its own index
     assert "node='n'" in repr(lazy)
 
 
