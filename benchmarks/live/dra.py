@@ -46,7 +46,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -55,13 +54,15 @@ from typing import Any
 from benchmarks.clusters import claim_pod, resource_claim
 from benchmarks.live.kubeapi import Api, ApiError
 from benchmarks.live.kubesched import KubeScheduler, Topoplace, render_default_config
-from benchmarks.live.run import Plane, log
+from benchmarks.live.run import log
 from benchmarks.live.scenario import NodeSpec
 from benchmarks.live.standalone import (
     REPO,
     add_plane_args,
+    missing,
     pods_per_s,
     source_of,
+    up_plane,
     verb_ms,
     wait_bound,
 )
@@ -255,32 +256,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if not args.kube_bin or not (Path(args.kube_bin) / "kube-scheduler").is_file():
-        print(
-            "needs --kube-bin (or KUBE_BIN) with kube-apiserver and kube-scheduler", file=sys.stderr
-        )
+    lacking = missing(args, ("up.sh", "fake_dra.py"))
+    if lacking:
+        print(lacking, file=sys.stderr)
         return 2
     cp = Path(args.controlplane)
-    if not (cp / "up.sh").is_file() or not (cp / "fake_dra.py").is_file():
-        print(f"needs ../shared/controlplane ({cp}: up.sh, fake_dra.py)", file=sys.stderr)
-        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     arms = [a for a in args.arms.split(",") if a]
-    work_dir = Path(tempfile.mkdtemp(prefix="livebench-dra-"))
     os.environ["DRA"] = "1"
-    plane = Plane(
-        work_dir,
-        Path(args.kube_bin),
-        args.api_port,
-        args.etcd_port,
-        args.etcd_peer_port,
-        args.sched_port,
-        scripts=cp,
-    )
-    kc = plane.up()
-    plane.stop_scheduler()
-    api = Api(kc)
+    work_dir, plane, kc, api = up_plane(args, "livebench-dra-")
     rows: list[dict[str, Any]] = []
     try:
         version = dra_version(api)

@@ -55,7 +55,6 @@ import csv
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
@@ -69,13 +68,15 @@ import yaml
 from benchmarks.clusters import hami_register
 from benchmarks.live.kubeapi import Api
 from benchmarks.live.kubesched import KubeScheduler, Topoplace
-from benchmarks.live.run import Plane, log
+from benchmarks.live.run import log
 from benchmarks.live.scenario import PRODUCT_LABEL, NodeSpec, dns_name
 from benchmarks.live.standalone import (
     REPO,
     add_plane_args,
+    missing,
     pods_per_s,
     source_of,
+    up_plane,
     verb_ms,
     wait_bound,
 )
@@ -346,33 +347,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if not args.kube_bin or not (Path(args.kube_bin) / "kube-scheduler").is_file():
-        print(
-            "needs --kube-bin (or KUBE_BIN) with kube-apiserver and kube-scheduler", file=sys.stderr
-        )
-        return 2
-    cp, data = Path(args.controlplane), Path(args.data)
-    if not (cp / "up.sh").is_file():
-        print(f"needs ../shared/controlplane ({cp}: up.sh)", file=sys.stderr)
-        return 2
-    if not (data / "openb_node_list_gpu_node.csv").is_file():
-        print(f"needs the openb trace ({data})", file=sys.stderr)
+    data = Path(args.data)
+    lacking = missing(args) or (
+        ""
+        if (data / "openb_node_list_gpu_node.csv").is_file()
+        else f"needs the openb trace ({data})"
+    )
+    if lacking:
+        print(lacking, file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    work_dir = Path(tempfile.mkdtemp(prefix="livebench-frac-"))
-    plane = Plane(
-        work_dir,
-        Path(args.kube_bin),
-        args.api_port,
-        args.etcd_port,
-        args.etcd_peer_port,
-        args.sched_port,
-        scripts=cp,
-    )
-    kc = plane.up()
-    plane.stop_scheduler()
-    api = Api(kc)
+    work_dir, plane, kc, api = up_plane(args, "livebench-frac-")
     rows: list[dict[str, Any]] = []
     try:
         nodes = node_objects(data, args.nodes, "frac")

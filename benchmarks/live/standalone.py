@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 from benchmarks.live.kubeapi import Api
 from benchmarks.live.kubesched import Topoplace
 from benchmarks.live.metrics import histogram_ms, parse_prometheus
+from benchmarks.live.run import Plane
 
 REPO = Path(__file__).resolve().parents[2]
 CONTROLPLANE = REPO.parent / "shared" / "controlplane"
@@ -38,6 +40,34 @@ def add_plane_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--topoplace-sched-port", type=int, default=21269)
     ap.add_argument("--default-sched-port", type=int, default=21279)
     ap.add_argument("--extender-port", type=int, default=28888)
+
+
+def missing(args: argparse.Namespace, scripts: Sequence[str] = ("up.sh",)) -> str:
+    """What the run lacks to start (the binaries, the control-plane scripts), or ""."""
+    if not args.kube_bin or not (Path(args.kube_bin) / "kube-scheduler").is_file():
+        return "needs --kube-bin (or KUBE_BIN) with kube-apiserver and kube-scheduler"
+    cp = Path(args.controlplane)
+    if not all((cp / s).is_file() for s in scripts):
+        return f"needs ../shared/controlplane ({cp}: {', '.join(scripts)})"
+    return ""
+
+
+def up_plane(args: argparse.Namespace, prefix: str) -> tuple[Path, Plane, str, Api]:
+    """A fresh control plane in a new work folder, up.sh's kube-scheduler stopped (each
+    arm runs its own): (work folder, plane, kubeconfig, API client)."""
+    work_dir = Path(tempfile.mkdtemp(prefix=prefix))
+    plane = Plane(
+        work_dir,
+        Path(args.kube_bin),
+        args.api_port,
+        args.etcd_port,
+        args.etcd_peer_port,
+        args.sched_port,
+        scripts=Path(args.controlplane),
+    )
+    kc = plane.up()
+    plane.stop_scheduler()
+    return work_dir, plane, kc, Api(kc)
 
 
 def wait_bound(api: Api, namespace: str, total: int, timeout: float) -> dict[str, float]:
