@@ -146,6 +146,11 @@ class HamiNodeLock:
         """Delete the lock if this pod holds it (HAMi's owner check); errors are logged."""
         _drive(self._release(_Blocking(self.api), node, namespace, name))
 
+    def keep(self, node: str, namespace: str, name: str) -> None:
+        """The pod's lock stays (``hold``: HAMi's device plugin releases it): forget the
+        version this lock's acquire left, which only its own release would use."""
+        self._taken.pop((node, namespace, name), None)
+
     async def acquire_async(self, node: str, namespace: str, name: str) -> str:
         """:meth:`acquire` from the event loop."""
         return await self._acquire(_EventLoop(self.api), node, namespace, name)
@@ -289,6 +294,8 @@ class HandoffBinder:
             finally:
                 if err or self.mode == "release":
                     await self.lock.release_async(node, ns, name)
+                else:
+                    self.lock.keep(node, ns, name)
             return err
 
     def bind(self, pod: Mapping[str, Any], node: str, annotations: Mapping[str, str]) -> str:
@@ -307,4 +314,6 @@ class HandoffBinder:
             finally:
                 if err or self.mode == "release":
                     self.lock.release(node, ns, name)
+                else:
+                    self.lock.keep(node, ns, name)
             return err

@@ -240,3 +240,17 @@ def test_back_to_back_binds_on_a_node_read_it_once_and_still_see_other_writers()
     plant(api, lock_value("infer", "p5", NOW))
     assert asyncio.run(binds(range(4, 5)))[0].startswith(ERR_NODE_LOCKED)
     assert api.reads == 2 and inner.async_calls == ["infer-a"] * 4
+
+
+def test_hold_mode_keeps_nothing_per_pod_once_bound() -> None:
+    import asyncio
+
+    lock = HamiNodeLock(AsyncInMemoryApiMock({("infer", "p0")}), 300, lambda: NOW)
+    sync_lock = HamiNodeLock(InMemoryApiMock({("infer", "p0")}), 300, lambda: NOW)
+    assert (
+        asyncio.run(HandoffBinder(AsyncRecordingBinder(), lock).bind_async(POD, "infer-a", HAMI))
+        == ""
+    )
+    assert HandoffBinder(RecordingBinder(), sync_lock).bind(POD, "infer-a", HAMI) == ""
+    # The device plugin releases hold-mode locks: no version is kept for a release.
+    assert lock._taken == {} and sync_lock._taken == {}
