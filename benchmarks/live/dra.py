@@ -42,7 +42,6 @@ import contextlib
 import copy
 import csv
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -59,6 +58,7 @@ from benchmarks.live.scenario import NodeSpec
 from benchmarks.live.standalone import (
     REPO,
     add_plane_args,
+    down_plane,
     missing,
     pods_per_s,
     source_of,
@@ -309,10 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         offline_used = len({v[0] for v in want.values()})
         write(out, args, version, rows, len(want), offline_used)
     finally:
-        api.close()
-        if (work_dir / "logs").is_dir():
-            shutil.copytree(work_dir / "logs", out / "logs", dirs_exist_ok=True)
-        plane.down(purge=True)
+        down_plane(api, plane, work_dir, out)
     return 0
 
 

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import shutil
 import statistics
 import sys
 import time
@@ -73,6 +72,7 @@ from benchmarks.live.scenario import PRODUCT_LABEL, NodeSpec, dns_name
 from benchmarks.live.standalone import (
     REPO,
     add_plane_args,
+    down_plane,
     missing,
     pods_per_s,
     source_of,
@@ -391,10 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             api.delete_pods(NAMESPACE)
         write(out, args, work, devices, rows, figures(want, work, devices))
     finally:
-        api.close()
-        if (work_dir / "logs").is_dir():
-            shutil.copytree(work_dir / "logs", out / "logs", dirs_exist_ok=True)
-        plane.down(purge=True)
+        down_plane(api, plane, work_dir, out)
     return 0
 
 

@@ -162,6 +162,19 @@ class Plane:
     scripts: Path = CONTROLPLANE
     kubeconfig: str = ""
 
+    @classmethod
+    def from_args(cls, work: Path, args: argparse.Namespace) -> Plane:
+        """A plane in ``work`` with the binaries, scripts and ports of a runner's flags."""
+        return cls(
+            work,
+            Path(args.kube_bin),
+            args.api_port,
+            args.etcd_port,
+            args.etcd_peer_port,
+            args.sched_port,
+            scripts=Path(args.controlplane),
+        )
+
     def up(self) -> str:
         env = {
             **os.environ,
@@ -1596,15 +1609,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_id = f"lb{os.getpid()}"
     log(f"scenario: {scenario.description}")
     work = Path(args.work or tempfile.mkdtemp(prefix="livebench-", dir="/tmp"))
-    plane = Plane(
-        work,
-        Path(args.kube_bin),
-        args.api_port,
-        args.etcd_port,
-        args.etcd_peer_port,
-        args.sched_port,
-        scripts=Path(args.controlplane),
-    )
+    plane = Plane.from_args(work, args)
     own_plane = args.kubeconfig is None
     if args.pin_cpus and not own_plane:
         raise SystemExit("--pin-cpus needs the runner's own plane (no --kubeconfig)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Sequence
@@ -56,18 +57,19 @@ def up_plane(args: argparse.Namespace, prefix: str) -> tuple[Path, Plane, str, A
     """A fresh control plane in a new work folder, up.sh's kube-scheduler stopped (each
     arm runs its own): (work folder, plane, kubeconfig, API client)."""
     work_dir = Path(tempfile.mkdtemp(prefix=prefix))
-    plane = Plane(
-        work_dir,
-        Path(args.kube_bin),
-        args.api_port,
-        args.etcd_port,
-        args.etcd_peer_port,
-        args.sched_port,
-        scripts=Path(args.controlplane),
-    )
+    plane = Plane.from_args(work_dir, args)
     kc = plane.up()
     plane.stop_scheduler()
     return work_dir, plane, kc, Api(kc)
+
+
+def down_plane(api: Api, plane: Plane, work_dir: Path, out: Path) -> None:
+    """The end of a run: the client closed, the plane's logs kept under ``out/logs``, the
+    plane stopped and its folder removed."""
+    api.close()
+    if (work_dir / "logs").is_dir():
+        shutil.copytree(work_dir / "logs", out / "logs", dirs_exist_ok=True)
+    plane.down(purge=True)
 
 
 def wait_bound(api: Api, namespace: str, total: int, timeout: float) -> dict[str, float]:
