@@ -27,6 +27,7 @@ import orjson
 from scheduler.core import dra
 from scheduler.core.fractional import (
     BACKEND_HAMI,
+    PodShape,
     hami_annotations,
     is_share_pod,
     whole_hami_containers,
@@ -65,6 +66,7 @@ from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.runtime.cache import ClusterCache
 from scheduler.runtime.dra import DraRouter
 from scheduler.runtime.parked import ParkedPods
+from scheduler.runtime.share_fits import FitMemo
 from scheduler.server import wire
 from scheduler.server.decisions import DecisionLog, gang_member_summary
 from scheduler.server.fractional_verbs import (
@@ -258,6 +260,12 @@ class Extender:
         """Decision records (inputs only; explained on demand, see ``decisions.py``)."""
         self.dra = DraRouter(cache)
         """Claim pods (DRA): filter/prioritize by what the DRA allocator will give."""
+        self.share_fits = FitMemo()
+        """Fractional pods: each node's fit per request form, kept between pods."""
+        self.share_shapes: dict[str, PodShape] | None = None
+        """Fractional pods: the held pods' FGD shapes as last read (reused while unchanged)."""
+        self.share_dist: tuple[Any, Any, Any] | None = None
+        """Fractional pods: (pods map, request key, FGD workload) of the last decision."""
 
     @property
     def params(self) -> Any:

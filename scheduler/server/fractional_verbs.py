@@ -54,7 +54,6 @@ from scheduler.core.schedule import (
     verdict_reason,
 )
 from scheduler.core.snapshot import BLOCKED_SHARED, ClusterSnapshot
-from scheduler.runtime.share_fits import FitMemo
 from scheduler.server import wire
 
 if TYPE_CHECKING:
@@ -74,7 +73,7 @@ def _request(ext: Extender, pod: Mapping[str, Any]) -> ShareRequest:
 def _distribution(ext: Extender, snap: ClusterSnapshot, req: ShareRequest) -> Any:
     """FGD's target workload: the pods holding GPUs and shares now, plus this request
     (memoized per pod set: it changes only when pods come and go)."""
-    memo = getattr(ext, "_share_dist_memo", None)
+    memo = ext.share_dist
     ask = next(c for c in req.containers if c.count)
     key = (id(snap.pods), req.cpu_milli, ask)
     if memo is not None and memo[0] is snap.pods and memo[1] == key:
@@ -88,11 +87,9 @@ def _distribution(ext: Extender, snap: ClusterSnapshot, req: ShareRequest) -> An
             shapes.append(TaskShape(req.cpu_milli, min(1000, task_milli(resolve(ask, d), d)), 1))
             break
     # The pods' shapes are kept between calls: only pods that changed are read again.
-    known = getattr(ext, "_share_pod_shapes", None)
-    held = pod_shapes(snap.nodes, snap.pods.values(), known)
-    ext._share_pod_shapes = held  # type: ignore[attr-defined]
+    held = ext.share_shapes = pod_shapes(snap.nodes, snap.pods.values(), ext.share_shapes)
     dist = shapes_distribution(held.values(), shapes, ext.params.sharing.popularity)
-    ext._share_dist_memo = (snap.pods, key, dist)  # type: ignore[attr-defined]
+    ext.share_dist = (snap.pods, key, dist)
     return dist
 
 
@@ -139,9 +136,6 @@ def _decisions(
             unres[name] = why
             continue
         cands.append(node)
-    memo = getattr(ext, "_share_fits", None)
-    if memo is None:
-        memo = ext._share_fits = FitMemo()  # type: ignore[attr-defined]
     policy = ext.params.selection_policy
     got = decide(
         cands,
@@ -149,7 +143,7 @@ def _decisions(
         _distribution(ext, snap, req),
         ext.params.sharing,
         policy,
-        memo.fits(cands, req, policy),
+        ext.share_fits.fits(cands, req, policy),
     )
     for n in cands:
         if n.name not in got:
