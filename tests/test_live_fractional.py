@@ -59,7 +59,19 @@ def test_workload_stays_within_the_fill_and_asks_hami_for_the_trace_share() -> N
 
 def test_shares_and_overcommit_read_from_the_annotations_alone() -> None:
     value = "GPU-a,NVIDIA,4000,30:GPU-b,NVIDIA,1000,10:;"
-    assert frac.shares(value) == [("GPU-a", 4000, 30), ("GPU-b", 1000, 10)]
+    assert frac.shares("n", value) == [("GPU-a", 4000, 30), ("GPU-b", 1000, 10)]
+    # gpushare: the device plugin's annotations, GPU index, its GiB and the pod's GiB.
+    ann = {
+        "ALIYUN_COM_GPU_MEM_IDX": "1",
+        "ALIYUN_COM_GPU_MEM_DEV": "15",
+        "ALIYUN_COM_GPU_MEM_POD": "6",
+        "ALIYUN_COM_GPU_MEM_ASSIGNED": "false",
+    }
+    assert frac.allocation(ann) == "1,15,6"
+    assert frac.shares("n", "1,15,6") == [("n/1", 6, 0)]
+    gib = {"n/1": {"mem": 15, "core": 100, "count": 1 << 30}}
+    assert frac.overcommitted({"p": ("n", "1,15,6"), "q": ("n", "1,15,9")}, gib) == 0
+    assert frac.overcommitted({"p": ("n", "1,15,6"), "q": ("n", "1,15,10")}, gib) == 1
     devices = {"GPU-a": {"mem": 16000, "core": 100, "count": 2}}
     ok = {"p1": ("n", "GPU-a,NVIDIA,8000,50:;"), "p2": ("n", "GPU-a,NVIDIA,8000,50:;")}
     assert frac.overcommitted(ok, devices) == 0
@@ -84,3 +96,30 @@ def test_offline_places_the_sample_without_overcommit_and_deterministically(
     assert 0.8 <= fig["allocation"] <= 0.85
     assert all(v[1] and v[1].endswith(";") for v in want.values())
     assert frac.offline(_uids(frac.node_objects(DATA, 30, "t")), work, policy) == want
+
+
+@needs_trace
+def test_gpushare_nodes_pods_and_offline_replay(tmp_path: Path) -> None:
+    nodes = _uids(frac.node_objects(DATA, 30, "t", "gpushare"))
+    devices = frac.devices_of(nodes)
+    for n in nodes:
+        cap = n["status"]["capacity"]
+        gpus = int(cap["aliyun.com/gpu-count"])
+        model = n["metadata"]["labels"][frac.PRODUCT_LABEL]
+        gib = frac.MEMORY_MIB.get(model, frac.OTHER_MIB) // 1024
+        assert int(cap["aliyun.com/gpu-mem"]) == gpus * gib
+        assert frac.HAMI_REGISTER not in (n["metadata"].get("annotations") or {})
+        assert all(devices[f"{n['metadata']['name']}/{i}"]["mem"] == gib for i in range(gpus))
+    work = frac.workload(DATA, "default", len(devices), 1, 0.8, None)
+    assert work and all(t.gpus == 1 for t in work)
+    for t in work[:30]:
+        req = share_request(frac.pod_object(t, backend="gpushare"), 100, SchedParams().sharing)
+        assert req is not None and req.form == "gpushare"
+        assert req.units == max(1, -(-t.milli * frac.GPUSHARE_TASK_GIB // 1000))
+    with pytest.raises(ValueError):
+        frac.pod_object(frac.Task("x", 2, 1000), backend="gpushare")
+    want = frac.offline(nodes, work, frac.policy_file(tmp_path / "p.yaml"), "gpushare")
+    fig = frac.figures(want, work, devices)
+    assert fig["bound"] == len(want) >= 0.9 * len(work)
+    assert fig["overcommitted_gpus"] == 0
+    assert all(v[1].count(",") == 2 for v in want.values())

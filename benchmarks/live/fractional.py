@@ -80,7 +80,15 @@ from benchmarks.live.standalone import (
     verb_ms,
     wait_bound,
 )
-from scheduler.core.fractional import HAMI_ALLOCATED, HAMI_REGISTER
+from scheduler.core.fractional import (
+    ALIYUN_COUNT,
+    ALIYUN_DEV,
+    ALIYUN_IDX,
+    ALIYUN_MEM,
+    ALIYUN_POD,
+    HAMI_ALLOCATED,
+    HAMI_REGISTER,
+)
 
 DATA = REPO.parent / "shared" / "data" / "alibaba-gpu-v2023"
 NAMESPACE = "livebench-frac"
@@ -89,9 +97,13 @@ SPLIT = 10
 """HAMi's ``deviceSplitCount`` default: tasks that may share one GPU."""
 MEMORY_MIB = {"V100M16": 16384, "V100M32": 32768, "P100": 16384, "T4": 15360, "A10": 24576}
 """GPU memory of the trace's models; the trace's anonymised models (G2, G3) get
-:data:`OTHER_MIB`. Requests are percentages, so memory only scales the MiB written."""
+:data:`OTHER_MIB`. HAMi requests are percentages, so memory only scales the MiB written."""
 OTHER_MIB = 16384
 MILLI = 1000
+BACKENDS = ("hami", "gpushare")
+GPUSHARE_TASK_GIB = 15
+"""gpushare asks memory in GiB, not a share of a device: a task of ``m`` per mille asks
+``ceil(m * 15 / 1000)`` GiB, its share of the smallest GPU of the trace (T4, 15 GiB)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +115,12 @@ class Task:
     milli: int
 
 
-def node_objects(data: Path, count: int | None, run: str) -> list[dict[str, Any]]:
-    """The trace's GPU nodes (an even sample of ``count``) as HAMi nodes."""
+def node_objects(
+    data: Path, count: int | None, run: str, backend: str = "hami"
+) -> list[dict[str, Any]]:
+    """The trace's GPU nodes (an even sample of ``count``) as HAMi nodes, or as gpushare
+    nodes (``aliyun.com/gpu-mem`` in GiB and ``aliyun.com/gpu-count``, as gpushare's device
+    plugin advertises them)."""
     from benchmarks.sim import openb
 
     raw = [n for n in openb.load_nodes(data) if n.num_gpu > 0]
@@ -123,6 +139,12 @@ def node_objects(data: Path, count: int | None, run: str) -> list[dict[str, Any]
             labels={PRODUCT_LABEL: n.gpu_model},
         ).to_object(run)
         mib = MEMORY_MIB.get(n.gpu_model, OTHER_MIB)
+        if backend == "gpushare":
+            for part in ("capacity", "allocatable"):
+                obj["status"][part][ALIYUN_MEM] = str(n.num_gpu * (mib // 1024))
+                obj["status"][part][ALIYUN_COUNT] = str(n.num_gpu)
+            out.append(obj)
+            continue
         obj["metadata"].setdefault("annotations", {})[HAMI_REGISTER] = hami_register(
             name, n.num_gpu, mib, f"NVIDIA-{n.gpu_model}", SPLIT
         )
@@ -136,7 +158,7 @@ def workload(
     data: Path, name: str, gpus: int, biggest: int, fill: float, limit: int | None
 ) -> list[Task]:
     """The trace's GPU tasks in creation order while their shares stay within ``fill`` of
-    ``gpus`` GPUs (tasks wider than the ``biggest`` node are left out), at most ``limit``."""
+    ``gpus`` GPUs (tasks wider than ``biggest`` GPUs are left out), at most ``limit``."""
     from benchmarks.sim import openb
 
     tasks = openb.load_tasks(name, data)
@@ -160,14 +182,20 @@ def workload(
     return out
 
 
-def pod_object(task: Task, scheduler: str = SCHEDULER) -> dict[str, Any]:
-    """A HAMi pod for ``task``: ``nvidia.com/gpu`` with memory and compute percentages."""
-    pct = str(-(-task.milli // 10))  # per mille to percent, rounded up
-    limits = {
-        "nvidia.com/gpu": str(task.gpus),
-        "nvidia.com/gpumem-percentage": pct,
-        "nvidia.com/gpucores": pct,
-    }
+def pod_object(task: Task, scheduler: str = SCHEDULER, backend: str = "hami") -> dict[str, Any]:
+    """A HAMi pod for ``task`` (``nvidia.com/gpu`` with memory and compute percentages),
+    or a gpushare pod (``aliyun.com/gpu-mem``, :data:`GPUSHARE_TASK_GIB`; one GPU)."""
+    if backend == "gpushare":
+        if task.gpus != 1:
+            raise ValueError("gpushare shares one GPU per pod")
+        limits = {ALIYUN_MEM: str(max(1, -(-task.milli * GPUSHARE_TASK_GIB // MILLI)))}
+    else:
+        pct = str(-(-task.milli // 10))  # per mille to percent, rounded up
+        limits = {
+            "nvidia.com/gpu": str(task.gpus),
+            "nvidia.com/gpumem-percentage": pct,
+            "nvidia.com/gpucores": pct,
+        }
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -209,9 +237,9 @@ def policy_file(path: Path) -> Path:
 
 
 def offline(
-    nodes: list[dict[str, Any]], work: list[Task], policy: Path
+    nodes: list[dict[str, Any]], work: list[Task], policy: Path, backend: str = "hami"
 ) -> dict[str, tuple[str, str]]:
-    """pod -> (node, ``hami.io/vgpu-devices-allocated``) topoplace's own extender gives it,
+    """pod -> (node, :func:`allocation` of its hand-off) topoplace's own extender gives it,
     pod after pod (the live arm's policy; every node a candidate)."""
     from scheduler.cli.main import load_params
     from scheduler.runtime.cache import ClusterCache
@@ -222,7 +250,7 @@ def offline(
     names = sorted(n["metadata"]["name"] for n in nodes)
     out: dict[str, tuple[str, str]] = {}
     for i, t in enumerate(work):
-        pod = pod_object(t)
+        pod = pod_object(t, backend=backend)
         pod["metadata"]["uid"] = f"offline-{i}"
         r = orjson.loads(ext.filter_json({"Pod": pod, "NodeNames": names}))
         if not r.get("NodeNames"):
@@ -232,24 +260,46 @@ def offline(
         res = ext.bind({**body, "Node": r["NodeNames"][0]})
         if res.get("Error") or binder.last is None:
             raise RuntimeError(f"offline bind of {t.name} failed: {res.get('Error')}")
-        out[t.name] = (binder.last[0], binder.last[1].get(HAMI_ALLOCATED, ""))
+        out[t.name] = (binder.last[0], allocation(binder.last[1]))
     return out
 
 
+def allocation(annotations: Mapping[str, str]) -> str:
+    """What a pod's hand-off annotations say it got: HAMi's
+    ``hami.io/vgpu-devices-allocated``, or gpushare's ``IDX,DEV,POD`` (GPU index, its GiB,
+    the pod's GiB); "" for neither."""
+    if HAMI_ALLOCATED in annotations:
+        return annotations[HAMI_ALLOCATED]
+    if ALIYUN_IDX in annotations:
+        return ",".join(annotations.get(k, "") for k in (ALIYUN_IDX, ALIYUN_DEV, ALIYUN_POD))
+    return ""
+
+
 def devices_of(nodes: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
-    """GPU UUID -> its memory (MiB), compute (%) and split count, from the registers."""
+    """Each GPU (HAMi: its UUID; gpushare: ``node/index``) -> its memory (HAMi MiB,
+    gpushare GiB), compute (%) and split count, from what the nodes publish."""
     out: dict[str, dict[str, int]] = {}
     for n in nodes:
         text = (n["metadata"].get("annotations") or {}).get(HAMI_REGISTER)
         for d in orjson.loads(text) if text else []:
             out[d["id"]] = {"mem": d["devmem"], "core": d["devcore"], "count": d["count"]}
+        cap = n["status"].get("capacity") or {}
+        if not text and ALIYUN_MEM in cap:
+            gpus = int(cap.get(ALIYUN_COUNT, 0))
+            for i in range(gpus):
+                unit = {"mem": int(cap[ALIYUN_MEM]) // gpus, "core": 100, "count": 1 << 30}
+                out[f"{n['metadata']['name']}/{i}"] = unit
     return out
 
 
-def shares(value: str) -> list[tuple[str, int, int]]:
-    """(GPU UUID, memory MiB, compute %) of each device in a HAMi allocation value
-    (``UUID,TYPE,MEM,CORES:`` per device, ``;`` after each container)."""
+def shares(node: str, value: str) -> list[tuple[str, int, int]]:
+    """(GPU, memory, compute %) of each device in an :func:`allocation` value: HAMi's
+    ``UUID,TYPE,MEM,CORES:`` per device, ``;`` after each container (the GPU its UUID,
+    memory in MiB); gpushare's ``IDX,DEV,POD`` (the GPU ``node/IDX``, memory in GiB)."""
     out = []
+    if value and ":" not in value and ";" not in value:
+        idx, _, pod = value.split(",")
+        return [(f"{node}/{idx}", int(pod), 0)]
     for container in value.split(";"):
         for dev in container.split(":"):
             if dev:
@@ -260,12 +310,12 @@ def shares(value: str) -> list[tuple[str, int, int]]:
 
 def overcommitted(placed: Mapping[str, tuple[str, str]], devices: Mapping[str, Any]) -> int:
     """GPUs whose shares (from the annotations alone) exceed its memory, compute or split
-    count, or that no register lists."""
+    count, or that no node publishes."""
     mem: Counter[str] = Counter()
     core: Counter[str] = Counter()
     count: Counter[str] = Counter()
-    for _, value in placed.values():
-        for uuid, m, c in shares(value):
+    for node, value in placed.values():
+        for uuid, m, c in shares(node, value):
             mem[uuid] += m
             core[uuid] += c
             count[uuid] += 1
@@ -282,7 +332,7 @@ def figures(
 ) -> dict[str, Any]:
     """Nodes and GPUs in use, GPUs untouched, allocation ratio, overcommitted GPUs."""
     by_name = {t.name: t for t in work}
-    used = {uuid for _, v in placed.values() for uuid, _, _ in shares(v)}
+    used = {uuid for n, v in placed.values() for uuid, _, _ in shares(n, v)}
     alloc = sum(by_name[p].gpus * by_name[p].milli for p in placed if p in by_name)
     return {
         "bound": len(placed),
@@ -295,13 +345,12 @@ def figures(
 
 
 def allocated(api: Api) -> dict[str, tuple[str, str]]:
-    """pod -> (node, ``hami.io/vgpu-devices-allocated``) of every bound pod."""
+    """pod -> (node, :func:`allocation` of its annotations) of every bound pod."""
     out = {}
     for p in api.list_pods(NAMESPACE).get("items", []):
         node = (p.get("spec") or {}).get("nodeName")
         if node:
-            ann = p["metadata"].get("annotations") or {}
-            out[p["metadata"]["name"]] = (node, ann.get(HAMI_ALLOCATED, ""))
+            out[p["metadata"]["name"]] = (node, allocation(p["metadata"].get("annotations") or {}))
     return out
 
 
@@ -318,7 +367,7 @@ def run_arm(
     )
     try:
         for t in work:
-            api.create_pod(NAMESPACE, pod_object(t))
+            api.create_pod(NAMESPACE, pod_object(t, backend=args.backend))
         ks.start()
         seen = wait_bound(api, NAMESPACE, len(work), args.timeout)
         verbs = verb_ms(tp, ("filter", "bind"))
@@ -340,6 +389,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--nodes", type=int, default=None, help="sample of the trace's GPU nodes")
     ap.add_argument("--pods", type=int, default=None, help="at most this many pods")
     ap.add_argument("--fill", type=float, default=0.9, help="GPU shares asked / GPUs")
+    ap.add_argument("--backend", choices=BACKENDS, default="hami", help="how GPUs are shared")
     ap.add_argument("--runs", type=int, default=1)
     add_plane_args(ap)
     return ap.parse_args(argv)
@@ -361,16 +411,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     work_dir, plane, kc, api = up_plane(args, "livebench-frac-")
     rows: list[dict[str, Any]] = []
     try:
-        nodes = node_objects(data, args.nodes, "frac")
+        nodes = node_objects(data, args.nodes, "frac", args.backend)
         api.create_nodes(nodes)
         api.ensure_namespace(NAMESPACE)
         live_nodes = api.list_nodes()
         devices = devices_of(live_nodes)
-        biggest = max(int(n["status"]["capacity"]["nvidia.com/gpu"]) // SPLIT for n in nodes)
+        biggest = 1 if args.backend == "gpushare" else max(len(devices_of([n])) for n in nodes)
         work = workload(data, args.workload, len(devices), biggest, args.fill, args.pods)
         t = time.monotonic()
         args.policy_file = policy_file(work_dir / "policy.yaml")
-        want = offline(live_nodes, work, args.policy_file)
+        want = offline(live_nodes, work, args.policy_file, args.backend)
         log(f"offline: {len(want)} of {len(work)} placed in {time.monotonic() - t:.1f}s")
         order = [t.name for t in work]
         for run in range(1, args.runs + 1):
@@ -429,12 +479,17 @@ def write(
     gpus = defaultdict(int)
     for t in work:
         gpus[t.gpus] += 1
+    shape = (
+        f"HAMi nodes (split {SPLIT})"
+        if args.backend == "hami"
+        else f"gpushare nodes (GiB; a task asks its share of {GPUSHARE_TASK_GIB} GiB)"
+    )
     lines = [
-        "# Live fractional GPUs (HAMi)",
+        f"# Live fractional GPUs ({'HAMi' if args.backend == 'hami' else 'gpushare'})",
         "",
         f"Conditions: {len(devices)} GPUs on the openb trace's GPU nodes"
-        f"{f' (an even sample of {args.nodes})' if args.nodes else ''} as HAMi nodes (split "
-        f"{SPLIT}); {len(work)} pods of workload `{args.workload}` in creation order "
+        f"{f' (an even sample of {args.nodes})' if args.nodes else ''} as {shape}; "
+        f"{len(work)} pods of workload `{args.workload}` in creation order "
         f"({kinds['fractional']} fractional, {kinds['whole']} whole-GPU; by GPUs: "
         f"{dict(sorted(gpus.items()))}), shares up to {args.fill:.0%} of the GPUs; a backlog "
         f"created before kube-scheduler starts; {args.runs} run(s); topoplace from "
