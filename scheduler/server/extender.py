@@ -91,8 +91,7 @@ ERR_OTHER_NODE = "pod is already bound to another node"
 ERR_NOT_OUR_PROFILE = "pod's schedulerName is not one of topoplace's profiles"
 ERR_ALREADY_BOUND = "pod is already bound"
 ERR_NO_ROOM_CPU_MEMORY = "node lacks the CPU or memory the pod requests"
-ERR_BIND_IN_FLIGHT = "the pod's bind to another node is still being written"
-REASON_BIND_IN_FLIGHT = "the pod's bind to another node is still being written"
+ERR_BIND_IN_FLIGHT = REASON_BIND_IN_FLIGHT = "the pod's bind to another node is still being written"
 """Filter's reason for the other nodes, and bind's error for another node, while a bind of
 the pod is in flight (``ClusterCache.binding``): kube-scheduler gave up on it after its
 ``httpTimeout`` and scheduled the pod again, but the write may still land."""
