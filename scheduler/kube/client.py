@@ -300,6 +300,21 @@ AUTH_HEADERS_TTL_S = 60.0
 hour and are refreshed by the kubelet well before they expire; a 401 refreshes at once)."""
 
 
+def _node_path(name: str) -> str:
+    return f"/api/v1/nodes/{quote(name, safe='')}"
+
+
+def _annotations_patch(
+    annotations: Mapping[str, str | None], resource_version: str = ""
+) -> dict[str, Any]:
+    """A merge patch of an object's annotations (None deletes a key); with
+    ``resource_version`` it is conditional (409 Conflict if the object changed)."""
+    md: dict[str, Any] = {"annotations": dict(annotations)}
+    if resource_version:
+        md["resourceVersion"] = resource_version
+    return {"metadata": md}
+
+
 class KubeApi:
     """The raw-JSON calls topoplace makes. Thread-safe (one urllib3 pool).
 
@@ -526,15 +541,13 @@ class KubeApi:
     ) -> dict[str, Any]:
         """Merge ``annotations`` into a node's metadata (None deletes a key); with
         ``resource_version`` the patch is conditional (409 Conflict if the node changed)."""
-        md: dict[str, Any] = {"annotations": dict(annotations)}
-        if resource_version:
-            md["resourceVersion"] = resource_version
-        return self._json(self._core.patch_node, name, {"metadata": md})
+        return self._json(
+            self._core.patch_node, name, _annotations_patch(annotations, resource_version)
+        )
 
     async def get_node_async(self, name: str) -> dict[str, Any]:
         """:meth:`get_node` from the event loop (:meth:`request_async`)."""
-        obj = await self.request_async("GET", f"/api/v1/nodes/{quote(name, safe='')}")
-        return strip_object(obj, NODES)
+        return strip_object(await self.request_async("GET", _node_path(name)), NODES)
 
     async def patch_node_annotations_async(
         self, name: str, annotations: Mapping[str, str | None], resource_version: str = ""
@@ -542,14 +555,9 @@ class KubeApi:
         """:meth:`patch_node_annotations` from the event loop: a JSON merge patch of the
         node's metadata (``resourceVersion`` in it makes the patch conditional, 409 if the
         node changed)."""
-        md: dict[str, Any] = {"annotations": dict(annotations)}
-        if resource_version:
-            md["resourceVersion"] = resource_version
+        body = orjson.dumps(_annotations_patch(annotations, resource_version))
         obj = await self.request_async(
-            "PATCH",
-            f"/api/v1/nodes/{quote(name, safe='')}",
-            orjson.dumps({"metadata": md}),
-            "application/merge-patch+json",
+            "PATCH", _node_path(name), body, "application/merge-patch+json"
         )
         return strip_object(obj, NODES)
 

@@ -337,6 +337,8 @@ class ClusterCache:
         and schedules the pod again while the write may still land: a filter then must not
         decide afresh (the new hold would replace the one the write carries, and free its
         GPUs for others), but offer that node alone."""
+        if key not in self._binding:  # every filter asks: no lock for the usual answer
+            return None
         with self._lock:
             node = self._binding.get(key)
             if node is None:

@@ -320,14 +320,7 @@ def test_prediction_equals_the_real_first_fit_allocation(
     topoplace scores best and the devices it predicts there are exactly the node and
     devices the real kube-scheduler allocated."""
     nodes = cluster.add_nodes(2)
-    wait_for(
-        lambda: (
-            all(n["gpus"] == 8 for n in tp_nodes(topoplace) if n["name"] in nodes)
-            and len([n for n in tp_nodes(topoplace) if n["name"] in nodes]) == 2
-        ),
-        30,
-        "topoplace to see the DRA nodes with 8 GPUs",
-    )
+    _wait_nodes(topoplace, nodes)
     for i, count in enumerate((1, 3, 2, 2, 5)):
         name = f"ff-{i}"
         claims.create(name, count)
