@@ -43,7 +43,7 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import insort
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -362,10 +362,19 @@ class Engine:
             raise InvariantError(
                 f"{r.key}: placement returned {len(res.assignments)} of {r.job.pods} members"
             )
-        self.queue.remove(r)
+        self._start(r, t, res.assignments, res.details)
+        return True
+
+    def _start(
+        self, r: Run, t: float, members: Sequence[Any], details: Mapping[str, object]
+    ) -> None:
+        """``r`` holds ``members`` from ``t`` on: its run time, or its crash when placed
+        on broken hardware (the bookkeeping of every placement, whoever made it)."""
+        if r.queued:
+            self.queue.remove(r)
         r.queued = False
-        r.members = tuple(res.assignments)
-        r.details = res.details
+        r.members = tuple(members)
+        r.details = details
         self.ledger.hold(r)
         r.running = True
         r.start = t
@@ -384,7 +393,6 @@ class Engine:
                 self.push(r.finish, FINISH, (r, r.epoch))
         for h in self.hooks:
             h.started(self, r)
-        return True
 
     def _interrupt(self, r: Run, t: float) -> None:
         rec = self.recovery
