@@ -31,6 +31,8 @@ nothing else has to move between replicas.
 from __future__ import annotations
 
 import logging
+import math
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -86,6 +88,10 @@ class KubeOptions:
         health_refresh_interval_s: how often every node is re-assessed by the health
             tracker (heartbeats age, settle times and failure memories expire without any
             watch event); 0 disables it.
+        health_clock: the health tracker's clock as (epoch, wall, rate): at wall-clock
+            time ``wall`` it reads ``epoch`` and it advances ``rate`` seconds per second
+            (:class:`ReplayClock`; a trace replayed faster than real time publishes its
+            signals' timestamps in trace time). None: the wall clock.
         leader_lease: (namespace, name) of the Lease this replica's kube-scheduler elects
             its leader on; this replica acts only while that kube-scheduler holds it (see
             the module docstring). None: always act (one replica).
@@ -101,6 +107,7 @@ class KubeOptions:
     expire_interval_s: float = 1.0
     scheduler_names: tuple[str, ...] = ()
     health_refresh_interval_s: float = 30.0
+    health_clock: tuple[float, float, float] | None = None
     dra_allocate: bool = True
     leader_lease: tuple[str, str] | None = None
     leader_identity: str = ""
@@ -115,6 +122,47 @@ ENV_BROKEN_AFTER = "TOPOPLACE_WATCH_BROKEN_AFTER_S"
 ENV_SLICE_REBUILD_DELAY = "TOPOPLACE_SLICE_REBUILD_DELAY_S"
 ENV_LEADER_LEASE = "TOPOPLACE_LEADER_LEASE"
 ENV_LEADER_IDENTITY = "TOPOPLACE_LEADER_IDENTITY"
+ENV_HEALTH_REFRESH = "TOPOPLACE_HEALTH_REFRESH_S"
+ENV_HEALTH_CLOCK = "TOPOPLACE_HEALTH_CLOCK"
+
+
+class ReplayClock:
+    """A clock for health signals replayed faster than real time: reads ``epoch`` at
+    wall-clock time ``wall`` and advances ``rate`` seconds per wall-clock second.
+
+    Health compares published timestamps (a heartbeat's age, an XID window, a settle time)
+    with its clock; a replay that compresses a day into minutes writes the trace's own
+    timestamps, and this clock makes their ages what they were in the trace."""
+
+    def __init__(self, epoch: float, wall: float, rate: float) -> None:
+        if not (math.isfinite(epoch) and math.isfinite(wall) and math.isfinite(rate)):
+            raise ValueError("a replay clock needs finite epoch, wall and rate")
+        if rate <= 0:
+            raise ValueError(f"a replay clock's rate must be positive, got {rate}")
+        self.epoch, self.wall, self.rate = epoch, wall, rate
+
+    def __call__(self) -> float:
+        return self.epoch + (time.time() - self.wall) * self.rate
+
+    @classmethod
+    def parse(cls, text: str) -> tuple[float, float, float]:
+        """``EPOCH@WALL*RATE`` (epoch seconds, epoch seconds, a positive factor).
+
+        Raises:
+            ValueError: anything else.
+        """
+        m = re.fullmatch(r"\s*([0-9.eE+-]+)\s*@\s*([0-9.eE+-]+)\s*\*\s*([0-9.eE+-]+)\s*", text)
+        try:
+            if m is None:
+                raise ValueError
+            got = (float(m[1]), float(m[2]), float(m[3]))
+            cls(*got)
+        except ValueError:
+            raise ValueError(
+                f"{ENV_HEALTH_CLOCK} must be EPOCH@WALL*RATE (e.g. 1798761600@1764700000*60: "
+                f"trace time 1798761600 at wall time 1764700000, 60 s per second), got {text!r}"
+            ) from None
+        return got
 
 
 def options_from_env(environ: Mapping[str, str] | None = None) -> KubeOptions:
@@ -123,8 +171,14 @@ def options_from_env(environ: Mapping[str, str] | None = None) -> KubeOptions:
     ``TOPOPLACE_WATCH_BROKEN_AFTER_S`` (readiness threshold for a broken watch),
     ``TOPOPLACE_SLICE_REBUILD_DELAY_S`` (``WatchOptions.slice_rebuild_delay_s``: how long a
     burst of ResourceSlice changes gathers before its rebuild),
-    ``TOPOPLACE_LEADER_LEASE`` (``NAMESPACE/NAME``: follow that Lease) and
-    ``TOPOPLACE_LEADER_IDENTITY``."""
+    ``TOPOPLACE_LEADER_LEASE`` (``NAMESPACE/NAME``: follow that Lease),
+    ``TOPOPLACE_LEADER_IDENTITY``, ``TOPOPLACE_HEALTH_REFRESH_S`` (how often every node's
+    health is re-assessed, 0 to 3600 s; 0 never) and ``TOPOPLACE_HEALTH_CLOCK``
+    (:meth:`ReplayClock.parse`: health read on a replay's clock).
+
+    Raises:
+        ValueError: a value out of range or unreadable (the message names the variable).
+    """
     import os
 
     env = os.environ if environ is None else environ
@@ -152,6 +206,18 @@ def options_from_env(environ: Mapping[str, str] | None = None) -> KubeOptions:
     identity = env.get(ENV_LEADER_IDENTITY, "").strip()
     if identity:
         opts = replace(opts, leader_identity=identity)
+    refresh = env.get(ENV_HEALTH_REFRESH, "").strip()
+    if refresh:
+        try:
+            every = float(refresh)
+        except ValueError:
+            every = float("nan")
+        if not 0 <= every <= 3600:
+            raise ValueError(f"{ENV_HEALTH_REFRESH} must be 0..3600 seconds, got {refresh!r}")
+        opts = replace(opts, health_refresh_interval_s=every)
+    clock = env.get(ENV_HEALTH_CLOCK, "").strip()
+    if clock:
+        opts = replace(opts, health_clock=ReplayClock.parse(clock))
     return opts
 
 
@@ -339,7 +405,11 @@ class KubeRuntime:
 
     def _expire_loop(self) -> None:
         last_refresh = time.monotonic()
-        while not self._janitor_stop.wait(self.options.expire_interval_s):
+        every = self.options.health_refresh_interval_s
+        tick = self.options.expire_interval_s
+        if 0 < every < tick:  # a replay's fast refresh: wake as often as it asks
+            tick = every
+        while not self._janitor_stop.wait(tick):
             try:
                 gone = self.cache.expire()
                 if gone:
@@ -408,6 +478,11 @@ def _default_gangs() -> Any:
 _AUTO: Any = object()
 
 
+def _health_clock(opts: KubeOptions) -> tuple[Callable[[], float], ...]:
+    """The health tracker's clock argument: () for the wall clock."""
+    return () if opts.health_clock is None else (ReplayClock(*opts.health_clock),)
+
+
 def build_kube_runtime(
     api: KubeApi,
     params: SchedParams,
@@ -427,7 +502,7 @@ def build_kube_runtime(
     cache = ClusterCache(
         build_snapshot([], [], params),
         params,
-        health_tracker=HealthTracker(params.health),
+        health_tracker=HealthTracker(params.health, *_health_clock(opts)),
         **clock_kw,
     )
     watcher = KubeWatcher(api, cache, opts.watch, km, **clock_kw)
