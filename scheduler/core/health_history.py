@@ -96,6 +96,7 @@ def observe(
     *,
     xids: Iterable[tuple[float | None, str]] = (),
     params: HealthParams | None = None,
+    joined: bool = True,
 ) -> HealthHistory:
     """The history after seeing ``verdict`` for ``node_name`` at ``now``.
 
@@ -108,13 +109,18 @@ def observe(
         xids: non-fatal XID signals in this observation (``HealthReport.xids``); keys
             already remembered are ignored, a missing time means "first seen now".
         params: bounds and the XID window (defaults when None).
+        joined: the node has been seen usable (not UNHEALTHY) before. A node that never
+            was is joining the cluster (a kubelet registers its node NotReady, and the
+            not-ready taint stays until it reports Ready): its UNHEALTHY verdicts are not
+            failures, and its first Ready is not a recovery to settle from.
     """
     p = params or HealthParams()
     old = history.of(node_name)
     events = list(old.events)
     t = max(now, events[-1][0]) if events else now
     if verdict.state >= Health.UNHEALTHY and not old.failing:
-        events.append((t, UNHEALTHY))
+        if joined:
+            events.append((t, UNHEALTHY))
     elif verdict.state < Health.UNHEALTHY and old.failing:
         events.append((t, RECOVERED))
     events = events[-p.history_max_events :]

@@ -621,9 +621,12 @@ class ClusterCache:
             return len(changed)
 
     def delete_node(self, name: str) -> None:
-        """Remove a node and what it held (idempotent)."""
+        """Remove a node and what it held, and its health history (idempotent): a node
+        registered again under that name joins afresh."""
         with self._lock:
             self._snap = without_node(self._snap, name)
+        if self.health_tracker is not None:
+            self.health_tracker.forget(name)
 
     def upsert_pod(self, obj: Mapping[str, Any]) -> None:
         """Apply a Pod object from the API: bound pods hold resources, finished ones don't.
@@ -929,6 +932,8 @@ class ClusterCache:
             self._modeled = modeled
             self._snap = snap
             self._dra_inv = (snap.extra.get(dra.SLICES_KEY), inv)
+        if self.health_tracker is not None:  # nodes gone while the watch was broken
+            self.health_tracker.retain(snap.index)
 
     def _unseen_as(self, key: str, obj: Mapping[str, Any]) -> bool:
         """Whether ``obj`` is the pod topoplace bound as ``key`` and the watch has not

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from scheduler.core.health import HealthParams, heartbeat_verdict, merge, xid_signals
 from scheduler.core.health_history import HealthHistory, adjust, forget_node, observe
-from scheduler.core.model import NodeHealth
+from scheduler.core.model import Health, NodeHealth
 from scheduler.core.objects import meta, node_gpus
 
 if TYPE_CHECKING:
@@ -47,6 +47,9 @@ class HealthTracker:
         self._clock = clock
         self._lock = threading.Lock()
         self._history = HealthHistory()
+        self._usable: set[str] = set()
+        """Nodes seen usable (not UNHEALTHY) at least once: until then a node is joining
+        and its NotReady is not a failure (:func:`observe`'s ``joined``)."""
 
     @property
     def history(self) -> HealthHistory:
@@ -86,13 +89,26 @@ class HealthTracker:
         cap = node_gpus(node_obj)[0] if gpu_capacity is None else gpu_capacity
         xids = xid_signals(node_obj, cap, p, devices)
         with self._lock:
-            self._history = observe(self._history, name, base, t, xids=xids, params=p)
+            joined = name in self._usable
+            self._history = observe(
+                self._history, name, base, t, xids=xids, params=p, joined=joined
+            )
+            if not joined and base.state < Health.UNHEALTHY:
+                self._usable.add(name)
             return adjust(base, self._history.of(name), t, p)
 
     def forget(self, node_name: str) -> None:
         """Drop a deleted node's history (idempotent)."""
         with self._lock:
             self._history = forget_node(self._history, node_name)
+            self._usable.discard(node_name)
+
+    def retain(self, names: Container[str]) -> None:
+        """Forget every node not in ``names`` (after a relist: nodes deleted meanwhile)."""
+        with self._lock:
+            for name in [n for n in self._history.nodes if n not in names]:
+                self._history = forget_node(self._history, name)
+            self._usable = {n for n in self._usable if n in names}
 
     def refresh(self, cache: ClusterCache) -> None:
         """Re-assess every node of the cache at the current time (heartbeats age, settle

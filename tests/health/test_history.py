@@ -233,6 +233,56 @@ def test_cache_with_tracker_remembers_a_flapping_node() -> None:
     assert place_pod(snap, req, sp).assignments[0].node == "b"
 
 
+def test_a_joining_node_is_not_a_failure_but_a_failure_after_it_joined_is() -> None:
+    """A kubelet registers its node NotReady and reports Ready seconds later: that first
+    Ready is not a recovery (no settle time, no failure memory). A node that has been
+    usable and then fails is remembered."""
+    cache, _, clock = tracked_cache([dgx("a")], at=HEARTBEAT + 10)
+    cache.upsert_node(dgx("a"))
+    for _ in range(2):  # registered, not ready yet: excluded, as any NotReady node
+        clock.t += 5
+        cache.upsert_node(dgx("new", ready=False))
+        assert cache.snapshot().node("new").health.state == Health.UNHEALTHY
+    clock.t += 5
+    cache.upsert_node(dgx("new"))
+    assert cache.snapshot().node("new").health == OK
+    clock.t += 60
+    cache.upsert_node(dgx("new", ready=False))  # now a failure
+    clock.t += 60
+    cache.upsert_node(dgx("new"))
+    v = cache.snapshot().node("new").health
+    assert v.state == D and REASON_SETTLING in v.reasons
+    cache.delete_node("new")  # deleted and registered again: joining again
+    clock.t += 60
+    cache.upsert_node(dgx("new", ready=False))
+    clock.t += 5
+    cache.upsert_node(dgx("new"))
+    assert cache.snapshot().node("new").health == OK
+
+
+def test_a_relist_forgets_the_nodes_it_no_longer_lists() -> None:
+    cache, tracker, clock = tracked_cache([dgx("a"), dgx("b")], at=HEARTBEAT + 10)
+    for name in ("a", "b"):
+        cache.upsert_node(dgx(name))
+    clock.t += 60
+    cache.upsert_node(dgx("b", ready=False))
+    assert "b" in tracker.history.nodes
+    cache.replace_all([dgx("a")], [])  # b was deleted while the watch was down
+    assert "b" not in tracker.history.nodes
+    cache.upsert_node(dgx("b", ready=False))  # registered again: joining, not failing
+    clock.t += 5
+    cache.upsert_node(dgx("b"))
+    assert cache.snapshot().node("b").health == OK
+
+
+def test_observe_joined_false_records_no_failure() -> None:
+    bad = NodeHealth(Health.UNHEALTHY, (REASON_NOT_READY,), 1.0)
+    h = observe(HealthHistory(), "n", bad, 100.0, joined=False)
+    assert h.of("n").events == ()
+    h = observe(HealthHistory(), "n", bad, 100.0)
+    assert h.of("n").failing
+
+
 def test_tracker_flags_a_stale_heartbeat_on_refresh() -> None:
     cache, tracker, clock = tracked_cache([dgx("a")])
     tracker.refresh(cache)
