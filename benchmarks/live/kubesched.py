@@ -479,8 +479,11 @@ class Topoplace:
         ready_timeout: float = 120.0,
         source: str | Path | None = None,
         tls_dir: str | Path | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.kubeconfig = str(kubeconfig)
+        self.env = dict(env or {})
+        """Extra environment of the process (``TOPOPLACE_*`` settings)."""
         self.workdir = Path(workdir)
         self.port = port
         self.tls_dir = Path(tls_dir) if tls_dir is not None else None
@@ -521,6 +524,7 @@ class Topoplace:
                 cwd=self.source,
                 env={
                     **os.environ,
+                    **self.env,
                     "PYTHONPATH": os.pathsep.join(
                         x for x in (str(self.source), os.environ.get("PYTHONPATH")) if x
                     ),

@@ -22,7 +22,8 @@ pod was first placed. Two adjustments make it replay what the live arms get:
 * live pods run their written duration: the engine runs with ``locality`` off (a
   ``pollux`` file stretches gang run times by their spread; nothing stretches them live).
 
-Faults are not replayed live (a file with faults is refused).
+Faults are replayed live by :mod:`benchmarks.live.faults` (this runner refuses a file with
+faults).
 """
 
 from __future__ import annotations
@@ -160,8 +161,8 @@ def _inputs(run: EngineScenario, max_pods: int | None, until: float | None) -> I
     inputs = materialize(run)
     if inputs.faults:
         raise ScenarioError(
-            f"{run.name}: faults are not replayed live (benchmarks.live); "
-            "use a scenario without a faults section"
+            f"{run.name}: a file with faults replays live with python -m benchmarks.live.faults "
+            "(this runner takes files without a faults section)"
         )
     inputs.jobs = cap_jobs(inputs.jobs, max_pods, until)
     if not inputs.jobs:
