@@ -363,3 +363,22 @@ def test_load_keeps_the_jobs_within_the_horizon_and_the_shipped_policy() -> None
     assert rp.horizon == 7200.0
     assert rp.inputs.jobs and all(j.arrive <= 7200.0 for j in rp.inputs.jobs)
     assert rp.inputs.params.gang.seed == 7  # config/policy.yaml's pinned solver seed
+
+
+def test_live_policy_carries_the_health_policy_of_the_arm() -> None:
+    from benchmarks.engine.health import health_policies
+    from scheduler.core.params import SchedParams
+
+    rp = lf.load(SCENARIO, until=3600.0)
+    for name, hp in health_policies().items():
+        got = SchedParams.from_config(lf.live_policy(rp.run, name)).health
+        assert got == hp, name
+    shipped = lf.live_policy(rp.run)
+    assert shipped["gang"]["seed"] == 7 and "history" not in shipped["health"]
+
+
+def test_cli_refuses_unknown_health_policies() -> None:
+    with pytest.raises(SystemExit):
+        lf.parse_args(["--out", "x", "--health", "topoplace,made-up"])
+    args = lf.parse_args(["--out", "x", "--health", "topoplace,ready-only"])
+    assert args.health == ["topoplace", "ready-only"]

@@ -62,13 +62,20 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from benchmarks.engine.health import EPOCH0, HEARTBEAT_PERIOD, GpuFault, Outage, SignalHealth
+from benchmarks.engine.health import (
+    EPOCH0,
+    HEARTBEAT_PERIOD,
+    GpuFault,
+    Outage,
+    SignalHealth,
+    health_policies,
+)
 from benchmarks.engine.jobs import Job, Run
 from benchmarks.engine.loop import ARRIVE, ASSESS, FAULT, LEAVE, Engine, Hook, Recovery
 from benchmarks.engine.replay import first_run, pod_objects
@@ -664,13 +671,21 @@ def load(path: str | Path, seed: int | None = None, until: float | None = None) 
     return Replay(run, inputs, str(path))
 
 
-def live_policy(run: EngineScenario) -> dict[str, Any]:
+def live_policy(run: EngineScenario, health: str | None = None) -> dict[str, Any]:
     """The live topoplace's policy: the shipped ``config/policy.yaml`` with the file's
     ``params`` sections over it (the offline engine gets the same parameters, its health
-    section set by the run's health policy)."""
+    section set by the run's health policy); with ``health``, the ``health`` section of
+    that policy of :func:`benchmarks.engine.health.health_policies` (``topoplace`` is the
+    shipped one)."""
     from scheduler.cli.clusterfile import load_policy
 
-    return merged_policy(load_policy(None), run.params)
+    policy = merged_policy(load_policy(None), run.params)
+    if health is not None and health != "topoplace":
+        hp = health_policies()[health]
+        policy["health"] = {
+            k: list(v) if isinstance(v, tuple) else v for k, v in asdict(hp).items()
+        }
+    return policy
 
 
 class BlockingTaintsOnly(SignalHealth):
@@ -743,6 +758,8 @@ def _q(values: Sequence[float], q: float) -> float:
 class LiveResult:
     """One live run."""
 
+    health: str
+    run: int
     metrics: Metrics
     first: FirstPlacements
     signals: SignalFigures
@@ -752,8 +769,9 @@ class LiveResult:
     seconds: float
 
 
-def live_run(rp: Replay, args: argparse.Namespace, index: int) -> LiveResult:
-    """One live replay of ``rp`` on a fresh control plane (see the module docstring)."""
+def live_run(rp: Replay, args: argparse.Namespace, index: int, health: str) -> LiveResult:
+    """One live replay of ``rp`` on a fresh control plane (see the module docstring), the
+    live topoplace with health policy ``health``."""
     from benchmarks.live.dra import dra_version
     from benchmarks.live.kubesched import KubeScheduler, Topoplace
     from benchmarks.live.standalone import down_plane, up_plane, verb_ms
@@ -764,7 +782,7 @@ def live_run(rp: Replay, args: argparse.Namespace, index: int) -> LiveResult:
         os.environ["FEATURE_GATES"] = ",".join([*gates, "DRADeviceTaints=true"])
     out = Path(args.out)
     work_dir, plane, kc, api = up_plane(args, "livebench-faults-")
-    run_id = f"r{index}"
+    run_id = f"{health}-r{index}"
     tp = ks = None
     stop = threading.Event()
     try:
@@ -787,7 +805,7 @@ def live_run(rp: Replay, args: argparse.Namespace, index: int) -> LiveResult:
         }
         logs = out / "logs" / run_id
         policy = out / "policy.yaml"
-        policy.write_text(yaml.safe_dump(live_policy(rp.run), sort_keys=False))
+        policy.write_text(yaml.safe_dump(live_policy(rp.run, health), sort_keys=False))
         tp = Topoplace(
             kc, logs, port=args.extender_port, source=args.topoplace_src, env=env, policy=policy
         )
@@ -801,7 +819,7 @@ def live_run(rp: Replay, args: argparse.Namespace, index: int) -> LiveResult:
                 f"topoplace and kube-scheduler took longer than --start-margin "
                 f"{args.start_margin:g} s to start"
             )
-        stats = FaultStats("topoplace (live)", rp.run.seed, rp.inputs.jobs, rp.inputs.faults)
+        stats = FaultStats(health, rp.run.seed, rp.inputs.jobs, rp.inputs.faults)
         first = FirstPlacements()
         engine = LiveEngine(
             api,
@@ -848,7 +866,15 @@ def live_run(rp: Replay, args: argparse.Namespace, index: int) -> LiveResult:
             raise RuntimeError(f"the pod watch failed: {errors[0]}")
         verbs = verb_ms(tp, ("filter", "prioritize", "bind"))
         return LiveResult(
-            stats.metrics, first, signals.figures, engine.start_lag, engine.api_errors, verbs, took
+            health,
+            index,
+            stats.metrics,
+            first,
+            signals.figures,
+            engine.start_lag,
+            engine.api_errors,
+            verbs,
+            took,
         )
     finally:
         stop.set()
@@ -859,6 +885,10 @@ def live_run(rp: Replay, args: argparse.Namespace, index: int) -> LiveResult:
 
 
 # ---- report ---------------------------------------------------------------------------------
+
+
+def live_label(lv: LiveResult) -> str:
+    return f"live {lv.health}, run {lv.run}"
 
 
 def row(name: str, m: Metrics) -> dict[str, Any]:
@@ -875,6 +905,7 @@ def render(
 ) -> str:
     """The Markdown report."""
     inp = rp.inputs
+    rec = rp.run.recovery
     outages = [f for f in inp.faults if isinstance(f, Outage)]
     kinds = Counter(o.kind for o in outages)
     gpu_faults = sum(1 for f in inp.faults if isinstance(f, GpuFault) and f.end > f.start)
@@ -886,24 +917,32 @@ def render(
         f"({sum(int(n['status']['capacity'].get('nvidia.com/gpu', 0)) for n in inp.nodes)} GPUs), "
         f"{len(inp.jobs)} gangs; faults: {kinds.get('host', 0)} host, "
         f"{kinds.get('gpu-node', 0)} node-level GPU, {gpu_faults} GPU-local, "
-        f"{kinds.get('flap', 0)} flaps; recovery {rp.run.recovery}.",
+        f"{kinds.get('flap', 0)} flaps; recovery: re-queued {rec.requeue_delay:g} s after "
+        f"a fault, a crash {rec.crash_after:g} s after a start on broken hardware, checkpoints "
+        f"every {rec.checkpoint_every:g} s, {rec.restart_overhead:g} s per restart.",
         "",
-        f"Live: Kubernetes control plane of `../shared/controlplane` (`{args.kube_bin}`, DRA, "
-        f"`DRADeviceTaints`), kube-scheduler with the shipped configuration and topoplace as its "
-        f"extender (the shipped policy), {args.time_scale:g} trace seconds per live second "
-        f"(`TOPOPLACE_HEALTH_CLOCK`, health refresh every {REFRESH_TRACE_S:g} trace s); "
-        f"topoplace from {args.topoplace_src or 'this checkout'}. Offline: `benchmarks.engine` "
-        "on the same file, seed and horizon for each health policy. Both accounted by "
-        "`benchmarks.faults.metrics.FaultStats`.",
+    ]
+    if lives:
+        lines += [
+            f"Live: Kubernetes control plane of `../shared/controlplane` (`{args.kube_bin}`, DRA, "
+            f"`DRADeviceTaints`), kube-scheduler with the shipped configuration and topoplace as its "
+            f"extender (the shipped policy), {args.time_scale:g} trace seconds per live second "
+            f"(`TOPOPLACE_HEALTH_CLOCK`, health refresh every {REFRESH_TRACE_S:g} trace s); "
+            f"topoplace {args.revisions}.",
+            "",
+        ]
+    lines += [
+        "Offline: `benchmarks.engine` on the same file, seed and horizon for each health "
+        "policy. Live and offline are accounted by `benchmarks.faults.metrics.FaultStats`.",
         "",
     ]
     rows = [row(f"offline {p}", m) for p, (m, _) in off.items()]
-    rows += [row(f"live topoplace, run {i + 1}", lv.metrics) for i, lv in enumerate(lives)]
+    rows += [row(live_label(lv), lv.metrics) for lv in lives]
     lines += [table(rows), ""]
-    ref = off.get("topoplace")
-    for i, lv in enumerate(lives):
+    for lv in lives:
+        ref = off.get(lv.health)
         sf = lv.signals
-        lines.append(f"Live run {i + 1} ({lv.seconds:.0f} s):")
+        lines.append(f"{live_label(lv).capitalize()} ({lv.seconds:.0f} s):")
         if ref is not None:
             both, nodes, gpus = same_first(lv.first, ref[1])
             delays = start_delays(lv.first, ref[1])
@@ -955,11 +994,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=30.0,
         help="seconds between starting topoplace and trace time 0 (it starts on that clock)",
     )
+    ap.add_argument(
+        "--health",
+        default="topoplace",
+        help="health policies of the live topoplace, comma-separated: "
+        + ", ".join(HEALTH_POLICIES)
+        + " (each a run of its own; topoplace is the shipped policy)",
+    )
     ap.add_argument("--offline-only", action="store_true", help="the offline rows alone")
     add_plane_args(ap)
     args = ap.parse_args(argv)
     if args.time_scale <= 0:
         ap.error("--time-scale must be positive")
+    args.health = [h for h in args.health.split(",") if h]
+    bad = set(args.health) - set(HEALTH_POLICIES)
+    if bad or not args.health:
+        ap.error(f"--health: one or more of {', '.join(HEALTH_POLICIES)}")
     return args
 
 
@@ -974,6 +1024,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    from benchmarks.live.run import _revisions
+
+    args.revisions = _revisions(args.topoplace_src)
     off = {p: offline(rp, p) for p in HEALTH_POLICIES}
     lives: list[LiveResult] = []
     if not args.offline_only:
@@ -982,15 +1035,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(lacking, file=sys.stderr)
             return 2
         for i in range(args.runs):
-            lives.append(live_run(rp, args, i + 1))
+            for health in args.health:
+                lives.append(live_run(rp, args, i + 1, health))
     if any(lv.signals.xid_taints_dropped for lv in lives):
         off[NO_XID] = offline(rp, "topoplace", blocking_only=True)
     text = render(rp, args, off, lives)
     (out / "report.md").write_text(text + "\n")
     rows = [row(f"offline {p}", m) for p, (m, _) in off.items()]
-    rows += [row(f"live topoplace, run {i + 1}", lv.metrics) for i, lv in enumerate(lives)]
+    rows += [row(live_label(lv), lv.metrics) for lv in lives]
     extra = [
         {
+            "arm": live_label(lv),
             "seconds": lv.seconds,
             "signals": {k: v for k, v in vars(lv.signals).items() if k != "lag"},
             "lag_p50": _q(lv.signals.lag, 0.5),
@@ -999,14 +1054,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "start_lag_p99": _q(lv.start_lag, 0.99),
             "api_errors": lv.api_errors[:20],
             "verbs": lv.verbs,
-            "first_as_offline": same_first(lv.first, off["topoplace"][1]),
-            "first_start_delays": start_delays(lv.first, off["topoplace"][1]),
+            "first_as_offline": same_first(lv.first, off[lv.health][1]),
+            "first_start_delays": start_delays(lv.first, off[lv.health][1]),
             "first_placements": {
                 job: {
                     "live": [[a.node, list(a.gpus)] for a in members],
                     "offline": [
                         [a.node, list(a.gpus)]
-                        for a in off["topoplace"][1].members.get(job, (0, ()))[1]
+                        for a in off[lv.health][1].members.get(job, (0, ()))[1]
                     ],
                 }
                 for job, (_, members) in lv.first.members.items()
