@@ -24,6 +24,10 @@ past as a pure value and turns it into risk.
 
   An UNHEALTHY verdict is returned unchanged (it is never placed on anyway).
 
+  A node that has never been usable is joining, not failing (a kubelet registers its
+  node NotReady): :func:`observe` with ``joined=False`` records no failure for it, and its
+  first Ready starts no settle time. The tracker knows which nodes have been usable.
+
 The mutable owner of a history lives outside the core (``scheduler/runtime/health_tracker.py``);
 the fault-injection benchmark drives these functions directly with simulated time.
 """
