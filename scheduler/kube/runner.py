@@ -186,18 +186,12 @@ def options_from_env(environ: Mapping[str, str] | None = None) -> KubeOptions:
     names = tuple(n.strip() for n in env.get(ENV_SCHEDULER_NAMES, "").split(",") if n.strip())
     if names:
         opts = replace(opts, scheduler_names=names)
-    broken = env.get(ENV_BROKEN_AFTER, "").strip()
-    if broken:
-        opts = replace(opts, watch=replace(opts.watch, broken_after_s=float(broken)))
-    delay = env.get(ENV_SLICE_REBUILD_DELAY, "").strip()
-    if delay:
-        try:
-            value = float(delay)
-        except ValueError:
-            value = float("nan")
-        if not 0 <= value <= 600:
-            raise ValueError(f"{ENV_SLICE_REBUILD_DELAY} must be 0..600 seconds, got {delay!r}")
-        opts = replace(opts, watch=replace(opts.watch, slice_rebuild_delay_s=value))
+    broken = _seconds(env, ENV_BROKEN_AFTER, 86400)
+    if broken is not None:
+        opts = replace(opts, watch=replace(opts.watch, broken_after_s=broken))
+    delay = _seconds(env, ENV_SLICE_REBUILD_DELAY, 600)
+    if delay is not None:
+        opts = replace(opts, watch=replace(opts.watch, slice_rebuild_delay_s=delay))
     lease = env.get(ENV_LEADER_LEASE, "").strip()
     if lease:
         from scheduler.kube.leader import parse_lease_ref
@@ -206,19 +200,31 @@ def options_from_env(environ: Mapping[str, str] | None = None) -> KubeOptions:
     identity = env.get(ENV_LEADER_IDENTITY, "").strip()
     if identity:
         opts = replace(opts, leader_identity=identity)
-    refresh = env.get(ENV_HEALTH_REFRESH, "").strip()
-    if refresh:
-        try:
-            every = float(refresh)
-        except ValueError:
-            every = float("nan")
-        if not 0 <= every <= 3600:
-            raise ValueError(f"{ENV_HEALTH_REFRESH} must be 0..3600 seconds, got {refresh!r}")
+    every = _seconds(env, ENV_HEALTH_REFRESH, 3600)
+    if every is not None:
         opts = replace(opts, health_refresh_interval_s=every)
     clock = env.get(ENV_HEALTH_CLOCK, "").strip()
     if clock:
         opts = replace(opts, health_clock=ReplayClock.parse(clock))
     return opts
+
+
+def _seconds(env: Mapping[str, str], name: str, most: float) -> float | None:
+    """The seconds ``env[name]`` gives (None when unset or blank).
+
+    Raises:
+        ValueError: not a number in ``0 .. most`` (the message names the variable).
+    """
+    text = env.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= most:
+        raise ValueError(f"{name} must be 0..{most:g} seconds, got {text!r}")
+    return value
 
 
 class InFlight:
