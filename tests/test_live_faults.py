@@ -382,3 +382,40 @@ def test_cli_refuses_unknown_health_policies() -> None:
         lf.parse_args(["--out", "x", "--health", "topoplace,made-up"])
     args = lf.parse_args(["--out", "x", "--health", "topoplace,ready-only"])
     assert args.health == ["topoplace", "ready-only"]
+
+
+class Server133NoServer(RecordingApiNoServer):
+    """Stands in for a 1.33 API server (none runs in CI): it refuses a device taint whose
+    effect is not NoSchedule or NoExecute, as its validation does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bodies: list[Any] = []
+
+    def call(self, method: str, path: str, body: Any = None, **kw: Any) -> None:
+        from benchmarks.live.kubeapi import ApiError
+
+        if "resourceslices" in path:
+            effects = {t["effect"] for d in body["spec"]["devices"] for t in d.get("taints") or []}
+            if effects - {"NoSchedule", "NoExecute"}:
+                raise ApiError(422, b'{"reason":"Invalid"}', f"{method} {path}")
+            self.bodies.append(body)
+        super().call(method, path, body, **kw)
+
+
+def test_signals_leave_out_what_a_133_server_refuses_and_count_it_once() -> None:
+    nodes = _nodes()
+    name = nodes[0]["metadata"]["name"]
+    f = GpuFault(name, 2, 500.0, 900.0, 510.0, xid_times=(100.0, 200.0))
+    api = Server133NoServer()
+    sig = lf.LiveSignals(nodes, [f], HealthParams(), api, "v1beta2", 1.0)  # type: ignore[arg-type]
+    sig.initial_objects()
+    for t in (100.0, 150.0, 200.0, 510.0, 900.0):
+        obj, devs = sig.render(name, t)
+        sig.write(name, obj, devs)
+    assert not sig.xid_ok
+    assert sig.figures.xid_taints_dropped == 2  # two XIDs, each counted once
+    # the lost GPU was published (NoSchedule), then cleared
+    tainted = [[d["name"] for d in b["spec"]["devices"] if d.get("taints")] for b in api.bodies]
+    assert tainted == [["gpu-2"], []]
+    assert sig.figures.slice_updates == 2

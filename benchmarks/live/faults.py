@@ -251,6 +251,7 @@ class SignalFigures:
     status_patches: int = 0
     slice_updates: int = 0
     xid_taints_dropped: int = 0
+    """Distinct non-blocking device taints (node, GPU, key, time) the server refused."""
     errors: list[str] = field(default_factory=list)
     lag: list[float] = field(default_factory=list)
     """Per write: trace seconds between its due time and the write's answer."""
@@ -284,6 +285,7 @@ class LiveSignals(SignalHealth):
         self.sent: dict[str, dict[str, Any]] = {}
         self.sent_taints: dict[str, dict[int, list[Any]]] = {}
         self.xid_ok = True
+        self._dropped: set[tuple[str, int, Any, Any]] = set()
         self.figures = SignalFigures()
         self._q: queue.SimpleQueue[tuple[str, float, dict[str, Any], list[Any]] | None] = (
             queue.SimpleQueue()
@@ -366,12 +368,18 @@ class LiveSignals(SignalHealth):
         self.sent[node] = obj
         taints = device_taints(devs)
         if not self.xid_ok:
-            self.figures.xid_taints_dropped += sum(len(v) for v in taints.values()) - sum(
-                len(v) for v in blocking_only(taints).values()
-            )
-            taints = blocking_only(taints)
+            taints = self._without_nonblocking(node, taints)
         if taints != self.sent_taints.get(node, {}) and self.gpus[node]:
             self._patch_slice(node, taints)
+
+    def _without_nonblocking(self, node: str, taints: dict[int, list[Any]]) -> dict[int, list[Any]]:
+        """``taints`` without the non-blocking ones, each left out counted once."""
+        for gpu, ts in taints.items():
+            for t in ts:
+                if t.get("effect") not in ("NoSchedule", "NoExecute"):
+                    self._dropped.add((node, gpu, t.get("key"), t.get("timeAdded")))
+        self.figures.xid_taints_dropped = len(self._dropped)
+        return blocking_only(taints)
 
     def _patch_slice(self, node: str, taints: dict[int, list[Any]]) -> None:
         path = f"/apis/resource.k8s.io/{self.version}/resourceslices/{slice_name(node)}"
@@ -384,10 +392,7 @@ class LiveSignals(SignalHealth):
                 raise
             self.xid_ok = False  # this server refuses effect None: publish the rest
             log(f"the API server refuses non-blocking device taints ({exc}); leaving them out")
-            self.figures.xid_taints_dropped += sum(len(v) for v in taints.values()) - sum(
-                len(v) for v in kept.values()
-            )
-            taints = kept
+            taints = self._without_nonblocking(node, taints)
             if taints == self.sent_taints.get(node, {}):
                 return
             body = {"spec": {"devices": slice_devices(node, self.gpus[node], self.version, taints)}}
