@@ -419,3 +419,9 @@ def test_signals_leave_out_what_a_133_server_refuses_and_count_it_once() -> None
     tainted = [[d["name"] for d in b["spec"]["devices"] if d.get("taints")] for b in api.bodies]
     assert tainted == [["gpu-2"], []]
     assert sig.figures.slice_updates == 2
+
+
+def test_every_live_arm_has_an_offline_twin_among_the_offline_rows() -> None:
+    assert set(lf.OFFLINE_TWIN) == set(lf.HEALTH_POLICIES)
+    assert set(lf.OFFLINE_TWIN.values()) <= set(lf.HEALTH_POLICIES)
+    assert lf.OFFLINE_TWIN["ready-only"] == "kube-default"  # kube-scheduler's own checks

@@ -38,6 +38,11 @@ with ``DRA=1`` and the ``DRADeviceTaints`` gate, which this module sets):
 
 Known differences from the offline replay, each reported where it shows:
 
+* A live arm reads health through kube-scheduler, which honours the unreachable taint,
+  cordons and the allocatable count by itself: a live ``ready-only`` topoplace is offline
+  ``kube-default`` (:data:`OFFLINE_TWIN`), and the offline ``ready-only`` row (a scheduler
+  that reads nothing but Ready) has no live twin.
+
 * kube-scheduler's queue: a pod that did not fit waits in its backoff or unschedulable
   queue until an event moves it, where the engine retries every waiting job after every
   event; at ``S`` trace seconds per second, a one-second backoff is ``S`` trace seconds.
@@ -102,6 +107,15 @@ JOB_LABEL = "livebench.topoplace.io/job"
 ATTEMPT_LABEL = "livebench.topoplace.io/attempt"
 RUN_LABEL = "livebench.topoplace.io/faults-run"
 HEALTH_POLICIES = ("topoplace", "kube-default", "ready-only")
+OFFLINE_TWIN = {
+    "topoplace": "topoplace",
+    "kube-default": "kube-default",
+    "ready-only": "kube-default",
+}
+"""The offline row a live arm compares with. Behind kube-scheduler a topoplace that reads
+only Ready is ``kube-default``: kube-scheduler itself keeps pods off cordoned nodes and
+nodes with the unreachable taint, and counts allocatable GPUs (offline ``ready-only``, a
+scheduler that reads nothing else, has no live twin here)."""
 NO_XID = "topoplace, no XID taints"
 """The offline row of what a 1.33 server lets the live run publish (:class:`BlockingTaintsOnly`)."""
 DEFAULT_FILE = Path(__file__).resolve().parents[1] / "scenarios" / "faults-live.yaml"
@@ -945,9 +959,12 @@ def render(
     rows += [row(live_label(lv), lv.metrics) for lv in lives]
     lines += [table(rows), ""]
     for lv in lives:
-        ref = off.get(lv.health)
+        ref = off.get(OFFLINE_TWIN[lv.health])
         sf = lv.signals
-        lines.append(f"{live_label(lv).capitalize()} ({lv.seconds:.0f} s):")
+        lines.append(
+            f"{live_label(lv).capitalize()} ({lv.seconds:.0f} s; its offline twin: "
+            f"{OFFLINE_TWIN[lv.health]}):"
+        )
         if ref is not None:
             both, nodes, gpus = same_first(lv.first, ref[1])
             delays = start_delays(lv.first, ref[1])
@@ -1004,7 +1021,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="topoplace",
         help="health policies of the live topoplace, comma-separated: "
         + ", ".join(HEALTH_POLICIES)
-        + " (each a run of its own; topoplace is the shipped policy)",
+        + " (each a run of its own; topoplace is the shipped policy; behind kube-scheduler, "
+        "ready-only is kube-default, which kube-scheduler enforces itself)",
     )
     ap.add_argument("--offline-only", action="store_true", help="the offline rows alone")
     add_plane_args(ap)
@@ -1059,14 +1077,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "start_lag_p99": _q(lv.start_lag, 0.99),
             "api_errors": lv.api_errors[:20],
             "verbs": lv.verbs,
-            "first_as_offline": same_first(lv.first, off[lv.health][1]),
-            "first_start_delays": start_delays(lv.first, off[lv.health][1]),
+            "first_as_offline": same_first(lv.first, off[OFFLINE_TWIN[lv.health]][1]),
+            "first_start_delays": start_delays(lv.first, off[OFFLINE_TWIN[lv.health]][1]),
             "first_placements": {
                 job: {
                     "live": [[a.node, list(a.gpus)] for a in members],
                     "offline": [
                         [a.node, list(a.gpus)]
-                        for a in off[lv.health][1].members.get(job, (0, ()))[1]
+                        for a in off[OFFLINE_TWIN[lv.health]][1].members.get(job, (0, ()))[1]
                     ],
                 }
                 for job, (_, members) in lv.first.members.items()
