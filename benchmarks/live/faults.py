@@ -823,7 +823,7 @@ def live_run(rp: Replay, args: argparse.Namespace, index: int, health: str) -> L
             "TOPOPLACE_HEALTH_REFRESH_S": f"{REFRESH_TRACE_S / scale:.4g}",
         }
         logs = out / "logs" / run_id
-        policy = out / "policy.yaml"
+        policy = out / f"policy-{health}.yaml"
         policy.write_text(yaml.safe_dump(live_policy(rp.run, health), sort_keys=False))
         tp = Topoplace(
             kc, logs, port=args.extender_port, source=args.topoplace_src, env=env, policy=policy
