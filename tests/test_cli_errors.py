@@ -184,24 +184,26 @@ def test_bad_kubeconfig_from_the_environment(
     assert_one_line_error(code, err, "(from $KUBECONFIG)", "no such file")
 
 
-def test_serve_with_a_bad_slice_rebuild_delay_in_the_environment(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("variable", "value", "says"),
+    [
+        ("TOPOPLACE_SLICE_REBUILD_DELAY_S", "soon", "0..600"),
+        ("TOPOPLACE_HEALTH_CLOCK", "fast", "EPOCH@WALL*RATE"),
+    ],
+)
+def test_serve_with_a_bad_setting_in_the_environment(
+    variable: str,
+    value: str,
+    says: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     path = tmp_path / "kubeconfig"
     path.write_text(GOOD_KUBECONFIG)
-    monkeypatch.setenv("TOPOPLACE_SLICE_REBUILD_DELAY_S", "soon")
+    monkeypatch.setenv(variable, value)
     code, _, err = run(["serve", "--kubeconfig", str(path), "--port", "18892"], capsys)
-    assert_one_line_error(code, err, "environment", "TOPOPLACE_SLICE_REBUILD_DELAY_S", "0..600")
-
-
-def test_serve_with_a_bad_health_clock_in_the_environment(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    path = tmp_path / "kubeconfig"
-    path.write_text(GOOD_KUBECONFIG)
-    monkeypatch.setenv("TOPOPLACE_HEALTH_CLOCK", "fast")
-    code, _, err = run(["serve", "--kubeconfig", str(path), "--port", "18892"], capsys)
-    assert_one_line_error(code, err, "environment", "TOPOPLACE_HEALTH_CLOCK", "EPOCH@WALL*RATE")
+    assert_one_line_error(code, err, "environment", variable, says)
 
 
 def test_snapshot_with_a_bad_kubeconfig(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
