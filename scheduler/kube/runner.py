@@ -484,11 +484,6 @@ def _default_gangs() -> Any:
 _AUTO: Any = object()
 
 
-def _health_clock(opts: KubeOptions) -> tuple[Callable[[], float], ...]:
-    """The health tracker's clock argument: () for the wall clock."""
-    return () if opts.health_clock is None else (ReplayClock(*opts.health_clock),)
-
-
 def build_kube_runtime(
     api: KubeApi,
     params: SchedParams,
@@ -508,7 +503,10 @@ def build_kube_runtime(
     cache = ClusterCache(
         build_snapshot([], [], params),
         params,
-        health_tracker=HealthTracker(params.health, *_health_clock(opts)),
+        health_tracker=HealthTracker(
+            params.health,
+            time.time if opts.health_clock is None else ReplayClock(*opts.health_clock),
+        ),
         **clock_kw,
     )
     watcher = KubeWatcher(api, cache, opts.watch, km, **clock_kw)
