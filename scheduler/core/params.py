@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scheduler.core.health import HealthParams
+from scheduler.core.remediation import RemediationParams
 from topology.fabric import Fabric
 from topology.select import POLICIES
 
@@ -177,6 +178,7 @@ class SchedParams:
     placement_policy: str = "topoplace"
     extender: ExtenderParams = ExtenderParams()
     sharing: SharingParams = SharingParams()
+    remediation: RemediationParams = RemediationParams()
 
     @classmethod
     def from_config(cls, obj: Mapping[str, Any] | None) -> SchedParams:
@@ -196,6 +198,7 @@ class SchedParams:
             "placement_policy",
             "extender",
             "sharing",
+            "remediation",
         }
         unknown = set(obj) - known
         if unknown:
@@ -269,4 +272,5 @@ class SchedParams:
                 decide_in_filter=decide, nomination_ttl_seconds=ttl, reasons_when_placed=reasons
             ),
             sharing=SharingParams.from_config(obj.get("sharing")),
+            remediation=RemediationParams.from_config(obj.get("remediation")),
         )
