@@ -1413,6 +1413,7 @@ def test_policy_config_map_holds_a_minimal_policy(deploy_docs: list[Doc]) -> Non
             "workers": 1,
         },
         "fabric": {"levels": "default"},
+        "remediation": {"mode": "evict", "after_seconds": 60},
     }
     repository_policy = REPO / "config" / "policy.yaml"
     if repository_policy.exists():  # same structure as the repository's default policy
@@ -1669,6 +1670,9 @@ def test_rbac_grants_what_the_scheduler_and_sidecar_need(
     assert not grants.allows("update", "", "pods", anywhere)
     # HAMi's node lock (scheduler/kube/handoff.py) patches one node annotation
     assert grants.allows("patch", "", "nodes", "")
+    # remediation (scheduler/kube/remediator.py) evicts through the Eviction API, which
+    # honours PodDisruptionBudgets; never a plain delete
+    assert grants.allows("create", "", "pods/eviction", anywhere)
     # nothing the extender does not need
     assert not grants.allows("update", "", "nodes", "")
     assert not grants.allows("get", "", "secrets", anywhere)

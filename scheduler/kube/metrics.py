@@ -5,7 +5,9 @@ Labels are bounded: resource names (a fixed set), event types, HTTP status class
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REPLACEMENT_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
 
 
 class KubeMetrics:
@@ -89,5 +91,33 @@ class KubeMetrics:
             "topoplace_leader",
             "1 while this replica acts (its kube-scheduler holds the Lease and the takeover "
             "is done); 0 otherwise (always 0 without serve --leader-lease)",
+            registry=r,
+        )
+        self.evictions = Counter(
+            "topoplace_remediation_evictions",
+            "Pods on failed hardware (or in a gang with one) topoplace evicted, by kind "
+            "(node, gpu, gang) and outcome (evicted, dry_run, blocked: a "
+            "PodDisruptionBudget refused, gone, error)",
+            ["kind", "outcome"],
+            registry=r,
+        )
+        self.on_failed_hardware = Gauge(
+            "topoplace_pods_on_failed_hardware",
+            "Pods of topoplace's profiles holding GPUs on failed hardware (node or GPU), "
+            "evicted or not yet, at the latest check",
+            registry=r,
+        )
+        self.remediation_held = Gauge(
+            "topoplace_remediation_held",
+            "1 while evictions are held because too many GPU nodes failed at once "
+            "(remediation.max_failed_node_share), else 0",
+            registry=r,
+        )
+        self.replacement_seconds = Histogram(
+            "topoplace_replacement_seconds",
+            "From topoplace's eviction of a pod on failed hardware to its successor (same "
+            "controller or gang) bound, by kind",
+            ["kind"],
+            buckets=REPLACEMENT_BUCKETS,
             registry=r,
         )

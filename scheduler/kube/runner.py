@@ -50,6 +50,7 @@ from scheduler.kube.dra import ClaimWriter, is_dra_kind
 from scheduler.kube.handoff import HamiNodeLock, HandoffBinder
 from scheduler.kube.metrics import KubeMetrics
 from scheduler.kube.recovery import RecoveryReport, recover
+from scheduler.kube.remediator import Remediator
 from scheduler.kube.waker import PodWaker
 from scheduler.kube.watcher import KubeWatcher, WatchOptions
 from scheduler.runtime.cache import ClusterCache
@@ -393,6 +394,8 @@ class KubeRuntime:
     allocator: Any = None
     follower: Any = None
     """The :class:`~scheduler.kube.leader.LeaseFollower` (HA), or None."""
+    remediator: Remediator | None = None
+    """Evicts pods on failed hardware (policy ``remediation:``), or None."""
     _janitor_stop: threading.Event = field(default_factory=threading.Event)
     _janitor: threading.Thread | None = None
     _stopped: bool = False
@@ -403,6 +406,8 @@ class KubeRuntime:
         self.watcher.start()
         if self.follower is not None:
             self.follower.start()
+        if self.remediator is not None:
+            self.remediator.start()
         if self.options.expire_interval_s > 0 and self._janitor is None:
             self._janitor = threading.Thread(
                 target=self._expire_loop, name="kube-expire", daemon=True
@@ -460,6 +465,8 @@ class KubeRuntime:
                 wait,
             )
         self._janitor_stop.set()
+        if self.remediator is not None:
+            self.remediator.stop()
         if self.allocator is not None:
             self.allocator.stop()
         if self.follower is not None:
@@ -543,6 +550,15 @@ def build_kube_runtime(
 
     watcher.on_caught_up = caught_up
     rt = KubeRuntime(api, cache, watcher, binder, ext, readiness, opts, km, waker)
+    rt.remediator = Remediator(
+        api,
+        cache,
+        params,
+        opts.scheduler_names or DEFAULT_PROFILES,
+        km,
+        metrics.replacements,
+        may_act=lambda: readiness() and (lead is None or lead.active),
+    )
 
     def start_allocator() -> None:
         """DRA served: allocate claims of pods gated with topoplace.io/allocate (only
