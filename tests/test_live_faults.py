@@ -192,8 +192,10 @@ class OfflinePlacingSchedulerStandIn(lf.LiveEngine):
     def __init__(self, starts: dict[str, list[tuple[float, tuple[Any, ...]]]], **kw: Any) -> None:
         super().__init__(**kw)
         self.starts = starts
+        self.evictions: dict[str, list[tuple[int, float]]] = {}
+        """Attempts the stand-in's topoplace evicts (job -> [(attempt, time)])."""
         self.t = 0.0
-        self.due: list[tuple[float, int, dict[str, Any]]] = []
+        self.due: list[tuple[float, int, dict[str, Any], str]] = []
 
     def clock(self) -> float:
         return self.t
@@ -211,36 +213,60 @@ class OfflinePlacingSchedulerStandIn(lf.LiveEngine):
                 "metadata": {"name": name, "annotations": {PLACEMENT_ANNOTATION: json.dumps(rec)}},
                 "spec": {"nodeName": a.node},
             }
-            self.due.append((at, len(self.due), pod))
+            self.due.append((at, len(self.due), pod, lf.BOUND))
+        for kk, when in self.evictions.get(r.job.name, ()):
+            if kk == k:  # topoplace evicts the gang: the first member's deletion is seen
+                gone = {"metadata": {"name": self.pods_of[(r.job.name, k)][0]}}
+                self.due.append((when, len(self.due), gone, lf.DELETED))
         self.due.sort(key=lambda d: (d[0], d[1]))
 
-    def next_bind(self, timeout: float) -> tuple[dict[str, Any], float] | None:
+    def next_bind(self, timeout: float) -> tuple[dict[str, Any], float, str] | None:
         # a bind due strictly before the next event comes first; at the same instant, the
         # events (the offline engine serves its queue after them)
         if self.due and self.due[0][0] < self.t + timeout:
-            at, _, pod = self.due.pop(0)
+            at, _, pod, kind = self.due.pop(0)
             self.t = max(self.t, at)
-            return pod, at
+            return pod, at, kind
         self.t += timeout
         return None
 
 
-def _offline(rp: lf.Replay) -> tuple[FaultStats, FirstPlacements, Starts]:
+class Evictions(Hook):
+    """When each placement was ended by remediation: job -> [(placement index, time)]."""
+
+    def __init__(self, starts: Starts) -> None:
+        self.starts = starts
+        self.of: dict[str, list[tuple[int, float]]] = {}
+
+    def released(self, engine: Engine, run: Run, why: str) -> None:
+        early_crash = why == "crash" and engine.now - run.start < engine.recovery.crash_after
+        if why == "evicted" or early_crash:
+            k = len(self.starts.of[run.job.name]) - 1
+            self.of.setdefault(run.job.name, []).append((k, engine.now))
+
+
+def _offline(
+    rp: lf.Replay, evict_after: float | None = None
+) -> tuple[FaultStats, FirstPlacements, Starts, Evictions]:
+    from dataclasses import replace
+
     from benchmarks.engine.run import build
     from benchmarks.engine.sources import materialize
 
-    inputs = materialize(rp.run)
+    run = replace(rp.run, recovery=replace(rp.run.recovery, evict_after=evict_after))
+    inputs = materialize(run)
     inputs.jobs = [j for j in inputs.jobs if j.arrive <= rp.horizon]
     inputs.params = rp.inputs.params
     stats = FaultStats("topoplace", rp.run.seed, inputs.jobs, inputs.faults)
     first, starts = FirstPlacements(), Starts()
-    build(rp.run, inputs, [stats, first, starts]).run(inputs.jobs, inputs.faults)
-    return stats, first, starts
+    evictions = Evictions(starts)
+    build(run, inputs, [stats, first, starts, evictions]).run(inputs.jobs, inputs.faults)
+    return stats, first, starts, evictions
 
 
 def test_live_engine_fed_the_offline_placements_accounts_exactly_as_offline() -> None:
     rp = lf.load(SCENARIO, until=6 * 3600.0)  # six hours: faults, restarts and crashes
-    stats, first, starts = _offline(rp)
+    stats, first, starts, _ = _offline(rp)
     m = stats.metrics
     assert m.gang_restarts > 0 and m.completed > 0 and m.interruptions > 0  # not a trivial run
     api = RecordingApiNoServer()
@@ -295,6 +321,89 @@ def test_live_engine_fed_the_offline_placements_accounts_exactly_as_offline() ->
     # signals: every node's heartbeat and every change was written, in trace time
     assert signals.figures.status_patches > len(rp.inputs.nodes) * (rp.horizon // 300 - 1)
     assert signals.figures.slice_updates > 0 and not signals.figures.errors
+
+
+def _live_stand_in(
+    rp: lf.Replay, starts: Starts, evictions: dict[str, list[tuple[int, float]]]
+) -> tuple[FaultStats, OfflinePlacingSchedulerStandIn]:
+    api = RecordingApiNoServer()
+    signals = lf.LiveSignals(
+        rp.inputs.nodes, rp.inputs.faults, rp.inputs.params.health, api, "v1beta2", 1.0
+    )
+    signals.initial_objects()
+    stats = FaultStats("topoplace", rp.run.seed, rp.inputs.jobs, rp.inputs.faults)
+    eng = OfflinePlacingSchedulerStandIn(
+        starts.of,
+        api=api,
+        signals=signals,
+        namespace="ns",
+        run_id="t",
+        scale=1.0,
+        recovery=rp.run.recovery,
+        horizon=rp.horizon,
+        hooks=[stats],
+    )
+    eng.evictions = evictions
+    signals.start(0.0)
+    eng.run(rp.inputs.jobs, rp.inputs.faults)
+    signals.stop()
+    return stats, eng
+
+
+def test_remediation_offline_frees_a_gangs_gpus_sooner_and_live_evictions_account_alike() -> None:
+    rp = lf.load(SCENARIO, until=6 * 3600.0)
+    after = lf.evict_after(rp)
+    assert after == 60.0  # the shipped policy evicts, a minute after a published failure
+    plain, _, _, _ = _offline(rp)
+    stats, _, starts, evictions = _offline(rp, after)
+    m = stats.metrics
+    assert plain.metrics.evicted == 0 and plain.metrics.teardown_times
+    assert all(abs(x - 300.0) < 1e-6 for x in plain.metrics.teardown_times)
+    # Faults published within 4 minutes (NotReady 40 s, NVSentinel 30 s, DRA 10 s after
+    # the fault): every interrupted gang is evicted a minute after publication.
+    assert m.evicted > 0 and m.teardown_times and max(m.teardown_times) <= 40.0 + after
+    assert sum(len(v) for v in evictions.of.values()) == m.evicted
+    # The live engine ends the attempts when topoplace's deletions arrive (here at the
+    # offline eviction times) and accounts exactly as the offline engine with remediation.
+    live, eng = _live_stand_in(rp, starts, evictions.of)
+    assert vars(live.metrics) == vars(m)
+    assert len(eng.evicted) == m.evicted
+    assert {w for _, _, w in eng.evicted} <= {"requeue", "crash"}
+
+
+def test_an_eviction_of_a_job_no_fault_hit_interrupts_it_and_is_reported() -> None:
+    rp = lf.load(SCENARIO, until=3 * 3600.0)
+    stats, _, starts, _ = _offline(rp)
+    job = next(j for j, placed in starts.of.items() if placed[0][0] < 1800.0)
+    at = starts.of[job][0][0] + 600.0
+    live, eng = _live_stand_in(rp, starts, {job: [(0, at)]})
+    assert (eng.pods_of[(job, 0)][0], at, "healthy") in eng.evicted
+    assert live.metrics.interruptions == stats.metrics.interruptions + 1
+    assert eng.attempt[job] >= 1  # re-queued: a second attempt was made
+
+
+def test_evicted_at_is_a_minute_after_publication_while_the_failure_lasts() -> None:
+    from scheduler.core.schedule import Assignment
+
+    nodes = _nodes()
+    a, b = (n["metadata"]["name"] for n in nodes[:2])
+    faults = [
+        Outage(a, "host", 1000.0, 5000.0, 1040.0),  # published at 1040
+        Outage(b, "flap", 1000.0, 1090.0, 1040.0),  # published 50 s only: no eviction
+        GpuFault(b, 3, 2000.0, 9000.0, 2010.0, ()),
+    ]
+    sh = SignalHealth(nodes, faults, HealthParams())
+    run = Run(Job("j", 0.0, pods=2, gpus_per_pod=4, gang=True), 0, "ns/j")
+    run.start = 100.0
+    run.members = (Assignment("j-0", a, (0, 1, 2, 3)), Assignment("j-1", b, (0, 1, 2, 3)))
+    assert sh.evicted_at(run, 1000.0, 60.0) == 1100.0
+    run.members = (Assignment("j-1", b, (0, 1, 2, 3)),)
+    assert sh.evicted_at(run, 1000.0, 60.0) == 2070.0  # the flap is too short; GPU 3 fails
+    run.members = (Assignment("j-1", b, (4, 5, 6, 7)),)
+    assert sh.evicted_at(run, 1000.0, 60.0) is None  # holds no failed GPU
+    blind = SignalHealth(nodes, faults, HealthParams.ready_only())
+    run.members = (Assignment("j-1", b, (0, 1, 2, 3)),)
+    assert blind.evicted_at(run, 1000.0, 60.0) is None  # it does not read DRA taints
 
 
 def test_a_file_without_faults_is_refused() -> None:

@@ -132,6 +132,34 @@ class SignalHealth:
                 return "gpu", t >= f.detect
         return None
 
+    def evicted_at(self, run: Run, t: float, after: float) -> float | None:
+        """When topoplace's remediation evicts ``run``: the earliest time, at ``t`` or
+        later, at which the failure of a member's node or GPU has been published for
+        ``after`` seconds while the member held it and is published still (the signals of
+        :meth:`render`: NotReady, NVSentinel's fatal condition, the DRA driver's GPU
+        taint, each only if this health policy reads it); None if no failure lasts that
+        long. The storm guard and the eviction rate bound are not modelled."""
+        hp = self.health
+        reads = {
+            "host": True,
+            "flap": True,
+            "gpu-node": bool(hp.fatal_conditions or hp.nvsentinel_bad_states),
+        }
+        best: float | None = None
+        for a in run.members:
+            spans = [
+                (o.detect, o.end) for o in self.outages.get(a.node, ()) if reads.get(o.kind, True)
+            ]
+            if hp.dra_taints:
+                spans += [
+                    (f.detect, f.end) for f in self.gpu_faults.get(a.node, ()) if f.gpu in a.gpus
+                ]
+            for shown, end in spans:
+                when = max(shown, run.start) + after
+                if end > t and when < end and (best is None or when < best):
+                    best = when
+        return None if best is None else max(best, t)
+
     def warned(self, node: str, t: float) -> bool:
         """True while a warning precedes a fault of ``node`` (ground truth)."""
         for o in self.outages.get(node, ()):

@@ -32,7 +32,10 @@ A fault on hardware a running job uses interrupts it: the work since its last ch
 lost, it keeps its GPUs until the job controller notices (``requeue_delay``) and is then
 queued again ahead of new arrivals, paying ``restart_overhead`` on its next start. A job
 placed on hardware that is broken at that instant crashes ``crash_after`` later and is
-queued again.
+queued again. With remediation (``Recovery.evict_after``, topoplace's policy
+``remediation``), a job whose hardware failure has been *published* for ``evict_after``
+seconds is evicted then, if that is sooner: torn down and queued again (the health model's
+``evicted_at`` says when).
 
 Hooks see every step (:class:`Hook`) and read the engine and the runs; they never change
 them. With ``check`` the ledger's invariants are verified after every serve.
@@ -50,10 +53,12 @@ from typing import Any, Literal, Protocol
 from benchmarks.engine.jobs import Job, Run
 from scheduler.core.schedule import PlacementResult
 
-FAULT, ASSESS, TICK, FINISH, LEAVE, REQUEUE, CRASH, ARRIVE = (
-    "fault", "assess", "tick", "finish", "leave", "requeue", "crash", "arrive"
+FAULT, ASSESS, TICK, FINISH, LEAVE, REQUEUE, CRASH, ARRIVE, EVICT = (
+    "fault", "assess", "tick", "finish", "leave", "requeue", "crash", "arrive", "evict"
 )  # fmt: skip
-RANK = {FAULT: 0, ASSESS: 1, TICK: 1, FINISH: 2, LEAVE: 2, REQUEUE: 2, CRASH: 2, ARRIVE: 3}
+RANK = {
+    FAULT: 0, ASSESS: 1, TICK: 1, FINISH: 2, LEAVE: 2, REQUEUE: 2, CRASH: 2, EVICT: 2, ARRIVE: 3
+}  # fmt: skip
 """Order of event kinds at equal times (lower first)."""
 
 Queueing = Literal["reject", "strict-fifo", "best-effort-fifo"]
@@ -70,12 +75,17 @@ class Recovery:
         crash_after: a job placed on broken hardware crashes this long after its start.
         checkpoint_every: work is saved at multiples of this (productive time only).
         restart_overhead: charged at the start of every placement after the first.
+        evict_after: topoplace's remediation (policy ``remediation.after_seconds`` with
+            ``mode: evict``): a job on hardware whose failure has been published this long
+            is evicted then, when that comes before ``requeue_delay`` / ``crash_after``;
+            None: no remediation (the job controller's delays only).
     """
 
     requeue_delay: float = 300.0
     crash_after: float = 300.0
     checkpoint_every: float = 3600.0
     restart_overhead: float = 600.0
+    evict_after: float | None = None
 
 
 class Ledger(Protocol):
@@ -226,6 +236,8 @@ class Engine:
         self._events: list[tuple[float, int, int, str, Any]] = []
         self._seq = 0
         self._refused: dict[str, int] = {}
+        self.teardown: dict[str, str] = {}
+        """Job -> how its current doomed placement ends (CRASH, REQUEUE or EVICT)."""
 
     # ---- events ---------------------------------------------------------------------------
 
@@ -319,8 +331,8 @@ class Engine:
             if kind == FINISH:
                 self._release(r, t, "finish")
                 r.epoch += 1
-            elif kind == REQUEUE:
-                self._release(r, t, "requeue")
+            elif kind in (REQUEUE, EVICT):
+                self._release(r, t, "requeue" if kind == REQUEUE else "evicted")
                 self._enqueue(r)
             else:  # CRASH
                 self._release(r, t, "crash")
@@ -385,7 +397,10 @@ class Engine:
         r.finish = math.inf
         if r.broken:
             r.doomed = True
-            self.push(t + self.recovery.crash_after, CRASH, (r, r.epoch))
+            crash = t + self.recovery.crash_after
+            evicted = self._evict_time(r, t)
+            self.push(crash if evicted is None else min(crash, evicted), CRASH, (r, r.epoch))
+            self.teardown[r.job.name] = CRASH
         else:
             r.doomed = False
             if r.job.duration is not None:
@@ -406,7 +421,25 @@ class Engine:
         r.doomed = True
         r.restarted = True
         r.epoch += 1
-        self.push(t + rec.requeue_delay, REQUEUE, (r, r.epoch))
+        evicted = self._evict_time(r, t)
+        if evicted is not None and evicted < t + rec.requeue_delay:
+            self.push(evicted, EVICT, (r, r.epoch))
+            self.teardown[r.job.name] = EVICT
+        else:
+            self.push(t + rec.requeue_delay, REQUEUE, (r, r.epoch))
+            self.teardown[r.job.name] = REQUEUE
+
+    def _evict_time(self, r: Run, t: float) -> float | None:
+        """When remediation evicts ``r`` (from ``t`` on), or None (no remediation, or its
+        hardware's failure is not published long enough). A health model that can tell
+        has ``evicted_at(run, t, after) -> float | None``
+        (:meth:`benchmarks.engine.health.SignalHealth.evicted_at`)."""
+        after = self.recovery.evict_after
+        evicted_at = getattr(self.health, "evicted_at", None)
+        if after is None or evicted_at is None:
+            return None
+        got = evicted_at(r, t, after)
+        return None if got is None else max(t, got)
 
     def _release(self, r: Run, t: float, why: str) -> None:
         self.ledger.release(r)

@@ -13,7 +13,8 @@ Accounting (per policy, :class:`FaultStats`):
   (a scheduler that reads the signal could have avoided it) and *silent* otherwise;
 * a fault on a node or GPU a running gang uses interrupts the whole gang (a "gang
   restart"): the work since its last checkpoint and its restart overhead are lost, and it
-  is re-queued ``requeue_delay`` later, ahead of new arrivals;
+  is re-queued ``requeue_delay`` later, ahead of new arrivals, or when remediation evicts
+  it, if sooner (``Recovery.evict_after``; the GPU-hours it held until then are lost);
 * time to re-placement runs from the fault to the next placement that does not crash
   (its GPU-weighted sum is the GPU-hours the interrupted gangs spent waiting);
 * goodput = GPU-hours that advanced training / GPU-hours held by jobs.
@@ -57,6 +58,11 @@ class Metrics:
     replace_gpu_h: float = 0.0
     lost_gpu_h: float = 0.0
     held_gpu_h: float = 0.0
+    evicted: int = 0
+    """Gangs torn down by remediation before the job controller's delay (``requeue_delay``
+    after a fault, ``crash_after`` after a start on broken hardware)."""
+    teardown_times: list[float] = field(default_factory=list)
+    """Per fault that interrupted a running gang: seconds until its GPUs were freed."""
 
     @property
     def goodput(self) -> float:
@@ -91,6 +97,7 @@ class FaultStats(Hook):
         m.flaps = sum(1 for o in outages if o.kind == "flap")
         self.metrics = m
         self.fail_time: dict[str, float] = {}
+        self.hit_at: dict[str, float] = {}
 
     def interrupted(self, engine: Engine, run: Run, elapsed: float, kept: float) -> None:
         """A fault hit the gang: its unsaved work and the teardown delay are lost."""
@@ -100,6 +107,7 @@ class FaultStats(Hook):
         m.gang_restarts += 1
         m.interruptions += 1
         self.fail_time.setdefault(run.job.name, engine.now)
+        self.hit_at[run.job.name] = engine.now
 
     def started(self, engine: Engine, run: Run) -> None:
         """Classify the placement (broken, warned) and close a re-placement."""
@@ -129,10 +137,19 @@ class FaultStats(Hook):
         """GPU-hours held; a crash loses the whole placement; a finish completes the job."""
         m = self.metrics
         t = engine.now
+        hit = self.hit_at.pop(run.job.name, None)
+        if hit is not None and why in ("requeue", "evicted"):
+            m.teardown_times.append(t - hit)
+            if why == "evicted":  # sooner than the requeue_delay interrupted() charged
+                m.evicted += 1
+                early = hit + engine.recovery.requeue_delay - t
+                m.lost_gpu_h -= run.job.gpus * max(0.0, early) / HOUR
         if why == "crash":
             m.lost_gpu_h += run.job.gpus * (t - run.start) / HOUR
             m.gang_restarts += 1
             self.fail_time.setdefault(run.job.name, run.start)
+            if t - run.start < engine.recovery.crash_after - 1e-6:  # evicted before the crash
+                m.evicted += 1
         m.held_gpu_h += run.job.gpus * (t - run.start) / HOUR
         if why == "finish":
             m.completed += 1

@@ -282,7 +282,11 @@ def run_args(args: argparse.Namespace) -> int:
     return 0
 
 
-_CSV_METRICS = tuple(f.name for f in fields(Metrics) if f.name not in ("policy", "seed"))
+_CSV_METRICS = tuple(
+    f.name
+    for f in fields(Metrics)
+    if f.name not in ("policy", "seed", "evicted", "teardown_times")  # no remediation here
+)
 
 
 def write_csv(path: Path, runs: Sequence[dict[str, object]]) -> None:

@@ -82,7 +82,7 @@ from benchmarks.engine.health import (
     health_policies,
 )
 from benchmarks.engine.jobs import Job, Run
-from benchmarks.engine.loop import ARRIVE, ASSESS, FAULT, LEAVE, Engine, Hook, Recovery
+from benchmarks.engine.loop import ARRIVE, ASSESS, CRASH, FAULT, LEAVE, Engine, Hook, Recovery
 from benchmarks.engine.replay import first_run, pod_objects
 from benchmarks.engine.run import build
 from benchmarks.engine.scenario import Scenario as EngineScenario
@@ -118,6 +118,11 @@ nodes with the unreachable taint, and counts allocatable GPUs (offline ``ready-o
 scheduler that reads nothing else, has no live twin here)."""
 NO_XID = "topoplace, no XID taints"
 """The offline row of what a 1.33 server lets the live run publish (:class:`BlockingTaintsOnly`)."""
+NO_REMEDIATION = "topoplace, no remediation"
+"""The offline row of topoplace's placements with the job controller's delays only (no
+evictions: the policy's ``remediation.mode`` off)."""
+CHECK_TRACE_S = 10.0
+"""How often (trace seconds) the live topoplace looks for pods on failed hardware."""
 DEFAULT_FILE = Path(__file__).resolve().parents[1] / "scenarios" / "faults-live.yaml"
 REFRESH_TRACE_S = 30.0
 """Topoplace's health refresh period in trace seconds (``TOPOPLACE_HEALTH_REFRESH_S`` is
@@ -439,6 +444,10 @@ class _ClusterLedger:
         return (), ()
 
 
+BOUND, DELETED = "bound", "deleted"
+"""What the pod watch reports to :class:`LiveEngine`."""
+
+
 class LiveEngine(Engine):
     """The offline engine's lifecycle (arrivals, faults, interruptions, re-queues, crashes,
     finishes, the horizon; the hooks) in wall-clock time, with kube-scheduler + topoplace
@@ -477,7 +486,15 @@ class LiveEngine(Engine):
         self.pods_of: dict[tuple[str, int], list[str]] = {}
         self.member_of: dict[str, tuple[str, int, int]] = {}
         self.bound_members: dict[str, dict[int, Assignment]] = {}
-        self.binds: queue.SimpleQueue[tuple[Mapping[str, Any], float]] = queue.SimpleQueue()
+        self.binds: queue.SimpleQueue[tuple[Mapping[str, Any], float, str]] = queue.SimpleQueue()
+        """(pod, epoch seconds, BOUND or DELETED) as the watch saw them."""
+        self.deleting: set[str] = set()
+        """Pods this engine deleted itself (an attempt that ended)."""
+        self.evicted: list[tuple[str, float, str]] = []
+        """(pod, trace time, what the engine knew of its run) per attempt ended by a deletion
+        it did not make (topoplace's remediation): ``requeue`` (the run was interrupted by a
+        fault, its teardown due later), ``crash`` (placed on broken hardware) or
+        ``healthy`` (no fault the engine knows of)."""
         self.start_lag: list[float] = []
         """Per start: trace seconds from the attempt's creation to its last bind."""
         self.created_at: dict[tuple[str, int], float] = {}
@@ -496,9 +513,10 @@ class LiveEngine(Engine):
         """Wall-clock epoch seconds."""
         return time.time()
 
-    def next_bind(self, timeout: float) -> tuple[Mapping[str, Any], float] | None:
-        """The next bound pod the watch saw and when (epoch seconds), waiting at most
-        ``timeout`` seconds; None if none came."""
+    def next_bind(self, timeout: float) -> tuple[Mapping[str, Any], float, str] | None:
+        """The next pod the watch saw bound or deleted, when (epoch seconds) and which
+        (:data:`BOUND`, :data:`DELETED`), waiting at most ``timeout`` seconds; None if none
+        came."""
         try:
             return self.binds.get(timeout=timeout)
         except queue.Empty:
@@ -550,7 +568,12 @@ class LiveEngine(Engine):
     def _delete_attempt(self, job: str) -> None:
         k = self.attempt.get(job)
         for n in self.pods_of.get((job, k), []) if k is not None else []:
+            self.deleting.add(n)
             self._submit(job, lambda n=n: self._delete(n))
+
+    def _evict_time(self, r: Run, t: float) -> float | None:
+        """None: live, topoplace's own evictions end the attempts (:meth:`deleted`)."""
+        return None
 
     def _release(self, r: Run, t: float, why: str) -> None:
         super()._release(r, t, why)
@@ -588,6 +611,34 @@ class LiveEngine(Engine):
             self.start_lag.append(t - self.created_at.get((job, k), t))
             self._start(r, t, [got[m] for m in range(r.job.pods)], {"source": "kube-scheduler"})
 
+    def deleted(self, pod: Mapping[str, Any], t: float) -> None:
+        """A pod of the current attempt of a running job was deleted by someone else (the
+        job controller's view of topoplace's eviction) at trace time ``t``: the attempt
+        ends now, as the offline engine ends it at its eviction time (a crash for a job
+        placed on broken hardware, else a re-queue); a job no fault hit is interrupted
+        first. Deletions of pods this engine deleted, or of older attempts, are ignored."""
+        name = pod["metadata"]["name"]
+        ref = self.member_of.get(name)
+        if ref is None or name in self.deleting:
+            return
+        job, k, _ = ref
+        r = self.runs.get(job)
+        if r is None or self.attempt.get(job) != k or not r.running:
+            return
+        if r.doomed and self.teardown.get(job) == CRASH:
+            self.evicted.append((name, t, "crash"))
+            self._release(r, t, "crash")
+            r.restarted = True
+        else:
+            if not r.doomed:
+                self.evicted.append((name, t, "healthy"))
+                self._interrupt(r, t)
+            else:
+                self.evicted.append((name, t, "requeue"))
+            self._release(r, t, "evicted")
+        r.epoch += 1  # the teardown still scheduled belongs to the placement just ended
+        self._enqueue(r)
+
     # ---- the loop -------------------------------------------------------------------------
 
     def run(self, jobs: Sequence[Job], faults: Sequence[Any] = ()) -> None:
@@ -618,7 +669,10 @@ class LiveEngine(Engine):
                 if got is not None:
                     t = max(self.now, (got[1] - self.wall0) * self.scale)
                     self._advance(t)
-                    self.bound(got[0], t)
+                    if got[2] == DELETED:
+                        self.deleted(got[0], t)
+                    else:
+                        self.bound(got[0], t)
                     continue
             if not events:
                 if math.isfinite(end):
@@ -690,12 +744,16 @@ def load(path: str | Path, seed: int | None = None, until: float | None = None) 
     return Replay(run, inputs, str(path))
 
 
-def live_policy(run: EngineScenario, health: str | None = None) -> dict[str, Any]:
+def live_policy(
+    run: EngineScenario, health: str | None = None, check_seconds: float | None = None
+) -> dict[str, Any]:
     """The live topoplace's policy: the shipped ``config/policy.yaml`` with the file's
     ``params`` sections over it (the offline engine gets the same parameters, its health
     section set by the run's health policy); with ``health``, the ``health`` section of
     that policy of :func:`benchmarks.engine.health.health_policies` (``topoplace`` is the
-    shipped one)."""
+    shipped one) and, for any other than ``topoplace``, remediation off (the baselines
+    stand for schedulers that do not evict); ``check_seconds``: how often remediation looks
+    (wall seconds; a replay compresses time)."""
     from scheduler.cli.clusterfile import load_policy
 
     policy = merged_policy(load_policy(None), run.params)
@@ -704,7 +762,16 @@ def live_policy(run: EngineScenario, health: str | None = None) -> dict[str, Any
         policy["health"] = {
             k: list(v) if isinstance(v, tuple) else v for k, v in asdict(hp).items()
         }
+        policy["remediation"] = {"mode": "off"}
+    if check_seconds is not None:
+        policy.setdefault("remediation", {})["check_seconds"] = check_seconds
     return policy
+
+
+def evict_after(rp: Replay) -> float | None:
+    """The remediation delay of the live topoplace's policy (None unless ``mode: evict``)."""
+    r = rp.inputs.params.remediation
+    return r.after_seconds if r.mode == "evict" else None
 
 
 class BlockingTaintsOnly(SignalHealth):
@@ -725,12 +792,15 @@ class BlockingTaintsOnly(SignalHealth):
 
 
 def offline(
-    rp: Replay, policy: str, blocking_only: bool = False
+    rp: Replay, policy: str, blocking_only: bool = False, remediate: bool = True
 ) -> tuple[Metrics, FirstPlacements]:
     """The offline engine on ``rp`` with health policy ``policy`` (``blocking_only``: the
     signals of :class:`BlockingTaintsOnly`): its fault accounting and each job's first
-    placement."""
+    placement. ``topoplace`` evicts as the live policy says (:func:`evict_after`) unless
+    ``remediate`` is False; the other policies never do (:func:`live_policy`)."""
     run = replace(rp.run, health=policy)
+    if policy == "topoplace" and remediate:
+        run = replace(run, recovery=replace(run.recovery, evict_after=evict_after(rp)))
     inputs = materialize(run)
     inputs.jobs = [j for j in inputs.jobs if j.arrive <= rp.horizon]
     inputs.params = rp.inputs.params
@@ -786,6 +856,8 @@ class LiveResult:
     api_errors: list[str]
     verbs: dict[str, dict[str, float]]
     seconds: float
+    evicted: list[tuple[str, float, str]] = field(default_factory=list)
+    """:attr:`LiveEngine.evicted`: attempts ended by topoplace's evictions."""
 
 
 def live_run(rp: Replay, args: argparse.Namespace, index: int, health: str) -> LiveResult:
@@ -824,7 +896,8 @@ def live_run(rp: Replay, args: argparse.Namespace, index: int, health: str) -> L
         }
         logs = out / "logs" / run_id
         policy = out / f"policy-{health}.yaml"
-        policy.write_text(yaml.safe_dump(live_policy(rp.run, health), sort_keys=False))
+        check = max(0.05, CHECK_TRACE_S / scale)
+        policy.write_text(yaml.safe_dump(live_policy(rp.run, health, check), sort_keys=False))
         tp = Topoplace(
             kc, logs, port=args.extender_port, source=args.topoplace_src, env=env, policy=policy
         )
@@ -854,8 +927,10 @@ def live_run(rp: Replay, args: argparse.Namespace, index: int, health: str) -> L
         rv = api.list_pods(NAMESPACE)["metadata"]["resourceVersion"]
 
         def on_event(kind: str, obj: dict[str, Any], _t: float) -> None:
-            if kind in ("ADDED", "MODIFIED") and (obj.get("spec") or {}).get("nodeName"):
-                engine.binds.put((obj, time.time()))
+            if kind == "DELETED" or (obj.get("metadata") or {}).get("deletionTimestamp"):
+                engine.binds.put((obj, time.time(), DELETED))
+            elif kind in ("ADDED", "MODIFIED") and (obj.get("spec") or {}).get("nodeName"):
+                engine.binds.put((obj, time.time(), BOUND))
 
         errors: list[BaseException] = []
 
@@ -894,6 +969,7 @@ def live_run(rp: Replay, args: argparse.Namespace, index: int, health: str) -> L
             engine.api_errors,
             verbs,
             took,
+            engine.evicted,
         )
     finally:
         stop.set()
@@ -938,7 +1014,13 @@ def render(
         f"{kinds.get('gpu-node', 0)} node-level GPU, {gpu_faults} GPU-local, "
         f"{kinds.get('flap', 0)} flaps; recovery: re-queued {rec.requeue_delay:g} s after "
         f"a fault, a crash {rec.crash_after:g} s after a start on broken hardware, checkpoints "
-        f"every {rec.checkpoint_every:g} s, {rec.restart_overhead:g} s per restart.",
+        f"every {rec.checkpoint_every:g} s, {rec.restart_overhead:g} s per restart"
+        + (
+            f"; topoplace's remediation evicts a gang {evict_after(rp):g} s after a failure of "
+            f"its hardware is published (offline row `{NO_REMEDIATION}`: without it)."
+            if evict_after(rp) is not None
+            else "."
+        ),
         "",
     ]
     if lives:
@@ -980,6 +1062,24 @@ def render(
             f"{sf.xid_taints_dropped}; write lag (trace s) p50 {_q(sf.lag, 0.5):.1f}, p99 "
             f"{_q(sf.lag, 0.99):.1f}; errors {len(sf.errors)}"
             + (f" (first: {sf.errors[0]})" if sf.errors else "")
+        )
+        why = Counter(w for _, _, w in lv.evicted)
+        twin = ref[0] if ref is not None else None
+        lines.append(
+            f"- remediation: {len(lv.evicted)} attempts ended by topoplace's evictions "
+            f"({why.get('requeue', 0)} of interrupted jobs, {why.get('crash', 0)} of jobs "
+            f"placed on broken hardware, {why.get('healthy', 0)} of jobs no fault hit); "
+            f"gangs torn down before the job controller's delay: live {lv.metrics.evicted}"
+            + (f", offline {twin.evicted}" if twin is not None else "")
+            + "; GPUs freed after a fault (trace s) p50 / max: live "
+            f"{_q(lv.metrics.teardown_times, 0.5):.0f} / "
+            f"{max(lv.metrics.teardown_times, default=float('nan')):.0f}"
+            + (
+                f", offline {_q(twin.teardown_times, 0.5):.0f} / "
+                f"{max(twin.teardown_times, default=float('nan')):.0f}"
+                if twin is not None
+                else ""
+            )
         )
         lines.append(
             f"- from an attempt's creation to its last bind (trace s): p50 "
@@ -1051,6 +1151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args.revisions = _revisions(args.topoplace_src)
     off = {p: offline(rp, p) for p in HEALTH_POLICIES}
+    off[NO_REMEDIATION] = offline(rp, "topoplace", remediate=False)
     lives: list[LiveResult] = []
     if not args.offline_only:
         lacking = missing(args)
@@ -1076,6 +1177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "start_lag_p50": _q(lv.start_lag, 0.5),
             "start_lag_p99": _q(lv.start_lag, 0.99),
             "api_errors": lv.api_errors[:20],
+            "evicted": lv.evicted,
+            "teardown_times": lv.metrics.teardown_times,
             "verbs": lv.verbs,
             "first_as_offline": same_first(lv.first, off[OFFLINE_TWIN[lv.health]][1]),
             "first_start_delays": start_delays(lv.first, off[OFFLINE_TWIN[lv.health]][1]),

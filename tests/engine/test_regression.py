@@ -220,6 +220,10 @@ def test_fault_runs_are_the_old_loop(key: str) -> None:
     gp = "" if placer == "greedy" else placer
     m = run_one(faults_scenario(base, [int(seed)], [1.0], [health], gp).runs()[0])
     got = json.loads(json.dumps({**asdict(m), "goodput": m.goodput}))
+    # Figures added since the golden was recorded: no remediation in these runs, so no
+    # eviction, and every interrupted gang freed its GPUs requeue_delay after its fault.
+    assert got.pop("evicted") == 0
+    assert all(abs(x - 300.0) < 1e-6 for x in got.pop("teardown_times"))
     assert got == GOLDEN["faults"][key]
 
 
