@@ -112,3 +112,15 @@ def test_dra_latency_benchmark_times_both_verbs(capsys) -> None:
         # claims of 1, 2, 4, 8 GPUs: every node offered for the first three, the six
         # without a held claim for the last (median 10); filter keeps all of them
         assert cells[5] == "10" and cells[6] == "10"
+
+
+def test_remediation_check_benchmark_finds_the_failed_gang(capsys) -> None:
+    from benchmarks import remediation_check
+
+    assert remediation_check.main(["--nodes", "40", "--runs", "2"]) == 0
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| 40 ")]
+    cells = [[c.strip() for c in r.strip("|").split("|")] for r in rows]
+    # healthy: nothing due; node 0 failed: its pod and the 9 other members of its gang
+    # (every fourth node's pod is in it); 1 % of 40 nodes is node 0 again
+    assert [(c[2], c[5]) for c in cells] == [("0", "0"), ("1", "10"), ("1", "10")]
+    assert all(0 <= float(c[3]) <= float(c[4]) for c in cells)

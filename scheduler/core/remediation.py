@@ -283,13 +283,17 @@ def on_failed_hardware(
     failed, and the GPU nodes modelled."""
     failed: dict[str, str] = {}
     gpu_nodes = 0
+    any_bad_gpu = False
     for n in snap.nodes:
         if n.unmodeled or not (n.gpu_capacity or n.replica_gpus or n.devices):
             continue
         gpu_nodes += 1
+        any_bad_gpu = any_bad_gpu or bool(n.health.bad_mask)
         why = node_failure(n, params)
         if why:
             failed[n.name] = why
+    if not failed and not (any_bad_gpu and params.gpu_reasons):
+        return (), 0, gpu_nodes  # the usual case: no pod to look at
     slices = snap.extra.get(RESOURCESLICES_KEY) if isinstance(snap.extra, Mapping) else None
     devices: Mapping[str, tuple[Mapping[str, Any], ...]] | None = None
     gpu_cache: dict[str, Mapping[int, str]] = {}
