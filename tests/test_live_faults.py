@@ -264,24 +264,20 @@ def _offline(
     return stats, first, starts, evictions
 
 
-def test_live_engine_fed_the_offline_placements_accounts_exactly_as_offline() -> None:
-    rp = lf.load(SCENARIO, until=6 * 3600.0)  # six hours: faults, restarts and crashes
-    stats, first, starts, _ = _offline(rp)
-    m = stats.metrics
-    assert m.gang_restarts > 0 and m.completed > 0 and m.interruptions > 0  # not a trivial run
+def _live_stand_in(
+    rp: lf.Replay,
+    starts: Starts,
+    evictions: dict[str, list[tuple[int, float]]],
+    hooks: list[Hook] | None = None,
+) -> tuple[FaultStats, OfflinePlacingSchedulerStandIn]:
+    """The live engine over ``rp`` with the stand-in placing as ``starts`` and deleting
+    as ``evictions``, run to the horizon: (its FaultStats, the engine)."""
     api = RecordingApiNoServer()
     signals = lf.LiveSignals(
-        rp.inputs.nodes,
-        rp.inputs.faults,
-        rp.inputs.params.health,
-        api,
-        "v1beta2",
-        1.0,  # type: ignore[arg-type]
+        rp.inputs.nodes, rp.inputs.faults, rp.inputs.params.health, api, "v1beta2", 1.0
     )
     signals.initial_objects()
-    live_stats = FaultStats("topoplace", rp.run.seed, rp.inputs.jobs, rp.inputs.faults)
-    live_first = FirstPlacements()
-    ends = Ends()
+    stats = FaultStats("topoplace", rp.run.seed, rp.inputs.jobs, rp.inputs.faults)
     eng = OfflinePlacingSchedulerStandIn(
         starts.of,
         api=api,
@@ -291,11 +287,25 @@ def test_live_engine_fed_the_offline_placements_accounts_exactly_as_offline() ->
         scale=1.0,
         recovery=rp.run.recovery,
         horizon=rp.horizon,
-        hooks=[live_stats, live_first, ends],
+        hooks=[stats, *(hooks or [])],
     )
+    eng.evictions = evictions
     signals.start(0.0)
     eng.run(rp.inputs.jobs, rp.inputs.faults)
     signals.stop()
+    return stats, eng
+
+
+def test_live_engine_fed_the_offline_placements_accounts_exactly_as_offline() -> None:
+    rp = lf.load(SCENARIO, until=6 * 3600.0)  # six hours: faults, restarts and crashes
+    stats, first, starts, _ = _offline(rp)
+    m = stats.metrics
+    assert m.gang_restarts > 0 and m.completed > 0 and m.interruptions > 0  # not a trivial run
+    live_first = FirstPlacements()
+    ends = Ends()
+    live_stats, eng = _live_stand_in(rp, starts, {}, [live_first, ends])
+    api = eng.api
+    signals = eng.signals
     assert vars(live_stats.metrics) == vars(m)
 
     def where(fp: FirstPlacements) -> dict[str, Any]:
@@ -321,33 +331,6 @@ def test_live_engine_fed_the_offline_placements_accounts_exactly_as_offline() ->
     # signals: every node's heartbeat and every change was written, in trace time
     assert signals.figures.status_patches > len(rp.inputs.nodes) * (rp.horizon // 300 - 1)
     assert signals.figures.slice_updates > 0 and not signals.figures.errors
-
-
-def _live_stand_in(
-    rp: lf.Replay, starts: Starts, evictions: dict[str, list[tuple[int, float]]]
-) -> tuple[FaultStats, OfflinePlacingSchedulerStandIn]:
-    api = RecordingApiNoServer()
-    signals = lf.LiveSignals(
-        rp.inputs.nodes, rp.inputs.faults, rp.inputs.params.health, api, "v1beta2", 1.0
-    )
-    signals.initial_objects()
-    stats = FaultStats("topoplace", rp.run.seed, rp.inputs.jobs, rp.inputs.faults)
-    eng = OfflinePlacingSchedulerStandIn(
-        starts.of,
-        api=api,
-        signals=signals,
-        namespace="ns",
-        run_id="t",
-        scale=1.0,
-        recovery=rp.run.recovery,
-        horizon=rp.horizon,
-        hooks=[stats],
-    )
-    eng.evictions = evictions
-    signals.start(0.0)
-    eng.run(rp.inputs.jobs, rp.inputs.faults)
-    signals.stop()
-    return stats, eng
 
 
 def test_remediation_offline_frees_a_gangs_gpus_sooner_and_live_evictions_account_alike() -> None:

@@ -407,6 +407,25 @@ class Topoplace:
                 self.proc.wait(5)
         self.proc = None
 
+    @contextlib.contextmanager
+    def restarted(
+        self, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+    ) -> Iterator[None]:
+        """Restarted with ``env`` on top of the suite's environment and ``args`` after its
+        arguments for the block, then restarted as it was."""
+        old_env, old_args = self.extra_env, self.extra_args
+        self.kill(signal.SIGTERM)
+        self.extra_env, self.extra_args = dict(env or {}), (*old_args, *args)
+        self.start()
+        self.wait_ready()
+        try:
+            yield
+        finally:
+            self.kill(signal.SIGTERM)
+            self.extra_env, self.extra_args = old_env, old_args
+            self.start()
+            self.wait_ready()
+
     def log_tail(self, n: int = 60) -> str:
         p = self.logdir / f"topoplace-{self.starts}.log"
         return "\n".join(p.read_text(errors="replace").splitlines()[-n:]) if p.exists() else ""

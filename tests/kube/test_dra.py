@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -723,22 +722,6 @@ def test_compute_domains_one_per_node_and_one_nvlink_domain(
 # ---- a burst of ResourceSlices: pods refused while the cache was behind are woken ---------------
 
 
-@contextlib.contextmanager
-def _restarted(tp: Topoplace, env: dict[str, str]) -> Iterator[None]:
-    """The suite's topoplace restarted with ``env`` for the block, then without."""
-    tp.kill(signal.SIGTERM)
-    tp.extra_env = dict(env)
-    tp.start()
-    tp.wait_ready()
-    try:
-        yield
-    finally:
-        tp.kill(signal.SIGTERM)
-        tp.extra_env = {}
-        tp.start()
-        tp.wait_ready()
-
-
 def test_a_claim_pod_refused_while_its_slices_wait_for_their_rebuild_is_woken(
     topoplace: Topoplace,
     dra_scheduler: Any,
@@ -758,7 +741,7 @@ def test_a_claim_pod_refused_while_its_slices_wait_for_their_rebuild_is_woken(
     from scheduler.kube.waker import WAKE_ANNOTATION
 
     delay = 8.0
-    with _restarted(topoplace, {"TOPOPLACE_SLICE_REBUILD_DELAY_S": str(delay)}):
+    with topoplace.restarted({"TOPOPLACE_SLICE_REBUILD_DELAY_S": str(delay)}):
         (a,) = cluster.add_nodes(1)
         wait_for(
             lambda: any(n["name"] == a and n["gpus"] == 8 for n in tp_nodes(topoplace)),

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,27 +39,14 @@ def _stamp() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-@contextlib.contextmanager
-def _with_policy(tp: Topoplace, tmp_path: Path) -> Iterator[None]:
-    """The suite's topoplace restarted on the shipped policy with a short remediation
-    delay for the block, then on the shipped policy again."""
+def _policy(tmp_path: Path) -> Path:
+    """The shipped policy with a short remediation delay."""
     policy = yaml.safe_load((REPO / "config" / "policy.yaml").read_text())
     assert policy["remediation"]["mode"] == "evict"  # what the shipped policy does
     policy["remediation"].update(after_seconds=AFTER_S, check_seconds=0.5)
     path = tmp_path / "policy.yaml"
     path.write_text(yaml.safe_dump(policy))
-    old = tp.extra_args
-    tp.kill(signal.SIGTERM)
-    tp.extra_args = (*old, "--config", str(path))
-    tp.start()
-    tp.wait_ready()
-    try:
-        yield
-    finally:
-        tp.kill(signal.SIGTERM)
-        tp.extra_args = old
-        tp.start()
-        tp.wait_ready()
+    return path
 
 
 def _placement(pod: Any) -> tuple[str, tuple[int, ...]]:
@@ -91,7 +76,7 @@ def test_a_failed_node_takes_its_gang_out_and_the_gang_comes_back_whole_elsewher
         make_gpu_node(core, n, label)
     ann = gang_annotations("train", 2)
     try:
-        with _with_policy(topoplace, tmp_path):
+        with topoplace.restarted(args=("--config", str(_policy(tmp_path)))):
             before = {
                 k: _metric(
                     topoplace,
@@ -206,7 +191,7 @@ def test_a_tainted_gpu_takes_out_only_the_pod_that_holds_it(
 
     try:
         kube_api.request_json("POST", base, slice_obj(None, 1))
-        with _with_policy(topoplace, tmp_path):
+        with topoplace.restarted(args=("--config", str(_policy(tmp_path)))):
             for name in ("pair-a", "pair-b"):
                 core.create_namespaced_pod(namespace, gpu_pod(name, 2, scheduler_name, label))
             first = wait_for(lambda: bound(core, namespace, ["pair-a", "pair-b"]), 60, "bound")
