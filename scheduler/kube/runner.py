@@ -10,6 +10,8 @@ Life cycle::
            -> one watch thread per resource (relist on 410, backoff on errors)
     serve  -> filter / bind answer ``Error`` until ready, so kube-scheduler backs the pod
               off instead of acting on an empty or stale cache
+           -> the remediator (``remediator.py``) evicts pods on failed hardware and their
+              gang every ``remediation.check_seconds``, once ready (and leading)
     stop() -> new binds are refused ("shutting down": kube-scheduler requeues them),
               in-flight binds finish (up to ``drain_timeout_s``), watches close.
 
