@@ -29,6 +29,7 @@ from tests.kube.test_live import (  # noqa: F401 (clean: autouse)
     clean,
     gang_annotations,
     gpu_pod,
+    placement,
     wait_for,
 )
 
@@ -50,10 +51,14 @@ def _policy(tmp_path: Path) -> Path:
 
 
 def _placement(pod: Any) -> tuple[str, tuple[int, ...]]:
-    import json
-
-    rec = json.loads(pod.metadata.annotations["topoplace.io/placement"])
+    rec = placement(pod)
     return rec["node"], tuple(rec["gpus"])
+
+
+def _all_bound(core: Any, namespace: str, names: list[str]) -> dict[str, Any]:
+    """Every one of ``names`` bound (name -> pod), else {} (``bound`` gives any subset)."""
+    got = bound(core, namespace, names)
+    return got if len(got) == len(names) else {}
 
 
 def _gone(core: Any, namespace: str, names: list[str], uids: dict[str, str]) -> bool:
@@ -89,7 +94,9 @@ def test_a_failed_node_takes_its_gang_out_and_the_gang_comes_back_whole_elsewher
                     namespace, gpu_pod(name, 8, scheduler_name, label, annotations=ann)
                 )
             core.create_namespaced_pod(namespace, gpu_pod("solo", 8, scheduler_name, label))
-            first = wait_for(lambda: bound(core, namespace, ["w0", "w1", "solo"]), 60, "bound")
+            first = wait_for(
+                lambda: _all_bound(core, namespace, ["w0", "w1", "solo"]), 60, "all bound"
+            )
             where = {n: p.spec.node_name for n, p in first.items()}
             uids = {n: p.metadata.uid for n, p in first.items()}
             assert len(set(where.values())) == 3, where
@@ -129,7 +136,7 @@ def test_a_failed_node_takes_its_gang_out_and_the_gang_comes_back_whole_elsewher
                 core.create_namespaced_pod(
                     namespace, gpu_pod(name, 8, scheduler_name, label, annotations=ann)
                 )
-            again = wait_for(lambda: bound(core, namespace, ["w0", "w1"]), 60, "re-placed")
+            again = wait_for(lambda: _all_bound(core, namespace, ["w0", "w1"]), 60, "re-placed")
             placed = {n: p.spec.node_name for n, p in again.items()}
             assert broken not in placed.values() and where["solo"] not in placed.values()
             assert len(set(placed.values())) == 2, placed
@@ -194,7 +201,9 @@ def test_a_tainted_gpu_takes_out_only_the_pod_that_holds_it(
         with topoplace.restarted(args=("--config", str(_policy(tmp_path)))):
             for name in ("pair-a", "pair-b"):
                 core.create_namespaced_pod(namespace, gpu_pod(name, 2, scheduler_name, label))
-            first = wait_for(lambda: bound(core, namespace, ["pair-a", "pair-b"]), 60, "bound")
+            first = wait_for(
+                lambda: _all_bound(core, namespace, ["pair-a", "pair-b"]), 60, "both bound"
+            )
             uids = {n: p.metadata.uid for n, p in first.items()}
             _, gpus = _placement(first["pair-a"])
             current = kube_api.request_json("GET", f"{base}/{slice_name}")
