@@ -18,9 +18,10 @@ Eviction API (PodDisruptionBudgets apply); their controllers recreate them and t
 places the new pods, all-or-nothing, on healthy hardware.
 
 A pod counts as **on failed hardware** when it holds GPUs (whole, fractional shares or
-replicas) on a node whose verdict is UNHEALTHY for one of ``node_reasons`` (a node
-topoplace cannot model is not a failure, nor is a cordon), or holds a GPU whose own verdict
-carries one of ``gpu_reasons``. Only pods of topoplace's kube-scheduler profiles are
+replicas; or through DRA ResourceClaims reserved for it, ``status.reservedFor``) on a node
+whose verdict is UNHEALTHY for one of ``node_reasons`` (a node topoplace cannot model is
+not a failure, nor is a cordon), or holds a GPU whose own verdict carries one of
+``gpu_reasons``. Only pods of topoplace's kube-scheduler profiles are
 considered (``spec.schedulerName``), never a pod being deleted, never one annotated
 :data:`OPT_OUT_ANNOTATION` ``: "off"``, never one only assumed.
 
@@ -37,6 +38,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from scheduler.core import dra
 from scheduler.core.health import (
     REASON_DEVICE_TAINT,
     REASON_FAULT_TAINT,
@@ -229,13 +231,24 @@ def _scheduler_name(p: PodInfo) -> str:
     return name if isinstance(name, str) else ""
 
 
-def eligible(p: PodInfo, profiles: Collection[str]) -> bool:
-    """A pod topoplace may evict: bound (not only assumed), holding GPUs, of one of
-    ``profiles``, not being deleted, not opted out."""
+def gang_key(p: PodInfo) -> str:
+    """The pod's gang key (``namespace/group``), read from its object: a claim pod's bind
+    records it without one (its gang is whole already when its claims are allocated)."""
+    if p.gang:
+        return p.gang
+    from scheduler.core.objects import gang_of  # objects -> params -> this module
+
+    return gang_of(p.raw)[0] if isinstance(p.raw, Mapping) and p.raw else ""
+
+
+def eligible(p: PodInfo, profiles: Collection[str], holding: bool = True) -> bool:
+    """A pod topoplace may evict: bound (not only assumed), holding GPUs (``holding``; a
+    pod whose GPUs its ResourceClaims hold holds none itself), of one of ``profiles``, not
+    being deleted, not opted out."""
     return (
         not p.assumed
         and bool(p.node)
-        and _holds_gpus(p)
+        and (_holds_gpus(p) or not holding)
         and _scheduler_name(p) in profiles
         and not _terminating(p)
         and not _opted_out(p)
@@ -297,21 +310,17 @@ def on_failed_hardware(
     slices = snap.extra.get(RESOURCESLICES_KEY) if isinstance(snap.extra, Mapping) else None
     devices: Mapping[str, tuple[Mapping[str, Any], ...]] | None = None
     gpu_cache: dict[str, Mapping[int, str]] = {}
-    out = []
-    for key in sorted(snap.pods):
-        p = snap.pods[key]
-        if not eligible(p, profiles):
-            continue
-        why = failed.get(p.node, "")
+
+    def hit(holder: PodInfo) -> tuple[str, str]:
+        """(kind, reason) if ``holder``'s node or one of its GPUs failed, else ("", "")."""
+        nonlocal devices
+        why = failed.get(holder.node, "")
         if why:
-            out.append(Fault(key, p.uid, p.node, KIND_NODE, why, p.gang, key))
-            continue
-        node = snap.node(p.node)
-        if node is None or not node.health.bad_mask:
-            continue
-        mine = _gpus_of(p)
-        if not any(node.health.bad_mask >> g & 1 for g in mine):
-            continue
+            return KIND_NODE, why
+        node = snap.node(holder.node)
+        mine = _gpus_of(holder)
+        if node is None or not any(node.health.bad_mask >> g & 1 for g in mine):
+            return "", ""
         bad = gpu_cache.get(node.name)
         if bad is None:
             if devices is None:
@@ -319,10 +328,44 @@ def on_failed_hardware(
             bad = gpu_cache[node.name] = failed_gpus(
                 node, params, health, devices.get(node.name, ())
             )
-        hit = next((bad[g] for g in mine if g in bad), "")
-        if hit:
-            out.append(Fault(key, p.uid, p.node, KIND_GPU, hit, p.gang, key))
-    return tuple(out), len(failed), gpu_nodes
+        reason = next((bad[g] for g in mine if g in bad), "")
+        return (KIND_GPU, reason) if reason else ("", "")
+
+    out: dict[str, Fault] = {}
+    for key in sorted(snap.pods):
+        p = snap.pods[key]
+        if key.startswith(dra.HOLDER_PREFIX):  # a claim holds the GPUs: its consumers go
+            if p.assumed:
+                continue
+            kind, why = hit(p)
+            for q in _consumers(snap, p) if kind else ():
+                if q.key not in out and eligible(q, profiles, holding=False):
+                    out[q.key] = Fault(q.key, q.uid, q.node, kind, why, gang_key(q), q.key)
+            continue
+        if not eligible(p, profiles):
+            continue
+        kind, why = hit(p)
+        if kind:
+            out[key] = Fault(key, p.uid, p.node, kind, why, gang_key(p), key)
+    return tuple(out[k] for k in sorted(out)), len(failed), gpu_nodes
+
+
+def _consumers(snap: ClusterSnapshot, holding: PodInfo) -> list[PodInfo]:
+    """The pods a claim holding is reserved for (``status.reservedFor``, matched by UID
+    when it is given), as the snapshot holds them."""
+    raw = holding.raw if isinstance(holding.raw, Mapping) else {}
+    meta = raw.get("metadata")
+    ns = meta.get("namespace") if isinstance(meta, Mapping) else None
+    status = raw.get("status")
+    refs = status.get("reservedFor") if isinstance(status, Mapping) else None
+    out = []
+    for r in refs if isinstance(refs, list) and isinstance(ns, str) else ():
+        if not isinstance(r, Mapping) or r.get("resource", "pods") != "pods":
+            continue
+        q = snap.pods.get(f"{ns}/{r.get('name')}")
+        if q is not None and (not r.get("uid") or r.get("uid") == q.uid):
+            out.append(q)
+    return out
 
 
 def plan(
@@ -364,8 +407,9 @@ def plan(
     if params.whole_gangs:
         for key in sorted(snap.pods):
             p = snap.pods[key]
-            if p.gang and eligible(p, profiles):
-                members.setdefault(p.gang, []).append(p)
+            g = gang_key(p)
+            if g and eligible(p, profiles, holding=False):  # DRA members hold no GPU
+                members.setdefault(g, []).append(p)
     groups: list[tuple[Fault, ...]] = []
     taken: set[str] = set()
     for f in sorted(due, key=lambda f: (waiting[f.pod], f.pod)):
@@ -381,11 +425,11 @@ def plan(
             own = direct.get(p.key)
             if own is not None:  # on failed hardware too (due or not: the gang goes whole)
                 group.append(
-                    Fault(p.key, p.uid, p.node, own.kind, own.reason, p.gang, p.key, waiting[p.key])
+                    Fault(p.key, p.uid, p.node, own.kind, own.reason, f.gang, p.key, waiting[p.key])
                 )
             else:
                 group.append(
-                    Fault(p.key, p.uid, p.node, KIND_GANG, f.reason, p.gang, f.pod, waiting[f.pod])
+                    Fault(p.key, p.uid, p.node, KIND_GANG, f.reason, f.gang, f.pod, waiting[f.pod])
                 )
         groups.append(tuple(group))
     return Plan(tuple(groups), waiting, failed, gpu_nodes, "")

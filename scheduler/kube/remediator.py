@@ -35,7 +35,7 @@ from urllib.parse import quote
 
 from scheduler.core.model import PodInfo
 from scheduler.core.params import SchedParams
-from scheduler.core.remediation import Fault, Plan, plan
+from scheduler.core.remediation import Fault, Plan, gang_key, plan
 from scheduler.kube.client import ApiError, KubeApi
 from scheduler.kube.metrics import KubeMetrics
 
@@ -63,8 +63,9 @@ def _owner(p: PodInfo) -> str:
 
 def _lineage(p: PodInfo) -> str:
     """What a successor shares with the pod: its gang, else its controller ("" if none)."""
-    if p.gang:
-        return "gang:" + p.gang
+    gang = gang_key(p)
+    if gang:
+        return "gang:" + gang
     owner = _owner(p)
     return "owner:" + owner if owner else ""
 

@@ -242,3 +242,83 @@ def test_settings_load_and_older_policies_only_report() -> None:
         {"remediation": {"mode": "evict", "after_seconds": 5, "grace_period_seconds": 0}}
     ).remediation
     assert (p.mode, p.after_seconds, p.grace_period_seconds) == ("evict", 5.0, 0)
+
+
+# ---- pods whose GPUs DRA ResourceClaims hold (objects recorded from v1.33.0) -----------------
+
+
+def _dra_snap(nodes: list[dict] | None = None, slices: list[dict] | None = None) -> Any:
+    from tests.dra import recorded
+
+    extra = recorded.extra()
+    if slices is not None:
+        extra["resourceslices"] = slices
+    return build_snapshot(nodes or recorded.nodes(), recorded.pods(), SP, extra)
+
+
+def test_a_failed_node_takes_out_the_pods_its_claims_are_reserved_for() -> None:
+    from tests.dra import recorded
+
+    nodes = recorded.nodes()
+    for n in nodes:
+        if n["metadata"]["name"] == "gpu-node-0":
+            n["status"]["conditions"].append(condition("GpuXidError"))
+    snap = _dra_snap(nodes)
+    profiles = ("topology-gpu",)  # the profile the recorded pods were scheduled by
+    pl = plan(snap, RP, SP.health, profiles, 0.0, {})
+    # claim-pod-a (two-gpus) and claim-pod-c (same-root) run on gpu-node-0; claim-pod-b
+    # on gpu-node-1; the gated pod holds nothing
+    assert sorted(pl.waiting) == ["default/claim-pod-a", "default/claim-pod-c"]
+    assert plan(snap, RP, SP.health, PROFILES, 0.0, {}).waiting == {}  # not topoplace's
+
+
+def test_a_tainted_device_takes_out_only_the_pod_whose_claim_holds_it() -> None:
+    from tests.dra import recorded
+
+    slices = recorded.slices()
+    for sl in slices:
+        if sl["spec"]["nodeName"] == "gpu-node-1":
+            for d in sl["spec"]["devices"]:
+                if d["name"] == "gpu-6":  # pinned-seven holds gpu-0..4, 6, 7
+                    d["taints"] = [
+                        {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoExecute"}
+                    ]
+    pl = plan(
+        _dra_snap(slices=slices),
+        RP,
+        SP.health,
+        ("topology-gpu",),
+        60.0,
+        {"default/claim-pod-b": 0.0},
+    )
+    assert _keys(pl) == [[("default/claim-pod-b", KIND_GPU)]]
+    assert pl.groups[0][0].reason == REASON_DEVICE_TAINT
+    # The recorded taint on gpu-5 (NoSchedule) touches no claim: nobody goes for it.
+    assert list(plan(_dra_snap(), RP, SP.health, ("topology-gpu",), 0.0, {}).waiting) == []
+
+
+def test_a_claim_gang_goes_whole_though_its_bind_recorded_no_gang() -> None:
+    # topoplace's bind of a claim pod records it without its gang (the claims make the gang
+    # whole already); the gang is read from the Pod object.
+    from dataclasses import replace
+
+    from scheduler.core.snapshot import with_pod
+    from tests.dra import recorded
+
+    nodes = recorded.nodes()
+    for n in nodes:
+        if n["metadata"]["name"] == "gpu-node-0":
+            n["status"]["conditions"].append(condition("GpuXidError"))
+    pods = recorded.pods()
+    for p in pods:
+        if p["metadata"]["name"] in ("claim-pod-a", "claim-pod-b"):
+            p["metadata"].setdefault("annotations", {}).update(
+                {"topoplace.io/gang": "ft", "topoplace.io/gang-size": "2"}
+            )
+    snap = build_snapshot(nodes, pods, SP, recorded.extra())
+    for key in ("default/claim-pod-a", "default/claim-pod-b"):
+        snap = with_pod(snap, replace(snap.pods[key], gang=""))
+    pl = plan(snap, RP, SP.health, ("topology-gpu",), 60.0, {"default/claim-pod-a": 0.0})
+    # claim-pod-c (gpu-node-0 too) was seen only now: not due yet
+    assert _keys(pl) == [[("default/claim-pod-a", KIND_NODE), ("default/claim-pod-b", KIND_GANG)]]
+    assert {f.gang for f in pl.groups[0]} == {"default/ft"}

@@ -799,3 +799,64 @@ def test_a_burst_of_claim_pods_fills_the_nodes_exactly(
         taken += [(node, d) for d in devices]
     assert len(set(taken)) == len(taken) == 32
     assert sorted(n for n, _ in taken) == sorted(nodes * 8)
+
+
+# ---- re-placement after a failure: claim pods are evicted like device-plugin pods -----------
+
+
+def test_a_failed_node_evicts_the_gang_whose_claims_it_holds_and_nothing_else(
+    topoplace: Topoplace,
+    dra_scheduler: Any,
+    cluster: DraCluster,
+    claims: Claims,
+    run_id: str,
+    namespace: str,
+    core: Any,
+    tmp_path: Path,
+) -> None:
+    """Two claim pods of a gang on two nodes, a claim pod alone on a third (the shipped
+    policy's remediation, with a short delay): NVSentinel's fatal XID condition on one
+    gang member's node takes out both members (the other's claim sits on a healthy node)
+    through the Eviction API; the pod alone stays."""
+    from tests.kube.test_remediation_live import AFTER_S, _policy, _stamp, xid_condition
+
+    nodes = cluster.add_nodes(3, annotations=DGX1)
+    _wait_nodes(topoplace, nodes, "dgx1-v100")
+    ann = {"topoplace.io/gang": "ft", "topoplace.io/gang-size": "2"}
+    with topoplace.restarted(args=("--config", str(_policy(tmp_path)))):
+        for i, n in enumerate(nodes):
+            claims.create(f"c{i}", 8)
+            claims.pod(
+                f"pod-{i}",
+                f"c{i}",
+                run_id,
+                gated=True,
+                selector={"kubernetes.io/hostname": n},
+                annotations=ann if i < 2 else None,
+            )
+        for i in range(3):
+            claims.wait_allocated(f"c{i}", 60)
+            wait_for(lambda i=i: claims.node_of(f"pod-{i}"), 60, f"pod-{i} bound")
+        uids = {p: core.read_namespaced_pod(p, namespace).metadata.uid for p in claims.pods}
+        ready = {
+            "type": "Ready",
+            "status": "True",
+            "reason": "KubeletReady",
+            "lastHeartbeatTime": _stamp(),
+            "lastTransitionTime": _stamp(),
+        }
+        core.patch_node_status(nodes[0], {"status": {"conditions": [ready, xid_condition()]}})
+
+        def gone(name: str) -> bool:
+            live = {
+                p.metadata.name: p.metadata.uid for p in core.list_namespaced_pod(namespace).items
+            }
+            return live.get(name) != uids[name]
+
+        try:
+            wait_for(lambda: gone("pod-0") and gone("pod-1"), AFTER_S + 30, "the gang evicted")
+        except AssertionError as exc:
+            text = httpx.get(topoplace.url + "/metrics", timeout=10, **topoplace._client_kw()).text
+            seen = [ln for ln in text.splitlines() if ln.startswith("topoplace_remediation")]
+            raise AssertionError(f"{exc}; {seen}; {topoplace.log_tail(20)}") from None
+        assert not gone("pod-2")

@@ -40,6 +40,18 @@ def _stamp() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def xid_condition() -> dict[str, str]:
+    """NVSentinel's fatal XID condition, as its platform connector writes it, from now."""
+    return {
+        "type": "GpuXidError",
+        "status": "True",
+        "reason": "GpuXidErrorIsNotHealthy",
+        "message": "ErrorCode:79 GPU has fallen off the bus",
+        "lastHeartbeatTime": _stamp(),
+        "lastTransitionTime": _stamp(),
+    }
+
+
 def _policy(tmp_path: Path) -> Path:
     """The shipped policy with a short remediation delay."""
     policy = yaml.safe_load((REPO / "config" / "policy.yaml").read_text())
@@ -101,14 +113,7 @@ def test_a_failed_node_takes_its_gang_out_and_the_gang_comes_back_whole_elsewher
             uids = {n: p.metadata.uid for n, p in first.items()}
             assert len(set(where.values())) == 3, where
             broken = where["w0"]
-            xid = {
-                "type": "GpuXidError",
-                "status": "True",
-                "reason": "GpuXidErrorIsNotHealthy",
-                "message": "ErrorCode:79 GPU has fallen off the bus",
-                "lastHeartbeatTime": _stamp(),
-                "lastTransitionTime": _stamp(),
-            }
+            xid = xid_condition()
             ready = {
                 "type": "Ready",
                 "status": "True",
