@@ -84,12 +84,16 @@ def _sample(metrics: Metrics, name: str, **labels: str) -> float:
     return 0.0 if v is None else v
 
 
+EVENTS = f"/apis/events.k8s.io/v1/namespaces/{NS}/events"
+
+
 def test_a_failed_member_and_its_gang_are_evicted_once_with_the_recorded_request() -> None:
     cache, clock, params, metrics, wall = _setup()
     uids = {p.key: p.uid for p in cache.snapshot().pods.values()}
     with RecordedApiServer() as srv:
         for name in ("w0", "w1"):
             srv.add("POST", _path(name), 201, "eviction_201_created.json")
+        srv.add("POST", EVENTS, 201, "event_201_created.json")
         rem = _remediator(srv, cache, params, metrics, wall)
         assert rem.tick() == []  # seen on failed hardware now: not due
         clock.t += AFTER - 1
@@ -103,13 +107,23 @@ def test_a_failed_member_and_its_gang_are_evicted_once_with_the_recorded_request
         # The pods are still in the cache until the watch sees them go: not evicted twice.
         wall.t += 5
         assert rem.tick() == []
-        sent = [json.loads(r["body"]) for r in srv.requests]
-    assert [r["path"] for r in srv.requests] == [_path("w0"), _path("w1")]
+        sent = [(r["path"], json.loads(r["body"])) for r in srv.requests]
+    # each eviction, then the Event that says why
+    assert [p for p, _ in sent] == [_path("w0"), EVENTS, _path("w1"), EVENTS]
     want = recorded("eviction_request_sent.json")
-    for body, key in zip(sent, ("rec/w0", "rec/w1"), strict=True):
+    for (_, body), key in zip(sent[0::2], ("rec/w0", "rec/w1"), strict=True):
         want["metadata"]["name"] = key.split("/")[1]
         want["deleteOptions"]["preconditions"]["uid"] = uids[key]
         assert body == want
+    events = [body for _, body in sent[1::2]]
+    assert [e["regarding"]["uid"] for e in events] == [uids["rec/w0"], uids["rec/w1"]]
+    assert {(e["reason"], e["action"], e["type"]) for e in events} == {
+        ("HardwareFailure", "Evict", "Warning")
+    }
+    assert "its node: GPU fault condition" in events[0]["note"]
+    assert "gang member rec/w0: GPU fault condition" in events[1]["note"]
+    # named as client-go names events: <pod>.<hex nanoseconds>
+    assert events[0]["metadata"]["name"].startswith("w0.")
     assert (
         _sample(metrics, "topoplace_remediation_evictions_total", kind="node", outcome="evicted")
         == 1
@@ -119,6 +133,18 @@ def test_a_failed_member_and_its_gang_are_evicted_once_with_the_recorded_request
         == 1
     )
     assert _sample(metrics, "topoplace_pods_on_failed_hardware") == 1
+
+
+def test_a_refused_event_loses_nothing() -> None:
+    cache, clock, params, metrics, wall = _setup()
+    with RecordedApiServer() as srv:
+        for name in ("w0", "w1"):
+            srv.add("POST", _path(name), 201, "eviction_201_created.json")
+        srv.add("POST", EVENTS, 403, "eviction_403_forbidden.json")
+        rem = _remediator(srv, cache, params, metrics, wall)
+        rem.tick()
+        clock.t += AFTER
+        assert [o for _, o in rem.tick()] == ["evicted", "evicted"]
 
 
 @pytest.mark.parametrize(

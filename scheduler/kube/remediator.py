@@ -12,6 +12,10 @@ state and does the writes:
   on ``pods/eviction`` (``config/deploy/rbac.yaml``);
 - at most ``remediation.max_evictions_per_minute`` evictions in any 60 s (a gang goes
   whole or waits, unless it alone is larger than the bound);
+- an Event on each evicted pod (``events.k8s.io/v1``, reason :data:`EVENT_REASON`,
+  action ``Evict``, a note that names the failure), so ``kubectl describe`` and
+  ``kubectl get events`` say why it went (RBAC: ``create`` on ``events``); a failed Event
+  write is logged, never retried;
 - the re-placements: a pod bound after an eviction with the same controller (owner
   reference) or gang as an evicted pod is its successor, counted in
   ``topoplace_replacements{kind}`` and timed in ``topoplace_replacement_seconds``.
@@ -24,7 +28,9 @@ Metrics: ``topoplace_remediation_evictions{kind,outcome}``,
 
 from __future__ import annotations
 
+import datetime
 import logging
+import socket
 import threading
 import time
 from collections import deque
@@ -41,6 +47,8 @@ from scheduler.kube.metrics import KubeMetrics
 
 log = logging.getLogger(__name__)
 
+EVENT_REASON = "HardwareFailure"
+EVENT_CONTROLLER = "topoplace.io/remediation"
 RETRY_BLOCKED_S = 10.0
 """Seconds before an eviction a PodDisruptionBudget refused (or that failed) is tried again."""
 EVICTED_MEMORY_S = 120.0
@@ -113,6 +121,8 @@ class Remediator:
         self.replacements = replacements
         self.may_act = may_act
         self.wall = wall
+        self.instance = socket.gethostname()[:128] or "topoplace"
+        """``reportingInstance`` of the Events (the pod's hostname)."""
         self.since: dict[str, float] = {}
         self._evicted: dict[str, float] = {}  # uid -> wall time
         self._retry: dict[str, float] = {}  # uid -> wall time it may be tried again
@@ -237,7 +247,37 @@ class Remediator:
         self._evicted[f.uid] = wall
         self._retry.pop(f.uid, None)
         log.warning("remediation: evicted %s", _describe(f))
+        self._event(f, ns, name)
         return self._count(f, "evicted")
+
+    def _event(self, f: Fault, ns: str, name: str) -> None:
+        """Post the Event that says why ``f``'s pod was evicted (best effort)."""
+        now = datetime.datetime.now(datetime.UTC)
+        body = {
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            # as client-go's recorder names events: <object>.<unix nanoseconds in hex>
+            "metadata": {"name": f"{name}.{time.time_ns():x}", "namespace": ns},
+            "eventTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "reportingController": EVENT_CONTROLLER,
+            "reportingInstance": self.instance,
+            "action": "Evict",
+            "reason": EVENT_REASON,
+            "type": "Warning",
+            "regarding": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": name,
+                "namespace": ns,
+                "uid": f.uid,
+            },
+            "note": f"evicted by topoplace for re-placement: {_describe(f)}"[:1024],
+        }
+        path = f"/apis/events.k8s.io/v1/namespaces/{quote(ns, safe='')}/events"
+        try:
+            self.api.request_json("POST", path, body)
+        except ApiError as exc:
+            log.warning("remediation: the Event about %s was not written: %s", f.pod, exc)
 
     def _count(self, f: Fault, outcome: str) -> str:
         self.metrics.evictions.labels(kind=f.kind, outcome=outcome).inc()

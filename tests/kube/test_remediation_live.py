@@ -86,6 +86,7 @@ def test_a_failed_node_takes_its_gang_out_and_the_gang_comes_back_whole_elsewher
     scheduler_name: str,
     run_id: str,
     tmp_path: Path,
+    kube_api: Any,  # noqa: F811
 ) -> None:
     label = f"{run_id}-remedy"
     nodes = [f"tp-it-{run_id}-remedy-{i}" for i in range(4)]
@@ -128,6 +129,17 @@ def test_a_failed_node_takes_its_gang_out_and_the_gang_comes_back_whole_elsewher
                 "topoplace to evict both gang members",
             )
             assert core.read_namespaced_pod("solo", namespace).metadata.uid == uids["solo"]
+            # Why they went, where kubectl describe and kubectl get events show it.
+            events = kube_api.request_json(
+                "GET", f"/apis/events.k8s.io/v1/namespaces/{namespace}/events"
+            )["items"]
+            told = {
+                e["regarding"]["uid"]: e["note"]
+                for e in events
+                if e.get("reason") == "HardwareFailure" and e.get("action") == "Evict"
+            }
+            assert set(told) == {uids["w0"], uids["w1"]}, told
+            assert "GPU fault condition" in told[uids["w0"]]
             after = {
                 k: _metric(
                     topoplace,
