@@ -818,7 +818,8 @@ def test_a_failed_node_evicts_the_gang_whose_claims_it_holds_and_nothing_else(
     policy's remediation, with a short delay): NVSentinel's fatal XID condition on one
     gang member's node takes out both members (the other's claim sits on a healthy node)
     through the Eviction API; the pod alone stays."""
-    from tests.kube.test_remediation_live import AFTER_S, _policy, _stamp, xid_condition
+    from tests.kube.test_health_live import fail_node
+    from tests.kube.test_remediation_live import AFTER_S, _policy
 
     nodes = cluster.add_nodes(3, annotations=DGX1)
     _wait_nodes(topoplace, nodes, "dgx1-v100")
@@ -838,14 +839,7 @@ def test_a_failed_node_evicts_the_gang_whose_claims_it_holds_and_nothing_else(
             claims.wait_allocated(f"c{i}", 60)
             wait_for(lambda i=i: claims.node_of(f"pod-{i}"), 60, f"pod-{i} bound")
         uids = {p: core.read_namespaced_pod(p, namespace).metadata.uid for p in claims.pods}
-        ready = {
-            "type": "Ready",
-            "status": "True",
-            "reason": "KubeletReady",
-            "lastHeartbeatTime": _stamp(),
-            "lastTransitionTime": _stamp(),
-        }
-        core.patch_node_status(nodes[0], {"status": {"conditions": [ready, xid_condition()]}})
+        fail_node(core, nodes[0])
 
         def gone(name: str) -> bool:
             live = {

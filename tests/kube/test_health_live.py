@@ -36,6 +36,23 @@ def _ready(heartbeat_ago_s: float = 0.0) -> dict[str, str]:
     }
 
 
+def xid_condition() -> dict[str, str]:
+    """NVSentinel's fatal XID condition, as its platform connector writes it, from now."""
+    return {
+        "type": "GpuXidError",
+        "status": "True",
+        "reason": "GpuXidErrorIsNotHealthy",
+        "message": "ErrorCode:79 GPU has fallen off the bus",
+        "lastHeartbeatTime": _stamp(),
+        "lastTransitionTime": _stamp(),
+    }
+
+
+def fail_node(core: Any, node: str) -> None:
+    """``node`` Ready, with NVSentinel's fatal XID condition (a GPU fell off the bus)."""
+    core.patch_node_status(node, {"status": {"conditions": [_ready(), xid_condition()]}})
+
+
 def _health(tp: Topoplace) -> dict[str, str]:
     return {n["name"]: n["health"] for n in tp.get("/v1/inspect/nodes")["nodes"]}
 
@@ -55,16 +72,8 @@ def test_signals_kube_scheduler_cannot_read_keep_pods_away(
     for n in nodes:
         make_gpu_node(core, n, label)
     xid, quarantined, stalled, good = nodes
-    xid_condition = {
-        "type": "GpuXidError",
-        "status": "True",
-        "reason": "GpuXidErrorIsNotHealthy",
-        "message": "ErrorCode:79 GPU has fallen off the bus",
-        "lastHeartbeatTime": _stamp(),
-        "lastTransitionTime": _stamp(),
-    }
     try:
-        core.patch_node_status(xid, {"status": {"conditions": [_ready(), xid_condition]}})
+        fail_node(core, xid)
         core.patch_node(quarantined, {"metadata": {"labels": {NVSENTINEL_STATE: "quarantined"}}})
         core.patch_node_status(stalled, {"status": {"conditions": [_ready(heartbeat_ago_s=1500)]}})
         want = {xid: "unhealthy", quarantined: "unhealthy", stalled: "degraded", good: "healthy"}

@@ -15,7 +15,6 @@ another GPU of the same node.
 from __future__ import annotations
 
 import contextlib
-import datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import yaml
 
 from tests.kube.conftest import REPO, Topoplace, make_gpu_node
 from tests.kube.test_dra import _metric, kube_api  # noqa: F401 (a fixture)
+from tests.kube.test_health_live import fail_node
 from tests.kube.test_live import (  # noqa: F401 (clean: autouse)
     bound,
     clean,
@@ -34,22 +34,6 @@ from tests.kube.test_live import (  # noqa: F401 (clean: autouse)
 )
 
 AFTER_S = 2
-
-
-def _stamp() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def xid_condition() -> dict[str, str]:
-    """NVSentinel's fatal XID condition, as its platform connector writes it, from now."""
-    return {
-        "type": "GpuXidError",
-        "status": "True",
-        "reason": "GpuXidErrorIsNotHealthy",
-        "message": "ErrorCode:79 GPU has fallen off the bus",
-        "lastHeartbeatTime": _stamp(),
-        "lastTransitionTime": _stamp(),
-    }
 
 
 def _policy(tmp_path: Path) -> Path:
@@ -114,15 +98,7 @@ def test_a_failed_node_takes_its_gang_out_and_the_gang_comes_back_whole_elsewher
             uids = {n: p.metadata.uid for n, p in first.items()}
             assert len(set(where.values())) == 3, where
             broken = where["w0"]
-            xid = xid_condition()
-            ready = {
-                "type": "Ready",
-                "status": "True",
-                "reason": "KubeletReady",
-                "lastHeartbeatTime": _stamp(),
-                "lastTransitionTime": _stamp(),
-            }
-            core.patch_node_status(broken, {"status": {"conditions": [ready, xid]}})
+            fail_node(core, broken)
             wait_for(
                 lambda: _gone(core, namespace, ["w0", "w1"], uids),
                 AFTER_S + 30,
