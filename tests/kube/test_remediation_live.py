@@ -114,7 +114,8 @@ def test_a_failed_node_takes_its_gang_out_and_the_gang_comes_back_whole_elsewher
                 for e in events
                 if e.get("reason") == "HardwareFailure" and e.get("action") == "Evict"
             }
-            assert set(told) == {uids["w0"], uids["w1"]}, told
+            # (the namespace is the suite's: other tests' evictions are told there too)
+            assert {uids["w0"], uids["w1"]} <= set(told) and uids["solo"] not in told, told
             assert "GPU fault condition" in told[uids["w0"]]
             after = {
                 k: _metric(
