@@ -214,7 +214,10 @@ class Remediator:
                     self._window.append(wall)
                     if lineage.get(f.pod):
                         self._awaiting[lineage[f.pod]].pending.append((wall, f.kind))
-        self._reported &= set(_uids(snap))
+        alive = set(_uids(snap))
+        self._reported &= alive
+        for uid in [u for u in self._retry if u not in alive]:
+            del self._retry[uid]  # gone meanwhile: nothing to try again
         return done
 
     # ---- evictions -------------------------------------------------------------------------
