@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.clusters import make_pod
 from scheduler.cli.demo import ServerThread, scripted_pods
-from tests.ui.helpers import demo_app, node_names, schedule
+from tests.ui.helpers import node_names, schedule
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "config" / "grafana" / "topoplace.json"
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
@@ -26,8 +26,21 @@ def _queried() -> set[str]:
     return {m for e in exprs for m in re.findall(r"\btopoplace_[a-z_]+\b", e)}
 
 
+def _app_with_kube_series() -> object:
+    """The demo app, with the series kube mode adds to the same registry
+    (``scheduler/kube/runner.py``: watches, binds, remediation), as a live extender has."""
+    from scheduler.cli.main import build_file_extender, load_params
+    from scheduler.kube.metrics import KubeMetrics
+    from scheduler.server.app import create_app
+
+    ext, what = build_file_extender(None, load_params(None))
+    KubeMetrics(ext.metrics.registry)
+    return create_app(ext, description=what)
+
+
 def test_every_dashboard_series_is_exported_and_no_created_series() -> None:
-    with ServerThread(demo_app()) as srv, httpx.Client(base_url=srv.url, timeout=30) as client:
+    app = _app_with_kube_series()
+    with ServerThread(app) as srv, httpx.Client(base_url=srv.url, timeout=30) as client:
         names = node_names(client)
         for _, pod in scripted_pods():  # single pods, a gang and a pod that fits nowhere
             schedule(client, pod, names)
@@ -45,9 +58,13 @@ def test_every_dashboard_series_is_exported_and_no_created_series() -> None:
     queried = _queried()
     missing = sorted(queried - set(exported))
     assert not missing, f"the dashboard queries series /metrics does not export: {missing}"
-    # After the demo's traffic nearly every queried series has samples; re-placements
-    # happen only after hardware faults, which the demo does not inject.
-    assert sorted(queried - with_samples) == ["topoplace_replacements_total"]
+    # After the demo's traffic nearly every queried series has samples; evictions and
+    # re-placements happen only after hardware faults, which the demo does not inject.
+    assert sorted(queried - with_samples) == [
+        "topoplace_remediation_evictions_total",
+        "topoplace_replacement_seconds_bucket",
+        "topoplace_replacements_total",
+    ]
     assert "_created" not in text
     # The series the issue asks for are there, with the labels the panels group by.
     assert re.search(
