@@ -256,3 +256,55 @@ def test_successors_bound_after_the_eviction_count_as_re_placements() -> None:
     assert _sample(metrics, "topoplace_replacements_total", kind="gang") == 1
     assert _sample(metrics, "topoplace_replacement_seconds_count", kind="gang") == 1
     assert _sample(metrics, "topoplace_replacement_seconds_sum", kind="node") == 42
+
+
+def test_the_view_tells_what_is_due_when_and_what_was_done() -> None:
+    cache, clock, params, metrics, wall = _setup()
+    with RecordedApiServer() as srv:
+        for name in ("w0", "w1"):
+            srv.add("POST", _path(name), 201, "eviction_201_created.json")
+        srv.add("POST", EVENTS, 201, "event_201_created.json")
+        rem = _remediator(srv, cache, params, metrics, wall)
+        rem.tick()
+        clock.t += 15
+        v = rem.view()
+        assert (v["mode"], v["acting"], v["failed_gpu_nodes"], v["gpu_nodes"]) == (
+            "evict",
+            True,
+            1,
+            3,
+        )
+        (w0,) = v["on_failed_hardware"]
+        assert (w0["pod"], w0["kind"], w0["seen_for_seconds"], w0["due_in_seconds"]) == (
+            "rec/w0",
+            "node",
+            15.0,
+            AFTER - 15,
+        )
+        assert v["recent"] == []
+        clock.t += AFTER
+        rem.tick()
+        recent = rem.view()["recent"]
+    assert [(r["pod"], r["kind"], r["cause"], r["outcome"]) for r in recent] == [
+        ("rec/w0", "node", "rec/w0", "evicted"),
+        ("rec/w1", "gang", "rec/w0", "evicted"),
+    ]
+
+
+def test_without_an_api_server_the_view_shows_the_pods_and_evicts_nothing() -> None:
+    from scheduler.runtime.cache import ClusterCache
+    from scheduler.server.extender import Extender
+    from tests.helpers import asgi_client
+
+    params = SchedParams.from_config({"remediation": {"mode": "evict"}})
+    nodes = [dgx("a", conditions=[condition("GpuXidError")]), dgx("b")]
+    pods = [make_pod("p", 8, namespace=NS, node="a", gpu_indices=range(8))]
+    ext = Extender(ClusterCache.from_objects(nodes, pods, params))
+    r = asgi_client(ext).get("/v1/inspect/remediation")
+    assert r.status_code == 200
+    body = r.json()
+    assert (body["mode"], body["acting"]) == ("evict", False)
+    assert "no Kubernetes API" in body["why_not"]
+    assert body["on_failed_hardware"] == [
+        {"pod": "rec/p", "node": "a", "kind": "node", "reason": "GPU fault condition", "gang": ""}
+    ]

@@ -41,7 +41,7 @@ from urllib.parse import quote
 
 from scheduler.core.model import PodInfo
 from scheduler.core.params import SchedParams
-from scheduler.core.remediation import Fault, Plan, gang_key, plan
+from scheduler.core.remediation import Fault, Plan, gang_key, on_failed_hardware, plan
 from scheduler.kube.client import ApiError, KubeApi
 from scheduler.kube.metrics import KubeMetrics
 
@@ -54,6 +54,8 @@ RETRY_BLOCKED_S = 10.0
 EVICTED_MEMORY_S = 120.0
 """An evicted pod is not evicted again for this long (its deletion reaches the watch
 first)."""
+RECENT = 100
+"""Actions :meth:`Remediator.view` shows."""
 SUCCESSOR_WINDOW_S = 3600.0
 """How long after an eviction a newly bound pod of the same controller or gang counts as
 its re-placement."""
@@ -129,6 +131,8 @@ class Remediator:
         self._reported: set[str] = set()  # uids reported by a dry run
         self._window: deque[float] = deque()  # wall times of the last minute's evictions
         self._awaiting: dict[str, _Awaiting] = {}
+        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
+        """The latest actions (evictions and their outcomes, dry-run reports), newest last."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.last: Plan | None = None
@@ -284,7 +288,54 @@ class Remediator:
 
     def _count(self, f: Fault, outcome: str) -> str:
         self.metrics.evictions.labels(kind=f.kind, outcome=outcome).inc()
+        self.recent.append(
+            {
+                "time": self.wall(),
+                "pod": f.pod,
+                "node": f.node,
+                "kind": f.kind,
+                "reason": f.reason,
+                "cause": f.cause,
+                "outcome": outcome,
+            }
+        )
         return outcome
+
+    def view(self) -> dict[str, Any]:
+        """What remediation does now (``GET /v1/inspect/remediation``): its settings,
+        whether this replica acts, the storm guard, every pod on failed hardware with when
+        it is due, and the latest actions."""
+        rp = self.params.remediation
+        snap = self.cache.snapshot()
+        now = self._now()
+        faults, failed, gpu_nodes = on_failed_hardware(snap, rp, self.params.health, self.profiles)
+        last = self.last
+        return {
+            "mode": rp.mode,
+            "acting": rp.mode != "off" and self.may_act(),
+            "after_seconds": rp.after_seconds,
+            "whole_gangs": rp.whole_gangs,
+            "failed_gpu_nodes": failed,
+            "gpu_nodes": gpu_nodes,
+            "held": last.paused if last is not None else "",
+            "on_failed_hardware": [
+                {
+                    "pod": f.pod,
+                    "node": f.node,
+                    "kind": f.kind,
+                    "reason": f.reason,
+                    "gang": f.gang,
+                    "seen_for_seconds": round(now - self.since[f.pod], 3)
+                    if f.pod in self.since
+                    else None,
+                    "due_in_seconds": round(max(0.0, self.since[f.pod] + rp.after_seconds - now), 3)
+                    if f.pod in self.since
+                    else rp.after_seconds,
+                }
+                for f in faults
+            ],
+            "recent": list(self.recent),
+        }
 
     # ---- re-placements ---------------------------------------------------------------------
 

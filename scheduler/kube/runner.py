@@ -561,6 +561,7 @@ def build_kube_runtime(
         metrics.replacements,
         may_act=lambda: readiness() and (lead is None or lead.active),
     )
+    ext.remediation_view = rt.remediator.view
 
     def start_allocator() -> None:
         """DRA served: allocate claims of pods gated with topoplace.io/allocate (only

@@ -437,6 +437,32 @@ def create_app(
         log_ = extender.decisions
         return [log_.explained(r) for r in log_.records(None, limit)]
 
+    @app.get("/v1/inspect/remediation")
+    async def inspect_remediation() -> Response:
+        view = extender.remediation_view
+        return _json(await run_in_threadpool(view if view is not None else _no_remediation))
+
+    def _no_remediation() -> dict[str, Any]:
+        """Without an API server nothing is evicted; the pods on failed hardware are shown."""
+        from scheduler.core.remediation import on_failed_hardware
+
+        p = extender.params
+        profiles = extender.profiles if extender.profiles is not None else ("topoplace",)
+        faults, failed, gpu_nodes = on_failed_hardware(
+            extender.cache.snapshot(), p.remediation, p.health, profiles
+        )
+        return {
+            "mode": p.remediation.mode,
+            "acting": False,
+            "why_not": "no Kubernetes API (a cluster file or the demo): nothing is evicted",
+            "failed_gpu_nodes": failed,
+            "gpu_nodes": gpu_nodes,
+            "on_failed_hardware": [
+                {"pod": f.pod, "node": f.node, "kind": f.kind, "reason": f.reason, "gang": f.gang}
+                for f in faults
+            ],
+        }
+
     @app.get("/v1/inspect/view")
     async def inspect_view() -> Response:
         return _json(await run_in_threadpool(ui.view_model, extender, description))

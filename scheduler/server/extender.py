@@ -251,6 +251,9 @@ class Extender:
         self.gangs = gangs
         self.parked = ParkedPods()
         """Refused single GPU pods to wake when GPUs free (kube mode sets its waker)."""
+        self.remediation_view: Callable[[], dict[str, Any]] | None = None
+        """What remediation does now (kube mode sets its remediator's view; see
+        ``/v1/inspect/remediation``)."""
         self.fetch_pod = fetch_pod
         self._tables: tuple[Any, NameTable | None] | None = None
         self._names_memo = wire.NamesMemo()

@@ -117,6 +117,13 @@ def test_a_failed_node_takes_its_gang_out_and_the_gang_comes_back_whole_elsewher
             # (the namespace is the suite's: other tests' evictions are told there too)
             assert {uids["w0"], uids["w1"]} <= set(told) and uids["solo"] not in told, told
             assert "GPU fault condition" in told[uids["w0"]]
+            # and what topoplace says it did
+            done = topoplace.get("/v1/inspect/remediation")["recent"]
+            mine = {(r["pod"], r["kind"], r["outcome"]) for r in done}
+            assert {
+                (f"{namespace}/w0", "node", "evicted"),
+                (f"{namespace}/w1", "gang", "evicted"),
+            } <= mine, done
             after = {
                 k: _metric(
                     topoplace,
