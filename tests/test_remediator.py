@@ -79,6 +79,12 @@ def _remediator(
     )
 
 
+def _evictions_answered(srv: RecordedApiServer, *names: str) -> None:
+    """The recorded 201 for the eviction of each of ``names``."""
+    for name in names:
+        srv.add("POST", _path(name), 201, "eviction_201_created.json")
+
+
 def _sample(metrics: Metrics, name: str, **labels: str) -> float:
     v = metrics.registry.get_sample_value(name, labels)
     return 0.0 if v is None else v
@@ -91,8 +97,7 @@ def test_a_failed_member_and_its_gang_are_evicted_once_with_the_recorded_request
     cache, clock, params, metrics, wall = _setup()
     uids = {p.key: p.uid for p in cache.snapshot().pods.values()}
     with RecordedApiServer() as srv:
-        for name in ("w0", "w1"):
-            srv.add("POST", _path(name), 201, "eviction_201_created.json")
+        _evictions_answered(srv, "w0", "w1")
         srv.add("POST", EVENTS, 201, "event_201_created.json")
         rem = _remediator(srv, cache, params, metrics, wall)
         assert rem.tick() == []  # seen on failed hardware now: not due
@@ -138,8 +143,7 @@ def test_a_failed_member_and_its_gang_are_evicted_once_with_the_recorded_request
 def test_a_refused_event_loses_nothing() -> None:
     cache, clock, params, metrics, wall = _setup()
     with RecordedApiServer() as srv:
-        for name in ("w0", "w1"):
-            srv.add("POST", _path(name), 201, "eviction_201_created.json")
+        _evictions_answered(srv, "w0", "w1")
         srv.add("POST", EVENTS, 403, "eviction_403_forbidden.json")
         rem = _remediator(srv, cache, params, metrics, wall)
         rem.tick()
@@ -213,8 +217,7 @@ def test_the_rate_bound_holds_a_gang_until_the_window_is_empty_then_it_goes_whol
     ] + [make_pod("solo", 2, namespace=NS, node="a", gpu_indices=[6, 7])]
     cache, clock, params, metrics, wall = _setup(pods=pods, max_evictions_per_minute=1)
     with RecordedApiServer() as srv:
-        for name in ("w0", "w1", "solo"):
-            srv.add("POST", _path(name), 201, "eviction_201_created.json")
+        _evictions_answered(srv, "w0", "w1", "solo")
         rem = _remediator(srv, cache, params, metrics, wall)
         rem.tick()
         clock.t += AFTER
@@ -232,8 +235,7 @@ def test_the_rate_bound_holds_a_gang_until_the_window_is_empty_then_it_goes_whol
 def test_successors_bound_after_the_eviction_count_as_re_placements() -> None:
     cache, clock, params, metrics, wall = _setup()
     with RecordedApiServer() as srv:
-        for name in ("w0", "w1"):
-            srv.add("POST", _path(name), 201, "eviction_201_created.json")
+        _evictions_answered(srv, "w0", "w1")
         rem = _remediator(srv, cache, params, metrics, wall)
         rem.tick()
         clock.t += AFTER
@@ -261,8 +263,7 @@ def test_successors_bound_after_the_eviction_count_as_re_placements() -> None:
 def test_the_view_tells_what_is_due_when_and_what_was_done() -> None:
     cache, clock, params, metrics, wall = _setup()
     with RecordedApiServer() as srv:
-        for name in ("w0", "w1"):
-            srv.add("POST", _path(name), 201, "eviction_201_created.json")
+        _evictions_answered(srv, "w0", "w1")
         srv.add("POST", EVENTS, 201, "event_201_created.json")
         rem = _remediator(srv, cache, params, metrics, wall)
         rem.tick()

@@ -236,8 +236,6 @@ class Engine:
         self._events: list[tuple[float, int, int, str, Any]] = []
         self._seq = 0
         self._refused: dict[str, int] = {}
-        self.teardown: dict[str, str] = {}
-        """Job -> how its current doomed placement ends (CRASH, REQUEUE or EVICT)."""
 
     # ---- events ---------------------------------------------------------------------------
 
@@ -400,7 +398,6 @@ class Engine:
             crash = t + self.recovery.crash_after
             evicted = self._evict_time(r, t)
             self.push(crash if evicted is None else min(crash, evicted), CRASH, (r, r.epoch))
-            self.teardown[r.job.name] = CRASH
         else:
             r.doomed = False
             if r.job.duration is not None:
@@ -424,22 +421,19 @@ class Engine:
         evicted = self._evict_time(r, t)
         if evicted is not None and evicted < t + rec.requeue_delay:
             self.push(evicted, EVICT, (r, r.epoch))
-            self.teardown[r.job.name] = EVICT
         else:
             self.push(t + rec.requeue_delay, REQUEUE, (r, r.epoch))
-            self.teardown[r.job.name] = REQUEUE
 
     def _evict_time(self, r: Run, t: float) -> float | None:
-        """When remediation evicts ``r`` (from ``t`` on), or None (no remediation, or its
-        hardware's failure is not published long enough). A health model that can tell
+        """When remediation evicts ``r`` (at ``t`` or later), or None (no remediation, or
+        its hardware's failure is not published long enough). A health model that can tell
         has ``evicted_at(run, t, after) -> float | None``
         (:meth:`benchmarks.engine.health.SignalHealth.evicted_at`)."""
         after = self.recovery.evict_after
         evicted_at = getattr(self.health, "evicted_at", None)
         if after is None or evicted_at is None:
             return None
-        got = evicted_at(r, t, after)
-        return None if got is None else max(t, got)
+        return evicted_at(r, t, after)
 
     def _release(self, r: Run, t: float, why: str) -> None:
         self.ledger.release(r)

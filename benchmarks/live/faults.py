@@ -82,7 +82,7 @@ from benchmarks.engine.health import (
     health_policies,
 )
 from benchmarks.engine.jobs import Job, Run
-from benchmarks.engine.loop import ARRIVE, ASSESS, CRASH, FAULT, LEAVE, Engine, Hook, Recovery
+from benchmarks.engine.loop import ARRIVE, ASSESS, FAULT, LEAVE, Engine, Hook, Recovery
 from benchmarks.engine.replay import first_run, pod_objects
 from benchmarks.engine.run import build
 from benchmarks.engine.scenario import Scenario as EngineScenario
@@ -625,7 +625,7 @@ class LiveEngine(Engine):
         r = self.runs.get(job)
         if r is None or self.attempt.get(job) != k or not r.running:
             return
-        if r.doomed and self.teardown.get(job) == CRASH:
+        if r.broken:  # placed on broken hardware: its crash was due
             self.evicted.append((name, t, "crash"))
             self._release(r, t, "crash")
             r.restarted = True
@@ -1016,9 +1016,9 @@ def render(
         f"a fault, a crash {rec.crash_after:g} s after a start on broken hardware, checkpoints "
         f"every {rec.checkpoint_every:g} s, {rec.restart_overhead:g} s per restart"
         + (
-            f"; topoplace's remediation evicts a gang {evict_after(rp):g} s after a failure of "
+            f"; topoplace's remediation evicts a gang {after:g} s after a failure of "
             f"its hardware is published (offline row `{NO_REMEDIATION}`: without it)."
-            if evict_after(rp) is not None
+            if (after := evict_after(rp)) is not None
             else "."
         ),
         "",
@@ -1136,6 +1136,33 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _live_figures(lv: LiveResult, twin: FirstPlacements) -> dict[str, Any]:
+    """One live arm's figures for ``results.json``, its first placements beside its
+    offline twin's (``twin``)."""
+    return {
+        "arm": live_label(lv),
+        "seconds": lv.seconds,
+        "signals": {k: v for k, v in vars(lv.signals).items() if k != "lag"},
+        "lag_p50": _q(lv.signals.lag, 0.5),
+        "lag_p99": _q(lv.signals.lag, 0.99),
+        "start_lag_p50": _q(lv.start_lag, 0.5),
+        "start_lag_p99": _q(lv.start_lag, 0.99),
+        "api_errors": lv.api_errors[:20],
+        "evicted": lv.evicted,
+        "teardown_times": lv.metrics.teardown_times,
+        "verbs": lv.verbs,
+        "first_as_offline": same_first(lv.first, twin),
+        "first_start_delays": start_delays(lv.first, twin),
+        "first_placements": {
+            job: {
+                "live": [[a.node, list(a.gpus)] for a in members],
+                "offline": [[a.node, list(a.gpus)] for a in twin.members.get(job, (0, ()))[1]],
+            }
+            for job, (_, members) in lv.first.members.items()
+        },
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from benchmarks.live.standalone import missing
 
@@ -1167,34 +1194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     (out / "report.md").write_text(text + "\n")
     rows = [row(f"offline {p}", m) for p, (m, _) in off.items()]
     rows += [row(live_label(lv), lv.metrics) for lv in lives]
-    extra = [
-        {
-            "arm": live_label(lv),
-            "seconds": lv.seconds,
-            "signals": {k: v for k, v in vars(lv.signals).items() if k != "lag"},
-            "lag_p50": _q(lv.signals.lag, 0.5),
-            "lag_p99": _q(lv.signals.lag, 0.99),
-            "start_lag_p50": _q(lv.start_lag, 0.5),
-            "start_lag_p99": _q(lv.start_lag, 0.99),
-            "api_errors": lv.api_errors[:20],
-            "evicted": lv.evicted,
-            "teardown_times": lv.metrics.teardown_times,
-            "verbs": lv.verbs,
-            "first_as_offline": same_first(lv.first, off[OFFLINE_TWIN[lv.health]][1]),
-            "first_start_delays": start_delays(lv.first, off[OFFLINE_TWIN[lv.health]][1]),
-            "first_placements": {
-                job: {
-                    "live": [[a.node, list(a.gpus)] for a in members],
-                    "offline": [
-                        [a.node, list(a.gpus)]
-                        for a in off[OFFLINE_TWIN[lv.health]][1].members.get(job, (0, ()))[1]
-                    ],
-                }
-                for job, (_, members) in lv.first.members.items()
-            },
-        }
-        for lv in lives
-    ]
+    extra = [_live_figures(lv, off[OFFLINE_TWIN[lv.health]][1]) for lv in lives]
     (out / "results.json").write_text(
         json.dumps({"rows": rows, "live": extra, "file": rp.path, "seed": rp.run.seed}, indent=1)
     )

@@ -11,8 +11,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from scheduler.core.health import HealthParams
-from scheduler.core.remediation import RemediationParams
+from scheduler.core.health import (
+    REASON_DEVICE_TAINT,
+    REASON_FAULT_TAINT,
+    REASON_GPU_FAULT,
+    REASON_NOT_READY,
+    REASON_NVSENTINEL,
+    HealthParams,
+)
 from topology.fabric import Fabric
 from topology.select import POLICIES
 
@@ -163,6 +169,102 @@ class SharingParams:
             hami_lock=str(lock),
             hami_lock_expiry_seconds=float(expiry),
             replicas=str(replicas),
+        )
+
+
+REMEDIATION_MODES = ("off", "dry-run", "evict")
+
+
+@dataclass(frozen=True, slots=True)
+class RemediationParams:
+    """What topoplace does about pods on failed hardware (policy.yaml ``remediation:``).
+
+    Attributes:
+        mode: ``off`` (nothing), ``dry-run`` (log and count what would be evicted) or
+            ``evict`` (evict through the Eviction API).
+        after_seconds: how long a pod must have been on failed hardware before it is
+            evicted.
+        whole_gangs: evict every bound member of a gang one of whose members is on failed
+            hardware (a gang cannot run with a member missing).
+        node_reasons: UNHEALTHY node verdict reasons that mean failed hardware.
+        gpu_reasons: per-GPU reasons that mean the GPU failed.
+        grace_period_seconds: the evictions' grace period (None: each pod's own).
+        max_evictions_per_minute: bound on evictions per minute (a whole gang waits for
+            room, unless it is larger than the bound).
+        max_failed_node_share: above this share of GPU nodes failed at once, nothing is
+            evicted.
+        check_seconds: how often the adapter looks.
+    """
+
+    mode: str = "dry-run"
+    after_seconds: float = 60.0
+    whole_gangs: bool = True
+    node_reasons: tuple[str, ...] = (
+        REASON_NOT_READY,
+        REASON_FAULT_TAINT,
+        REASON_NVSENTINEL,
+        REASON_GPU_FAULT,
+    )
+    gpu_reasons: tuple[str, ...] = (REASON_DEVICE_TAINT,)
+    grace_period_seconds: int | None = None
+    max_evictions_per_minute: int = 60
+    max_failed_node_share: float = 0.5
+    check_seconds: float = 5.0
+
+    @classmethod
+    def from_config(cls, obj: Mapping[str, Any] | None) -> RemediationParams:
+        """Build from the ``remediation:`` mapping of policy.yaml.
+
+        Raises:
+            ValueError: unknown keys or values out of range (the message names the key).
+        """
+        if not obj:
+            return cls()
+        if not isinstance(obj, Mapping):
+            raise ValueError("remediation must be a mapping")
+        unknown = set(obj) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown remediation settings: {sorted(unknown)}")
+        d = cls()
+        mode = obj.get("mode", d.mode)
+        if mode not in REMEDIATION_MODES:
+            raise ValueError(
+                f"remediation.mode must be one of {list(REMEDIATION_MODES)}, got {mode!r}"
+            )
+        whole = obj.get("whole_gangs", d.whole_gangs)
+        if not isinstance(whole, bool):
+            raise ValueError("remediation.whole_gangs must be true or false")
+        reasons: dict[str, tuple[str, ...]] = {}
+        for key in ("node_reasons", "gpu_reasons"):
+            v = obj.get(key, getattr(d, key))
+            if not isinstance(v, list | tuple) or not all(isinstance(x, str) for x in v):
+                raise ValueError(f"remediation.{key} must be a list of reason strings")
+            reasons[key] = tuple(v)
+        grace = obj.get("grace_period_seconds", d.grace_period_seconds)
+        if grace is not None and (
+            isinstance(grace, bool) or not isinstance(grace, int) or not 0 <= grace <= 86400
+        ):
+            raise ValueError("remediation.grace_period_seconds must be null or 0..86400")
+        nums = {}
+        for key, lo, hi in (
+            ("after_seconds", 0.0, 86400.0),
+            ("max_failed_node_share", 0.0, 1.0),
+            ("check_seconds", 0.05, 3600.0),
+        ):
+            v = obj.get(key, getattr(d, key))
+            if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
+                raise ValueError(f"remediation.{key} must be a number in {lo:g}..{hi:g}")
+            nums[key] = float(v)
+        rate = obj.get("max_evictions_per_minute", d.max_evictions_per_minute)
+        if isinstance(rate, bool) or not isinstance(rate, int) or not 1 <= rate <= 100_000:
+            raise ValueError("remediation.max_evictions_per_minute must be an integer >= 1")
+        return cls(
+            mode=mode,
+            whole_gangs=whole,
+            grace_period_seconds=grace,
+            max_evictions_per_minute=rate,
+            **reasons,
+            **nums,
         )
 
 

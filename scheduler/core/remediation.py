@@ -35,27 +35,33 @@ broken monitor than broken hardware, the reasoning of kube-controller-manager's
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import Any
 
 from scheduler.core import dra
-from scheduler.core.health import (
-    REASON_DEVICE_TAINT,
-    REASON_FAULT_TAINT,
-    REASON_GPU_FAULT,
-    REASON_NOT_READY,
-    REASON_NVSENTINEL,
-    RESOURCESLICES_KEY,
-    HealthParams,
-    assess,
-    devices_by_node,
-)
+from scheduler.core.health import RESOURCESLICES_KEY, HealthParams, assess, devices_by_node
 from scheduler.core.model import Health, NodeInfo, PodInfo
+from scheduler.core.objects import gang_of, meta
+from scheduler.core.params import RemediationParams
+from scheduler.core.snapshot import ClusterSnapshot
 
-if TYPE_CHECKING:  # the snapshot module imports the parameters, which import this one
-    from scheduler.core.snapshot import ClusterSnapshot
+__all__ = [  # RemediationParams lives with the other policy sections (params.py)
+    "KIND_GANG",
+    "KIND_GPU",
+    "KIND_NODE",
+    "OPT_OUT_ANNOTATION",
+    "Fault",
+    "Plan",
+    "RemediationParams",
+    "eligible",
+    "failed_gpus",
+    "fault_rows",
+    "gang_key",
+    "node_failure",
+    "on_failed_hardware",
+    "plan",
+]
 
-MODES = ("off", "dry-run", "evict")
 OPT_OUT_ANNOTATION = "topoplace.io/remediation"
 """A pod annotated ``topoplace.io/remediation: "off"`` is never evicted by topoplace."""
 
@@ -69,97 +75,6 @@ KIND_GANG = "gang"
 MIN_NODES_FOR_SHARE_GUARD = 3
 """Below this many GPU nodes the storm guard does not apply (one of two nodes failing is
 half the cluster, and still one failure)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RemediationParams:
-    """What topoplace does about pods on failed hardware (policy.yaml ``remediation:``).
-
-    Attributes:
-        mode: ``off`` (nothing), ``dry-run`` (log and count what would be evicted) or
-            ``evict`` (evict through the Eviction API).
-        after_seconds: how long a pod must have been on failed hardware before it is
-            evicted.
-        whole_gangs: evict every bound member of a gang one of whose members is on failed
-            hardware (a gang cannot run with a member missing).
-        node_reasons: UNHEALTHY node verdict reasons that mean failed hardware.
-        gpu_reasons: per-GPU reasons that mean the GPU failed.
-        grace_period_seconds: the evictions' grace period (None: each pod's own).
-        max_evictions_per_minute: bound on evictions per minute (a whole gang waits for
-            room, unless it is larger than the bound).
-        max_failed_node_share: above this share of GPU nodes failed at once, nothing is
-            evicted.
-        check_seconds: how often the adapter looks.
-    """
-
-    mode: str = "dry-run"
-    after_seconds: float = 60.0
-    whole_gangs: bool = True
-    node_reasons: tuple[str, ...] = (
-        REASON_NOT_READY,
-        REASON_FAULT_TAINT,
-        REASON_NVSENTINEL,
-        REASON_GPU_FAULT,
-    )
-    gpu_reasons: tuple[str, ...] = (REASON_DEVICE_TAINT,)
-    grace_period_seconds: int | None = None
-    max_evictions_per_minute: int = 60
-    max_failed_node_share: float = 0.5
-    check_seconds: float = 5.0
-
-    @classmethod
-    def from_config(cls, obj: Mapping[str, Any] | None) -> RemediationParams:
-        """Build from the ``remediation:`` mapping of policy.yaml.
-
-        Raises:
-            ValueError: unknown keys or values out of range (the message names the key).
-        """
-        if not obj:
-            return cls()
-        if not isinstance(obj, Mapping):
-            raise ValueError("remediation must be a mapping")
-        unknown = set(obj) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"unknown remediation settings: {sorted(unknown)}")
-        d = cls()
-        mode = obj.get("mode", d.mode)
-        if mode not in MODES:
-            raise ValueError(f"remediation.mode must be one of {list(MODES)}, got {mode!r}")
-        whole = obj.get("whole_gangs", d.whole_gangs)
-        if not isinstance(whole, bool):
-            raise ValueError("remediation.whole_gangs must be true or false")
-        reasons: dict[str, tuple[str, ...]] = {}
-        for key in ("node_reasons", "gpu_reasons"):
-            v = obj.get(key, getattr(d, key))
-            if not isinstance(v, list | tuple) or not all(isinstance(x, str) for x in v):
-                raise ValueError(f"remediation.{key} must be a list of reason strings")
-            reasons[key] = tuple(v)
-        grace = obj.get("grace_period_seconds", d.grace_period_seconds)
-        if grace is not None and (
-            isinstance(grace, bool) or not isinstance(grace, int) or not 0 <= grace <= 86400
-        ):
-            raise ValueError("remediation.grace_period_seconds must be null or 0..86400")
-        nums = {}
-        for key, lo, hi in (
-            ("after_seconds", 0.0, 86400.0),
-            ("max_failed_node_share", 0.0, 1.0),
-            ("check_seconds", 0.05, 3600.0),
-        ):
-            v = obj.get(key, getattr(d, key))
-            if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
-                raise ValueError(f"remediation.{key} must be a number in {lo:g}..{hi:g}")
-            nums[key] = float(v)
-        rate = obj.get("max_evictions_per_minute", d.max_evictions_per_minute)
-        if isinstance(rate, bool) or not isinstance(rate, int) or not 1 <= rate <= 100_000:
-            raise ValueError("remediation.max_evictions_per_minute must be an integer >= 1")
-        return cls(
-            mode=mode,
-            whole_gangs=whole,
-            grace_period_seconds=grace,
-            max_evictions_per_minute=rate,
-            **reasons,
-            **nums,
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,18 +130,16 @@ def _gpus_of(p: PodInfo) -> tuple[int, ...]:
 
 
 def _terminating(p: PodInfo) -> bool:
-    meta = p.raw.get("metadata") if isinstance(p.raw, Mapping) else None
-    return isinstance(meta, Mapping) and bool(meta.get("deletionTimestamp"))
+    return bool(meta(p.raw).get("deletionTimestamp"))
 
 
 def _opted_out(p: PodInfo) -> bool:
-    meta = p.raw.get("metadata") if isinstance(p.raw, Mapping) else None
-    ann = meta.get("annotations") if isinstance(meta, Mapping) else None
+    ann = meta(p.raw).get("annotations")
     return isinstance(ann, Mapping) and str(ann.get(OPT_OUT_ANNOTATION, "")).lower() == "off"
 
 
 def _scheduler_name(p: PodInfo) -> str:
-    spec = p.raw.get("spec") if isinstance(p.raw, Mapping) else None
+    spec = p.raw.get("spec")
     name = spec.get("schedulerName") if isinstance(spec, Mapping) else None
     return name if isinstance(name, str) else ""
 
@@ -234,11 +147,7 @@ def _scheduler_name(p: PodInfo) -> str:
 def gang_key(p: PodInfo) -> str:
     """The pod's gang key (``namespace/group``), read from its object: a claim pod's bind
     records it without one (its gang is whole already when its claims are allocated)."""
-    if p.gang:
-        return p.gang
-    from scheduler.core.objects import gang_of  # objects -> params -> this module
-
-    return gang_of(p.raw)[0] if isinstance(p.raw, Mapping) and p.raw else ""
+    return p.gang or gang_of(p.raw)[0]
 
 
 def eligible(p: PodInfo, profiles: Collection[str], holding: bool = True) -> bool:
@@ -353,10 +262,8 @@ def on_failed_hardware(
 def _consumers(snap: ClusterSnapshot, holding: PodInfo) -> list[PodInfo]:
     """The pods a claim holding is reserved for (``status.reservedFor``, matched by UID
     when it is given), as the snapshot holds them."""
-    raw = holding.raw if isinstance(holding.raw, Mapping) else {}
-    meta = raw.get("metadata")
-    ns = meta.get("namespace") if isinstance(meta, Mapping) else None
-    status = raw.get("status")
+    ns = meta(holding.raw).get("namespace")
+    status = holding.raw.get("status")
     refs = status.get("reservedFor") if isinstance(status, Mapping) else None
     out = []
     for r in refs if isinstance(refs, list) and isinstance(ns, str) else ():
@@ -410,26 +317,52 @@ def plan(
             g = gang_key(p)
             if g and eligible(p, profiles, holding=False):  # DRA members hold no GPU
                 members.setdefault(g, []).append(p)
+    by_pod = {f.pod: f for f in faults}
     groups: list[tuple[Fault, ...]] = []
     taken: set[str] = set()
     for f in sorted(due, key=lambda f: (waiting[f.pod], f.pod)):
         if f.pod in taken:
             continue
-        direct = {g.pod: g for g in faults if f.gang and g.gang == f.gang}
-        group = [Fault(f.pod, f.uid, f.node, f.kind, f.reason, f.gang, f.pod, waiting[f.pod])]
+        group = [replace(f, since=waiting[f.pod])]
         taken.add(f.pod)
         for p in members.get(f.gang, ()) if f.gang else ():
             if p.key in taken:
                 continue
             taken.add(p.key)
-            own = direct.get(p.key)
-            if own is not None:  # on failed hardware too (due or not: the gang goes whole)
-                group.append(
-                    Fault(p.key, p.uid, p.node, own.kind, own.reason, f.gang, p.key, waiting[p.key])
-                )
+            own = by_pod.get(p.key)  # on failed hardware too (due or not: the gang goes whole)
+            if own is not None:
+                group.append(replace(own, since=waiting[p.key]))
             else:
                 group.append(
                     Fault(p.key, p.uid, p.node, KIND_GANG, f.reason, f.gang, f.pod, waiting[f.pod])
                 )
         groups.append(tuple(group))
     return Plan(tuple(groups), waiting, failed, gpu_nodes, "")
+
+
+def fault_rows(
+    faults: Iterable[Fault],
+    since: Mapping[str, float] | None = None,
+    after: float = 0.0,
+    now: float = 0.0,
+) -> list[dict[str, Any]]:
+    """The pods on failed hardware as ``GET /v1/inspect/remediation`` shows them: where and
+    why; with ``since`` (what the remediator tracks), also for how long each has been seen
+    (None: not yet) and in how many seconds it is due."""
+    rows: list[dict[str, Any]] = []
+    for f in faults:
+        row: dict[str, Any] = {
+            "pod": f.pod,
+            "node": f.node,
+            "kind": f.kind,
+            "reason": f.reason,
+            "gang": f.gang,
+        }
+        if since is not None:
+            seen = since.get(f.pod)
+            row["seen_for_seconds"] = None if seen is None else round(now - seen, 3)
+            row["due_in_seconds"] = (
+                after if seen is None else round(max(0.0, seen + after - now), 3)
+            )
+        rows.append(row)
+    return rows

@@ -304,6 +304,11 @@ def _node_path(name: str) -> str:
     return f"/api/v1/nodes/{quote(name, safe='')}"
 
 
+def _pod_path(namespace: str, name: str, sub: str) -> str:
+    """The path of a pod's subresource ``sub`` (binding, eviction)."""
+    return f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/{sub}"
+
+
 def _annotations_patch(
     annotations: Mapping[str, str | None], resource_version: str = ""
 ) -> dict[str, Any]:
@@ -432,7 +437,25 @@ class KubeApi:
         pool, with its TLS settings, default headers and auth (token refresh included, as
         ``update_params_for_auth`` does for the generated calls). Errors map as for every
         other call (:func:`decode_status`, :class:`ApiUnavailable`)."""
-        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/binding"
+        path = _pod_path(namespace, name, "binding")
+        return self._post_json(path, orjson.dumps(dict(body)))
+
+    def evict_pod(
+        self, namespace: str, name: str, delete_options: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """POST ``pods/{name}/eviction`` (``policy/v1``; PodDisruptionBudgets apply: a
+        refusal is a 429 ``ApiError``)."""
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": dict(delete_options),
+        }
+        return self._post_json(_pod_path(namespace, name, "eviction"), orjson.dumps(body))
+
+    def create_event(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """POST an ``events.k8s.io/v1`` Event into ``namespace``."""
+        path = f"/apis/events.k8s.io/v1/namespaces/{quote(namespace, safe='')}/events"
         return self._post_json(path, orjson.dumps(dict(body)))
 
     async def create_binding_async(
@@ -443,7 +466,7 @@ class KubeApi:
         credentials and errors, with the body in protobuf as kube-scheduler sends it
         (``scheduler/kube/protobuf.py``) and the answer in JSON. Falls back to the blocking call in a thread when the
         configuration needs what the poster does not do (a proxy)."""
-        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/binding"
+        path = _pod_path(namespace, name, "binding")
         poster = self._async_poster()
         if poster is None:
             import asyncio

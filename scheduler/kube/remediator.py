@@ -37,11 +37,17 @@ from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
 
 from scheduler.core.model import PodInfo
 from scheduler.core.params import SchedParams
-from scheduler.core.remediation import Fault, Plan, gang_key, on_failed_hardware, plan
+from scheduler.core.remediation import (
+    Fault,
+    Plan,
+    fault_rows,
+    gang_key,
+    on_failed_hardware,
+    plan,
+)
 from scheduler.kube.client import ApiError, KubeApi
 from scheduler.kube.metrics import KubeMetrics
 
@@ -218,7 +224,7 @@ class Remediator:
                     self._window.append(wall)
                     if lineage.get(f.pod):
                         self._awaiting[lineage[f.pod]].pending.append((wall, f.kind))
-        alive = set(_uids(snap))
+        alive = {p.uid for p in snap.pods.values()}
         self._reported &= alive
         for uid in [u for u in self._retry if u not in alive]:
             del self._retry[uid]  # gone meanwhile: nothing to try again
@@ -232,15 +238,8 @@ class Remediator:
         grace = self.params.remediation.grace_period_seconds
         if grace is not None:
             opts["gracePeriodSeconds"] = grace
-        body = {
-            "apiVersion": "policy/v1",
-            "kind": "Eviction",
-            "metadata": {"name": name, "namespace": ns},
-            "deleteOptions": opts,
-        }
-        path = f"/api/v1/namespaces/{quote(ns, safe='')}/pods/{quote(name, safe='')}/eviction"
         try:
-            self.api.request_json("POST", path, body)
+            self.api.evict_pod(ns, name, opts)
         except ApiError as exc:
             if exc.not_found or exc.conflict:  # gone, or a namesake (UID precondition)
                 self._evicted[f.uid] = wall
@@ -280,9 +279,8 @@ class Remediator:
             },
             "note": f"evicted by topoplace for re-placement: {_describe(f)}"[:1024],
         }
-        path = f"/apis/events.k8s.io/v1/namespaces/{quote(ns, safe='')}/events"
         try:
-            self.api.request_json("POST", path, body)
+            self.api.create_event(ns, body)
         except ApiError as exc:
             log.warning("remediation: the Event about %s was not written: %s", f.pod, exc)
 
@@ -318,22 +316,7 @@ class Remediator:
             "failed_gpu_nodes": failed,
             "gpu_nodes": gpu_nodes,
             "held": last.paused if last is not None else "",
-            "on_failed_hardware": [
-                {
-                    "pod": f.pod,
-                    "node": f.node,
-                    "kind": f.kind,
-                    "reason": f.reason,
-                    "gang": f.gang,
-                    "seen_for_seconds": round(now - self.since[f.pod], 3)
-                    if f.pod in self.since
-                    else None,
-                    "due_in_seconds": round(max(0.0, self.since[f.pod] + rp.after_seconds - now), 3)
-                    if f.pod in self.since
-                    else rp.after_seconds,
-                }
-                for f in faults
-            ],
+            "on_failed_hardware": fault_rows(faults, self.since, rp.after_seconds, now),
             "recent": list(self.recent),
         }
 
@@ -377,10 +360,6 @@ class Remediator:
                 self.replacements.labels(kind=kind).inc()
             self.metrics.replacement_seconds.labels(kind=kind).observe(max(0.0, wall - t))
             log.info("remediation: %s re-placed on %s (%s, %.1fs)", p.key, p.node, kind, wall - t)
-
-
-def _uids(snap: Any) -> list[str]:
-    return [p.uid for p in snap.pods.values()]
 
 
 def _describe(f: Fault) -> str:

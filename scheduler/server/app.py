@@ -444,7 +444,7 @@ def create_app(
 
     def _no_remediation() -> dict[str, Any]:
         """Without an API server nothing is evicted; the pods on failed hardware are shown."""
-        from scheduler.core.remediation import on_failed_hardware
+        from scheduler.core.remediation import fault_rows, on_failed_hardware
 
         p = extender.params
         profiles = extender.profiles if extender.profiles is not None else ("topoplace",)
@@ -457,10 +457,7 @@ def create_app(
             "why_not": "no Kubernetes API (a cluster file or the demo): nothing is evicted",
             "failed_gpu_nodes": failed,
             "gpu_nodes": gpu_nodes,
-            "on_failed_hardware": [
-                {"pod": f.pod, "node": f.node, "kind": f.kind, "reason": f.reason, "gang": f.gang}
-                for f in faults
-            ],
+            "on_failed_hardware": fault_rows(faults),
         }
 
     @app.get("/v1/inspect/view")

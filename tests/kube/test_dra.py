@@ -819,7 +819,7 @@ def test_a_failed_node_evicts_the_gang_whose_claims_it_holds_and_nothing_else(
     gang member's node takes out both members (the other's claim sits on a healthy node)
     through the Eviction API; the pod alone stays."""
     from tests.kube.test_health_live import fail_node
-    from tests.kube.test_remediation_live import AFTER_S, _policy
+    from tests.kube.test_remediation_live import AFTER_S, _gone, _policy
 
     nodes = cluster.add_nodes(3, annotations=DGX1)
     _wait_nodes(topoplace, nodes, "dgx1-v100")
@@ -841,14 +841,11 @@ def test_a_failed_node_evicts_the_gang_whose_claims_it_holds_and_nothing_else(
         uids = {p: core.read_namespaced_pod(p, namespace).metadata.uid for p in claims.pods}
         fail_node(core, nodes[0])
 
-        def gone(name: str) -> bool:
-            live = {
-                p.metadata.name: p.metadata.uid for p in core.list_namespaced_pod(namespace).items
-            }
-            return live.get(name) != uids[name]
+        def gone(*names: str) -> bool:
+            return _gone(core, namespace, list(names), uids)
 
         try:
-            wait_for(lambda: gone("pod-0") and gone("pod-1"), AFTER_S + 30, "the gang evicted")
+            wait_for(lambda: gone("pod-0", "pod-1"), AFTER_S + 30, "the gang evicted")
         except AssertionError as exc:
             text = httpx.get(topoplace.url + "/metrics", timeout=10, **topoplace._client_kw()).text
             seen = [ln for ln in text.splitlines() if ln.startswith("topoplace_remediation")]
