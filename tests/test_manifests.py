@@ -976,6 +976,7 @@ def test_scheduler_configuration_values(scheduler_config: dict[str, Any]) -> Non
         "filterVerb": "filter",
         "prioritizeVerb": "prioritize",
         "bindVerb": "bind",
+        "preemptVerb": "preempt",
         "weight": 20,
         "httpTimeout": "5s",
         "nodeCacheCapable": True,

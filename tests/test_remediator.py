@@ -309,3 +309,42 @@ def test_without_an_api_server_the_view_shows_the_pods_and_evicts_nothing() -> N
     assert body["on_failed_hardware"] == [
         {"pod": "rec/p", "node": "a", "kind": "node", "reason": "GPU fault condition", "gang": ""}
     ]
+
+
+def test_a_gang_that_lost_a_member_to_preemption_goes_whole_once_the_victim_goes() -> None:
+    from scheduler.core.remediation import Broken
+    from scheduler.runtime.preempted import PreemptionLedger
+
+    pods = [
+        make_pod(f"w{i}", 8, namespace=NS, node=n, gpu_indices=range(8), gang="train", gang_size=3)
+        for i, n in enumerate("abc")
+    ]
+    # (node a also has an XID fault, not due for 60 s: only the teardown acts here)
+    cache, clock, params, metrics, wall = _setup(pods=pods)
+    ledger = PreemptionLedger(lambda: wall.t)
+    uid = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+    ledger.record({}, [Broken("rec/train", "rec/w0", uid["w0"], frozenset({uid["w1"], uid["w2"]}))])
+    with RecordedApiServer() as srv:
+        _evictions_answered(srv, "w1", "w2")
+        srv.add("POST", EVENTS, 201, "event_201_created.json")
+        rem = _remediator(srv, cache, params, metrics, wall, preemptions=ledger)
+        assert rem.tick() == []  # w0 not preempted yet (kube-scheduler may not have)
+        pods[0]["metadata"]["deletionTimestamp"] = "2026-12-02T22:00:00Z"
+        cache.replace_all(
+            [dgx("a", conditions=[condition("GpuXidError")]), dgx("b"), dgx("c")], pods
+        )
+        done = rem.tick()
+        assert [(f.pod, f.kind, o) for f, o in done] == [
+            ("rec/w1", "preempted", "evicted"),
+            ("rec/w2", "preempted", "evicted"),
+        ]
+        assert rem.tick() == []  # evicted once
+        events = [json.loads(r["body"]) for r in srv.requests if r["path"] == EVENTS]
+    assert {e["reason"] for e in events} == {"GangMemberPreempted"}
+    assert "gang member rec/w0 was preempted" in events[0]["note"]
+    # once the members are going, nothing is left: the record is done
+    for p in pods[1:]:
+        p["metadata"]["deletionTimestamp"] = "2026-12-02T22:00:01Z"
+    cache.replace_all([dgx("a"), dgx("b"), dgx("c")], pods)
+    rem.tick()
+    assert ledger.broken() == []

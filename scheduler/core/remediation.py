@@ -49,7 +49,9 @@ __all__ = [  # RemediationParams lives with the other policy sections (params.py
     "KIND_GANG",
     "KIND_GPU",
     "KIND_NODE",
+    "KIND_PREEMPTED",
     "OPT_OUT_ANNOTATION",
+    "Broken",
     "Fault",
     "Plan",
     "RemediationParams",
@@ -60,6 +62,7 @@ __all__ = [  # RemediationParams lives with the other policy sections (params.py
     "node_failure",
     "on_failed_hardware",
     "plan",
+    "teardown_groups",
 ]
 
 OPT_OUT_ANNOTATION = "topoplace.io/remediation"
@@ -71,6 +74,9 @@ KIND_GPU = "gpu"
 """One of the pod's GPUs failed (its node still serves)."""
 KIND_GANG = "gang"
 """A member of the pod's gang is on failed hardware (the pod's own hardware is fine)."""
+KIND_PREEMPTED = "preempted"
+"""A member of the pod's gang was preempted (see :func:`teardown_groups`)."""
+REASON_MEMBER_PREEMPTED = "a member of its gang was preempted"
 
 MIN_NODES_FOR_SHARE_GUARD = 3
 """Below this many GPU nodes the storm guard does not apply (one of two nodes failing is
@@ -100,6 +106,25 @@ class Fault:
     gang: str = ""
     cause: str = ""
     since: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Broken:
+    """A gang that loses a member to preemption (recorded when topoplace names the victim).
+
+    Attributes:
+        gang: the gang key.
+        victim: the preempted member (``namespace/name``) and ``victim_uid`` its UID.
+        members: UIDs of the gang's other members bound at that moment: only these are torn
+            down (a gang recreated under the same name later is a new gang).
+        preemptor: the pod that preempts.
+    """
+
+    gang: str
+    victim: str
+    victim_uid: str
+    members: frozenset[str]
+    preemptor: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,3 +391,35 @@ def fault_rows(
             )
         rows.append(row)
     return rows
+
+
+def teardown_groups(
+    snap: ClusterSnapshot, broken: Iterable[Broken], profiles: Collection[str]
+) -> tuple[tuple[tuple[Fault, ...], Broken], ...]:
+    """The rest of each gang that lost a member to preemption, to evict now.
+
+    A training gang that loses one member cannot go on: the others would wait in a
+    collective and hold their GPUs until their job fails. So, as for a member on failed
+    hardware, the gang goes whole and its controller recreates it (gang schedulers preempt
+    whole pod groups for the same reason). A record counts once its victim is being deleted
+    or gone (kube-scheduler did preempt it); until then it waits (``()`` is not returned
+    for it). Only the members recorded with it are evicted, and only those
+    :func:`eligible` now (not opted out, not being deleted, of topoplace's profiles).
+
+    Returns:
+        (group, record) for every record whose victim went, the group possibly empty
+        (nothing left to evict: the record is done).
+    """
+    by_uid = {p.uid: p for p in snap.pods.values() if p.uid}
+    out: list[tuple[tuple[Fault, ...], Broken]] = []
+    for b in broken:
+        victim = by_uid.get(b.victim_uid)
+        if victim is not None and not _terminating(victim):
+            continue  # not preempted (yet)
+        group = tuple(
+            Fault(p.key, p.uid, p.node, KIND_PREEMPTED, REASON_MEMBER_PREEMPTED, b.gang, b.victim)
+            for uid in sorted(b.members)
+            if (p := by_uid.get(uid)) is not None and eligible(p, profiles, holding=False)
+        )
+        out.append((group, b))
+    return tuple(out)

@@ -41,12 +41,14 @@ from typing import Any
 from scheduler.core.model import PodInfo
 from scheduler.core.params import SchedParams
 from scheduler.core.remediation import (
+    KIND_PREEMPTED,
     Fault,
     Plan,
     fault_rows,
     gang_key,
     on_failed_hardware,
     plan,
+    teardown_groups,
 )
 from scheduler.kube.client import ApiError, KubeApi
 from scheduler.kube.metrics import KubeMetrics
@@ -54,6 +56,8 @@ from scheduler.kube.metrics import KubeMetrics
 log = logging.getLogger(__name__)
 
 EVENT_REASON = "HardwareFailure"
+EVENT_REASON_PREEMPTED = "GangMemberPreempted"
+"""The Event reason when a pod goes because a member of its gang was preempted."""
 EVENT_CONTROLLER = "topoplace.io/remediation"
 RETRY_BLOCKED_S = 10.0
 """Seconds before an eviction a PodDisruptionBudget refused (or that failed) is tried again."""
@@ -120,6 +124,7 @@ class Remediator:
         replacements: Any = None,
         may_act: Callable[[], bool] = lambda: True,
         wall: Callable[[], float] = time.time,
+        preemptions: Any = None,
     ) -> None:
         self.api = api
         self.cache = cache
@@ -129,6 +134,9 @@ class Remediator:
         self.replacements = replacements
         self.may_act = may_act
         self.wall = wall
+        self.preemptions = preemptions
+        """The extender's ``PreemptionLedger``: gangs broken by a preemption it answered
+        (torn down here, see ``remediation.teardown_groups``); None: none."""
         self.instance = socket.gethostname()[:128] or "topoplace"
         """``reportingInstance`` of the Events (the pod's hostname)."""
         self.since: dict[str, float] = {}
@@ -184,15 +192,22 @@ class Remediator:
         self.since = dict(pl.waiting)
         self.metrics.on_failed_hardware.set(len(pl.waiting))
         self.metrics.remediation_held.set(1 if pl.paused else 0)
-        if pl.paused:
+        groups = list(pl.groups)
+        if pl.paused:  # holds hardware evictions only: a preempted gang still goes whole
             log.warning("remediation: %s", pl.paused)
-            return []
+            groups = []
+        if self.preemptions is not None and rp.whole_gangs:
+            for group, record in teardown_groups(snap, self.preemptions.broken(), self.profiles):
+                if group:
+                    groups.append(group)  # kept until nothing is left to evict
+                else:
+                    self.preemptions.done(record)
         for uid in [u for u, t in self._evicted.items() if wall - t > EVICTED_MEMORY_S]:
             del self._evicted[uid]
         while self._window and wall - self._window[0] >= 60.0:
             self._window.popleft()
         done: list[tuple[Fault, str]] = []
-        for group in pl.groups:
+        for group in groups:
             todo = [
                 f
                 for f in group
@@ -268,7 +283,7 @@ class Remediator:
             "reportingController": EVENT_CONTROLLER,
             "reportingInstance": self.instance,
             "action": "Evict",
-            "reason": EVENT_REASON,
+            "reason": EVENT_REASON_PREEMPTED if f.kind == KIND_PREEMPTED else EVENT_REASON,
             "type": "Warning",
             "regarding": {
                 "apiVersion": "v1",
@@ -277,7 +292,9 @@ class Remediator:
                 "namespace": ns,
                 "uid": f.uid,
             },
-            "note": f"evicted by topoplace for re-placement: {_describe(f)}"[:1024],
+            "note": f"evicted by topoplace so its gang is placed again whole: {_describe(f)}"[:1024]
+            if f.kind == KIND_PREEMPTED
+            else f"evicted by topoplace for re-placement: {_describe(f)}"[:1024],
         }
         try:
             self.api.create_event(ns, body)
@@ -363,5 +380,10 @@ class Remediator:
 
 
 def _describe(f: Fault) -> str:
-    what = {"node": "its node", "gpu": "a GPU it holds", "gang": f"gang member {f.cause}"}
+    what = {
+        "node": "its node",
+        "gpu": "a GPU it holds",
+        "gang": f"gang member {f.cause}",
+        KIND_PREEMPTED: f"gang member {f.cause} was preempted",
+    }
     return f"{f.pod} on {f.node} ({what.get(f.kind, f.kind)}: {f.reason})"

@@ -560,6 +560,7 @@ def build_kube_runtime(
         km,
         metrics.replacements,
         may_act=lambda: readiness() and (lead is None or lead.active),
+        preemptions=ext.preemptions,
     )
     ext.remediation_view = rt.remediator.view
 

@@ -109,6 +109,7 @@ from scheduler.core.gang import (
 from scheduler.core.model import RESERVATION_PREFIX, Health, PodInfo, PodRequest
 from scheduler.core.objects import ObjectError, PlanRecord, request_from_pod
 from scheduler.core.policies.registry import DEFAULT_GANG_POLICY, GANG_POLICIES, get_policy
+from scheduler.core.preemption import without_lower
 from scheduler.core.schedule import Assignment, FilterOutcome, PlacementResult
 from scheduler.core.snapshot import ClusterSnapshot, DoubleBookingError
 from scheduler.runtime.parked import WAKE_BACKOFF_SECONDS, free_gpus
@@ -735,6 +736,33 @@ class GangRuntime:
                 self._drop(ext, req.gang, None, "bind failed")
             # A bind refused before its reservation was released (wrong node, unknown
             # member) leaves the plan intact.
+
+    def preemption_plan(
+        self, ext: Any, snap: ClusterSnapshot, req: PodRequest
+    ) -> PlacementResult | None:
+        """The placement of ``req``'s gang on ``snap`` with every pod of lower priority gone
+        (``preemption.without_lower``), by the gang policy; None for a lone pod. Changes
+        nothing: preemption only asks whether, and where, the whole gang could go."""
+        if not req.gang:
+            return None
+        seen = dict(self._members.get(req.gang, {}))
+        seen.pop(req.key, None)
+        members = [req, *seen.values()]
+        fixed = [
+            Assignment(p.key, p.node, tuple(p.gpus))
+            for p in snap.gang_members(req.gang)
+            if not p.key.startswith(RESERVATION_PREFIX)
+        ]
+        done = {f.pod for f in fixed}
+        members = [m for m in members if m.key not in done]
+        if not members:
+            return None
+        try:
+            greq = gang_request(members, gang_size(req, snap, members), fixed)
+        except (GangSizeError, ValueError) as exc:
+            return PlacementResult(ok=False, reason=str(exc))
+        fn = get_policy(self.policy_name(ext))
+        return fn(without_lower(snap, req.priority), greq, ext.params)
 
     # ---- inspection and recovery ----------------------------------------------------------
 

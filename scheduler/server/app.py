@@ -437,6 +437,10 @@ def create_app(
         log_ = extender.decisions
         return [log_.explained(r) for r in log_.records(None, limit)]
 
+    @app.get("/v1/inspect/preemptions")
+    async def inspect_preemptions() -> Response:
+        return _json(extender.preemptions.view())
+
     @app.get("/v1/inspect/remediation")
     async def inspect_remediation() -> Response:
         view = extender.remediation_view

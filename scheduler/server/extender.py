@@ -41,6 +41,8 @@ from scheduler.core.objects import (
     redacted_pod,
     request_from_pod,
 )
+from scheduler.core.preemption import select_victims
+from scheduler.core.remediation import Broken, gang_key
 from scheduler.core.schedule import (
     CODE_NODE_SELECTOR,
     CODE_NOT_CHOSEN,
@@ -48,6 +50,7 @@ from scheduler.core.schedule import (
     REASON_NOT_CHOSEN,
     REASON_UNKNOWN_NODE,
     FilterOutcome,
+    PlacementResult,
     choose_gpus,
     filter_codes,
     filter_nodes,
@@ -66,6 +69,7 @@ from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.runtime.cache import ClusterCache
 from scheduler.runtime.dra import DraRouter
 from scheduler.runtime.parked import ParkedPods
+from scheduler.runtime.preempted import PreemptionLedger
 from scheduler.runtime.share_fits import FitMemo
 from scheduler.server import wire
 from scheduler.server.decisions import DecisionLog, gang_member_summary
@@ -146,6 +150,13 @@ class GangHandler(Protocol):
         ...
 
     def bound(self, ext: Extender, req: PodRequest, ok: bool) -> None: ...
+
+    def preemption_plan(
+        self, ext: Extender, snap: ClusterSnapshot, req: PodRequest
+    ) -> PlacementResult | None:
+        """The placement of ``req``'s gang if every pod of lower priority were gone, or
+        None for a pod it does not handle."""
+        ...
 
 
 def _merge_gang(base: FilterOutcome, planned: FilterOutcome) -> FilterOutcome:
@@ -268,6 +279,8 @@ class Extender:
         """Fractional pods: the held pods' FGD shapes as last read (reused while unchanged)."""
         self.share_dist: tuple[Any, Any, Any] | None = None
         """Fractional pods: (pods map, request key, FGD workload) of the last decision."""
+        self.preemptions = PreemptionLedger(cache.now)
+        """Preemption answers and the gangs they break (see :meth:`preempt`)."""
 
     @property
     def params(self) -> Any:
@@ -836,14 +849,100 @@ class Extender:
     def preempt(self, body: Any) -> dict[str, Any]:
         """``ExtenderPreemptionArgs`` -> ``ExtenderPreemptionResult``.
 
-        Victims are passed through unchanged (as UIDs) until topology-aware preemption is
-        designed: kube-scheduler's dry run already chose them.
+        For a pod asking for whole GPUs, topoplace chooses the node and its victims
+        (``scheduler.core.preemption``) among kube-scheduler's candidates and answers
+        with that node alone; an empty map when preempting would not help (kube-scheduler
+        then evicts nothing). A gang member preempts only when its whole gang fits once
+        every lower-priority pod is gone, and only on the nodes of that placement. The
+        gangs its victims belong to are recorded so their other members are evicted too
+        (kube mode, ``remediation``). Fractional, replica and claim pods, and pods
+        topoplace cannot read, get kube-scheduler's own victims back unchanged.
         """
-        _, victims, pdb = wire.preemption_args(body)
-        return {
+        pod, victims, pdb = wire.preemption_args(body)
+        passed = {
             "NodeNameToMetaVictims": {
                 node: {"Pods": v, "NumPDBViolations": pdb.get(node, 0)}
                 for node, v in sorted(victims.items())
+            }
+        }
+        try:
+            req = self._request(pod, None)
+        except ObjectError:
+            req = None
+        if (
+            req is None
+            or req.gpus <= 0
+            or is_share_pod(pod)
+            or is_replica_pod(self, pod, req)
+            or not victims
+        ):
+            self.metrics.child(self.metrics.preemptions, "passed").inc()
+            return passed
+        snap = self.cache.snapshot()
+        proposed = {node: {v["UID"] for v in vs} for node, vs in victims.items()}
+        within: frozenset[str] | None = None
+        why = ""
+        if req.gang and self.gangs is not None:
+            placed = self.gangs.preemption_plan(self, snap, req)
+            if placed is not None:
+                if placed.ok:
+                    within = frozenset(a.node for a in placed.assignments)
+                else:
+                    why = f"the gang does not fit even with every lower-priority pod gone: {placed.reason}"
+        decision = select_victims(snap, req, proposed, self.params, within) if not why else None
+        chosen = decision.chosen if decision is not None else None
+        answer = {
+            "pod": req.key,
+            "priority": req.priority,
+            "gpus": req.gpus,
+            "proposed": {n: len(v) for n, v in sorted(proposed.items())},
+            "chosen": chosen.as_dict() if chosen is not None else None,
+            "options": len(decision.options) if decision is not None else 0,
+            "refused": dict(decision.refused) if decision is not None else {},
+            "reason": why,
+        }
+        broken = []
+        if chosen is not None:
+            gone = {v.uid for v in chosen.victims}
+            for g in chosen.gangs_broken:
+                first = next(v for v in chosen.victims if v.gang == g)
+                members = frozenset(
+                    p.uid
+                    for p in snap.pods.values()
+                    if p.uid
+                    and p.key in chosen.gang_members
+                    and gang_key(p) == g
+                    and p.uid not in gone
+                )
+                broken.append(Broken(g, first.pod, first.uid, members, req.key))
+        self.preemptions.record(answer, broken)
+        if chosen is None:
+            self.metrics.child(self.metrics.preemptions, "none").inc()
+            log.info(
+                "preemption for %s: none helps (%s)",
+                req.key,
+                why or "; ".join(f"{n}: {r}" for n, r in sorted(answer["refused"].items())[:5]),
+            )
+            return {"NodeNameToMetaVictims": {}}
+        self.metrics.child(self.metrics.preemptions, "chosen").inc()
+        for v in chosen.victims:
+            self.metrics.child(self.metrics.preemption_victims, "yes" if v.gang else "no").inc()
+        log.info(
+            "preemption for %s: %s, victims %s (gangs broken: %s)",
+            req.key,
+            chosen.node,
+            ", ".join(v.pod for v in chosen.victims),
+            ", ".join(chosen.gangs_broken) or "none",
+        )
+        return {
+            "NodeNameToMetaVictims": {
+                chosen.node: {
+                    "Pods": [{"UID": v.uid} for v in chosen.victims],
+                    # topoplace does not watch PodDisruptionBudgets: kube-scheduler's count
+                    # for its own victims on the node (one node is answered, so it does not
+                    # steer a choice)
+                    "NumPDBViolations": pdb.get(chosen.node, 0),
+                }
             }
         }
 

@@ -104,6 +104,20 @@ class Metrics:
             registry=r,
         )
 
+        self.preemptions = Counter(
+            "topoplace_preemptions",
+            "Preemption answers by outcome (chosen: topoplace named a node and its victims; "
+            "none: preempting would not help; passed: kube-scheduler's victims passed through)",
+            ["outcome"],
+            registry=r,
+        )
+        self.preemption_victims = Counter(
+            "topoplace_preemption_victims",
+            "Pods named as victims in preemption answers, by whether they belong to a gang",
+            ["gang"],
+            registry=r,
+        )
+
         self.gang_plan_seconds = Histogram(
             "topoplace_gang_plan_seconds",
             "Time the gang policy took to plan (or refuse) one gang",

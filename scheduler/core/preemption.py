@@ -1,0 +1,334 @@
+"""Which pods to preempt for a pending GPU pod, by topoplace's own fit and by whole gangs.
+
+Pure: a function of the snapshot, the pending pod's request, kube-scheduler's candidate
+nodes and the parameters.
+
+kube-scheduler preempts on its own (DefaultPreemption, a PostFilter): for a pod no node
+can take now, it removes every lower-priority pod from each candidate node in a dry run,
+checks that the pod then passes its **in-tree** filters, and gives pods back one by one
+(highest priority first) while it still does. It counts GPUs but cannot see which GPUs:
+it may evict a pod whose GPUs do not give the pending pod a usable set (a required link
+class, a node topoplace calls unhealthy for its GPUs), and it knows nothing of gangs: it
+evicts one member of a training gang as readily as a lone pod, and the other members then
+hold their GPUs for nothing until their job fails. With the extender's ``preemptVerb``
+topoplace answers instead, node by node (:func:`select_victims`):
+
+1. the pods that may go are the node's bound pods of lower priority (kube-scheduler's own
+   rule); pods being deleted are gone already, and pods only held by topoplace (a gang
+   plan's reservation, a bind in flight) are not pods kube-scheduler can evict;
+2. with all of them gone, the pod must pass topoplace's filter there (health, GPUs free,
+   link class, nodeSelector) and fit the node's CPU and memory; else the node is refused
+   (evicting there helps nothing);
+3. the pods are then given back, the costliest to lose first: higher priority, then
+   more GPUs lost with it (a gang member costs its whole gang's GPUs, since topoplace
+   tears the gang down, see ``remediation.teardown_groups``), then pods kube-scheduler's
+   own dry run kept (it keeps PodDisruptionBudget-protected pods first; topoplace does
+   not watch budgets), then by name; a pod stays given back if the pod still fits;
+4. pods kube-scheduler chose that hold no GPU stay victims: it evicted them for something
+   topoplace does not model (ports, affinity, pod count), so they are needed;
+5. among the nodes left, the one that costs least: lowest highest victim priority, fewest
+   GPUs disrupted (victims and the rest of their gangs), lowest sum of priorities,
+   fewest pods disrupted, then the best GPU set the pod gets there (ring bottleneck),
+   then the node name. The extender answers with that node alone, so kube-scheduler
+   nominates it (it picks among the nodes it is given), and the live choice is the
+   engine's.
+
+A gang member that preempts is handled by the extender (see ``Extender.preempt``): its
+gang must fit with every lower-priority pod gone, and its node is chosen among those the
+gang's plan then uses, so members' preemptions add up to one placement of the gang.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from scheduler.core.model import Health, PodInfo, PodRequest
+from scheduler.core.objects import gang_of, meta
+from scheduler.core.params import SchedParams
+from scheduler.core.schedule import (
+    FEASIBLE,
+    REASON_UNKNOWN_NODE,
+    choose_gpus,
+    filter_codes,
+    verdict_reason,
+)
+from scheduler.core.snapshot import ClusterSnapshot, DoubleBookingError, with_pod, without_pod
+
+__all__ = [
+    "REASON_CPU_MEMORY",
+    "REASON_NO_LOWER",
+    "REASON_NOT_NEEDED",
+    "NodeChoice",
+    "PreemptionDecision",
+    "Victim",
+    "pod_priority",
+    "select_victims",
+    "without_lower",
+]
+
+REASON_NO_LOWER = "no pod of lower priority on the node"
+REASON_NOT_NEEDED = "the pod fits without evicting anything"
+REASON_CPU_MEMORY = "not enough CPU or memory even with every lower-priority pod gone"
+REASON_OUTSIDE_GANG_PLAN = "not a node of the gang's placement"
+
+
+def pod_priority(p: PodInfo) -> int:
+    """The pod's ``spec.priority`` (0 when absent or malformed, as kube-scheduler reads an
+    unset priority)."""
+    spec = p.raw.get("spec") if isinstance(p.raw, Mapping) else None
+    v = spec.get("priority") if isinstance(spec, Mapping) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
+def _terminating(p: PodInfo) -> bool:
+    return bool(meta(p.raw).get("deletionTimestamp"))
+
+
+def _gang(p: PodInfo) -> str:
+    return p.gang or gang_of(p.raw)[0]
+
+
+def _held(p: PodInfo) -> int:
+    """GPUs a pod holds (a fractional pod counts each GPU it has a share of)."""
+    return len(p.gpus) + len(p.shares) + p.replicas
+
+
+def _evictable(p: PodInfo) -> bool:
+    """A pod kube-scheduler knows and may delete: bound, with a UID, not only assumed by
+    topoplace, not being deleted."""
+    return not p.assumed and bool(p.uid) and bool(p.node) and not _terminating(p)
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    """A pod to preempt.
+
+    Attributes:
+        pod: ``namespace/name``.
+        uid: its UID (what kube-scheduler's reply names).
+        priority: its priority.
+        gpus: GPUs it holds.
+        gang: its gang key ("" alone).
+    """
+
+    pod: str
+    uid: str
+    priority: int
+    gpus: int
+    gang: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeChoice:
+    """The victims on one node, and what the pod gets there once they are gone.
+
+    Attributes:
+        node: the node.
+        victims: the pods to preempt, highest priority first (kube-scheduler reads
+            ``Pods[0]`` as the highest-priority victim).
+        gangs_broken: gangs that lose a member (their other members go too).
+        gang_members: the other bound members of those gangs (keys), torn down with them.
+        gpus_disrupted: GPUs the victims and those members hold.
+        gpus: the GPUs the pod gets there afterwards.
+        bottleneck_gbps: their ring bottleneck (0 for one GPU).
+    """
+
+    node: str
+    victims: tuple[Victim, ...]
+    gangs_broken: tuple[str, ...]
+    gang_members: tuple[str, ...]
+    gpus_disrupted: int
+    gpus: tuple[int, ...]
+    bottleneck_gbps: float
+
+    @property
+    def cost(self) -> tuple[Any, ...]:
+        """What the choice among nodes minimizes (see the module docstring, step 5)."""
+        return (
+            max(v.priority for v in self.victims),
+            self.gpus_disrupted,
+            sum(v.priority for v in self.victims),
+            len(self.victims) + len(self.gang_members),
+            -self.bottleneck_gbps,
+            self.node,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form (decision logs, ``/v1/inspect/preemptions``)."""
+        return {
+            "node": self.node,
+            "victims": [
+                {"pod": v.pod, "priority": v.priority, "gpus": v.gpus, "gang": v.gang}
+                for v in self.victims
+            ],
+            "gangs_broken": list(self.gangs_broken),
+            "gang_members_torn_down": list(self.gang_members),
+            "gpus_disrupted": self.gpus_disrupted,
+            "gpus": list(self.gpus),
+            "bottleneck_gbps": self.bottleneck_gbps,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionDecision:
+    """topoplace's answer to one preemption.
+
+    Attributes:
+        chosen: the cheapest node and its victims, or None (preempt nothing).
+        options: every node where preemption helps, cheapest first.
+        refused: node -> why preempting there does not help.
+    """
+
+    chosen: NodeChoice | None
+    options: tuple[NodeChoice, ...]
+    refused: Mapping[str, str]
+
+
+def without_lower(snap: ClusterSnapshot, priority: int) -> ClusterSnapshot:
+    """``snap`` with every evictable pod of priority below ``priority`` removed, and every
+    pod being deleted (what the cluster looks like if preemption went all the way)."""
+    out = snap
+    for key in sorted(snap.pods):
+        p = snap.pods[key]
+        if _terminating(p) or (_evictable(p) and pod_priority(p) < priority):
+            out = without_pod(out, key)
+    return out
+
+
+def _fits(snap: ClusterSnapshot, req: PodRequest, i: int, params: SchedParams) -> str:
+    """ "" when ``req`` passes topoplace's filter on the node at position ``i`` and fits
+    its CPU and memory, else the reason."""
+    code = int(filter_codes(snap, req, np.array([i], dtype=np.int64), params)[0])
+    if code != FEASIBLE:
+        return verdict_reason(snap, code, i)
+    n = snap.nodes[i]
+    if (n.cpu_milli and n.cpu_used_milli + req.cpu_milli > n.cpu_milli) or (
+        n.memory_bytes and n.memory_used_bytes + req.memory_bytes > n.memory_bytes
+    ):
+        return REASON_CPU_MEMORY
+    return ""
+
+
+def _members_by_gang(snap: ClusterSnapshot) -> dict[str, list[PodInfo]]:
+    out: dict[str, list[PodInfo]] = {}
+    for key in sorted(snap.pods):
+        p = snap.pods[key]
+        g = _gang(p)
+        if g and _evictable(p):
+            out.setdefault(g, []).append(p)
+    return out
+
+
+def _on_node(
+    snap: ClusterSnapshot,
+    req: PodRequest,
+    name: str,
+    proposed: Collection[str],
+    gangs: Mapping[str, list[PodInfo]],
+    params: SchedParams,
+) -> NodeChoice | str:
+    """The victims on ``name`` (a :class:`NodeChoice`) or why preemption there does not help."""
+    i = snap.index.get(name)
+    if i is None:
+        return REASON_UNKNOWN_NODE
+    node = snap.nodes[i]
+    if node.health.state >= Health.UNHEALTHY:
+        return node.health.reasons[0] if node.health.reasons else "node unhealthy"
+    base = snap
+    lower: list[PodInfo] = []
+    for p in snap.pods_on(name):
+        if _terminating(p):
+            base = without_pod(base, p.key)  # leaving already
+        elif _evictable(p) and pod_priority(p) < req.priority:
+            lower.append(p)
+    if not lower:
+        return REASON_NO_LOWER
+    every = base
+    for p in lower:
+        every = without_pod(every, p.key)
+    why = _fits(every, req, i, params)
+    if why:
+        return why
+    # Pods kube-scheduler evicts for something topoplace does not model stay victims.
+    needed = {p.key for p in lower if p.uid in proposed and not _held(p)}
+
+    def gang_gpus(p: PodInfo) -> int:
+        g = _gang(p)
+        return sum(_held(m) for m in gangs.get(g, ())) if g else _held(p)
+
+    order = sorted(
+        (p for p in lower if p.key not in needed),
+        key=lambda p: (-pod_priority(p), -gang_gpus(p), p.uid in proposed, p.key),
+    )
+    cur, gone = every, {p.key for p in lower}
+    for p in order:
+        try:
+            trial = with_pod(cur, p)
+        except (DoubleBookingError, KeyError):  # a GPU of it failed meanwhile: rebuild
+            trial = base
+            for k in sorted(gone - {p.key}):
+                trial = without_pod(trial, k)
+        if not _fits(trial, req, i, params):
+            cur = trial
+            gone.discard(p.key)
+    if not gone:
+        return REASON_NOT_NEEDED
+    victims = sorted((p for p in lower if p.key in gone), key=lambda p: (-pod_priority(p), p.key))
+    broken = sorted({_gang(p) for p in victims if _gang(p)})
+    others = sorted(m.key for g in broken for m in gangs.get(g, ()) if m.key not in gone)
+    disrupted = sum(_held(p) for p in victims) + sum(_held(snap.pods[k]) for k in others)
+    gs = choose_gpus(cur, req, name, params)
+    return NodeChoice(
+        node=name,
+        victims=tuple(Victim(p.key, p.uid, pod_priority(p), _held(p), _gang(p)) for p in victims),
+        gangs_broken=tuple(broken),
+        gang_members=tuple(others),
+        gpus_disrupted=disrupted,
+        gpus=tuple(gs.gpus),
+        bottleneck_gbps=float(gs.bottleneck_gbps),
+    )
+
+
+def select_victims(
+    snap: ClusterSnapshot,
+    req: PodRequest,
+    candidates: Mapping[str, Collection[str]],
+    params: SchedParams,
+    within: Collection[str] | None = None,
+) -> PreemptionDecision:
+    """Victims for ``req`` on each of kube-scheduler's candidate nodes, and the cheapest.
+
+    Args:
+        snap: the cluster.
+        req: the pending pod (whole GPUs; its ``priority`` decides who may go).
+        candidates: node -> the UIDs kube-scheduler's dry run would evict there.
+        params: scheduling parameters (the filter topoplace applies).
+        within: when given, only these nodes may be chosen (a gang member: the nodes of
+            its gang's placement); the others are refused.
+
+    Returns:
+        The decision; ``chosen`` is None when no node helps.
+    """
+    gangs = _members_by_gang(snap)
+    options: list[NodeChoice] = []
+    refused: dict[str, str] = {}
+    for name in sorted(candidates):
+        if within is not None and name not in within:
+            refused[name] = REASON_OUTSIDE_GANG_PLAN
+            continue
+        got = _on_node(snap, req, name, frozenset(candidates[name]), gangs, params)
+        if isinstance(got, str):
+            refused[name] = got
+        else:
+            options.append(got)
+    options.sort(key=lambda c: c.cost)
+    return PreemptionDecision(options[0] if options else None, tuple(options), refused)
+
+
+def victims_by_uid(decision: PreemptionDecision) -> Sequence[str]:
+    """The chosen node's victim UIDs, highest priority first (empty when none)."""
+    return [v.uid for v in decision.chosen.victims] if decision.chosen else []

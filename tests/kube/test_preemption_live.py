@@ -1,0 +1,194 @@
+"""Preemption through the real kube-scheduler with the configuration topoplace ships
+(``preemptVerb: preempt``).
+
+Two nodes, pods pinned to them at low priority, then a high-priority pod that fits
+nowhere. kube-scheduler's DefaultPreemption runs its dry run and asks topoplace, which
+answers with the node and victims it chooses:
+
+1. a gang member and a pod alone of the same priority could go: the pod alone goes, the
+   gang is left whole (kube-scheduler's own dry run cannot tell them apart);
+2. only a gang member can go: it goes, and topoplace evicts the rest of its gang (the
+   shipped policy's ``remediation``, with a short check period), so no member holds GPUs
+   for a gang that cannot run.
+
+PriorityClasses are the suite's own (cluster-scoped, named after the run, deleted after).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.kube.conftest import REPO, Topoplace, make_gpu_node, shipped_scheduler_wanted
+from tests.kube.test_dra import _metric, kube_api  # noqa: F401 (a fixture)
+from tests.kube.test_live import (  # noqa: F401 (clean: autouse)
+    bound,
+    clean,
+    gang_annotations,
+    gpu_pod,
+    wait_for,
+)
+
+pytestmark = pytest.mark.skipif(
+    not shipped_scheduler_wanted(),
+    reason="needs KUBE_BIN with kube-scheduler: the suite runs the shipped configuration, "
+    "whose preemptVerb sends preemptions to topoplace (up.sh's configuration has none)",
+)
+
+LOW, MID, HIGH = 10, 500, 1000
+
+
+@pytest.fixture(scope="module")
+def priorities(core: Any, run_id: str) -> Iterator[dict[int, str]]:
+    from kubernetes import client
+
+    sched = client.SchedulingV1Api(core.api_client)
+    names = {v: f"tp-it-{run_id}-p{v}" for v in (LOW, MID, HIGH)}
+    for v, name in names.items():
+        sched.create_priority_class(
+            {
+                "apiVersion": "scheduling.k8s.io/v1",
+                "kind": "PriorityClass",
+                "metadata": {"name": name},
+                "value": v,
+                "preemptionPolicy": "PreemptLowerPriority",
+            }
+        )
+    yield names
+    for name in names.values():
+        with contextlib.suppress(Exception):
+            sched.delete_priority_class(name)
+
+
+def _pod(
+    name: str,
+    gpus: int,
+    scheduler: str,
+    label: str,
+    priority_class: str,
+    node: str | None = None,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    p = gpu_pod(name, gpus, scheduler, label, node=node, annotations=annotations)
+    p["spec"]["priorityClassName"] = priority_class
+    return p
+
+
+def _policy(tmp_path: Path) -> Path:
+    """The shipped policy, the remediator checking every half second."""
+    policy = yaml.safe_load((REPO / "config" / "policy.yaml").read_text())
+    assert policy["remediation"]["mode"] == "evict" and policy["remediation"]["whole_gangs"]
+    policy["remediation"].update(check_seconds=0.5)
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(policy))
+    return path
+
+
+def _uids(core: Any, namespace: str) -> dict[str, str]:
+    return {p.metadata.name: p.metadata.uid for p in core.list_namespaced_pod(namespace).items}
+
+
+def test_a_lone_pod_is_preempted_and_the_gang_member_beside_it_is_left_whole(
+    core: Any,
+    namespace: str,
+    topoplace: Topoplace,
+    scheduler_name: str,
+    run_id: str,
+    priorities: dict[int, str],
+) -> None:
+    label = f"{run_id}-preempt"
+    nodes = [f"tp-it-{run_id}-preempt-{i}" for i in range(2)]
+    for n in nodes:
+        make_gpu_node(core, n, label)
+    gang = gang_annotations("train", 2)
+    lo, mid, hi = priorities[LOW], priorities[MID], priorities[HIGH]
+    try:
+        # x and y first, pinned; then the gang, which can only go one member per node
+        core.create_namespaced_pod(namespace, _pod("x", 4, scheduler_name, label, lo, nodes[0]))
+        core.create_namespaced_pod(namespace, _pod("y", 4, scheduler_name, label, mid, nodes[1]))
+        wait_for(lambda: len(bound(core, namespace, ["x", "y"])) == 2, 60, "x and y bound")
+        for name in ("g-0", "g-1"):
+            core.create_namespaced_pod(
+                namespace, _pod(name, 4, scheduler_name, label, lo, annotations=gang)
+            )
+        names = ["g-0", "g-1", "x", "y"]
+        wait_for(lambda: len(bound(core, namespace, names)) == 4, 60, "the low pods bound")
+        before = _uids(core, namespace)
+        core.create_namespaced_pod(namespace, _pod("urgent", 4, scheduler_name, label, hi))
+        got = wait_for(lambda: bound(core, namespace, ["urgent"]), 60, "urgent bound")
+        assert got["urgent"].spec.node_name == nodes[0]
+        after = _uids(core, namespace)
+        assert "x" not in after or after["x"] != before["x"]  # the pod alone went
+        for name in ("g-0", "g-1", "y"):  # the gang and the higher pod stayed
+            assert after.get(name) == before[name], name
+        answers = topoplace.get("/v1/inspect/preemptions")["recent"]
+        mine = [a for a in answers if a["pod"] == f"{namespace}/urgent"]
+        assert mine and mine[-1]["chosen"]["node"] == nodes[0]
+        assert [v["pod"] for v in mine[-1]["chosen"]["victims"]] == [f"{namespace}/x"]
+        assert mine[-1]["chosen"]["gangs_broken"] == []
+    finally:
+        core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        for n in nodes:
+            with contextlib.suppress(Exception):
+                core.delete_node(n)
+
+
+def test_a_preempted_gang_member_takes_its_whole_gang_with_it(
+    core: Any,
+    namespace: str,
+    topoplace: Topoplace,
+    scheduler_name: str,
+    run_id: str,
+    priorities: dict[int, str],
+    tmp_path: Path,
+    kube_api: Any,  # noqa: F811
+) -> None:
+    label = f"{run_id}-preempt-gang"
+    nodes = [f"tp-it-{run_id}-preempt-gang-{i}" for i in range(2)]
+    for n in nodes:
+        make_gpu_node(core, n, label)
+    gang = gang_annotations("train", 2)
+    lo, hi = priorities[LOW], priorities[HIGH]
+    try:
+        with topoplace.restarted(args=("--config", str(_policy(tmp_path)))):
+            metric = 'topoplace_remediation_evictions_total{kind="preempted",outcome="evicted"}'
+            before_count = _metric(topoplace, metric)
+            for name in ("g-0", "g-1"):  # one member per node: 8 GPUs each
+                core.create_namespaced_pod(
+                    namespace, _pod(name, 8, scheduler_name, label, lo, annotations=gang)
+                )
+            wait_for(lambda: len(bound(core, namespace, ["g-0", "g-1"])) == 2, 60, "gang bound")
+            before = _uids(core, namespace)
+            core.create_namespaced_pod(namespace, _pod("urgent", 8, scheduler_name, label, hi))
+            got = wait_for(lambda: bound(core, namespace, ["urgent"]), 60, "urgent bound")
+            victim_node = got["urgent"].spec.node_name
+            # ... and the other member is evicted by topoplace, not left holding 8 GPUs
+            wait_for(
+                lambda: all(_uids(core, namespace).get(n) != before[n] for n in ("g-0", "g-1")),
+                30,
+                "the whole gang to go",
+            )
+            assert _metric(topoplace, metric) == before_count + 1
+            events = kube_api.request_json(
+                "GET", f"/apis/events.k8s.io/v1/namespaces/{namespace}/events"
+            )["items"]
+            told = [e for e in events if e.get("reason") == "GangMemberPreempted"]
+            other = "g-1" if victim_node == nodes[0] else "g-0"
+            assert [e["regarding"]["uid"] for e in told] == [before[other]], told
+            answer = [
+                a
+                for a in topoplace.get("/v1/inspect/preemptions")["recent"]
+                if a["pod"] == f"{namespace}/urgent"
+            ][-1]
+            assert answer["chosen"]["gangs_broken"] == [f"{namespace}/train"]
+            assert answer["chosen"]["gang_members_torn_down"] == [f"{namespace}/{other}"]
+    finally:
+        core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        for n in nodes:
+            with contextlib.suppress(Exception):
+                core.delete_node(n)
