@@ -69,10 +69,11 @@ def test_victims_give_the_pod_an_nvlink_set_where_kube_scheduler_counts_gpus() -
     assert (feasible_sizes(shape, indices_to_mask(freed))[nvlink] >> 4) & 1
     assert sorted(d.chosen.gpus) == sorted(freed)
     assert d.chosen.bottleneck_gbps > 0
-    # Offered back first: the pods kube-scheduler kept (a PDB it honoured holds where it
-    # can): 1 and 2 go back, 4 and 7 cannot (no quad would be left); of its own picks 0
-    # and 3 go back, so the quad 4-7 is freed, two of its victims (5, 6) among it.
+    # Equal pods are offered back by name: 0..3 go back (the quad 4-7 stays free), then
+    # none of 4..7 can. kube-scheduler's own picks do not matter, only the cluster does.
     assert sorted(freed) == [4, 5, 6, 7]
+    other = {"v1": {_uid(pods[g]) for g in (1, 2, 4, 7)}}
+    assert select_victims(snap, req, other, SP) == d
 
 
 def test_a_lone_pod_goes_before_a_gang_member_of_the_same_priority() -> None:

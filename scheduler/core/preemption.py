@@ -21,9 +21,12 @@ topoplace answers instead, node by node (:func:`select_victims`):
    (evicting there helps nothing);
 3. the pods are then given back, the costliest to lose first: higher priority, then
    more GPUs lost with it (a gang member costs its whole gang's GPUs, since topoplace
-   tears the gang down, see ``remediation.teardown_groups``), then pods kube-scheduler's
-   own dry run kept (it keeps PodDisruptionBudget-protected pods first; topoplace does
-   not watch budgets), then by name; a pod stays given back if the pod still fits;
+   tears the gang down, see ``remediation.teardown_groups``), then by name; a pod stays
+   given back if the pod still fits. The answer depends on the snapshot and the
+   candidate nodes only, never on which pods kube-scheduler's dry run picked among equals
+   (it orders pods of equal priority by start time, "now" for a pod not started): the
+   same cluster gets the same victims. topoplace does not read PodDisruptionBudgets;
+   kube-scheduler's count for the node is passed on;
 4. pods kube-scheduler chose that hold no GPU stay victims: it evicted them for something
    topoplace does not model (ports, affinity, pod count), so they are needed;
 5. among the nodes left, the one that costs least: lowest highest victim priority, fewest
@@ -262,7 +265,7 @@ def _on_node(
 
     order = sorted(
         (p for p in lower if p.key not in needed),
-        key=lambda p: (-pod_priority(p), -gang_gpus(p), p.uid in proposed, p.key),
+        key=lambda p: (-pod_priority(p), -gang_gpus(p), p.key),
     )
     cur, gone = every, {p.key for p in lower}
     for p in order:
