@@ -135,3 +135,25 @@ def test_pods_topoplace_does_not_place_whole_get_kube_schedulers_victims_back() 
     assert _count(ext, "topoplace_preemptions_total", outcome="passed") == 1
     bad = c.post("/scheduler/preempt", content=b'{"Pod": 3}')
     assert bad.status_code == 400
+
+
+def test_a_pod_preempts_again_only_once_its_last_victims_are_gone() -> None:
+    # kube-scheduler sees its victims go before topoplace's watch does and may run the
+    # pod's preemption again: no second node loses pods while the first victims are seen.
+    nodes, pods = _gang_cluster()
+    cache = ClusterCache.from_objects(nodes, pods, SchedParams())
+    ext = Extender(cache, gangs=GangRuntime())
+    c = asgi_client(ext)
+    pending = _pod("infer", 4, 100)
+    first = c.post("/scheduler/preempt", content=_args(pending, {"a": [pods[0]]})).json()
+    assert list(first["NodeNameToMetaVictims"]) == ["a"]
+    again = c.post("/scheduler/preempt", content=_args(pending, {"b": [pods[1]]})).json()
+    assert again == {"NodeNameToMetaVictims": {}}
+    assert _count(ext, "topoplace_preemptions_total", outcome="waiting") == 1
+    # another pod is not held back
+    other = c.post("/scheduler/preempt", content=_args(_pod("x", 4, 100), {"a": [pods[0]]}))
+    assert list(other.json()["NodeNameToMetaVictims"]) == ["a"]
+    # once topoplace sees the victim go, the pod may preempt again
+    cache.replace_all(nodes, [p for p in pods if p["metadata"]["name"] != "lone"])
+    third = c.post("/scheduler/preempt", content=_args(pending, {"b": [pods[1]]})).json()
+    assert list(third["NodeNameToMetaVictims"]) == ["b"]

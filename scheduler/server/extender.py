@@ -222,6 +222,10 @@ def _gang_filter_info(out: FilterOutcome, candidates: int) -> dict[str, Any]:
     }
 
 
+def _being_deleted(p: PodInfo) -> bool:
+    return bool(meta(p.raw).get("deletionTimestamp"))
+
+
 def _spec(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     """The pod's spec, or an empty mapping when it is missing or malformed."""
     spec = pod.get("spec")
@@ -879,6 +883,11 @@ class Extender:
             self.metrics.child(self.metrics.preemptions, "passed").inc()
             return passed
         snap = self.cache.snapshot()
+        live = {p.uid for p in snap.pods.values() if p.uid and not _being_deleted(p)}
+        if self.preemptions.waiting_for(req.key, live.__contains__):
+            self.metrics.child(self.metrics.preemptions, "waiting").inc()
+            log.info("preemption for %s: its last victims are still going; none more", req.key)
+            return {"NodeNameToMetaVictims": {}}
         proposed = {node: {v["UID"] for v in vs} for node, vs in victims.items()}
         within: frozenset[str] | None = None
         why = ""
@@ -915,7 +924,9 @@ class Extender:
                     and p.uid not in gone
                 )
                 broken.append(Broken(g, first.pod, first.uid, members, req.key))
-        self.preemptions.record(answer, broken)
+        self.preemptions.record(
+            answer, broken, req.key, [v.uid for v in chosen.victims] if chosen else ()
+        )
         if chosen is None:
             self.metrics.child(self.metrics.preemptions, "none").inc()
             log.info(

@@ -107,7 +107,8 @@ class Metrics:
         self.preemptions = Counter(
             "topoplace_preemptions",
             "Preemption answers by outcome (chosen: topoplace named a node and its victims; "
-            "none: preempting would not help; passed: kube-scheduler's victims passed through)",
+            "none: preempting would not help; waiting: the pod's last victims are still "
+            "going; passed: kube-scheduler's victims passed through)",
             ["outcome"],
             registry=r,
         )

@@ -1,0 +1,540 @@
+"""Preemption replayed live through the real kube-scheduler, next to the engine's replay.
+
+    python -m benchmarks.live.preemption --kube-bin ~/kube-bin-1.33 --out out/preempt
+
+A full cluster of low- and mid-priority work, then high-priority pods that fit nowhere,
+one after another. Every arm starts from the same cluster: the filler pods are created
+already bound, with topoplace's placement record (node and GPUs), so kube-scheduler,
+topoplace and the offline engine all see the same GPUs taken.
+
+* **Nodes**: ``--h100`` DGX H100 (NVSwitch: any GPU set is NVLink) and ``--v100`` DGX-1
+  V100 (hybrid cube-mesh: only some 4-GPU sets are NVLink rings), 8 GPUs each, GFD labels.
+* **Filler**: each node cut into pods of 1, 2 or 4 GPUs on aligned blocks, priority low
+  (10) or mid (100) at random; some 4-GPU blocks on different nodes are paired into
+  2-member gangs (a training job's workers).
+* **Arrivals**: ``--arrivals`` pods of priority 1000, of 1, 2, 4 or 8 GPUs; a share of the
+  4-GPU ones ask ``topoplace.io/min-link: nvlink``. Each is created when the previous one
+  is bound (or given up after ``--wait`` s and deleted) and the cluster has settled (no
+  pod being deleted, no gang teardown pending).
+
+Arms, each on a fresh control plane, kube-scheduler with the shipped configuration:
+
+* ``topoplace``: as shipped (``preemptVerb: preempt``, the shipped policy: a preempted
+  gang's other members evicted by the remediator);
+* ``in-tree victims``: the same without ``preemptVerb``: kube-scheduler's DefaultPreemption
+  chooses node and victims by its dry run over in-tree filters (GPU counts), topoplace
+  still filters, prioritizes and binds (what topoplace did before it answered
+  preemptions).
+
+The offline row is the engine on the same objects (:func:`offline`): each arrival placed
+by ``place_pod`` if it fits, else preempted by ``select_victims`` among the nodes
+kube-scheduler's dry run would offer (where the pod fits by GPU count, CPU and memory
+once every lower-priority pod is gone), the victims and the rest of their gangs removed,
+the pod placed on the chosen node with the chosen GPUs. The live topoplace arm is compared
+arrival by arrival: the same node, the same pods gone.
+
+Figures per arm: arrivals placed, pods and GPUs preempted, gang members torn down, gangs
+left partly running (members bound while another was preempted: GPUs held for a job that
+cannot run), preemptions that freed GPUs the pod could not use (a pod placed on another
+node than its victims', or not placed), time from creation to bind (p50, p99).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from benchmarks.clusters import make_node, make_pod
+from scheduler.core.model import PLACEMENT_ANNOTATION
+from scheduler.core.objects import placement_value, request_from_pod
+from scheduler.core.params import SchedParams
+from scheduler.core.preemption import pod_priority, select_victims, without_lower
+from scheduler.core.schedule import place_pod
+from scheduler.core.snapshot import (
+    ClusterSnapshot,
+    build_snapshot,
+    pod_info_for,
+    with_pod,
+    without_pod,
+)
+
+NAMESPACE = "preempt-bench"
+PRIORITIES = {"low": 10, "mid": 100, "high": 1000}
+REPO = Path(__file__).resolve().parents[2]
+ARMS = ("topoplace", "in-tree victims")
+
+
+def log(msg: str) -> None:
+    print(f"[preempt-bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---- the scenario ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Node objects, filler pods (bound, with placement records), arrivals (pending), in
+    creation order."""
+
+    nodes: list[dict[str, Any]]
+    fill: list[dict[str, Any]]
+    arrivals: list[dict[str, Any]]
+
+
+def _pod(
+    name: str,
+    gpus: int,
+    cls: str,
+    *,
+    node: str | None = None,
+    block: Sequence[int] = (),
+    gang: str | None = None,
+    min_link: str = "",
+) -> dict[str, Any]:
+    ann = {"topoplace.io/min-link": min_link} if min_link else {}
+    p = make_pod(
+        name,
+        gpus,
+        namespace=NAMESPACE,
+        node=node,
+        gpu_indices=list(block) if node else None,
+        gang=gang,
+        gang_size=2 if gang else None,
+        annotations=ann,
+        cpu="4",
+        memory="32Gi",
+    )
+    p["spec"]["priorityClassName"] = f"bench-{cls}"
+    p["spec"]["priority"] = PRIORITIES[cls]  # what the Priority admission plugin writes
+    p["spec"]["terminationGracePeriodSeconds"] = 0
+    p["metadata"].pop("uid", None)
+    return p
+
+
+def build(seed: int, h100: int, v100: int, arrivals: int) -> Scenario:
+    """The scenario of ``seed`` (deterministic)."""
+    rnd = random.Random(seed)
+    nodes = [make_node(f"h100-{i:02d}", 8, "h100", machine="DGX-H100") for i in range(h100)]
+    nodes += [make_node(f"v100-{i:02d}", 8, "v100", machine="DGX-1") for i in range(v100)]
+    blocks: list[tuple[str, int, tuple[int, ...]]] = []
+    for n in nodes:
+        name = n["metadata"]["name"]
+        start = 0
+        while start < 8:
+            room = [s for s in (1, 2, 4) if start % s == 0 and start + s <= 8]
+            size = rnd.choice(room)
+            blocks.append((name, size, tuple(range(start, start + size))))
+            start += size
+    fours = [i for i, b in enumerate(blocks) if b[1] == 4]
+    rnd.shuffle(fours)
+    gang_of: dict[int, str] = {}
+    pairs = 0
+    while len(fours) >= 2 and pairs < len(nodes) // 2:
+        a = fours.pop()
+        b = next((j for j in fours if blocks[j][0] != blocks[a][0]), None)
+        if b is None:
+            break
+        fours.remove(b)
+        gang_of[a] = gang_of[b] = f"job-{pairs}"
+        pairs += 1
+    fill = []
+    members: dict[str, int] = {}
+    for i, (node, size, block) in enumerate(blocks):
+        gang = gang_of.get(i)
+        if gang:
+            k = members.get(gang, 0)
+            members[gang] = k + 1
+            fill.append(_pod(f"{gang}-{k}", size, "low", node=node, block=block, gang=gang))
+        else:
+            cls = rnd.choice(("low", "low", "mid"))
+            fill.append(_pod(f"fill-{i:03d}", size, cls, node=node, block=block))
+    arr = []
+    for i in range(arrivals):
+        size = rnd.choice((1, 2, 4, 4, 8))
+        link = "nvlink" if size == 4 and rnd.random() < 0.5 else ""
+        arr.append(_pod(f"urgent-{i:02d}", size, "high", min_link=link))
+    return Scenario(nodes, fill, arr)
+
+
+def priority_classes() -> list[dict[str, Any]]:
+    return [
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": f"bench-{cls}"},
+            "value": v,
+            "preemptionPolicy": "PreemptLowerPriority",
+        }
+        for cls, v in PRIORITIES.items()
+    ]
+
+
+# ---- what happened at each arrival ----------------------------------------------------------
+
+
+@dataclass
+class Step:
+    """One arrival: where it went and what was removed for it."""
+
+    pod: str
+    gpus: int
+    min_link: str
+    node: str | None = None
+    gpu_set: list[int] = field(default_factory=list)
+    gone: list[str] = field(default_factory=list)
+    gone_gpus: int = 0
+    gone_nodes: list[str] = field(default_factory=list)
+    bind_s: float | None = None
+
+
+def _gpus(pod: Mapping[str, Any]) -> int:
+    res = pod["spec"]["containers"][0]["resources"].get("limits") or {}
+    return int(res.get("nvidia.com/gpu", 0))
+
+
+def _gang(pod: Mapping[str, Any]) -> str:
+    return str((pod["metadata"].get("annotations") or {}).get("topoplace.io/gang", ""))
+
+
+def summarize(steps: Sequence[Step], fill: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """An arm's figures (see the module docstring)."""
+    by_name = {p["metadata"]["name"]: p for p in fill}
+    gone = [n for s in steps for n in s.gone]
+    gangs: dict[str, list[str]] = {}
+    for name, p in by_name.items():
+        if _gang(p):
+            gangs.setdefault(_gang(p), []).append(name)
+
+    def held_by_partial(gone_now: set[str]) -> tuple[int, int]:
+        part = [g for g, ms in gangs.items() if 0 < sum(m in gone_now for m in ms) < len(ms)]
+        return len(part), sum(
+            _gpus(by_name[m]) for g in part for m in gangs[g] if m not in gone_now
+        )
+
+    so_far: set[str] = set()
+    after_each = []
+    for st in steps:
+        so_far.update(st.gone)
+        after_each.append(held_by_partial(so_far)[1])
+    partial, held = held_by_partial(set(gone))
+    members_gone = sum(1 for n in gone if n in by_name and _gang(by_name[n]))
+    wasted = sum(1 for s in steps if s.gone and (s.node is None or s.node not in s.gone_nodes))
+    times = sorted(s.bind_s for s in steps if s.bind_s is not None)
+    return {
+        "arrivals": len(steps),
+        "placed": sum(1 for s in steps if s.node),
+        "preemptions": sum(1 for s in steps if s.gone),
+        "pods_gone": len(gone),
+        "gpus_gone": sum(s.gone_gpus for s in steps),
+        "gang_members_gone": members_gone,
+        "gangs_left_partial": partial,
+        "gpus_held_by_partial_gangs": held,
+        "partial_gang_gpus_after_arrivals": sum(after_each),
+        "partial_gang_gpus_max": max(after_each, default=0),
+        "preemptions_not_used": wasted,
+        "bind_p50_s": round(statistics.median(times), 3) if times else None,
+        "bind_p99_s": round(times[min(len(times) - 1, int(0.99 * len(times)))], 3)
+        if times
+        else None,
+    }
+
+
+# ---- offline ----------------------------------------------------------------------------------
+
+
+def in_tree_candidates(snap: ClusterSnapshot, req: Any) -> dict[str, set[str]]:
+    """Nodes kube-scheduler's dry run would offer: the pod fits there by GPU count, CPU
+    and memory once every lower-priority pod is gone, and does not fit now."""
+    gone = without_lower(snap, req.priority)
+    out: dict[str, set[str]] = {}
+    for n in snap.nodes:
+        after = gone.node(n.name)
+        now_free = n.gpu_allocatable - sum(len(p.gpus) for p in snap.pods_on(n.name))
+        free = after.gpu_allocatable - sum(len(p.gpus) for p in gone.pods_on(n.name))
+        cpu_ok = not after.cpu_milli or after.cpu_used_milli + req.cpu_milli <= after.cpu_milli
+        if free >= req.gpus and cpu_ok and now_free < req.gpus:
+            out[n.name] = {p.uid for p in snap.pods_on(n.name) if pod_priority(p) < req.priority}
+    return out
+
+
+def offline(sc: Scenario, params: SchedParams) -> list[Step]:
+    """The engine's replay of the scenario (see the module docstring)."""
+    fill = []
+    for p in sc.fill:
+        q = json.loads(json.dumps(p))
+        q["metadata"]["uid"] = f"uid-{q['metadata']['name']}"
+        fill.append(q)
+    snap = build_snapshot(sc.nodes, fill, params)
+    steps = []
+    for pod in sc.arrivals:
+        q = json.loads(json.dumps(pod))
+        q["metadata"]["uid"] = f"uid-{q['metadata']['name']}"
+        req = request_from_pod(q, params.fabric)
+        step = Step(req.name, req.gpus, req.min_link)
+        res = place_pod(snap, req, params)
+        if not res.ok:
+            d = select_victims(snap, req, in_tree_candidates(snap, req), params)
+            if d.chosen is None:
+                steps.append(step)
+                continue
+            c = d.chosen
+            step.gone = [v.pod.split("/")[1] for v in c.victims] + [
+                k.split("/")[1] for k in c.gang_members
+            ]
+            step.gone_gpus = c.gpus_disrupted
+            step.gone_nodes = sorted(
+                {snap.pods[v.pod].node for v in c.victims}
+                | {snap.pods[k].node for k in c.gang_members}
+            )
+            for v in c.victims:
+                snap = without_pod(snap, v.pod)
+            res = place_pod(snap, req, params)  # the nominated node: the chosen one
+            for k in c.gang_members:  # torn down after the pod is placed
+                snap = without_pod(snap, k)
+        (a,) = res.assignments
+        step.node, step.gpu_set = a.node, list(a.gpus)
+        q["spec"]["nodeName"] = a.node
+        q["metadata"]["annotations"][PLACEMENT_ANNOTATION] = placement_value(a.node, a.gpus, "")
+        snap = with_pod(snap, pod_info_for(snap, q, a.node))
+        steps.append(step)
+    return steps
+
+
+# ---- live -------------------------------------------------------------------------------------
+
+
+def _live_arm(sc: Scenario, args: argparse.Namespace, arm: str) -> tuple[list[Step], dict]:
+    from benchmarks.live.kubesched import (
+        KubeScheduler,
+        Topoplace,
+        load_shipped,
+        render_config,
+    )
+    from benchmarks.live.standalone import down_plane, up_plane
+
+    out = Path(args.out)
+    slug = arm.replace(" ", "-")
+    work_dir, plane, kc, api = up_plane(args, f"preempt-bench-{slug}-")
+    tp = ks = None
+    steps: list[Step] = []
+    try:
+        for pc in priority_classes():
+            api.call("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", pc, ok=(409,))
+        api.ensure_namespace(NAMESPACE)
+        api.create_nodes(sc.nodes)
+        for p in sc.fill:
+            q = json.loads(json.dumps(p))
+            q["spec"].pop("priority")  # the Priority admission plugin writes it
+            api.create_pod(NAMESPACE, q)
+        logs = out / "logs" / slug
+        tp = Topoplace(
+            kc,
+            logs,
+            port=args.extender_port,
+            source=args.topoplace_src,
+            policy=REPO / "config" / "policy.yaml",
+        )
+        tp.start()
+        cfg = render_config(load_shipped(), kc, tp.extender_url)
+        if arm != "topoplace":
+            for ext in cfg["extenders"]:
+                ext.pop("preemptVerb", None)
+        ks = KubeScheduler(
+            kc,
+            tp.extender_url,
+            logs,
+            port=args.topoplace_sched_port,
+            kube_bin=args.kube_bin,
+            config=cfg,
+        )
+        ks.start()
+        (out / f"scheduler-config-{slug}.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+        gpus_of = {p["metadata"]["name"]: _gpus(p) for p in sc.fill}
+        node_of = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in sc.fill}
+        for pod in sc.arrivals:
+            before = {p["metadata"]["name"] for p in api.list_pods(NAMESPACE)["items"]}
+            q = json.loads(json.dumps(pod))
+            q["spec"].pop("priority")
+            name = q["metadata"]["name"]
+            step = Step(
+                name, _gpus(q), str(q["metadata"]["annotations"].get("topoplace.io/min-link", ""))
+            )
+            t0 = time.monotonic()
+            api.create_pod(NAMESPACE, q)
+            while time.monotonic() - t0 < args.wait:
+                got = api.get(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+                if got["spec"].get("nodeName"):
+                    step.bind_s = round(time.monotonic() - t0, 3)
+                    step.node = got["spec"]["nodeName"]
+                    rec = json.loads(
+                        (got["metadata"].get("annotations") or {}).get(PLACEMENT_ANNOTATION, "{}")
+                    )
+                    step.gpu_set = list(rec.get("gpus") or [])
+                    break
+                time.sleep(0.05)
+            if step.node is None:
+                api.delete_pod(NAMESPACE, name)
+            _settle(api, tp if arm == "topoplace" else None, args.settle)
+            after = {p["metadata"]["name"] for p in api.list_pods(NAMESPACE)["items"]}
+            step.gone = sorted(before - after - {name})
+            step.gone_gpus = sum(gpus_of.get(n, 0) for n in step.gone)
+            step.gone_nodes = sorted({node_of[n] for n in step.gone if n in node_of})
+            if step.node:
+                gpus_of[name], node_of[name] = step.gpus, step.node
+            log(
+                f"{arm}: {name} ({step.gpus} GPUs{' nvlink' if step.min_link else ''}) -> "
+                f"{step.node} in {step.bind_s}s; gone: {', '.join(step.gone) or '-'}"
+            )
+            steps.append(step)
+        return steps, {"preemptions": tp.get("/v1/inspect/preemptions")}
+    finally:
+        for proc in (ks, tp):
+            if proc is not None:
+                proc.stop()
+        down_plane(api, plane, work_dir, out / "logs" / slug)
+
+
+def _settle(api: Any, tp: Any, quiet: float) -> None:
+    """Until no pod is being deleted, no gang teardown is pending (topoplace's view) and
+    the pod list has not changed for ``quiet`` seconds (at most 30 s)."""
+    t_end = time.monotonic() + 30
+    last, since = None, time.monotonic()
+    while time.monotonic() < t_end:
+        items = api.list_pods(NAMESPACE)["items"]
+        names = tuple(sorted(p["metadata"]["name"] for p in items))
+        busy = any(p["metadata"].get("deletionTimestamp") for p in items)
+        if tp is not None and not busy:
+            busy = bool(tp.get("/v1/inspect/preemptions")["pending_teardowns"])
+        if names != last or busy:
+            last, since = names, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return
+        time.sleep(0.1)
+
+
+# ---- report -----------------------------------------------------------------------------------
+
+
+def compare(live: Sequence[Step], off: Sequence[Step]) -> dict[str, int]:
+    same_node = sum(1 for a, b in zip(live, off, strict=True) if a.node == b.node)
+    same_gone = sum(1 for a, b in zip(live, off, strict=True) if sorted(a.gone) == sorted(b.gone))
+    both = sum(
+        1
+        for a, b in zip(live, off, strict=True)
+        if a.node == b.node and sorted(a.gone) == sorted(b.gone) and a.gpu_set == b.gpu_set
+    )
+    return {"same_node": same_node, "same_pods_gone": same_gone, "identical": both}
+
+
+FIGURES = (
+    ("placed", "arrivals placed"),
+    ("preemptions", "arrivals that preempted"),
+    ("pods_gone", "pods removed"),
+    ("gpus_gone", "GPUs removed"),
+    ("gang_members_gone", "gang members removed"),
+    ("gangs_left_partial", "gangs left partly running at the end"),
+    ("gpus_held_by_partial_gangs", "GPUs they hold"),
+    ("partial_gang_gpus_max", "GPUs held by partly running gangs, most after an arrival"),
+    ("partial_gang_gpus_after_arrivals", "the same, summed over arrivals (GPU x arrivals)"),
+    ("preemptions_not_used", "preemptions whose GPUs the pod did not get"),
+    ("bind_p50_s", "creation to bind p50 (s)"),
+    ("bind_p99_s", "creation to bind p99 (s)"),
+)
+
+
+def render(
+    sc: Scenario,
+    args: argparse.Namespace,
+    rows: Mapping[str, dict[str, Any]],
+    cmp: Mapping[str, int] | None,
+) -> str:
+    h = sum(1 for n in sc.nodes if n["metadata"]["name"].startswith("h100"))
+    gangs = len({_gang(p) for p in sc.fill if _gang(p)})
+    lines = [
+        "# Preemption, live through kube-scheduler and offline",
+        "",
+        f"{len(sc.nodes)} nodes ({h} DGX H100, {len(sc.nodes) - h} DGX-1 V100), "
+        f"{len(sc.fill)} filler pods ({gangs} two-member gangs), {len(sc.arrivals)} "
+        f"arrivals of priority {PRIORITIES['high']}, seed {args.seed}; "
+        f"`python -m benchmarks.live.preemption {' '.join(sys.argv[1:])}`.",
+        "",
+        "| figure | " + " | ".join(rows) + " |",
+        "|---|" + "---|" * len(rows),
+    ]
+    for key, label in FIGURES:
+        lines.append(f"| {label} | " + " | ".join(str(r[key]) for r in rows.values()) + " |")
+    if cmp is not None:
+        n = len(sc.arrivals)
+        lines += [
+            "",
+            f"Live topoplace against the offline engine, arrival by arrival: same node "
+            f"{cmp['same_node']} of {n}, same pods removed {cmp['same_pods_gone']} of {n}, "
+            f"node, pods removed and GPUs all identical {cmp['identical']} of {n}.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    from benchmarks.live.standalone import add_plane_args
+
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.live.preemption", description=__doc__.split("\n")[0]
+    )
+    add_plane_args(ap)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--h100", type=int, default=6)
+    ap.add_argument("--v100", type=int, default=6)
+    ap.add_argument("--arrivals", type=int, default=12)
+    ap.add_argument("--wait", type=float, default=30.0, help="seconds an arrival may take")
+    ap.add_argument("--settle", type=float, default=1.0, help="quiet seconds between arrivals")
+    ap.add_argument("--arms", default=",".join(ARMS), help="comma list of " + ", ".join(ARMS))
+    ap.add_argument("--offline-only", action="store_true", help="no control plane: the engine only")
+    return ap.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    sc = build(args.seed, args.h100, args.v100, args.arrivals)
+    params = SchedParams.from_config(yaml.safe_load((REPO / "config" / "policy.yaml").read_text()))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    off = offline(sc, params)
+    rows = {"offline topoplace": summarize(off, sc.fill)}
+    detail: dict[str, Any] = {"offline topoplace": [asdict(s) for s in off]}
+    cmp = None
+    if not args.offline_only:
+        from benchmarks.live.standalone import missing
+
+        why = missing(args)
+        if why:
+            print(f"preemption benchmark: {why}", file=sys.stderr)
+            return 2
+        for arm in [a for a in args.arms.split(",") if a]:
+            if arm not in ARMS:
+                print(f"unknown arm {arm!r} (one of {', '.join(ARMS)})", file=sys.stderr)
+                return 2
+            steps, extra = _live_arm(sc, args, arm)
+            rows[f"live {arm}"] = summarize(steps, sc.fill)
+            detail[f"live {arm}"] = [asdict(s) for s in steps]
+            detail[f"live {arm} topoplace"] = extra
+            if arm == "topoplace":
+                cmp = compare(steps, off)
+    text = render(sc, args, rows, cmp)
+    (out / "README.md").write_text(text)
+    (out / "steps.json").write_text(json.dumps(detail, indent=1, sort_keys=True))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
