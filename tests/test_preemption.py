@@ -228,3 +228,13 @@ def test_teardown_waits_for_the_victim_then_evicts_the_recorded_members(
     assert [(f.pod, f.kind, f.cause, f.gang) for f in group] == [
         ("default/g-1", KIND_PREEMPTED, "default/g-0", "default/g")
     ]
+
+
+def test_the_gpus_are_freed_by_as_few_pods_as_can_free_them() -> None:
+    # One 4-GPU pod and four 1-GPU pods, all of one priority: a 4-GPU pod takes the one.
+    pods = [_pod("four", 4, node="a", gpu_indices=[0, 1, 2, 3])] + [
+        _pod(f"one-{g}", 1, node="a", gpu_indices=[g]) for g in range(4, 8)
+    ]
+    snap = build_snapshot([dgx("a")], pods, SP)
+    d = select_victims(snap, _req("p", 4, 100), {"a": {_uid(p) for p in pods[1:]}}, SP)
+    assert _victims(d) == ["four"]

@@ -19,20 +19,22 @@ topoplace answers instead, node by node (:func:`select_victims`):
 2. with all of them gone, the pod must pass topoplace's filter there (health, GPUs free,
    link class, nodeSelector) and fit the node's CPU and memory; else the node is refused
    (evicting there helps nothing);
-3. the pods are then given back, the costliest to lose first: higher priority, then
-   more GPUs lost with it (a gang member costs its whole gang's GPUs, since topoplace
-   tears the gang down, see ``remediation.teardown_groups``), then by name; a pod stays
-   given back if the pod still fits. The answer depends on the snapshot and the
+3. the pods are then given back, the costliest to lose first: higher priority, then gang
+   members, the largest gang first (a gang member costs its whole gang's GPUs, since
+   topoplace tears the gang down, see ``remediation.teardown_groups``), then pods alone,
+   the smallest first (so the GPUs are freed by as few pods as can free them), then by
+   name; a pod stays given back if the pod still fits. The answer depends on the snapshot and the
    candidate nodes only, never on which pods kube-scheduler's dry run picked among equals
    (it orders pods of equal priority by start time, "now" for a pod not started): the
    same cluster gets the same victims. topoplace does not read PodDisruptionBudgets;
    kube-scheduler's count for the node is passed on;
 4. pods kube-scheduler chose that hold no GPU stay victims: it evicted them for something
    topoplace does not model (ports, affinity, pod count), so they are needed;
-5. among the nodes left, the one that costs least: lowest highest victim priority, fewest
-   GPUs disrupted (victims and the rest of their gangs), lowest sum of priorities,
-   fewest pods disrupted, then the best GPU set the pod gets there (ring bottleneck),
-   then the node name. The extender answers with that node alone, so kube-scheduler
+5. among the nodes left, the one that costs least, in kube-scheduler's own order
+   (``pickOneNodeForPreemption``) but counting what goes with a gang member: lowest
+   highest victim priority, lowest sum of priorities, fewest pods (victims and the rest
+   of their gangs), then fewest GPUs disrupted, the best GPU set the pod gets there (ring
+   bottleneck), the node name. The extender answers with that node alone, so kube-scheduler
    nominates it (it picks among the nodes it is given), and the live choice is the
    engine's.
 
@@ -147,15 +149,17 @@ class NodeChoice:
     gpus_disrupted: int
     gpus: tuple[int, ...]
     bottleneck_gbps: float
+    members_priority: int = 0
+    """The sum of the torn-down members' priorities."""
 
     @property
     def cost(self) -> tuple[Any, ...]:
         """What the choice among nodes minimizes (see the module docstring, step 5)."""
         return (
             max(v.priority for v in self.victims),
-            self.gpus_disrupted,
-            sum(v.priority for v in self.victims),
+            sum(v.priority for v in self.victims) + self.members_priority,
             len(self.victims) + len(self.gang_members),
+            self.gpus_disrupted,
             -self.bottleneck_gbps,
             self.node,
         )
@@ -261,11 +265,11 @@ def _on_node(
 
     def gang_gpus(p: PodInfo) -> int:
         g = _gang(p)
-        return sum(_held(m) for m in gangs.get(g, ())) if g else _held(p)
+        return sum(_held(m) for m in gangs.get(g, ())) if g else 0
 
     order = sorted(
         (p for p in lower if p.key not in needed),
-        key=lambda p: (-pod_priority(p), -gang_gpus(p), p.key),
+        key=lambda p: (-pod_priority(p), -gang_gpus(p), _held(p), p.key),
     )
     cur, gone = every, {p.key for p in lower}
     for p in order:
@@ -293,6 +297,7 @@ def _on_node(
         gpus_disrupted=disrupted,
         gpus=tuple(gs.gpus),
         bottleneck_gbps=float(gs.bottleneck_gbps),
+        members_priority=sum(pod_priority(snap.pods[k]) for k in others),
     )
 
 
