@@ -1,0 +1,85 @@
+"""The preemption benchmark's scenario, offline replay and figures
+(benchmarks/live/preemption.py); its live arms need the control plane (run by hand, see
+benchmarks/results/live/preempt-s18)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks.live.preemption import Step, build, main, offline, summarize
+from scheduler.core.params import SchedParams
+
+SP = SchedParams()
+
+
+def test_the_scenario_is_a_full_cluster_and_the_same_for_a_seed() -> None:
+    sc = build(3, 2, 2, 6)
+    assert build(3, 2, 2, 6) == sc
+    per_node: dict[str, int] = {}
+    for p in sc.fill:
+        per_node[p["spec"]["nodeName"]] = per_node.get(p["spec"]["nodeName"], 0) + int(
+            p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+        )
+    assert per_node == {n["metadata"]["name"]: 8 for n in sc.nodes}
+    assert all(p["spec"]["priority"] < 1000 for p in sc.fill)
+    assert all(p["spec"]["priority"] == 1000 and "nodeName" not in p["spec"] for p in sc.arrivals)
+
+
+def test_offline_every_arrival_is_placed_and_no_gang_is_left_partly_running() -> None:
+    sc = build(7, 4, 4, 12)
+    steps = offline(sc, SP)
+    assert offline(sc, SP) == steps  # deterministic
+    fig = summarize(steps, sc.fill)
+    assert fig["placed"] == 12 and fig["preemptions"] >= 1
+    assert fig["gangs_left_partial"] == 0 and fig["partial_gang_gpus_max"] == 0
+    assert fig["preemptions_not_used"] == 0
+    # what a preemption removed is on the node the pod went to, or the rest of a gang
+    gangs = {
+        p["metadata"]["name"]: p["metadata"]["annotations"].get("topoplace.io/gang")
+        for p in sc.fill
+    }
+    for s in steps:
+        if s.gone:
+            assert s.node in s.gone_nodes
+            assert all(n in gangs for n in s.gone)
+
+
+def test_a_gang_member_removed_alone_counts_its_partner_until_it_goes() -> None:
+    sc = build(7, 4, 4, 2)
+    a, b = sorted(
+        p["metadata"]["name"] for p in sc.fill if p["metadata"]["name"].startswith("job-0")
+    )
+    gpus = int(
+        next(p for p in sc.fill if p["metadata"]["name"] == b)["spec"]["containers"][0][
+            "resources"
+        ]["limits"]["nvidia.com/gpu"]
+    )
+    steps = [
+        Step("urgent-00", 4, "", node="x", gone=[a], gone_gpus=4, gone_nodes=["x"]),
+        Step("urgent-01", 4, "", node="y", gone=[b], gone_gpus=4, gone_nodes=["z"]),
+    ]
+    fig = summarize(steps, sc.fill)
+    assert fig["partial_gang_gpus_max"] == gpus and fig["partial_gang_gpus_after_arrivals"] == gpus
+    assert fig["gangs_left_partial"] == 0
+    assert fig["preemptions_not_used"] == 1  # urgent-01 went to y, its victim was on z
+
+
+def test_the_offline_run_writes_its_table(tmp_path: Path) -> None:
+    assert (
+        main(
+            [
+                "--offline-only",
+                "--h100",
+                "2",
+                "--v100",
+                "2",
+                "--arrivals",
+                "4",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
+    text = (tmp_path / "README.md").read_text()
+    assert "| arrivals placed | 4 |" in text and "offline topoplace" in text
