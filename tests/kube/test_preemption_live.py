@@ -17,6 +17,7 @@ PriorityClasses are the suite's own (cluster-scoped, named after the run, delete
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -187,6 +188,115 @@ def test_a_preempted_gang_member_takes_its_whole_gang_with_it(
             ][-1]
             assert answer["chosen"]["gangs_broken"] == [f"{namespace}/train"]
             assert answer["chosen"]["gang_members_torn_down"] == [f"{namespace}/{other}"]
+    finally:
+        core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        for n in nodes:
+            with contextlib.suppress(Exception):
+                core.delete_node(n)
+
+
+def test_a_high_priority_gang_preempts_its_way_in_whole(
+    core: Any,
+    namespace: str,
+    topoplace: Topoplace,
+    scheduler_name: str,
+    run_id: str,
+    priorities: dict[int, str],
+) -> None:
+    # Two full nodes of low pods, one node full of pods of higher priority than the gang:
+    # the gang's two 8-GPU members preempt on the two low nodes (the only placement its
+    # gang has) and bind together; the high node is untouched.
+    label = f"{run_id}-preempt-in"
+    nodes = [f"tp-it-{run_id}-preempt-in-{i}" for i in range(3)]
+    for n in nodes:
+        make_gpu_node(core, n, label)
+    lo, mid, hi = priorities[LOW], priorities[MID], priorities[HIGH]
+    try:
+        fill = []
+        for i, n in enumerate(nodes):
+            pc = hi if i == 2 else lo
+            for k in range(2):
+                name = f"f{i}-{k}"
+                core.create_namespaced_pod(namespace, _pod(name, 4, scheduler_name, label, pc, n))
+                fill.append(name)
+        wait_for(lambda: len(bound(core, namespace, fill)) == 6, 60, "the filler bound")
+        before = _uids(core, namespace)
+        gang = gang_annotations("urgent", 2)
+        for name in ("u-0", "u-1"):
+            core.create_namespaced_pod(
+                namespace, _pod(name, 8, scheduler_name, label, mid, annotations=gang)
+            )
+        got = wait_for(
+            lambda: (b := bound(core, namespace, ["u-0", "u-1"])) and len(b) == 2 and b,
+            60,
+            "the gang bound",
+        )
+        assert sorted(p.spec.node_name for p in got.values()) == nodes[:2]
+        after = _uids(core, namespace)
+        assert all(n not in after for n in ("f0-0", "f0-1", "f1-0", "f1-1"))
+        assert after.get("f2-0") == before["f2-0"] and after.get("f2-1") == before["f2-1"]
+        answers = [
+            a
+            for a in topoplace.get("/v1/inspect/preemptions")["recent"]
+            if a["pod"] in (f"{namespace}/u-0", f"{namespace}/u-1") and a["chosen"]
+        ]
+        assert sorted(a["chosen"]["node"] for a in answers) == nodes[:2], answers
+    finally:
+        core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        for n in nodes:
+            with contextlib.suppress(Exception):
+                core.delete_node(n)
+
+
+def test_a_gang_that_cannot_fit_even_by_preempting_evicts_nothing(
+    core: Any,
+    namespace: str,
+    topoplace: Topoplace,
+    scheduler_name: str,
+    run_id: str,
+    priorities: dict[int, str],
+) -> None:
+    # Three 8-GPU members, two nodes of low pods, one of higher pods: the gang cannot run
+    # whatever is preempted. kube-scheduler's dry run, member by member, would evict both
+    # low nodes for nothing.
+    label = f"{run_id}-preempt-no"
+    nodes = [f"tp-it-{run_id}-preempt-no-{i}" for i in range(3)]
+    for n in nodes:
+        make_gpu_node(core, n, label)
+    lo, mid, hi = priorities[LOW], priorities[MID], priorities[HIGH]
+    try:
+        fill = []
+        for i, n in enumerate(nodes):
+            name = f"f{i}"
+            core.create_namespaced_pod(
+                namespace, _pod(name, 8, scheduler_name, label, hi if i == 2 else lo, n)
+            )
+            fill.append(name)
+        wait_for(lambda: len(bound(core, namespace, fill)) == 3, 60, "the filler bound")
+        before = _uids(core, namespace)
+        gang = gang_annotations("toolarge", 3)
+        for k in range(3):
+            core.create_namespaced_pod(
+                namespace, _pod(f"t-{k}", 8, scheduler_name, label, mid, annotations=gang)
+            )
+        members = [f"{namespace}/t-{k}" for k in range(3)]
+        wait_for(
+            lambda: any(
+                a["pod"] in members and a["reason"]
+                for a in topoplace.get("/v1/inspect/preemptions")["recent"]
+            ),
+            30,
+            "topoplace to answer a member's preemption",
+        )
+        time.sleep(3)  # kube-scheduler retries the members meanwhile
+        after = _uids(core, namespace)
+        assert all(after.get(n) == before[n] for n in fill), after
+        assert not bound(core, namespace, [f"t-{k}" for k in range(3)])
+        answers = [
+            a for a in topoplace.get("/v1/inspect/preemptions")["recent"] if a["pod"] in members
+        ]
+        assert answers and all(a["chosen"] is None for a in answers)
+        assert answers[0]["reason"].startswith("the gang does not fit even with every")
     finally:
         core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
         for n in nodes:
