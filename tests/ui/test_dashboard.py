@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.clusters import make_pod
 from scheduler.cli.demo import ServerThread, scripted_pods
+from tests.helpers import fixture
 from tests.ui.helpers import node_names, schedule
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "config" / "grafana" / "topoplace.json"
@@ -48,6 +49,10 @@ def test_every_dashboard_series_is_exported_and_no_created_series() -> None:
         bad["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] = "lots"
         f = client.post("/scheduler/filter", content=orjson.dumps({"Pod": bad, "NodeNames": names}))
         assert f.json()["Error"].startswith("invalid pod")
+        # kube-scheduler's preemption for a pod of the shared fixtures: its candidate node
+        # is not in the demo cluster, so nothing is preempted (answer "none")
+        pre = client.post("/scheduler/preempt", content=orjson.dumps(fixture("preempt_args.json")))
+        assert pre.json() == {"NodeNameToMetaVictims": {}}
         text = client.get("/metrics").text
     exported: dict[str, str] = {}
     with_samples: set[str] = set()
@@ -59,8 +64,10 @@ def test_every_dashboard_series_is_exported_and_no_created_series() -> None:
     missing = sorted(queried - set(exported))
     assert not missing, f"the dashboard queries series /metrics does not export: {missing}"
     # After the demo's traffic nearly every queried series has samples; evictions and
-    # re-placements happen only after hardware faults, which the demo does not inject.
+    # re-placements happen only after hardware faults, which the demo does not inject, and
+    # victims only when a preemption names some.
     assert sorted(queried - with_samples) == [
+        "topoplace_preemption_victims_total",
         "topoplace_remediation_evictions_total",
         "topoplace_replacement_seconds_bucket",
         "topoplace_replacements_total",
