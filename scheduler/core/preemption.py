@@ -52,8 +52,8 @@ from typing import Any
 import numpy as np
 
 from scheduler.core.model import Health, PodInfo, PodRequest
-from scheduler.core.objects import gang_of, meta
 from scheduler.core.params import SchedParams
+from scheduler.core.remediation import Broken, being_deleted, gang_key
 from scheduler.core.schedule import (
     FEASIBLE,
     REASON_UNKNOWN_NODE,
@@ -61,7 +61,13 @@ from scheduler.core.schedule import (
     filter_codes,
     verdict_reason,
 )
-from scheduler.core.snapshot import ClusterSnapshot, DoubleBookingError, with_pod, without_pod
+from scheduler.core.snapshot import (
+    ClusterSnapshot,
+    DoubleBookingError,
+    only_node,
+    with_pod,
+    without_pod,
+)
 
 __all__ = [
     "REASON_CPU_MEMORY",
@@ -70,6 +76,7 @@ __all__ = [
     "NodeChoice",
     "PreemptionDecision",
     "Victim",
+    "broken_gangs",
     "pod_priority",
     "select_victims",
     "without_lower",
@@ -89,14 +96,6 @@ def pod_priority(p: PodInfo) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
-def _terminating(p: PodInfo) -> bool:
-    return bool(meta(p.raw).get("deletionTimestamp"))
-
-
-def _gang(p: PodInfo) -> str:
-    return p.gang or gang_of(p.raw)[0]
-
-
 def _held(p: PodInfo) -> int:
     """GPUs a pod holds (a fractional pod counts each GPU it has a share of)."""
     return len(p.gpus) + len(p.shares) + p.replicas
@@ -105,7 +104,7 @@ def _held(p: PodInfo) -> int:
 def _evictable(p: PodInfo) -> bool:
     """A pod kube-scheduler knows and may delete: bound, with a UID, not only assumed by
     topoplace, not being deleted."""
-    return not p.assumed and bool(p.uid) and bool(p.node) and not _terminating(p)
+    return not p.assumed and bool(p.uid) and bool(p.node) and not being_deleted(p)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +200,7 @@ def without_lower(snap: ClusterSnapshot, priority: int) -> ClusterSnapshot:
     out = snap
     for key in sorted(snap.pods):
         p = snap.pods[key]
-        if _terminating(p) or (_evictable(p) and pod_priority(p) < priority):
+        if being_deleted(p) or (_evictable(p) and pod_priority(p) < priority):
             out = without_pod(out, key)
     return out
 
@@ -220,14 +219,22 @@ def _fits(snap: ClusterSnapshot, req: PodRequest, i: int, params: SchedParams) -
     return ""
 
 
-def _members_by_gang(snap: ClusterSnapshot) -> dict[str, list[PodInfo]]:
-    out: dict[str, list[PodInfo]] = {}
+def _index(
+    snap: ClusterSnapshot, nodes: Collection[str]
+) -> tuple[dict[str, list[PodInfo]], dict[str, list[PodInfo]]]:
+    """(gang -> its evictable members, node -> its pods, for ``nodes``), by key, in one
+    pass over the pods."""
+    gangs: dict[str, list[PodInfo]] = {}
+    on: dict[str, list[PodInfo]] = {n: [] for n in nodes}
     for key in sorted(snap.pods):
         p = snap.pods[key]
-        g = _gang(p)
+        g = gang_key(p)
         if g and _evictable(p):
-            out.setdefault(g, []).append(p)
-    return out
+            gangs.setdefault(g, []).append(p)
+        here = on.get(p.node)
+        if here is not None:
+            here.append(p)
+    return gangs, on
 
 
 def _on_node(
@@ -236,6 +243,7 @@ def _on_node(
     name: str,
     proposed: Collection[str],
     gangs: Mapping[str, list[PodInfo]],
+    pods: Sequence[PodInfo],
     params: SchedParams,
 ) -> NodeChoice | str:
     """The victims on ``name`` (a :class:`NodeChoice`) or why preemption there does not help."""
@@ -245,10 +253,11 @@ def _on_node(
     node = snap.nodes[i]
     if node.health.state >= Health.UNHEALTHY:
         return node.health.reasons[0] if node.health.reasons else "node unhealthy"
-    base = snap
+    base = only_node(snap, name, pods)  # what-ifs on one node cost one node
+    i = 0
     lower: list[PodInfo] = []
-    for p in snap.pods_on(name):
-        if _terminating(p):
+    for p in pods:
+        if being_deleted(p):
             base = without_pod(base, p.key)  # leaving already
         elif _evictable(p) and pod_priority(p) < req.priority:
             lower.append(p)
@@ -264,7 +273,7 @@ def _on_node(
     needed = {p.key for p in lower if p.uid in proposed and not _held(p)}
 
     def gang_gpus(p: PodInfo) -> int:
-        g = _gang(p)
+        g = gang_key(p)
         return sum(_held(m) for m in gangs.get(g, ())) if g else 0
 
     order = sorted(
@@ -285,13 +294,15 @@ def _on_node(
     if not gone:
         return REASON_NOT_NEEDED
     victims = sorted((p for p in lower if p.key in gone), key=lambda p: (-pod_priority(p), p.key))
-    broken = sorted({_gang(p) for p in victims if _gang(p)})
+    broken = sorted({gang_key(p) for p in victims if gang_key(p)})
     others = sorted(m.key for g in broken for m in gangs.get(g, ()) if m.key not in gone)
     disrupted = sum(_held(p) for p in victims) + sum(_held(snap.pods[k]) for k in others)
     gs = choose_gpus(cur, req, name, params)
     return NodeChoice(
         node=name,
-        victims=tuple(Victim(p.key, p.uid, pod_priority(p), _held(p), _gang(p)) for p in victims),
+        victims=tuple(
+            Victim(p.key, p.uid, pod_priority(p), _held(p), gang_key(p)) for p in victims
+        ),
         gangs_broken=tuple(broken),
         gang_members=tuple(others),
         gpus_disrupted=disrupted,
@@ -321,14 +332,14 @@ def select_victims(
     Returns:
         The decision; ``chosen`` is None when no node helps.
     """
-    gangs = _members_by_gang(snap)
+    gangs, on = _index(snap, candidates)
     options: list[NodeChoice] = []
     refused: dict[str, str] = {}
     for name in sorted(candidates):
         if within is not None and name not in within:
             refused[name] = REASON_OUTSIDE_GANG_PLAN
             continue
-        got = _on_node(snap, req, name, frozenset(candidates[name]), gangs, params)
+        got = _on_node(snap, req, name, frozenset(candidates[name]), gangs, on[name], params)
         if isinstance(got, str):
             refused[name] = got
         else:
@@ -337,6 +348,19 @@ def select_victims(
     return PreemptionDecision(options[0] if options else None, tuple(options), refused)
 
 
-def victims_by_uid(decision: PreemptionDecision) -> Sequence[str]:
-    """The chosen node's victim UIDs, highest priority first (empty when none)."""
-    return [v.uid for v in decision.chosen.victims] if decision.chosen else []
+def broken_gangs(snap: ClusterSnapshot, choice: NodeChoice, preemptor: str) -> list[Broken]:
+    """The gangs ``choice`` breaks, as records for their teardown
+    (``remediation.teardown_groups``): per gang its first victim and the UIDs of its other
+    members bound now."""
+    gone = {v.uid for v in choice.victims}
+    torn = set(choice.gang_members)
+    out = []
+    for g in choice.gangs_broken:
+        first = next(v for v in choice.victims if v.gang == g)
+        members = frozenset(
+            p.uid
+            for k in sorted(torn)
+            if (p := snap.pods.get(k)) is not None and gang_key(p) == g and p.uid not in gone
+        )
+        out.append(Broken(g, first.pod, first.uid, members, preemptor))
+    return out

@@ -55,6 +55,7 @@ __all__ = [  # RemediationParams lives with the other policy sections (params.py
     "Fault",
     "Plan",
     "RemediationParams",
+    "being_deleted",
     "eligible",
     "failed_gpus",
     "fault_rows",
@@ -154,7 +155,8 @@ def _gpus_of(p: PodInfo) -> tuple[int, ...]:
     return tuple(p.gpus) + tuple(s.gpu for s in p.shares)
 
 
-def _terminating(p: PodInfo) -> bool:
+def being_deleted(p: PodInfo) -> bool:
+    """The pod carries a ``deletionTimestamp`` (it is going)."""
     return bool(meta(p.raw).get("deletionTimestamp"))
 
 
@@ -184,7 +186,7 @@ def eligible(p: PodInfo, profiles: Collection[str], holding: bool = True) -> boo
         and bool(p.node)
         and (_holds_gpus(p) or not holding)
         and _scheduler_name(p) in profiles
-        and not _terminating(p)
+        and not being_deleted(p)
         and not _opted_out(p)
     )
 
@@ -414,7 +416,7 @@ def teardown_groups(
     out: list[tuple[tuple[Fault, ...], Broken]] = []
     for b in broken:
         victim = by_uid.get(b.victim_uid)
-        if victim is not None and not _terminating(victim):
+        if victim is not None and not being_deleted(victim):
             continue  # not preempted (yet)
         group = tuple(
             Fault(p.key, p.uid, p.node, KIND_PREEMPTED, REASON_MEMBER_PREEMPTED, b.gang, b.victim)

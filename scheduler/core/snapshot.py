@@ -1008,6 +1008,20 @@ def _rebuilt(
     )
 
 
+def only_node(
+    snap: ClusterSnapshot, name: str, pods: Iterable[PodInfo] | None = None
+) -> ClusterSnapshot:
+    """``snap`` reduced to the node ``name`` and the pods on it (KeyError if unknown);
+    ``pods``: those pods when the caller has them (else found by a pass over all pods).
+
+    Every per-node decision (filter verdict, GPU choice) reads the same there, and each
+    transition of it costs one node, not the cluster's arrays: for what-if questions
+    about a single node, asked many times (preemption's dry run)."""
+    node = snap.nodes[snap.index[name]]
+    found = snap.pods.values() if pods is None else pods
+    return _rebuilt(snap, (node,), {p.key: p for p in found if p.node == name})
+
+
 def pod_info_for(
     snap: ClusterSnapshot,
     pod: Mapping[str, Any],

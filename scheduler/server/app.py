@@ -368,10 +368,11 @@ def create_app(
             + (True, False)
         ),
         (
+            # Off the event loop: rare, and a gang member's answer plans its whole gang.
             "preempt",
             lambda p, _: extender.preempt(p),
             lambda e: {"NodeNameToMetaVictims": None},
-            False,
+            True,
             False,
         ),
     )

@@ -41,8 +41,8 @@ from scheduler.core.objects import (
     redacted_pod,
     request_from_pod,
 )
-from scheduler.core.preemption import select_victims
-from scheduler.core.remediation import Broken, gang_key
+from scheduler.core.preemption import broken_gangs, select_victims
+from scheduler.core.remediation import being_deleted
 from scheduler.core.schedule import (
     CODE_NODE_SELECTOR,
     CODE_NOT_CHOSEN,
@@ -220,10 +220,6 @@ def _gang_filter_info(out: FilterOutcome, candidates: int) -> dict[str, Any]:
         "candidates": candidates,
         "reasons": dict(sorted(reasons.items())),
     }
-
-
-def _being_deleted(p: PodInfo) -> bool:
-    return bool(meta(p.raw).get("deletionTimestamp"))
 
 
 def _spec(pod: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -883,7 +879,7 @@ class Extender:
             self.metrics.child(self.metrics.preemptions, "passed").inc()
             return passed
         snap = self.cache.snapshot()
-        live = {p.uid for p in snap.pods.values() if p.uid and not _being_deleted(p)}
+        live = {p.uid for p in snap.pods.values() if p.uid and not being_deleted(p)}
         if self.preemptions.waiting_for(req.key, live.__contains__):
             self.metrics.child(self.metrics.preemptions, "waiting").inc()
             log.info("preemption for %s: its last victims are still going; none more", req.key)
@@ -910,20 +906,7 @@ class Extender:
             "refused": dict(decision.refused) if decision is not None else {},
             "reason": why,
         }
-        broken = []
-        if chosen is not None:
-            gone = {v.uid for v in chosen.victims}
-            for g in chosen.gangs_broken:
-                first = next(v for v in chosen.victims if v.gang == g)
-                members = frozenset(
-                    p.uid
-                    for p in snap.pods.values()
-                    if p.uid
-                    and p.key in chosen.gang_members
-                    and gang_key(p) == g
-                    and p.uid not in gone
-                )
-                broken.append(Broken(g, first.pod, first.uid, members, req.key))
+        broken = broken_gangs(snap, chosen, req.key) if chosen is not None else []
         self.preemptions.record(
             answer, broken, req.key, [v.uid for v in chosen.victims] if chosen else ()
         )

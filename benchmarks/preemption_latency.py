@@ -1,0 +1,124 @@
+"""Time of one ``preempt`` answer (``Extender.preempt``), in process.
+
+kube-scheduler calls the verb once per preemption, with its dry run's candidates: at most
+``max(10 % of the nodes, 100)`` nodes (DefaultPreemption's ``minCandidateNodesPercentage``
+and ``minCandidateNodesAbsolute``), each with the victims it picked. topoplace then finds
+its own victims on every candidate (a snapshot without them, pods offered back, its filter
+each time), so the answer costs in proportion to the candidates and the pods on them.
+
+This benchmark builds ``--nodes`` DGX H100 nodes (``benchmarks.clusters.make_node``), every
+GPU held by bound pods of priority 10 (per node: one 4-GPU pod, two 1-GPU pods, one 2-GPU
+pod; every eighth 4-GPU pod a member of a two-member gang), and times the answer for a
+4-GPU pod of priority 1000 given kube-scheduler's candidate count, as the HTTP app calls
+it (the JSON body parsed, the answer built), and the pure decision alone
+(``select_victims``).
+
+Prints the conditions and, per case, the median and p99 ms over ``--runs`` answers (wall
+time, ``time.perf_counter``; the verb runs on a worker thread).
+
+Run: ``python -m benchmarks.preemption_latency [--nodes 500 5000] [--runs 20]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+
+def cluster(n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``n`` nodes, every GPU held (see the module docstring)."""
+    from benchmarks.clusters import make_node, make_pod
+
+    nodes = [make_node(f"dgx-{i:05d}", 8, "h100", machine="DGX-H100") for i in range(n)]
+    pods = []
+    for i, node in enumerate(nodes):
+        name = node["metadata"]["name"]
+        gang = f"job-{i // 16}" if i % 8 == 0 else None
+        for k, (size, block) in enumerate(((4, [0, 1, 2, 3]), (1, [4]), (1, [5]), (2, [6, 7]))):
+            p = make_pod(
+                f"p-{i:05d}-{k}",
+                size,
+                node=name,
+                gpu_indices=block,
+                gang=gang if k == 0 else None,
+                gang_size=2,
+            )
+            p["spec"]["priority"] = 10
+            pods.append(p)
+    return nodes, pods
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, nargs="+", default=[500, 5000])
+    ap.add_argument("--runs", type=int, default=20)
+    args = ap.parse_args(argv)
+    import orjson
+
+    from benchmarks.clusters import make_pod
+    from benchmarks.stats import p99
+    from scheduler.cli.main import load_params
+    from scheduler.core.objects import request_from_pod
+    from scheduler.core.preemption import select_victims
+    from scheduler.runtime.cache import ClusterCache
+    from scheduler.runtime.gangs import GangRuntime
+    from scheduler.server.extender import Extender
+
+    params = load_params(None)
+    print(
+        "preempt answer, in process: DGX H100 nodes, every GPU held by pods of "
+        "priority 10 (4 + 1 + 1 + 2 GPUs per node, every eighth 4-GPU pod in a gang of 2); "
+        f"a 4-GPU pod of priority 1000; kube-scheduler's candidates: max(10 %, 100) nodes, "
+        f"its victim the 4-GPU pod; {args.runs} answers per case (wall ms)"
+    )
+    print(
+        "| nodes | pods | candidates | preempt verb median | p99 | select_victims median | p99 | chosen |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for n in args.nodes:
+        nodes, pods = cluster(n)
+        cache = ClusterCache.from_objects(nodes, pods, params)
+        ext = Extender(cache, gangs=GangRuntime())
+        snap = cache.snapshot()
+        pending = make_pod("urgent", 4)
+        pending["spec"]["priority"] = 1000
+        req = request_from_pod(pending, params.fabric)
+        by_node: dict[str, list[str]] = {}
+        for p in snap.pods.values():
+            if len(p.gpus) == 4:
+                by_node[p.node] = [p.uid]
+        names = sorted(by_node)[: min(len(by_node), max(n // 10, 100))]
+        body = orjson.dumps(
+            {
+                "Pod": pending,
+                "NodeNameToVictims": None,
+                "NodeNameToMetaVictims": {
+                    m: {"Pods": [{"UID": u} for u in by_node[m]], "NumPDBViolations": 0}
+                    for m in names
+                },
+            }
+        )
+        verb, core = [], []
+        chosen = ""
+        for _ in range(args.runs):
+            ext.preemptions = type(ext.preemptions)(cache.now)  # a fresh pod each time
+            t = time.perf_counter()
+            ans = ext.preempt(orjson.loads(body))
+            verb.append(1000 * (time.perf_counter() - t))
+            t = time.perf_counter()
+            d = select_victims(snap, req, {m: set(by_node[m]) for m in names}, params)
+            core.append(1000 * (time.perf_counter() - t))
+            (chosen,) = ans["NodeNameToMetaVictims"]
+            assert d.chosen is not None and d.chosen.node == chosen
+        print(
+            f"| {len(snap.nodes)} | {len(snap.pods)} | {len(names)} "
+            f"| {statistics.median(verb):.1f} | {p99(verb):.1f} "
+            f"| {statistics.median(core):.1f} | {p99(core):.1f} | {chosen} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
