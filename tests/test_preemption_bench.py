@@ -83,3 +83,11 @@ def test_the_offline_run_writes_its_table(tmp_path: Path) -> None:
     )
     text = (tmp_path / "README.md").read_text()
     assert "| arrivals placed | 4 |" in text and "offline topoplace" in text
+
+
+def test_the_latency_benchmark_runs_and_agrees_with_the_core(capsys) -> None:
+    from benchmarks.preemption_latency import main as latency
+
+    assert latency(["--nodes", "12", "--runs", "1"]) == 0
+    row = capsys.readouterr().out.strip().splitlines()[-1]
+    assert row.startswith("| 12 | 48 | 12 |") and row.endswith("| dgx-00001 |")
