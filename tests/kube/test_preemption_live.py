@@ -94,6 +94,33 @@ def _uids(core: Any, namespace: str) -> dict[str, str]:
     return {p.metadata.name: p.metadata.uid for p in core.list_namespaced_pod(namespace).items}
 
 
+@contextlib.contextmanager
+def _nodes(
+    core: Any, namespace: str, run_id: str, tag: str, count: int
+) -> Iterator[tuple[str, list[str]]]:
+    """``count`` fresh GPU nodes labelled for this test: (label, names); on the way out
+    the namespace's pods are deleted and the nodes removed."""
+    label = f"{run_id}-{tag}"
+    nodes = [f"tp-it-{run_id}-{tag}-{i}" for i in range(count)]
+    for n in nodes:
+        make_gpu_node(core, n, label)
+    try:
+        yield label, nodes
+    finally:
+        core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        for n in nodes:
+            with contextlib.suppress(Exception):
+                core.delete_node(n)
+
+
+def _named_victims(topoplace: Topoplace, namespace: str, *pods: str) -> list[dict[str, Any]]:
+    """topoplace's answers for ``pods`` that named victims (a retry before topoplace saw
+    them go answers "waiting" and names none)."""
+    keys = {f"{namespace}/{p}" for p in pods}
+    recent = topoplace.get("/v1/inspect/preemptions")["recent"]
+    return [a for a in recent if a["pod"] in keys and a["chosen"]]
+
+
 def test_a_lone_pod_is_preempted_and_the_gang_member_beside_it_is_left_whole(
     core: Any,
     namespace: str,
@@ -102,13 +129,9 @@ def test_a_lone_pod_is_preempted_and_the_gang_member_beside_it_is_left_whole(
     run_id: str,
     priorities: dict[int, str],
 ) -> None:
-    label = f"{run_id}-preempt"
-    nodes = [f"tp-it-{run_id}-preempt-{i}" for i in range(2)]
-    for n in nodes:
-        make_gpu_node(core, n, label)
     gang = gang_annotations("train", 2)
     lo, mid, hi = priorities[LOW], priorities[MID], priorities[HIGH]
-    try:
+    with _nodes(core, namespace, run_id, "preempt", 2) as (label, nodes):
         # x and y first, pinned; then the gang, which can only go one member per node
         core.create_namespaced_pod(namespace, _pod("x", 4, scheduler_name, label, lo, nodes[0]))
         core.create_namespaced_pod(namespace, _pod("y", 4, scheduler_name, label, mid, nodes[1]))
@@ -127,18 +150,10 @@ def test_a_lone_pod_is_preempted_and_the_gang_member_beside_it_is_left_whole(
         assert "x" not in after or after["x"] != before["x"]  # the pod alone went
         for name in ("g-0", "g-1", "y"):  # the gang and the higher pod stayed
             assert after.get(name) == before[name], name
-        answers = topoplace.get("/v1/inspect/preemptions")["recent"]
-        # one answer named victims (kube-scheduler may ask again before topoplace has seen
-        # them go: that answer is "waiting" and names none)
-        (mine,) = [a for a in answers if a["pod"] == f"{namespace}/urgent" and a["chosen"]]
+        (mine,) = _named_victims(topoplace, namespace, "urgent")  # once: no double preemption
         assert mine["chosen"]["node"] == nodes[0]
         assert [v["pod"] for v in mine["chosen"]["victims"]] == [f"{namespace}/x"]
         assert mine["chosen"]["gangs_broken"] == []
-    finally:
-        core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
-        for n in nodes:
-            with contextlib.suppress(Exception):
-                core.delete_node(n)
 
 
 def test_a_preempted_gang_member_takes_its_whole_gang_with_it(
@@ -151,50 +166,40 @@ def test_a_preempted_gang_member_takes_its_whole_gang_with_it(
     tmp_path: Path,
     kube_api: Any,  # noqa: F811
 ) -> None:
-    label = f"{run_id}-preempt-gang"
-    nodes = [f"tp-it-{run_id}-preempt-gang-{i}" for i in range(2)]
-    for n in nodes:
-        make_gpu_node(core, n, label)
     gang = gang_annotations("train", 2)
     lo, hi = priorities[LOW], priorities[HIGH]
-    try:
-        with topoplace.restarted(args=("--config", str(_policy(tmp_path)))):
-            metric = 'topoplace_remediation_evictions_total{kind="preempted",outcome="evicted"}'
-            before_count = _metric(topoplace, metric)
-            for name in ("g-0", "g-1"):  # one member per node: 8 GPUs each
-                core.create_namespaced_pod(
-                    namespace, _pod(name, 8, scheduler_name, label, lo, annotations=gang)
-                )
-            wait_for(lambda: len(bound(core, namespace, ["g-0", "g-1"])) == 2, 60, "gang bound")
-            before = _uids(core, namespace)
-            core.create_namespaced_pod(namespace, _pod("urgent", 8, scheduler_name, label, hi))
-            got = wait_for(lambda: bound(core, namespace, ["urgent"]), 60, "urgent bound")
-            victim_node = got["urgent"].spec.node_name
-            # ... and the other member is evicted by topoplace, not left holding 8 GPUs
-            wait_for(
-                lambda: all(_uids(core, namespace).get(n) != before[n] for n in ("g-0", "g-1")),
-                30,
-                "the whole gang to go",
+    metric = 'topoplace_remediation_evictions_total{kind="preempted",outcome="evicted"}'
+    with (
+        _nodes(core, namespace, run_id, "preempt-gang", 2) as (label, nodes),
+        topoplace.restarted(args=("--config", str(_policy(tmp_path)))),
+    ):
+        before_count = _metric(topoplace, metric)
+        for name in ("g-0", "g-1"):  # one member per node: 8 GPUs each
+            core.create_namespaced_pod(
+                namespace, _pod(name, 8, scheduler_name, label, lo, annotations=gang)
             )
-            assert _metric(topoplace, metric) == before_count + 1
-            events = kube_api.request_json(
-                "GET", f"/apis/events.k8s.io/v1/namespaces/{namespace}/events"
-            )["items"]
-            told = [e for e in events if e.get("reason") == "GangMemberPreempted"]
-            other = "g-1" if victim_node == nodes[0] else "g-0"
-            assert [e["regarding"]["uid"] for e in told] == [before[other]], told
-            (answer,) = [
-                a
-                for a in topoplace.get("/v1/inspect/preemptions")["recent"]
-                if a["pod"] == f"{namespace}/urgent" and a["chosen"]
-            ]
-            assert answer["chosen"]["gangs_broken"] == [f"{namespace}/train"]
-            assert answer["chosen"]["gang_members_torn_down"] == [f"{namespace}/{other}"]
-    finally:
-        core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
-        for n in nodes:
-            with contextlib.suppress(Exception):
-                core.delete_node(n)
+        wait_for(lambda: len(bound(core, namespace, ["g-0", "g-1"])) == 2, 60, "gang bound")
+        before = _uids(core, namespace)
+        core.create_namespaced_pod(namespace, _pod("urgent", 8, scheduler_name, label, hi))
+        got = wait_for(lambda: bound(core, namespace, ["urgent"]), 60, "urgent bound")
+        victim_node = got["urgent"].spec.node_name
+        # ... and the other member is evicted by topoplace, not left holding 8 GPUs
+        wait_for(
+            lambda: all(_uids(core, namespace).get(n) != before[n] for n in ("g-0", "g-1")),
+            30,
+            "the whole gang to go",
+        )
+        # counted once its Event is written (the pod is gone before that)
+        wait_for(lambda: _metric(topoplace, metric) == before_count + 1, 10, "the count")
+        events = kube_api.request_json(
+            "GET", f"/apis/events.k8s.io/v1/namespaces/{namespace}/events"
+        )["items"]
+        told = [e for e in events if e.get("reason") == "GangMemberPreempted"]
+        other = "g-1" if victim_node == nodes[0] else "g-0"
+        assert [e["regarding"]["uid"] for e in told] == [before[other]], told
+        (answer,) = _named_victims(topoplace, namespace, "urgent")
+        assert answer["chosen"]["gangs_broken"] == [f"{namespace}/train"]
+        assert answer["chosen"]["gang_members_torn_down"] == [f"{namespace}/{other}"]
 
 
 def test_a_high_priority_gang_preempts_its_way_in_whole(
@@ -208,19 +213,15 @@ def test_a_high_priority_gang_preempts_its_way_in_whole(
     # Two full nodes of low pods, one node full of pods of higher priority than the gang:
     # the gang's two 8-GPU members preempt on the two low nodes (the only placement its
     # gang has) and bind together; the high node is untouched.
-    label = f"{run_id}-preempt-in"
-    nodes = [f"tp-it-{run_id}-preempt-in-{i}" for i in range(3)]
-    for n in nodes:
-        make_gpu_node(core, n, label)
     lo, mid, hi = priorities[LOW], priorities[MID], priorities[HIGH]
-    try:
-        fill = []
-        for i, n in enumerate(nodes):
+    with _nodes(core, namespace, run_id, "preempt-in", 3) as (label, nodes):
+        fill = [f"f{i}-{k}" for i in range(3) for k in range(2)]
+        for name in fill:
+            i = int(name[1])
             pc = hi if i == 2 else lo
-            for k in range(2):
-                name = f"f{i}-{k}"
-                core.create_namespaced_pod(namespace, _pod(name, 4, scheduler_name, label, pc, n))
-                fill.append(name)
+            core.create_namespaced_pod(
+                namespace, _pod(name, 4, scheduler_name, label, pc, nodes[i])
+            )
         wait_for(lambda: len(bound(core, namespace, fill)) == 6, 60, "the filler bound")
         before = _uids(core, namespace)
         gang = gang_annotations("urgent", 2)
@@ -237,17 +238,8 @@ def test_a_high_priority_gang_preempts_its_way_in_whole(
         after = _uids(core, namespace)
         assert all(n not in after for n in ("f0-0", "f0-1", "f1-0", "f1-1"))
         assert after.get("f2-0") == before["f2-0"] and after.get("f2-1") == before["f2-1"]
-        answers = [
-            a
-            for a in topoplace.get("/v1/inspect/preemptions")["recent"]
-            if a["pod"] in (f"{namespace}/u-0", f"{namespace}/u-1") and a["chosen"]
-        ]
+        answers = _named_victims(topoplace, namespace, "u-0", "u-1")
         assert sorted(a["chosen"]["node"] for a in answers) == nodes[:2], answers
-    finally:
-        core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
-        for n in nodes:
-            with contextlib.suppress(Exception):
-                core.delete_node(n)
 
 
 def test_a_gang_that_cannot_fit_even_by_preempting_evicts_nothing(
@@ -261,46 +253,34 @@ def test_a_gang_that_cannot_fit_even_by_preempting_evicts_nothing(
     # Three 8-GPU members, two nodes of low pods, one of higher pods: the gang cannot run
     # whatever is preempted. kube-scheduler's dry run, member by member, would evict both
     # low nodes for nothing.
-    label = f"{run_id}-preempt-no"
-    nodes = [f"tp-it-{run_id}-preempt-no-{i}" for i in range(3)]
-    for n in nodes:
-        make_gpu_node(core, n, label)
     lo, mid, hi = priorities[LOW], priorities[MID], priorities[HIGH]
-    try:
-        fill = []
-        for i, n in enumerate(nodes):
-            name = f"f{i}"
+    with _nodes(core, namespace, run_id, "preempt-no", 3) as (label, nodes):
+        fill = ["f0", "f1", "f2"]
+        for i, name in enumerate(fill):
+            pc = hi if i == 2 else lo
             core.create_namespaced_pod(
-                namespace, _pod(name, 8, scheduler_name, label, hi if i == 2 else lo, n)
+                namespace, _pod(name, 8, scheduler_name, label, pc, nodes[i])
             )
-            fill.append(name)
         wait_for(lambda: len(bound(core, namespace, fill)) == 3, 60, "the filler bound")
         before = _uids(core, namespace)
         gang = gang_annotations("toolarge", 3)
-        for k in range(3):
+        members = [f"t-{k}" for k in range(3)]
+        for name in members:
             core.create_namespaced_pod(
-                namespace, _pod(f"t-{k}", 8, scheduler_name, label, mid, annotations=gang)
+                namespace, _pod(name, 8, scheduler_name, label, mid, annotations=gang)
             )
-        members = [f"{namespace}/t-{k}" for k in range(3)]
-        wait_for(
-            lambda: any(
-                a["pod"] in members and a["reason"]
-                for a in topoplace.get("/v1/inspect/preemptions")["recent"]
-            ),
-            30,
-            "topoplace to answer a member's preemption",
-        )
+        keys = {f"{namespace}/{m}" for m in members}
+
+        def answers() -> list[dict[str, Any]]:
+            return [
+                a for a in topoplace.get("/v1/inspect/preemptions")["recent"] if a["pod"] in keys
+            ]
+
+        wait_for(answers, 30, "topoplace to answer a member's preemption")
         time.sleep(3)  # kube-scheduler retries the members meanwhile
         after = _uids(core, namespace)
         assert all(after.get(n) == before[n] for n in fill), after
-        assert not bound(core, namespace, [f"t-{k}" for k in range(3)])
-        answers = [
-            a for a in topoplace.get("/v1/inspect/preemptions")["recent"] if a["pod"] in members
-        ]
-        assert answers and all(a["chosen"] is None for a in answers)
-        assert answers[0]["reason"].startswith("the gang does not fit even with every")
-    finally:
-        core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
-        for n in nodes:
-            with contextlib.suppress(Exception):
-                core.delete_node(n)
+        assert not bound(core, namespace, members)
+        got = answers()
+        assert all(a["chosen"] is None for a in got)
+        assert got[0]["reason"].startswith("the gang does not fit even with every")

@@ -105,6 +105,15 @@ def test_a_failed_node_takes_its_gang_out_and_the_gang_comes_back_whole_elsewher
                 "topoplace to evict both gang members",
             )
             assert core.read_namespaced_pod("solo", namespace).metadata.uid == uids["solo"]
+            # Each eviction's Event is written after the pod is gone, then it is counted.
+            wait_for(
+                lambda: (
+                    {f"{namespace}/w0", f"{namespace}/w1"}
+                    <= {r["pod"] for r in topoplace.get("/v1/inspect/remediation")["recent"]}
+                ),
+                10,
+                "both evictions recorded",
+            )
             # Why they went, where kubectl describe and kubectl get events show it.
             events = kube_api.request_json(
                 "GET", f"/apis/events.k8s.io/v1/namespaces/{namespace}/events"
