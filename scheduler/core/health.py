@@ -63,12 +63,9 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from scheduler.core.model import MAX_NODE_GPUS, Health, NodeHealth
-
-if TYPE_CHECKING:  # the snapshot module imports this one
-    from scheduler.core.snapshot import ClusterSnapshot
 
 REASON_NOT_READY = "node not ready"
 REASON_CORDONED = "node cordoned"
@@ -90,7 +87,7 @@ REASON_UNMODELED = "node topoplace cannot model"
 """The verdict of a node topoplace cannot model (more GPUs than ``MAX_NODE_GPUS``, an
 unreadable GPU count or field, a topology topoplace cannot compute): UNHEALTHY for GPU pods,
 so it is refused with this reason while the rest of the cluster is served. Not a hardware
-failure: :func:`nodes_turned_unhealthy` does not report it."""
+failure: ``remediation.node_failure`` does not count it."""
 
 NVSENTINEL_STATE_LABEL = "dgxc.nvidia.com/nvsentinel-state"
 HAMI_DEVICE_CORDON = "hami.io/device-cordon"
@@ -834,43 +831,3 @@ def heartbeat_verdict(node: Mapping[str, Any], now: float, params: HealthParams)
     if age is None or age <= params.heartbeat_stale_seconds:
         return NodeHealth()
     return NodeHealth(Health.DEGRADED, (REASON_HEARTBEAT_STALE,), params.heartbeat_stale_risk)
-
-
-# ---- snapshot comparisons (for re-placement) ---------------------------------------------------
-
-
-def nodes_turned_unhealthy(old: ClusterSnapshot, new: ClusterSnapshot) -> tuple[str, ...]:
-    """Nodes that were usable in ``old`` and are not in ``new``, sorted by name.
-
-    "Not usable" means UNHEALTHY or gone from the snapshot. Cordons are not failures (a
-    drained node's pods keep running), nor is a node turning into one topoplace cannot model
-    (``NodeInfo.unmodeled``: its object changed shape, its pods keep running), and GPU-level
-    losses are reported by :func:`pods_on_failed_hardware`.
-    """
-    out = []
-    for n in old.nodes:
-        if n.health.state >= Health.UNHEALTHY:
-            continue
-        m = new.node(n.name)
-        if m is None or (m.health.state >= Health.UNHEALTHY and not m.unmodeled):
-            out.append(n.name)
-    return tuple(sorted(out))
-
-
-def pods_on_failed_hardware(old: ClusterSnapshot, new: ClusterSnapshot) -> tuple[str, ...]:
-    """Keys of pods held in ``new`` on a node that turned unhealthy, or on a GPU that turned
-    bad, between the two snapshots (sorted); pods of vanished nodes are taken from ``old``."""
-    failed = set(nodes_turned_unhealthy(old, new))
-    out = {p.key for p in old.pods.values() if p.node in failed and new.node(p.node) is None}
-    for p in new.pods.values():
-        node = new.node(p.node)
-        if node is None:
-            continue
-        if p.node in failed:
-            out.add(p.key)
-            continue
-        before = old.node(p.node)
-        newly_bad = node.health.bad_mask & ~(before.health.bad_mask if before else 0)
-        if any(newly_bad >> g & 1 for g in p.gpus):
-            out.add(p.key)
-    return tuple(sorted(out))

@@ -12,13 +12,11 @@ from scheduler.core.health import (
     REASON_GPU_FAULT,
     REASON_NOT_READY,
     REASON_NVSENTINEL,
-    nodes_turned_unhealthy,
-    pods_on_failed_hardware,
 )
-from scheduler.core.model import Health, PodInfo, PodRequest, indices_to_mask
+from scheduler.core.model import Health, PodRequest, indices_to_mask
 from scheduler.core.params import SchedParams
 from scheduler.core.schedule import choose_gpus, filter_nodes, place_pod, score_nodes
-from scheduler.core.snapshot import build_snapshot, with_node_object, with_pod
+from scheduler.core.snapshot import build_snapshot, with_node_object
 from tests.health.builders import condition, device, dgx, dgx1, resource_slice, taint
 from topology.select import ring_bottleneck
 
@@ -172,20 +170,6 @@ def test_dgx1_with_gpu3_lost_gets_the_other_nvlink_quad() -> None:
     assert place_pod(snap, PodRequest("ns/p", gpus=4), SP).assignments[0].gpus == (4, 5, 6, 7)
 
 
-def test_nodes_and_pods_on_failed_hardware_between_snapshots() -> None:
-    old = snap_of(dgx("a"), dgx("b"), dgx("c"), dgx("d", ready=False))
-    old = with_pod(old, PodInfo("ns/p1", "", "a", (0, 1)))
-    old = with_pod(old, PodInfo("ns/p2", "", "b", (0, 1)))
-    old = with_pod(old, PodInfo("ns/p3", "", "b", (2, 3)))
-    old = with_pod(old, PodInfo("ns/p4", "", "c", (4,)))
-    new = with_node_object(old, dgx("a", conditions=[condition("GpuXidError")]), SP)
-    new = with_node_object(new, dgx("b", annotations={"hami.io/device-cordon": "3"}), SP)
-    new = with_node_object(new, dgx("c", unschedulable=True), SP)  # a cordon is not a failure
-    assert nodes_turned_unhealthy(old, new) == ("a",)
-    assert pods_on_failed_hardware(old, new) == ("ns/p1", "ns/p3")
-    assert nodes_turned_unhealthy(old, old) == ()
-
-
 def _gang_cluster() -> list[dict]:
     return [dgx(f"h{i}", leaf="leaf-1" if i < 4 else "leaf-2", spine="s1") for i in range(6)]
 
@@ -209,7 +193,7 @@ def test_gang_planned_node_fails_before_bind_replanned_elsewhere(name, placer) -
     victim = first.assignments[1].node
     # The node fails before the members bind: the next snapshot shows the fault.
     failed = with_node_object(snap, dgx(victim, conditions=[condition("GpuXidError")]), SP)
-    assert victim in nodes_turned_unhealthy(snap, failed)
+    assert failed.node(victim).health.state >= Health.UNHEALTHY
     again = placer(failed, ask, SP)
     assert again.ok and len(again.assignments) == 4
     used = [a.node for a in again.assignments]
