@@ -137,9 +137,10 @@ def test_pods_topoplace_does_not_place_whole_get_kube_schedulers_victims_back() 
     assert bad.status_code == 400
 
 
-def test_a_pod_preempts_again_only_once_its_last_victims_are_gone() -> None:
+def test_a_pod_preempts_again_only_once_its_last_preemption_no_longer_stands() -> None:
     # kube-scheduler sees its victims go before topoplace's watch does and may run the
-    # pod's preemption again: no second node loses pods while the first victims are seen.
+    # pod's preemption again: no second node loses pods while the first victims are seen,
+    # nor while the node they freed has room for the pod.
     nodes, pods = _gang_cluster()
     cache = ClusterCache.from_objects(nodes, pods, SchedParams())
     ext = Extender(cache, gangs=GangRuntime())
@@ -153,7 +154,14 @@ def test_a_pod_preempts_again_only_once_its_last_victims_are_gone() -> None:
     # another pod is not held back
     other = c.post("/scheduler/preempt", content=_args(_pod("x", 4, 100), {"a": [pods[0]]}))
     assert list(other.json()["NodeNameToMetaVictims"]) == ["a"]
-    # once topoplace sees the victim go, the pod may preempt again
-    cache.replace_all(nodes, [p for p in pods if p["metadata"]["name"] != "lone"])
+    # topoplace sees the victim go: the node has room for the pod now, still nothing more
+    rest = [p for p in pods if p["metadata"]["name"] != "lone"]
+    cache.replace_all(nodes, rest)
     third = c.post("/scheduler/preempt", content=_args(pending, {"b": [pods[1]]})).json()
-    assert list(third["NodeNameToMetaVictims"]) == ["b"]
+    assert third == {"NodeNameToMetaVictims": {}}
+    assert _count(ext, "topoplace_preemptions_total", outcome="waiting") == 2
+    # another pod took the room meanwhile: the pod may preempt again
+    taker = _pod("taker", 4, 900, node="a", gpu_indices=[4, 5, 6, 7])
+    cache.replace_all(nodes, [*rest, taker])
+    fourth = c.post("/scheduler/preempt", content=_args(pending, {"b": [pods[1]]})).json()
+    assert list(fourth["NodeNameToMetaVictims"]) == ["b"]

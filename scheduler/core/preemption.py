@@ -77,6 +77,7 @@ __all__ = [
     "PreemptionDecision",
     "Victim",
     "broken_gangs",
+    "fits_on",
     "pod_priority",
     "select_victims",
     "without_lower",
@@ -203,6 +204,13 @@ def without_lower(snap: ClusterSnapshot, priority: int) -> ClusterSnapshot:
         if being_deleted(p) or (_evictable(p) and pod_priority(p) < priority):
             out = without_pod(out, key)
     return out
+
+
+def fits_on(snap: ClusterSnapshot, req: PodRequest, node: str, params: SchedParams) -> str:
+    """ "" when ``req`` fits ``node`` now (topoplace's filter, CPU and memory), else why
+    not (an unknown node: :data:`REASON_UNKNOWN_NODE`)."""
+    i = snap.index.get(node)
+    return REASON_UNKNOWN_NODE if i is None else _fits(snap, req, i, params)
 
 
 def _fits(snap: ClusterSnapshot, req: PodRequest, i: int, params: SchedParams) -> str:

@@ -37,8 +37,8 @@ class PreemptionLedger:
         self._lock = threading.Lock()
         self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
         self._broken: dict[tuple[str, str], tuple[float, Broken]] = {}
-        self._last: dict[str, tuple[float, frozenset[str]]] = {}
-        """pod key -> (when, victim UIDs) of its last answer that named victims."""
+        self._last: dict[str, tuple[float, frozenset[str], str]] = {}
+        """pod key -> (when, victim UIDs, node) of its last answer that named victims."""
 
     def record(
         self,
@@ -46,9 +46,10 @@ class PreemptionLedger:
         broken: Iterable[Broken],
         pod: str = "",
         victims: Iterable[str] = (),
+        node: str = "",
     ) -> None:
         """Keep one answer (JSON-ready), the gangs it breaks, and the victims ``pod`` was
-        given (UIDs)."""
+        given (UIDs) on ``node``."""
         now = self.clock()
         with self._lock:
             self._recent.append({"time": now, **answer})
@@ -56,25 +57,30 @@ class PreemptionLedger:
                 self._broken[(b.gang, b.victim_uid)] = (now, b)
             uids = frozenset(victims)
             if pod and uids:
-                self._last[pod] = (now, uids)
-            for k in [k for k, (t, _) in self._last.items() if now - t > HOLD_S]:
+                self._last[pod] = (now, uids, node)
+            for k in [k for k, (t, _, _) in self._last.items() if now - t > HOLD_S]:
                 del self._last[k]
 
-    def waiting_for(self, pod: str, present: Callable[[str], bool]) -> bool:
-        """True while ``pod``'s last answer (within :data:`HOLD_S`) has a victim that
-        ``present`` (UID -> still holding its GPUs in topoplace's view) says is there.
+    def waiting_for(
+        self, pod: str, present: Callable[[str], bool], room: Callable[[str], bool]
+    ) -> bool:
+        """True while ``pod``'s last answer (within :data:`HOLD_S`) still stands: one of
+        its victims is there (``present``: UID -> still holding its GPUs in topoplace's
+        view), or the node it named has room for the pod now (``room``: node -> the pod
+        fits there).
 
         kube-scheduler deletes the victims, sees them go in its own cache, and may try the
         pod again before topoplace's watch has seen them go; topoplace's filter then still
         finds the node full, kube-scheduler preempts again, and a second node loses pods
-        for nothing (seen live: 3 of 12 arrivals preempted twice). While this holds the
-        pod preempts nothing; when topoplace sees the victims go, its parked-pod wake-up
-        sends the pod back to kube-scheduler, whose nomination still stands."""
+        for nothing (seen live: 3 of 12 arrivals preempted twice; with the victims check
+        alone, 1 of 24, the watch catching up between the filter and the preemption).
+        While this holds the pod preempts nothing; its nomination stands, and topoplace's
+        parked-pod wake-up sends it back to kube-scheduler once the GPUs are free."""
         with self._lock:
             got = self._last.get(pod)
-            if got is None or self.clock() - got[0] > HOLD_S:
-                return False
-            return any(present(u) for u in got[1])
+        if got is None or self.clock() - got[0] > HOLD_S:
+            return False
+        return any(present(u) for u in got[1]) or room(got[2])
 
     def broken(self) -> list[Broken]:
         """The broken gangs not torn down yet (records older than

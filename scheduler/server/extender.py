@@ -41,7 +41,7 @@ from scheduler.core.objects import (
     redacted_pod,
     request_from_pod,
 )
-from scheduler.core.preemption import broken_gangs, select_victims
+from scheduler.core.preemption import broken_gangs, fits_on, select_victims
 from scheduler.core.remediation import being_deleted
 from scheduler.core.schedule import (
     CODE_NODE_SELECTOR,
@@ -880,9 +880,15 @@ class Extender:
             return passed
         snap = self.cache.snapshot()
         live = {p.uid for p in snap.pods.values() if p.uid and not being_deleted(p)}
-        if self.preemptions.waiting_for(req.key, live.__contains__):
+        if self.preemptions.waiting_for(
+            req.key, live.__contains__, lambda node: not fits_on(snap, req, node, self.params)
+        ):
             self.metrics.child(self.metrics.preemptions, "waiting").inc()
-            log.info("preemption for %s: its last victims are still going; none more", req.key)
+            log.info(
+                "preemption for %s: its last preemption still stands (victims going, or "
+                "room on its node now); none more",
+                req.key,
+            )
             return {"NodeNameToMetaVictims": {}}
         proposed = {node: {v["UID"] for v in vs} for node, vs in victims.items()}
         within: frozenset[str] | None = None
@@ -908,7 +914,11 @@ class Extender:
         }
         broken = broken_gangs(snap, chosen, req.key) if chosen is not None else []
         self.preemptions.record(
-            answer, broken, req.key, [v.uid for v in chosen.victims] if chosen else ()
+            answer,
+            broken,
+            req.key,
+            [v.uid for v in chosen.victims] if chosen else (),
+            chosen.node if chosen else "",
         )
         if chosen is None:
             self.metrics.child(self.metrics.preemptions, "none").inc()
