@@ -16,10 +16,11 @@ from typing import Any
 import orjson
 import pytest
 
-from scheduler.core.health import REASON_UNMODELED, nodes_turned_unhealthy
+from scheduler.core.health import REASON_UNMODELED
 from scheduler.core.model import MAX_NODE_GPUS, Health
 from scheduler.core.objects import ObjectError, node_gpus, request_from_pod
 from scheduler.core.params import SchedParams
+from scheduler.core.remediation import node_failure
 from scheduler.core.schedule import filter_nodes, place_pod
 from scheduler.core.snapshot import (
     UNMODELED_DUPLICATE,
@@ -102,8 +103,8 @@ def test_a_node_update_turns_it_unmodeled_and_back() -> None:
     assert odd.unmodeled == ("b",) and "default/x" in odd.pods
     assert odd.node("a") == snap.node("a")
     assert filter_nodes(odd, one_gpu(), None, P).unresolvable == {"b": REASON_UNMODELED}
-    # Not a hardware failure: gangs on it are not re-placed for it.
-    assert nodes_turned_unhealthy(snap, odd) == ()
+    # Not a hardware failure: its pods are not evicted for it.
+    assert node_failure(odd.node("b"), P.remediation) == ""  # type: ignore[arg-type]
     back = with_node_object(odd, make_node("b", 8), P)
     assert back.unmodeled == () and back.node("b").free_gpus == 8  # type: ignore[union-attr]
     # A brand-new odd node is added the same way.
