@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from scheduler.core.disruption import BUDGETS_EXTRA, budgets_from
 from scheduler.core.model import PLACEMENT_ANNOTATION
 from scheduler.core.params import SchedParams
 from scheduler.core.snapshot import build_snapshot
@@ -28,6 +29,7 @@ from scheduler.kube import binder as kb
 from scheduler.kube import protobuf
 from scheduler.kube.client import (
     NODES,
+    PDBS,
     PODS,
     ApiError,
     ApiUnavailable,
@@ -1021,3 +1023,47 @@ def test_bind_reuses_credentials_and_refreshes_them_after_a_401(path: str) -> No
         srv.add("POST", BINDING_PATH, 201, "binding_201_created.json")
         assert bind_via(path, binder, pending_train_a(), "rec-node-0", {}) == ""
     assert [r["authorization"] for r in srv.requests] == ["Bearer t1"] * 3 + ["Bearer t2"]
+
+
+def test_disruption_budgets_are_listed_and_watched_into_extra() -> None:
+    api = fake_api()
+    api.lists[PDBS.name] = recorded("pdb_list.json")
+    w, _ = watcher(api)
+    w.sync()
+    assert PDBS in w.kinds
+    listed = w.cache.snapshot().extra[BUDGETS_EXTRA]
+    assert sorted(listed) == ["rec/serve", "rec/train"]
+    assert "managedFields" not in listed["rec/serve"]["metadata"]
+    assert [(b.key, b.allowed) for b in budgets_from(listed.values())] == [
+        ("rec/serve", 1),
+        ("rec/train", 0),
+    ]
+    # The recorded watch from before they existed: added, the status written, one deleted.
+    api.lists[PDBS.name]["items"] = []
+    w, _ = watcher(api)
+    w.sync()
+    seen = []
+    for ev in recorded_stream("watch_pdbs_stream.jsonl"):
+        w.apply_event(w.streams[PDBS.name], ev)
+        budgets = budgets_from(w.cache.snapshot().extra[BUDGETS_EXTRA].values())
+        seen.append([(b.key, b.allowed) for b in budgets])
+    assert seen == [
+        [("rec/serve", 0)],
+        [("rec/serve", 0), ("rec/train", 0)],
+        [("rec/serve", 1), ("rec/train", 0)],
+        [("rec/serve", 1)],
+        [("rec/serve", 1)],  # bookmarks
+        [("rec/serve", 1)],
+    ]
+    # a relist rebuilds the cache and keeps them
+    w.relist(w.streams[NODES.name])
+    assert list(w.cache.snapshot().extra[BUDGETS_EXTRA]) == ["rec/serve"]
+
+
+def test_disruption_budgets_the_api_refuses_are_skipped() -> None:
+    api = fake_api(podgroups=False)
+    api.lists[PDBS.name] = recorded_error("eviction_403_forbidden.json", 403)
+    w, _ = watcher(api)
+    w.sync()
+    assert PDBS not in w.kinds and BUDGETS_EXTRA not in w.cache.snapshot().extra
+    assert w.synced

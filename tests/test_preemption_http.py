@@ -11,11 +11,13 @@ from typing import Any
 import orjson
 
 from benchmarks.clusters import make_node, make_pod
+from scheduler.core.disruption import BUDGETS_EXTRA
 from scheduler.core.params import SchedParams
 from scheduler.runtime.cache import ClusterCache
 from scheduler.runtime.gangs import GangRuntime
 from scheduler.server.extender import Extender
 from tests.helpers import asgi_client, fixture, fixture_cache, with_reasons
+from tests.test_disruption import pdb
 
 
 def _pod(name: str, gpus: int, priority: int = 0, **kw: Any) -> dict[str, Any]:
@@ -165,3 +167,29 @@ def test_a_pod_preempts_again_only_once_its_last_preemption_no_longer_stands() -
     cache.replace_all(nodes, [*rest, taker])
     fourth = c.post("/scheduler/preempt", content=_args(pending, {"b": [pods[1]]})).json()
     assert list(fourth["NodeNameToMetaVictims"]) == ["b"]
+
+
+def test_the_answer_counts_the_budget_violations_of_topoplaces_own_victims() -> None:
+    # A PodDisruptionBudget (no disruption allowed) covers both pods on a. kube-scheduler's
+    # dry run reports 0; one of them has to go (the lone pod, the gang member is given
+    # back first), and topoplace's answer says 1.
+    nodes, pods = _gang_cluster()
+    for p in pods[0], pods[2]:
+        p["metadata"]["labels"] = {"app": "llm"}
+    budget = pdb("llm", {"matchLabels": {"app": "llm"}})
+    cache = ClusterCache.from_objects(
+        nodes, pods, SchedParams(), extra={BUDGETS_EXTRA: {"default/llm": budget}}
+    )
+    ext = Extender(cache, gangs=GangRuntime())
+    c = asgi_client(ext)
+    r = c.post("/scheduler/preempt", content=_args(_pod("infer", 4, 100), {"a": [pods[2]]}))
+    assert r.json() == {
+        "NodeNameToMetaVictims": {
+            "a": {"Pods": [{"UID": pods[2]["metadata"]["uid"]}], "NumPDBViolations": 1}
+        }
+    }
+    (answer,) = c.get("/v1/inspect/preemptions").json()["recent"]
+    assert answer["chosen"]["pdb_violations"] == 1
+    # the budget round-trips through the snapshot export
+    items = c.get("/v1/inspect/snapshot").json()["items"]
+    assert [i for i in items if i["kind"] == "PodDisruptionBudget"] == [budget]

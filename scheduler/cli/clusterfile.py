@@ -2,7 +2,8 @@
 
 The format is exactly what ``kubectl get nodes,pods -A -o json`` prints (JSON or YAML,
 also multi-document YAML or a bare list of objects). PodGroup objects of the gang APIs
-are kept in ``extra["podgroups"]`` keyed ``namespace/name``; DRA objects (ResourceSlice,
+are kept in ``extra["podgroups"]`` keyed ``namespace/name``, PodDisruptionBudgets in
+``extra["poddisruptionbudgets"]`` the same way (the preempt verb reads them); DRA objects (ResourceSlice,
 ResourceClaim, DeviceClass) in ``extra`` as ``scheduler.core.dra.extra_of`` keeps them.
 Other kinds are ignored.
 """
@@ -16,6 +17,7 @@ from typing import Any
 import orjson
 import yaml
 
+from scheduler.core.disruption import BUDGETS_EXTRA
 from scheduler.core.dra import extra_of
 from scheduler.core.objects import object_key
 
@@ -55,6 +57,7 @@ def parse_cluster(
     nodes: list[dict[str, Any]] = []
     pods: list[dict[str, Any]] = []
     groups: dict[str, Any] = {}
+    budgets: dict[str, Any] = {}
     for i, obj in enumerate(items):
         if not isinstance(obj, Mapping):
             raise ClusterFileError(f"{source}: item {i} is not an object")
@@ -65,9 +68,13 @@ def parse_cluster(
             pods.append(dict(obj))
         elif kind == "PodGroup":
             groups[object_key(obj)] = dict(obj)
+        elif kind == "PodDisruptionBudget":
+            budgets[object_key(obj)] = dict(obj)
     if not nodes:
         raise ClusterFileError(f"{source}: no Node objects found")
     extra: dict[str, Any] = {"podgroups": groups} if groups else {}
+    if budgets:
+        extra[BUDGETS_EXTRA] = dict(sorted(budgets.items()))
     extra.update(extra_of(items))
     return nodes, pods, extra
 

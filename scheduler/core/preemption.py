@@ -23,16 +23,19 @@ topoplace answers instead, node by node (:func:`select_victims`):
    members, the largest gang first (a gang member costs its whole gang's GPUs, since
    topoplace tears the gang down, see ``remediation.teardown_groups``), then pods alone,
    the smallest first (so the GPUs are freed by as few pods as can free them), then by
-   name; a pod stays given back if the pod still fits. The answer depends on the snapshot and the
+   name; a pod stays given back if the pod still fits. As kube-scheduler does, the pods
+   whose eviction would violate a PodDisruptionBudget (``core.disruption``, walked in that
+   order) are given back before all others, and the victims that still violate one are
+   counted (``NumPDBViolations`` of the answer). The answer depends on the snapshot and the
    candidate nodes only, never on which pods kube-scheduler's dry run picked among equals
    (it orders pods of equal priority by start time, "now" for a pod not started): the
-   same cluster gets the same victims. topoplace does not read PodDisruptionBudgets;
-   kube-scheduler's count for the node is passed on;
+   same cluster gets the same victims;
 4. pods kube-scheduler chose that hold no GPU stay victims: it evicted them for something
    topoplace does not model (ports, affinity, pod count), so they are needed;
 5. among the nodes left, the one that costs least, in kube-scheduler's own order
-   (``pickOneNodeForPreemption``) but counting what goes with a gang member: lowest
-   highest victim priority, lowest sum of priorities, fewest pods (victims and the rest
+   (``pickOneNodeForPreemption``) but counting what goes with a gang member: fewest
+   PodDisruptionBudget violations (the victims' and those of the gang members torn down
+   with them, whose evictions a budget would refuse), lowest highest victim priority, lowest sum of priorities, fewest pods (victims and the rest
    of their gangs), then fewest GPUs disrupted, the best GPU set the pod gets there (ring
    bottleneck), the node name. The extender answers with that node alone, so kube-scheduler
    nominates it (it picks among the nodes it is given), and the live choice is the
@@ -51,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from scheduler.core.disruption import BUDGETS_EXTRA, DisruptionBudget, budgets_from, violating
 from scheduler.core.model import Health, PodInfo, PodRequest
 from scheduler.core.params import SchedParams
 from scheduler.core.remediation import Broken, being_deleted, gang_key
@@ -151,11 +155,16 @@ class NodeChoice:
     bottleneck_gbps: float
     members_priority: int = 0
     """The sum of the torn-down members' priorities."""
+    pdb_violations: int = 0
+    """Victims whose eviction violates a PodDisruptionBudget (kube-scheduler's count)."""
+    members_pdb_violations: int = 0
+    """Torn-down gang members whose eviction a PodDisruptionBudget would refuse."""
 
     @property
     def cost(self) -> tuple[Any, ...]:
         """What the choice among nodes minimizes (see the module docstring, step 5)."""
         return (
+            self.pdb_violations + self.members_pdb_violations,
             max(v.priority for v in self.victims),
             sum(v.priority for v in self.victims) + self.members_priority,
             len(self.victims) + len(self.gang_members),
@@ -175,6 +184,8 @@ class NodeChoice:
             "gangs_broken": list(self.gangs_broken),
             "gang_members_torn_down": list(self.gang_members),
             "gpus_disrupted": self.gpus_disrupted,
+            "pdb_violations": self.pdb_violations,
+            "members_pdb_violations": self.members_pdb_violations,
             "gpus": list(self.gpus),
             "bottleneck_gbps": self.bottleneck_gbps,
         }
@@ -253,6 +264,7 @@ def _on_node(
     gangs: Mapping[str, list[PodInfo]],
     pods: Sequence[PodInfo],
     params: SchedParams,
+    budgets: Sequence[DisruptionBudget] = (),
 ) -> NodeChoice | str:
     """The victims on ``name`` (a :class:`NodeChoice`) or why preemption there does not help."""
     i = snap.index.get(name)
@@ -284,10 +296,11 @@ def _on_node(
         g = gang_key(p)
         return sum(_held(m) for m in gangs.get(g, ())) if g else 0
 
-    order = sorted(
-        (p for p in lower if p.key not in needed),
-        key=lambda p: (-pod_priority(p), -gang_gpus(p), _held(p), p.key),
-    )
+    ranked = sorted(lower, key=lambda p: (-pod_priority(p), -gang_gpus(p), _held(p), p.key))
+    viol = violating(ranked, budgets)
+    # Budget violators are given back first, then the rest, each in the same order.
+    order = [p for p in ranked if p.key not in needed and p.key in viol]
+    order += [p for p in ranked if p.key not in needed and p.key not in viol]
     cur, gone = every, {p.key for p in lower}
     for p in order:
         try:
@@ -305,6 +318,7 @@ def _on_node(
     broken = sorted({gang_key(p) for p in victims if gang_key(p)})
     others = sorted(m.key for g in broken for m in gangs.get(g, ()) if m.key not in gone)
     disrupted = sum(_held(p) for p in victims) + sum(_held(snap.pods[k]) for k in others)
+    torn = violating([p for p in ranked if p.key in gone] + [snap.pods[k] for k in others], budgets)
     gs = choose_gpus(cur, req, name, params)
     return NodeChoice(
         node=name,
@@ -317,6 +331,8 @@ def _on_node(
         gpus=tuple(gs.gpus),
         bottleneck_gbps=float(gs.bottleneck_gbps),
         members_priority=sum(pod_priority(snap.pods[k]) for k in others),
+        pdb_violations=sum(1 for p in victims if p.key in viol),
+        members_pdb_violations=sum(1 for k in others if k in torn),
     )
 
 
@@ -334,6 +350,7 @@ def select_victims(
         req: the pending pod (whole GPUs; its ``priority`` decides who may go).
         candidates: node -> the UIDs kube-scheduler's dry run would evict there.
         params: scheduling parameters (the filter topoplace applies).
+            PodDisruptionBudgets are read from ``snap.extra`` (``core.disruption``).
         within: when given, only these nodes may be chosen (a gang member: the nodes of
             its gang's placement); the others are refused.
 
@@ -341,13 +358,16 @@ def select_victims(
         The decision; ``chosen`` is None when no node helps.
     """
     gangs, on = _index(snap, candidates)
+    budgets = budgets_from((snap.extra.get(BUDGETS_EXTRA) or {}).values())
     options: list[NodeChoice] = []
     refused: dict[str, str] = {}
     for name in sorted(candidates):
         if within is not None and name not in within:
             refused[name] = REASON_OUTSIDE_GANG_PLAN
             continue
-        got = _on_node(snap, req, name, frozenset(candidates[name]), gangs, on[name], params)
+        got = _on_node(
+            snap, req, name, frozenset(candidates[name]), gangs, on[name], params, budgets
+        )
         if isinstance(got, str):
             refused[name] = got
         else:

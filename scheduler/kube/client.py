@@ -95,6 +95,7 @@ class ResourceKind:
 
 NODES = ResourceKind("", "v1", "nodes", "Node")
 PODS = ResourceKind("", "v1", "pods", "Pod")
+PDBS = ResourceKind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget")
 
 
 class ApiError(Exception):

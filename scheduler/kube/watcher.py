@@ -21,6 +21,9 @@ What feeds the cache:
   (``scheduling.volcano.sh/v1beta1``) and KAI/Run:ai (``scheduling.run.ai/v2alpha2``)
   APIs, when the API server serves them (discovered at start; skipped quietly
   otherwise), into ``snapshot.extra["podgroups"]`` as ``{"namespace/name": object}``.
+* PodDisruptionBudgets (``policy/v1``), into ``snapshot.extra["poddisruptionbudgets"]``
+  the same way, for the preempt verb (``core.disruption``); skipped with a warning when
+  the API refuses them.
 
 Objects reach the cache as raw camelCase dicts without ``managedFields``, the same shape
 kube-scheduler's extender payloads carry, with ``kind``/``apiVersion`` set.
@@ -50,11 +53,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.core import dra
+from scheduler.core.disruption import BUDGETS_EXTRA
 from scheduler.core.dra import gated
 from scheduler.core.objects import gang_of, meta, object_key, pod_gpus, pod_terminated
 from scheduler.kube import dra as kdra
 from scheduler.kube.client import (
     NODES,
+    PDBS,
     PODS,
     ApiError,
     KubeApi,
@@ -99,6 +104,10 @@ class WatchOptions:
         seed: seed of the jitter RNG (deterministic delays in tests).
         watch_seconds: server-side duration of one watch request (None: the client's).
         podgroups: discover and watch PodGroup APIs.
+        disruption_budgets: watch PodDisruptionBudgets (``policy/v1``) into
+            ``snapshot.extra`` (:data:`~scheduler.core.disruption.BUDGETS_EXTRA`): the
+            preempt verb honours them as kube-scheduler does. A 403 or 404 skips them
+            with a warning (preemption then counts no budget).
         dra: discover and watch ``resource.k8s.io`` ResourceSlices, ResourceClaims and
             DeviceClasses (:mod:`scheduler.kube.dra`).
         slice_rebuild_delay_s: a ResourceSlice change that needs a rebuild of the cache
@@ -119,6 +128,7 @@ class WatchOptions:
     seed: int = 0
     watch_seconds: int | None = None
     podgroups: bool = True
+    disruption_budgets: bool = True
     dra: bool = True
     slice_rebuild_delay_s: float = 0.5
     slice_rebuild_share: float = 0.25
@@ -318,6 +328,12 @@ class KubeWatcher:
                     out.update(s.store)
             return dict(sorted(out.items()))
 
+    def budgets(self) -> dict[str, Any]:
+        """PodDisruptionBudgets by ``namespace/name`` (empty when not watched)."""
+        with self._lock:
+            s = self.streams.get(PDBS.name)
+            return {} if s is None else {k: s.store[k] for k in sorted(s.store)}
+
     def _mark_broken(self, s: ResourceStream) -> None:
         with self._lock:
             if s.broken_since is None:
@@ -354,6 +370,8 @@ class KubeWatcher:
         kinds = [NODES, PODS]
         if self.options.podgroups:
             kinds += self.discover_podgroups()
+        if self.options.disruption_budgets:
+            kinds.append(PDBS)
         if self.options.dra:
             kinds += kdra.discover(self.api)
         lists: dict[str, dict[str, Any]] = {}
@@ -361,7 +379,8 @@ class KubeWatcher:
             try:
                 lists[kind.name] = self.api.list(kind)
             except ApiError as exc:
-                if (kind in POD_GROUP_KINDS or kdra.is_dra_kind(kind)) and exc.status in (403, 404):
+                optional = kind in POD_GROUP_KINDS or kind == PDBS or kdra.is_dra_kind(kind)
+                if optional and exc.status in (403, 404):
                     log.warning("not watching %s: %s", kind.name, exc)
                     continue
                 raise
@@ -412,6 +431,8 @@ class KubeWatcher:
         started, at = time.monotonic(), self._clock()
         extra = dict(self.cache.snapshot().extra)
         extra[PODGROUPS_EXTRA] = self.podgroups()
+        if PDBS.name in self.streams:
+            extra[BUDGETS_EXTRA] = self.budgets()
         if self._dra_stores():
             extra.update(kdra.extra_from_stores(self._dra_stores()))
         self.cache.replace_all(
@@ -550,6 +571,9 @@ class KubeWatcher:
                 self._pod_event(s, typ, obj)
             elif kdra.is_dra_kind(s.kind):
                 self._dra_event(s, typ, obj)
+            elif s.kind == PDBS:
+                self._store_event(s, typ, obj)
+                self.cache.set_extra(BUDGETS_EXTRA, self.budgets())
             else:
                 self._group_event(s, typ, obj)
             if rv:
@@ -618,12 +642,17 @@ class KubeWatcher:
             extra = kdra.extra_from_stores(self._dra_stores())
             self.cache.set_extra(dra.CLASSES_KEY, extra[dra.CLASSES_KEY])
 
-    def _group_event(self, s: ResourceStream, typ: str, obj: dict[str, Any]) -> None:
+    @staticmethod
+    def _store_event(s: ResourceStream, typ: str, obj: dict[str, Any]) -> None:
+        """A namespaced object added, changed or deleted in ``s``'s store (lock held)."""
         key = object_key(obj)
         if typ == "DELETED":
             s.store.pop(key, None)
         else:
             s.store[key] = obj
+
+    def _group_event(self, s: ResourceStream, typ: str, obj: dict[str, Any]) -> None:
+        self._store_event(s, typ, obj)
         self.cache.set_extra(PODGROUPS_EXTRA, self.podgroups())
 
     # ---- watch loop ---------------------------------------------------------------------

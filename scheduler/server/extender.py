@@ -25,6 +25,7 @@ import numpy as np
 import orjson
 
 from scheduler.core import dra
+from scheduler.core.disruption import BUDGETS_EXTRA
 from scheduler.core.fractional import (
     BACKEND_HAMI,
     PodShape,
@@ -942,10 +943,9 @@ class Extender:
             "NodeNameToMetaVictims": {
                 chosen.node: {
                     "Pods": [{"UID": v.uid} for v in chosen.victims],
-                    # topoplace does not watch PodDisruptionBudgets: kube-scheduler's count
-                    # for its own victims on the node (one node is answered, so it does not
-                    # steer a choice)
-                    "NumPDBViolations": pdb.get(chosen.node, 0),
+                    # topoplace's own count for its victims (one node is answered, so
+                    # kube-scheduler nominates it whatever the count)
+                    "NumPDBViolations": chosen.pdb_violations,
                 }
             }
         }
@@ -966,6 +966,7 @@ class Extender:
                 continue
             items.append({"kind": "Pod", "apiVersion": "v1", **redacted_pod(p.raw)})
         items += dra.objects_of(snap.extra)
+        items += (snap.extra.get(BUDGETS_EXTRA) or {}).values()
         return {"kind": "List", "apiVersion": "v1", "metadata": {}, "items": items}
 
     def placements(self) -> dict[str, Any]:

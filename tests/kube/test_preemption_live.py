@@ -9,8 +9,11 @@ answers with the node and victims it chooses:
    gang is left whole (kube-scheduler's own dry run cannot tell them apart);
 2. only a gang member can go: it goes, and topoplace evicts the rest of its gang (the
    shipped policy's ``remediation``, with a short check period), so no member holds GPUs
-   for a gang that cannot run.
+   for a gang that cannot run;
+3. a pod a PodDisruptionBudget protects stays while preempting on another node helps
+   (kube-scheduler's first rule among candidate nodes, which topoplace keeps).
 
+Gangs preempting in whole, and a gang that cannot fit evicting nothing, are here too.
 PriorityClasses are the suite's own (cluster-scoped, named after the run, deleted after).
 """
 
@@ -284,3 +287,58 @@ def test_a_gang_that_cannot_fit_even_by_preempting_evicts_nothing(
         got = answers()
         assert all(a["chosen"] is None for a in got)
         assert got[0]["reason"].startswith("the gang does not fit even with every")
+
+
+def test_a_pod_a_disruption_budget_protects_is_not_preempted_while_another_node_helps(
+    core: Any,
+    namespace: str,
+    topoplace: Topoplace,
+    scheduler_name: str,
+    run_id: str,
+    priorities: dict[int, str],
+) -> None:
+    # Two full nodes of equal low pods: topoplace would take the first node's pod (the
+    # nodes tie, the name decides). A PodDisruptionBudget covers that pod (no
+    # kube-controller-manager runs here, so its disruptionsAllowed reads 0, for
+    # kube-scheduler and topoplace alike): the other node's pod goes instead, as
+    # kube-scheduler's own preemption would choose.
+    from kubernetes import client
+
+    policy = client.PolicyV1Api(core.api_client)
+    lo, hi = priorities[LOW], priorities[HIGH]
+    with _nodes(core, namespace, run_id, "preempt-pdb", 2) as (label, nodes):
+        for name, node in (("x", nodes[0]), ("y", nodes[1])):
+            pod = _pod(name, 8, scheduler_name, label, lo, node)
+            pod["metadata"]["labels"] = {"app": f"serve-{name}"}
+            core.create_namespaced_pod(namespace, pod)
+        wait_for(lambda: len(bound(core, namespace, ["x", "y"])) == 2, 60, "x and y bound")
+        policy.create_namespaced_pod_disruption_budget(
+            namespace,
+            {
+                "apiVersion": "policy/v1",
+                "kind": "PodDisruptionBudget",
+                "metadata": {"name": "serve-x"},
+                "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "serve-x"}}},
+            },
+        )
+        try:
+            wait_for(
+                lambda: any(
+                    i["kind"] == "PodDisruptionBudget"
+                    for i in topoplace.get("/v1/inspect/snapshot")["items"]
+                ),
+                10,
+                "topoplace to see the budget",
+            )
+            before = _uids(core, namespace)
+            core.create_namespaced_pod(namespace, _pod("urgent", 8, scheduler_name, label, hi))
+            got = wait_for(lambda: bound(core, namespace, ["urgent"]), 60, "urgent bound")
+            assert got["urgent"].spec.node_name == nodes[1]
+            after = _uids(core, namespace)
+            assert after.get("x") == before["x"] and "y" not in after
+            (mine,) = _named_victims(topoplace, namespace, "urgent")
+            assert mine["chosen"]["node"] == nodes[1]
+            assert [v["pod"] for v in mine["chosen"]["victims"]] == [f"{namespace}/y"]
+            assert mine["chosen"]["pdb_violations"] == 0
+        finally:
+            policy.delete_namespaced_pod_disruption_budget("serve-x", namespace)

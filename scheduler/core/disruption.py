@@ -1,0 +1,162 @@
+"""PodDisruptionBudgets, read as kube-scheduler's preemption reads them.
+
+Pure: functions of PodDisruptionBudget objects (``policy/v1``) and pods.
+
+kube-scheduler's DefaultPreemption (``filterPodsWithPDBViolation`` in
+``pkg/scheduler/framework/plugins/defaultpreemption``) walks a node's potential victims,
+most important first, and charges each pod to every budget of its namespace whose selector
+matches its labels: a budget starts at its ``status.disruptionsAllowed`` and a pod that
+drives one below zero *violates* it. Pods without labels match nothing; a budget with a
+missing, empty or invalid selector matches nothing; a pod already listed in the budget's
+``status.disruptedPods`` is being disrupted already and is not charged. Violating pods are
+given back first, and among candidate nodes the one with the fewest violating victims wins
+before any priority is compared. :func:`violating` is that walk; ``core.preemption`` uses
+it the same way, and also charges the members of a gang a victim breaks (topoplace evicts
+them through the Eviction API, which a budget with no disruption left refuses).
+
+``status.disruptionsAllowed`` is kept by the disruption controller of
+kube-controller-manager; a budget it has not processed reads 0, exactly as kube-scheduler
+reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler.core.model import PodInfo
+from scheduler.core.objects import meta, object_key
+
+__all__ = [
+    "BUDGETS_EXTRA",
+    "DisruptionBudget",
+    "budgets_from",
+    "selector_matches",
+    "violating",
+]
+
+BUDGETS_EXTRA = "poddisruptionbudgets"
+"""``snapshot.extra`` key: ``{"namespace/name": PodDisruptionBudget object}``."""
+
+MAX_EXPRESSIONS = 64
+"""Selector terms read per budget (a budget with more matches nothing)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DisruptionBudget:
+    """One PodDisruptionBudget as preemption reads it.
+
+    Attributes:
+        key: ``namespace/name``.
+        namespace: the namespace its selector applies in.
+        selector: ``spec.selector`` (None: missing, empty or invalid, so it matches nothing).
+        allowed: ``status.disruptionsAllowed`` (0 when absent).
+        disrupted: pod names in ``status.disruptedPods`` (not charged again).
+    """
+
+    key: str
+    namespace: str
+    selector: Mapping[str, Any] | None
+    allowed: int
+    disrupted: frozenset[str]
+
+    def covers(self, p: PodInfo) -> bool:
+        """True when the budget charges ``p``: same namespace, labels matched, not
+        already being disrupted."""
+        namespace, _, name = p.key.partition("/")
+        if self.selector is None or namespace != self.namespace:
+            return False
+        labels = meta(p.raw).get("labels") if isinstance(p.raw, Mapping) else None
+        if not isinstance(labels, Mapping) or not labels:
+            return False
+        return name not in self.disrupted and selector_matches(self.selector, labels)
+
+
+def _valid(selector: Any) -> Mapping[str, Any] | None:
+    """The selector when it selects something and is well formed, else None (kube: a nil
+    or empty selector matches nothing, an invalid one is skipped)."""
+    if not isinstance(selector, Mapping):
+        return None
+    ml = selector.get("matchLabels") or {}
+    me = selector.get("matchExpressions") or []
+    if not isinstance(ml, Mapping) or not isinstance(me, list) or len(me) > MAX_EXPRESSIONS:
+        return None
+    if not ml and not me:
+        return None
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in ml.items()):
+        return None
+    for e in me:
+        if not isinstance(e, Mapping) or not isinstance(e.get("key"), str):
+            return None
+        op, values = e.get("operator"), e.get("values") or []
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            return None
+        if op in ("In", "NotIn") and not values:
+            return None
+        if op in ("Exists", "DoesNotExist") and values:
+            return None
+        if op not in ("In", "NotIn", "Exists", "DoesNotExist"):
+            return None
+    return selector
+
+
+def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:
+    """``metav1.LabelSelector`` semantics on a valid selector: every ``matchLabels`` pair
+    and every ``matchExpressions`` term (In, NotIn, Exists, DoesNotExist) holds."""
+    for k, v in (selector.get("matchLabels") or {}).items():
+        if labels.get(k) != v:
+            return False
+    for e in selector.get("matchExpressions") or ():
+        k, op, values = e["key"], e["operator"], e.get("values") or ()
+        if op == "In" and labels.get(k) not in values:
+            return False
+        if op == "NotIn" and k in labels and labels[k] in values:
+            return False
+        if op == "Exists" and k not in labels:
+            return False
+        if op == "DoesNotExist" and k in labels:
+            return False
+    return True
+
+
+def budgets_from(objects: Iterable[Any]) -> tuple[DisruptionBudget, ...]:
+    """The budgets of PodDisruptionBudget objects, sorted by key (malformed parts read as
+    kube-scheduler reads them: no selector matches nothing, no status allows nothing)."""
+    out = []
+    for obj in objects:
+        if not isinstance(obj, Mapping):
+            continue
+        spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
+        status = obj.get("status") if isinstance(obj.get("status"), Mapping) else {}
+        allowed = status.get("disruptionsAllowed", 0)
+        disrupted = status.get("disruptedPods")
+        out.append(
+            DisruptionBudget(
+                key=object_key(obj),
+                namespace=str(meta(obj).get("namespace") or "default"),
+                selector=_valid(spec.get("selector")),
+                allowed=allowed
+                if isinstance(allowed, int) and not isinstance(allowed, bool)
+                else 0,
+                disrupted=frozenset(disrupted) if isinstance(disrupted, Mapping) else frozenset(),
+            )
+        )
+    return tuple(sorted(out, key=lambda b: b.key))
+
+
+def violating(pods: Sequence[PodInfo], budgets: Sequence[DisruptionBudget]) -> frozenset[str]:
+    """Keys of the pods of ``pods`` (most important first) that would violate a budget if
+    all of them were disrupted: each pod is charged to every budget that covers it, and
+    a pod that takes one below zero violates it."""
+    if not budgets:
+        return frozenset()
+    left = [b.allowed for b in budgets]
+    out = set()
+    for p in pods:
+        for j, b in enumerate(budgets):
+            if b.covers(p):
+                left[j] -= 1
+                if left[j] < 0:
+                    out.add(p.key)
+    return frozenset(out)
