@@ -4,7 +4,10 @@ benchmarks/results/live/preempt-s18)."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from benchmarks.live.preemption import Step, build, main, offline, summarize
 from scheduler.core.params import SchedParams
@@ -91,3 +94,25 @@ def test_the_latency_benchmark_runs_and_agrees_with_the_core(capsys) -> None:
     assert latency(["--nodes", "12", "--runs", "1"]) == 0
     row = capsys.readouterr().out.strip().splitlines()[-1]
     assert row.startswith("| 12 | 48 | 12 |") and row.endswith("| dgx-00001 |")
+
+
+def test_budgets_protect_pods_offline_and_leave_the_seeds_scenario_as_it_was() -> None:
+    plain, guarded = build(7, 8, 8, 24), build(7, 8, 8, 24, protected=0.2)
+    assert plain.budgets == [] and len(guarded.budgets) == 1
+
+    def unlabelled(sc: Any) -> list[Any]:
+        out = json.loads(json.dumps(sc.fill))
+        for p in out:
+            p["metadata"].pop("labels", None)
+        return out
+
+    assert unlabelled(plain) == unlabelled(guarded) and plain.arrivals == guarded.arrivals
+    protected = [p for p in guarded.fill if p["metadata"].get("labels") == {"budget": "protected"}]
+    assert protected and not any(
+        p["metadata"]["annotations"].get("topoplace.io/gang") for p in protected
+    )
+    kept = summarize(offline(guarded, SP), guarded.fill)
+    blind = summarize(offline(replace(guarded, budgets=[]), SP), guarded.fill)
+    assert kept["placed"] == blind["placed"] == 24
+    # the engine preempts protected pods only where nothing else frees the GPUs
+    assert kept["budget_violations"] < blind["budget_violations"]

@@ -11,7 +11,9 @@ topoplace and the offline engine all see the same GPUs taken.
   V100 (hybrid cube-mesh: only some 4-GPU sets are NVLink rings), 8 GPUs each, GFD labels.
 * **Filler**: each node cut into pods of 1, 2 or 4 GPUs on aligned blocks, priority low
   (10) or mid (100) at random; some 4-GPU blocks on different nodes are paired into
-  2-member gangs (a training job's workers).
+  2-member gangs (a training job's workers). A share (``--protected``) of the pods alone
+  carry ``budget: protected``, selected by one PodDisruptionBudget that allows no
+  disruption (serving replicas a platform team keeps up): preempting one is a violation.
 * **Arrivals**: ``--arrivals`` pods of priority 1000, of 1, 2, 4 or 8 GPUs; a share of the
   4-GPU ones ask ``topoplace.io/min-link: nvlink``. Each is created when the previous one
   is bound (or given up after ``--wait`` s and deleted) and the cluster has settled (no
@@ -35,7 +37,7 @@ arrival by arrival: the same node, the same pods gone.
 
 Figures per arm: arrivals placed, pods and GPUs preempted, gang members torn down, gangs
 left partly running (members bound while another was preempted: GPUs held for a job that
-cannot run), preemptions that freed GPUs the pod could not use (a pod placed on another
+cannot run), protected pods preempted (budget violations), preemptions that freed GPUs the pod could not use (a pod placed on another
 node than its victims', or not placed), time from creation to bind (p50, p99).
 """
 
@@ -55,6 +57,7 @@ from typing import Any
 import yaml
 
 from benchmarks.clusters import make_node, make_pod
+from scheduler.core.disruption import BUDGETS_EXTRA
 from scheduler.core.model import PLACEMENT_ANNOTATION
 from scheduler.core.objects import placement_value, request_from_pod
 from scheduler.core.params import SchedParams
@@ -89,6 +92,7 @@ class Scenario:
     nodes: list[dict[str, Any]]
     fill: list[dict[str, Any]]
     arrivals: list[dict[str, Any]]
+    budgets: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _pod(
@@ -121,8 +125,23 @@ def _pod(
     return p
 
 
-def build(seed: int, h100: int, v100: int, arrivals: int) -> Scenario:
-    """The scenario of ``seed`` (deterministic)."""
+PROTECTED = {"budget": "protected"}
+
+
+def budget() -> dict[str, Any]:
+    """The PodDisruptionBudget over the protected pods: no disruption allowed (the status
+    the disruption controller writes for ``maxUnavailable: 0``)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "protected", "namespace": NAMESPACE},
+        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": dict(PROTECTED)}},
+    }
+
+
+def build(seed: int, h100: int, v100: int, arrivals: int, protected: float = 0.0) -> Scenario:
+    """The scenario of ``seed`` (deterministic; ``protected`` draws from a stream of its
+    own, so the nodes, pods and arrivals are those of the seed without budgets)."""
     rnd = random.Random(seed)
     nodes = [make_node(f"h100-{i:02d}", 8, "h100", machine="DGX-H100") for i in range(h100)]
     nodes += [make_node(f"v100-{i:02d}", 8, "v100", machine="DGX-1") for i in range(v100)]
@@ -158,12 +177,16 @@ def build(seed: int, h100: int, v100: int, arrivals: int) -> Scenario:
         else:
             cls = rnd.choice(("low", "low", "mid"))
             fill.append(_pod(f"fill-{i:03d}", size, cls, node=node, block=block))
+    guard = random.Random(seed * 7919 + 1)
+    for p in fill:
+        if not _gang(p) and guard.random() < protected:
+            p["metadata"]["labels"] = dict(PROTECTED)
     arr = []
     for i in range(arrivals):
         size = rnd.choice((1, 2, 4, 4, 8))
         link = "nvlink" if size == 4 and rnd.random() < 0.5 else ""
         arr.append(_pod(f"urgent-{i:02d}", size, "high", min_link=link))
-    return Scenario(nodes, fill, arr)
+    return Scenario(nodes, fill, arr, [budget()] if protected > 0 else [])
 
 
 def priority_classes() -> list[dict[str, Any]]:
@@ -206,10 +229,15 @@ def _gang(pod: Mapping[str, Any]) -> str:
     return str((pod["metadata"].get("annotations") or {}).get("topoplace.io/gang", ""))
 
 
+def _protected(pod: Mapping[str, Any]) -> bool:
+    return (pod["metadata"].get("labels") or {}).get("budget") == PROTECTED["budget"]
+
+
 def summarize(steps: Sequence[Step], fill: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """An arm's figures (see the module docstring)."""
     by_name = {p["metadata"]["name"]: p for p in fill}
     gone = [n for s in steps for n in s.gone]
+    protected = sum(1 for n in gone if n in by_name and _protected(by_name[n]))
     gangs: dict[str, list[str]] = {}
     for name, p in by_name.items():
         if _gang(p):
@@ -237,6 +265,7 @@ def summarize(steps: Sequence[Step], fill: Sequence[Mapping[str, Any]]) -> dict[
         "pods_gone": len(gone),
         "gpus_gone": sum(s.gone_gpus for s in steps),
         "gang_members_gone": members_gone,
+        "budget_violations": protected,
         "gangs_left_partial": partial,
         "gpus_held_by_partial_gangs": held,
         "partial_gang_gpus_after_arrivals": sum(after_each),
@@ -274,7 +303,8 @@ def offline(sc: Scenario, params: SchedParams) -> list[Step]:
         q = json.loads(json.dumps(p))
         q["metadata"]["uid"] = f"uid-{q['metadata']['name']}"
         fill.append(q)
-    snap = build_snapshot(sc.nodes, fill, params)
+    extra = {BUDGETS_EXTRA: {f"{NAMESPACE}/{b['metadata']['name']}": b for b in sc.budgets}}
+    snap = build_snapshot(sc.nodes, fill, params, extra=extra)
     steps = []
     for pod in sc.arrivals:
         q = json.loads(json.dumps(pod))
@@ -331,6 +361,8 @@ def _live_arm(sc: Scenario, args: argparse.Namespace, arm: str) -> tuple[list[St
         for pc in priority_classes():
             api.call("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", pc, ok=(409,))
         api.ensure_namespace(NAMESPACE)
+        for b in sc.budgets:
+            api.call("POST", f"/apis/policy/v1/namespaces/{NAMESPACE}/poddisruptionbudgets", b)
         api.create_nodes(sc.nodes)
         for p in sc.fill:
             q = json.loads(json.dumps(p))
@@ -442,6 +474,7 @@ FIGURES = (
     ("pods_gone", "pods removed"),
     ("gpus_gone", "GPUs removed"),
     ("gang_members_gone", "gang members removed"),
+    ("budget_violations", "protected pods removed (PodDisruptionBudget violations)"),
     ("gangs_left_partial", "gangs left partly running at the end"),
     ("gpus_held_by_partial_gangs", "GPUs they hold"),
     ("partial_gang_gpus_max", "GPUs held by partly running gangs, most after an arrival"),
@@ -460,11 +493,13 @@ def render(
 ) -> str:
     h = sum(1 for n in sc.nodes if n["metadata"]["name"].startswith("h100"))
     gangs = len({_gang(p) for p in sc.fill if _gang(p)})
+    guarded = sum(1 for p in sc.fill if _protected(p))
     lines = [
         "# Preemption, live through kube-scheduler and offline",
         "",
         f"{len(sc.nodes)} nodes ({h} DGX H100, {len(sc.nodes) - h} DGX-1 V100), "
-        f"{len(sc.fill)} filler pods ({gangs} two-member gangs), {len(sc.arrivals)} "
+        f"{len(sc.fill)} filler pods ({gangs} two-member gangs, {guarded} protected by a "
+        f"PodDisruptionBudget allowing no disruption), {len(sc.arrivals)} "
         f"arrivals of priority {PRIORITIES['high']}, seed {args.seed}; "
         f"`python -m benchmarks.live.preemption {' '.join(sys.argv[1:])}`.",
         "",
@@ -495,6 +530,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--h100", type=int, default=8)
     ap.add_argument("--v100", type=int, default=8)
     ap.add_argument("--arrivals", type=int, default=24)
+    ap.add_argument(
+        "--protected",
+        type=float,
+        default=0.2,
+        help="share of the filler pods alone under a PodDisruptionBudget allowing none",
+    )
     ap.add_argument("--wait", type=float, default=30.0, help="seconds an arrival may take")
     ap.add_argument("--settle", type=float, default=1.0, help="quiet seconds between arrivals")
     ap.add_argument("--arms", default=",".join(ARMS), help="comma list of " + ", ".join(ARMS))
@@ -504,7 +545,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    sc = build(args.seed, args.h100, args.v100, args.arrivals)
+    sc = build(args.seed, args.h100, args.v100, args.arrivals, args.protected)
     params = SchedParams.from_config(yaml.safe_load((REPO / "config" / "policy.yaml").read_text()))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
