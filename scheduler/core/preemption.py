@@ -41,6 +41,11 @@ topoplace answers instead, node by node (:func:`select_victims`):
    nominates it (it picks among the nodes it is given), and the live choice is the
    engine's.
 
+A fractional pod (HAMi, gpushare; ``share``) passes its own fit in steps 2 and 3: devices
+with the memory and compute it asks (``fractional.choose_devices``), not whole GPUs;
+kube-scheduler counts only replicas, and may free one on a GPU whose memory the pod cannot
+use. Among pods of equal rank the larger shares go first (fewer pods free the memory).
+
 A gang member that preempts is handled by the extender (see ``Extender.preempt``): its
 gang must fit with every lower-priority pod gone, and its node is chosen among those the
 gang's plan then uses, so members' preemptions add up to one placement of the gang.
@@ -55,14 +60,22 @@ from typing import Any
 import numpy as np
 
 from scheduler.core.disruption import BUDGETS_EXTRA, DisruptionBudget, budgets_from, violating
+from scheduler.core.fractional import (
+    REASON_NO_SHARE_ROOM,
+    ShareRequest,
+    choose_devices,
+    node_verdict,
+)
 from scheduler.core.model import Health, PodInfo, PodRequest
 from scheduler.core.params import SchedParams
 from scheduler.core.remediation import Broken, being_deleted, gang_key
 from scheduler.core.schedule import (
+    CODE_NODE_SELECTOR,
     FEASIBLE,
     REASON_UNKNOWN_NODE,
     choose_gpus,
     filter_codes,
+    selector_matches,
     verdict_reason,
 )
 from scheduler.core.snapshot import (
@@ -104,6 +117,11 @@ def pod_priority(p: PodInfo) -> int:
 def _held(p: PodInfo) -> int:
     """GPUs a pod holds (a fractional pod counts each GPU it has a share of)."""
     return len(p.gpus) + len(p.shares) + p.replicas
+
+
+def _share_memory(p: PodInfo) -> int:
+    """GPU memory (MiB) a fractional pod's shares hold (0 for other pods)."""
+    return sum(s.memory_mib for s in p.shares)
 
 
 def _evictable(p: PodInfo) -> bool:
@@ -217,20 +235,46 @@ def without_lower(snap: ClusterSnapshot, priority: int) -> ClusterSnapshot:
     return out
 
 
-def fits_on(snap: ClusterSnapshot, req: PodRequest, node: str, params: SchedParams) -> str:
+def fits_on(
+    snap: ClusterSnapshot,
+    req: PodRequest,
+    node: str,
+    params: SchedParams,
+    share: ShareRequest | None = None,
+) -> str:
     """ "" when ``req`` fits ``node`` now (topoplace's filter, CPU and memory), else why
-    not (an unknown node: :data:`REASON_UNKNOWN_NODE`)."""
+    not (an unknown node: :data:`REASON_UNKNOWN_NODE`). ``share``: the pod's GPU share
+    (a fractional pod), placed on the node's devices instead of whole GPUs."""
     i = snap.index.get(node)
-    return REASON_UNKNOWN_NODE if i is None else _fits(snap, req, i, params)
+    return REASON_UNKNOWN_NODE if i is None else _fits(snap, req, i, params, share)
 
 
-def _fits(snap: ClusterSnapshot, req: PodRequest, i: int, params: SchedParams) -> str:
+def _fits(
+    snap: ClusterSnapshot,
+    req: PodRequest,
+    i: int,
+    params: SchedParams,
+    share: ShareRequest | None = None,
+) -> str:
     """ "" when ``req`` passes topoplace's filter on the node at position ``i`` and fits
-    its CPU and memory, else the reason."""
-    code = int(filter_codes(snap, req, np.array([i], dtype=np.int64), params)[0])
+    its CPU and memory, else the reason. A fractional pod (``share``) passes the checks
+    its own filter makes: the node not blocked, its nodeSelector, a sharing backend, and
+    devices with the memory and compute it asks (``fractional.choose_devices``)."""
+    n = snap.nodes[i]
+    if share is None:
+        code = int(filter_codes(snap, req, np.array([i], dtype=np.int64), params)[0])
+    else:
+        code = int(snap.arrays.blocked[i])
+        if code == FEASIBLE and not selector_matches(n.labels, req.node_selector):
+            code = CODE_NODE_SELECTOR
     if code != FEASIBLE:
         return verdict_reason(snap, code, i)
-    n = snap.nodes[i]
+    if share is not None:
+        why = node_verdict(n, share)
+        if why:
+            return why
+        if choose_devices(n, share, None, params.selection_policy) is None:
+            return REASON_NO_SHARE_ROOM
     if (n.cpu_milli and n.cpu_used_milli + req.cpu_milli > n.cpu_milli) or (
         n.memory_bytes and n.memory_used_bytes + req.memory_bytes > n.memory_bytes
     ):
@@ -265,6 +309,7 @@ def _on_node(
     pods: Sequence[PodInfo],
     params: SchedParams,
     budgets: Sequence[DisruptionBudget] = (),
+    share: ShareRequest | None = None,
 ) -> NodeChoice | str:
     """The victims on ``name`` (a :class:`NodeChoice`) or why preemption there does not help."""
     i = snap.index.get(name)
@@ -286,7 +331,7 @@ def _on_node(
     every = base
     for p in lower:
         every = without_pod(every, p.key)
-    why = _fits(every, req, i, params)
+    why = _fits(every, req, i, params, share)
     if why:
         return why
     # Pods kube-scheduler evicts for something topoplace does not model stay victims.
@@ -296,7 +341,10 @@ def _on_node(
         g = gang_key(p)
         return sum(_held(m) for m in gangs.get(g, ())) if g else 0
 
-    ranked = sorted(lower, key=lambda p: (-pod_priority(p), -gang_gpus(p), _held(p), p.key))
+    ranked = sorted(
+        lower,
+        key=lambda p: (-pod_priority(p), -gang_gpus(p), _held(p), _share_memory(p), p.key),
+    )
     viol = violating(ranked, budgets)
     # Budget violators are given back first, then the rest, each in the same order.
     order = [p for p in ranked if p.key not in needed and p.key in viol]
@@ -309,7 +357,7 @@ def _on_node(
             trial = base
             for k in sorted(gone - {p.key}):
                 trial = without_pod(trial, k)
-        if not _fits(trial, req, i, params):
+        if not _fits(trial, req, i, params, share):
             cur = trial
             gone.discard(p.key)
     if not gone:
@@ -319,7 +367,12 @@ def _on_node(
     others = sorted(m.key for g in broken for m in gangs.get(g, ()) if m.key not in gone)
     disrupted = sum(_held(p) for p in victims) + sum(_held(snap.pods[k]) for k in others)
     torn = violating([p for p in ranked if p.key in gone] + [snap.pods[k] for k in others], budgets)
-    gs = choose_gpus(cur, req, name, params)
+    if share is None:
+        gs = choose_gpus(cur, req, name, params)
+        gpus, bottleneck = tuple(gs.gpus), float(gs.bottleneck_gbps)
+    else:
+        got = choose_devices(cur.nodes[i], share, None, params.selection_policy) or []
+        gpus, bottleneck = tuple(sorted({s.gpu for c in got for s in c})), 0.0
     return NodeChoice(
         node=name,
         victims=tuple(
@@ -328,8 +381,8 @@ def _on_node(
         gangs_broken=tuple(broken),
         gang_members=tuple(others),
         gpus_disrupted=disrupted,
-        gpus=tuple(gs.gpus),
-        bottleneck_gbps=float(gs.bottleneck_gbps),
+        gpus=gpus,
+        bottleneck_gbps=bottleneck,
         members_priority=sum(pod_priority(snap.pods[k]) for k in others),
         pdb_violations=sum(1 for p in victims if p.key in viol),
         members_pdb_violations=sum(1 for k in others if k in torn),
@@ -342,6 +395,7 @@ def select_victims(
     candidates: Mapping[str, Collection[str]],
     params: SchedParams,
     within: Collection[str] | None = None,
+    share: ShareRequest | None = None,
 ) -> PreemptionDecision:
     """Victims for ``req`` on each of kube-scheduler's candidate nodes, and the cheapest.
 
@@ -353,6 +407,8 @@ def select_victims(
             PodDisruptionBudgets are read from ``snap.extra`` (``core.disruption``).
         within: when given, only these nodes may be chosen (a gang member: the nodes of
             its gang's placement); the others are refused.
+        share: the pod's GPU share when it is a fractional pod (HAMi, gpushare): it must
+            then get devices with the memory and compute it asks, not whole GPUs.
 
     Returns:
         The decision; ``chosen`` is None when no node helps.
@@ -366,7 +422,7 @@ def select_victims(
             refused[name] = REASON_OUTSIDE_GANG_PLAN
             continue
         got = _on_node(
-            snap, req, name, frozenset(candidates[name]), gangs, on[name], params, budgets
+            snap, req, name, frozenset(candidates[name]), gangs, on[name], params, budgets, share
         )
         if isinstance(got, str):
             refused[name] = got

@@ -14,6 +14,7 @@ be given the same GPU.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -29,6 +30,8 @@ from scheduler.core.disruption import BUDGETS_EXTRA
 from scheduler.core.fractional import (
     BACKEND_HAMI,
     PodShape,
+    ShareError,
+    ShareRequest,
     hami_annotations,
     is_share_pod,
     whole_hami_containers,
@@ -76,6 +79,7 @@ from scheduler.server import wire
 from scheduler.server.decisions import DecisionLog, gang_member_summary
 from scheduler.server.fractional_verbs import (
     is_replica_pod,
+    pod_share_request,
     replica_bind_start,
     replica_filter,
     replica_prioritize,
@@ -856,8 +860,10 @@ class Extender:
         then evicts nothing). A gang member preempts only when its whole gang fits once
         every lower-priority pod is gone, and only on the nodes of that placement. The
         gangs its victims belong to are recorded so their other members are evicted too
-        (kube mode, ``remediation``). Fractional, replica and claim pods, and pods
-        topoplace cannot read, get kube-scheduler's own victims back unchanged.
+        (kube mode, ``remediation``). A fractional pod (HAMi, gpushare) is given victims
+        that leave it devices with its memory and compute. Replica and claim pods,
+        fractional gang members, and pods topoplace cannot read get kube-scheduler's own
+        victims back unchanged.
         """
         pod, victims, pdb = wire.preemption_args(body)
         passed = {
@@ -870,19 +876,25 @@ class Extender:
             req = self._request(pod, None)
         except ObjectError:
             req = None
+        fractional = req is not None and is_share_pod(pod)
+        share: ShareRequest | None = None
+        if fractional and not req.gang:  # type: ignore[union-attr]
+            with contextlib.suppress(ShareError):
+                share = pod_share_request(self, pod)
         if (
             req is None
-            or req.gpus <= 0
-            or is_share_pod(pod)
-            or is_replica_pod(self, pod, req)
             or not victims
+            or (fractional and share is None)
+            or (not fractional and (req.gpus <= 0 or is_replica_pod(self, pod, req)))
         ):
             self.metrics.child(self.metrics.preemptions, "passed").inc()
             return passed
         snap = self.cache.snapshot()
         live = {p.uid for p in snap.pods.values() if p.uid and not being_deleted(p)}
         if self.preemptions.waiting_for(
-            req.key, live.__contains__, lambda node: not fits_on(snap, req, node, self.params)
+            req.key,
+            live.__contains__,
+            lambda node: not fits_on(snap, req, node, self.params, share),
         ):
             self.metrics.child(self.metrics.preemptions, "waiting").inc()
             log.info(
@@ -901,12 +913,15 @@ class Extender:
                     within = frozenset(a.node for a in placed.assignments)
                 else:
                     why = f"the gang does not fit even with every lower-priority pod gone: {placed.reason}"
-        decision = select_victims(snap, req, proposed, self.params, within) if not why else None
+        decision = (
+            select_victims(snap, req, proposed, self.params, within, share) if not why else None
+        )
         chosen = decision.chosen if decision is not None else None
         answer = {
             "pod": req.key,
             "priority": req.priority,
             "gpus": req.gpus,
+            "share": share.form if share is not None else "",
             "proposed": {n: len(v) for n, v in sorted(proposed.items())},
             "chosen": chosen.as_dict() if chosen is not None else None,
             "options": len(decision.options) if decision is not None else 0,

@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 REASON_NODE_SELECTOR = "node does not match the pod's nodeSelector"
 
 
-def _request(ext: Extender, pod: Mapping[str, Any]) -> ShareRequest:
+def pod_share_request(ext: Extender, pod: Mapping[str, Any]) -> ShareRequest:
     """The pod's share request (ShareError if malformed)."""
     req = share_request(pod, pod_resource(pod, "cpu", cpu_milli), ext.params.sharing)
     if req is None:  # pragma: no cover - callers checked is_share_pod
@@ -160,7 +160,7 @@ def share_filter(
 ) -> dict[str, Any]:
     """``ExtenderFilterResult`` for a fractional pod."""
     try:
-        req = _request(ext, pod)
+        req = pod_share_request(ext, pod)
     except ShareError as exc:
         ext.metrics.filter_errors.labels(reason="invalid pod").inc()
         return wire.filter_result(None, None, {}, {}, f"invalid pod: {exc}")
@@ -288,7 +288,7 @@ def share_prioritize(
 ) -> list[dict[str, Any]]:
     """``HostPriorityList`` for a fractional pod: the sharing policy's score / 10."""
     try:
-        req = _request(ext, pod)
+        req = pod_share_request(ext, pod)
     except ShareError:
         return [{"Host": n, "Score": 0} for n in names]
     snap = ext.cache.snapshot()
@@ -322,7 +322,7 @@ def share_bind_start(
     from scheduler.server.extender import _BindWrite
 
     try:
-        req = _request(ext, pod)
+        req = pod_share_request(ext, pod)
     except ShareError as exc:
         return f"invalid pod: {exc}"
     cpu = pod_resource(pod, "cpu", cpu_milli)

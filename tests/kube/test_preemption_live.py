@@ -11,7 +11,9 @@ answers with the node and victims it chooses:
    shipped policy's ``remediation``, with a short check period), so no member holds GPUs
    for a gang that cannot run;
 3. a pod a PodDisruptionBudget protects stays while preempting on another node helps
-   (kube-scheduler's first rule among candidate nodes, which topoplace keeps).
+   (kube-scheduler's first rule among candidate nodes, which topoplace keeps);
+4. a HAMi pod: the victim is the pod whose GPU then has the memory the pod asks, not the
+   one kube-scheduler's replica count picks.
 
 Gangs preempting in whole, and a gang that cannot fit evicting nothing, are here too.
 PriorityClasses are the suite's own (cluster-scoped, named after the run, deleted after).
@@ -342,3 +344,89 @@ def test_a_pod_a_disruption_budget_protects_is_not_preempted_while_another_node_
             assert mine["chosen"]["pdb_violations"] == 0
         finally:
             policy.delete_namespaced_pod_disruption_budget("serve-x", namespace)
+
+
+def test_a_hami_pod_preempts_the_pod_whose_gpu_then_has_its_memory(
+    core: Any,
+    namespace: str,
+    topoplace: Topoplace,
+    scheduler_name: str,
+    run_id: str,
+    priorities: dict[int, str],
+) -> None:
+    # A HAMi node of two T4s (15,360 MiB), two replicas each, full: a0 (2,000 MiB) and b0
+    # (12,000) on GPU 0, c1 and d1 (6,000 each) on GPU 1. A pod asking 10,000 MiB arrives.
+    # kube-scheduler counts replicas: freeing any one will do, and among equals its dry
+    # run takes the pod started last, here a0, which leaves 3,360 MiB on GPU 0. topoplace
+    # answers b0: GPU 0 then has the memory, and only one pod goes.
+    from tests.sharing.builders import register
+
+    lo, hi = priorities[LOW], priorities[HIGH]
+    with _nodes(core, namespace, run_id, "preempt-hami", 1) as (label, nodes):
+        (node,) = nodes
+        core.patch_node(
+            node,
+            {
+                "metadata": {
+                    "labels": {"nvidia.com/gpu.product": "Tesla-T4"},
+                    "annotations": {"hami.io/node-nvidia-register": register(node, 2, split=2)},
+                }
+            },
+        )
+        core.patch_node_status(
+            node,
+            {
+                "status": {
+                    "capacity": {"nvidia.com/gpu": "4"},
+                    "allocatable": {"nvidia.com/gpu": "4"},
+                }
+            },
+        )
+
+        def hami(name: str, mem: int, pc: str, gpu: int | None = None) -> dict[str, Any]:
+            p = _pod(name, 1, scheduler_name, label, pc, node if gpu is not None else None)
+            p["spec"]["containers"][0]["resources"]["limits"].update(
+                {"nvidia.com/gpumem": str(mem), "nvidia.com/gpucores": "30"}
+            )
+            if gpu is not None:  # bound already, as HAMi's scheduler records it
+                p["spec"]["nodeName"] = node
+                p["metadata"]["annotations"] = {
+                    "hami.io/vgpu-devices-allocated": f"GPU-{node}-{gpu:02d},NVIDIA,{mem},30:;",
+                    "hami.io/vgpu-node": node,
+                    "hami.io/bind-phase": "success",
+                }
+            return p
+
+        fill = {"b0": (12000, 0), "c1": (6000, 1), "d1": (6000, 1), "a0": (2000, 0)}
+        for k, (name, (mem, gpu)) in enumerate(fill.items()):
+            core.create_namespaced_pod(namespace, hami(name, mem, lo, gpu))
+            started = f"2026-12-03T0{k}:00:00Z"  # a0 started last: kube-scheduler's pick
+            core.patch_namespaced_pod_status(
+                name, namespace, {"status": {"phase": "Running", "startTime": started}}
+            )
+        wait_for(
+            lambda: (
+                len(
+                    [
+                        i
+                        for i in topoplace.get("/v1/inspect/placements")["placements"]
+                        if i["node"] == node
+                    ]
+                )
+                == 4
+            ),
+            10,
+            "topoplace to see the four pods' shares",
+        )
+        before = _uids(core, namespace)
+        core.create_namespaced_pod(namespace, hami("urgent", 10000, hi))
+        got = wait_for(lambda: bound(core, namespace, ["urgent"]), 60, "urgent bound")
+        assert got["urgent"].spec.node_name == node
+        ann = got["urgent"].metadata.annotations
+        assert ann["hami.io/vgpu-devices-allocated"] == f"GPU-{node}-00,NVIDIA,10000,30:;"
+        after = _uids(core, namespace)
+        assert "b0" not in after
+        assert all(after.get(n) == before[n] for n in ("a0", "c1", "d1")), after
+        (mine,) = _named_victims(topoplace, namespace, "urgent")
+        assert mine["share"] == "hami"
+        assert [v["pod"] for v in mine["chosen"]["victims"]] == [f"{namespace}/b0"]
