@@ -116,3 +116,50 @@ def test_budgets_protect_pods_offline_and_leave_the_seeds_scenario_as_it_was() -
     assert kept["placed"] == blind["placed"] == 24
     # the engine preempts protected pods only where nothing else frees the GPUs
     assert kept["budget_violations"] < blind["budget_violations"]
+
+
+def _hami_gpu(sc: Any, pod: dict[str, Any]) -> tuple[tuple[str, int], int]:
+    """((node, GPU index), MiB) of a filler pod's HAMi allocation record."""
+    uuid, _, mem, _ = pod["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"].split(",")
+    node = next(n for n in sc.nodes if n["metadata"]["name"] == pod["spec"]["nodeName"])
+    ids = [
+        d["id"] for d in json.loads(node["metadata"]["annotations"]["hami.io/node-nvidia-register"])
+    ]
+    return (pod["spec"]["nodeName"], ids.index(uuid)), int(mem)
+
+
+def test_the_fractional_scenario_preempts_so_that_no_gpu_is_overcommitted(tmp_path: Path) -> None:
+    from benchmarks.live.preemption import SPLIT, T4_MIB, build_shares, offline_shares, share_policy
+
+    sc = build_shares(5, 3, 8)
+    assert build_shares(5, 3, 8) == sc
+    per_gpu: dict[tuple[str, int], list[int]] = {}
+    for p in sc.fill:
+        gpu, mem = _hami_gpu(sc, p)
+        per_gpu.setdefault(gpu, []).append(mem)
+    # every GPU full by HAMi's split count, within its memory: any arrival preempts
+    assert len(per_gpu) == 12 and all(
+        len(v) == SPLIT and sum(v) <= T4_MIB for v in per_gpu.values()
+    )
+    policy = share_policy(tmp_path / "policy.yaml")
+    steps = offline_shares(sc, policy)
+    assert offline_shares(sc, policy) == steps  # deterministic
+    placed = [s for s in steps if s.node]
+    assert placed and all(
+        s.gone and s.gone_nodes == [s.node] and len(s.gpu_set) == 1 for s in placed
+    )
+    # the ledger after every arrival: no GPU holds more memory than it has
+    gone = {n for s in steps for n in s.gone}
+    used: dict[tuple[str, int], int] = {}
+    for p in sc.fill:
+        if p["metadata"]["name"] not in gone:
+            gpu, mem = _hami_gpu(sc, p)
+            used[gpu] = used.get(gpu, 0) + mem
+    asks = {
+        p["metadata"]["name"]: p["spec"]["containers"][0]["resources"]["limits"]
+        for p in sc.arrivals
+    }
+    for s in placed:
+        gpu = (s.node, s.gpu_set[0])
+        used[gpu] = used.get(gpu, 0) + int(asks[s.pod]["nvidia.com/gpumem"])
+    assert max(used.values()) <= T4_MIB

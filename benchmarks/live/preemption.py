@@ -28,6 +28,15 @@ Arms, each on a fresh control plane, kube-scheduler with the shipped configurati
   still filters, prioritizes and binds (what topoplace did before it answered
   preemptions).
 
+**Fractional** (``--fractional``): ``--t4`` nodes of four T4s (15,360 MiB) registered
+for HAMi, each GPU split four ways (``nvidia.com/gpu`` advertised as 16 replicas) and
+full: four filler pods per GPU of 1,000 to 6,000 MiB (20 % compute each, HAMi's
+``vgpu-devices-allocated`` record naming the GPU). Arrivals ask one GPU with 4,000 to
+12,000 MiB. kube-scheduler counts replicas only; topoplace's victims must leave one GPU
+with the memory. The offline row is topoplace's own extender in process (filter, preempt
+with kube-scheduler's candidates by replica count, bind), with the live policy
+(``sharing.hami_lock: release``: no HAMi device plugin runs here to release the node lock).
+
 The offline row is the engine on the same objects (:func:`offline`): each arrival placed
 by ``place_pod`` if it fits, else preempted by ``select_victims`` among the nodes
 kube-scheduler's dry run would offer (where the pod fits by GPU count, CPU and memory
@@ -56,7 +65,7 @@ from typing import Any
 
 import yaml
 
-from benchmarks.clusters import make_node, make_pod
+from benchmarks.clusters import hami_register, make_node, make_pod
 from scheduler.core.disruption import BUDGETS_EXTRA
 from scheduler.core.model import PLACEMENT_ANNOTATION
 from scheduler.core.objects import placement_value, request_from_pod
@@ -72,6 +81,12 @@ from scheduler.core.snapshot import (
 )
 
 NAMESPACE = "preempt-bench"
+T4_MIB = 15360
+SPLIT = 4
+FILL_MIB = (1000, 2000, 3000, 4000, 6000)
+ARRIVAL_MIB = (4000, 6000, 8000, 10000, 12000)
+CORES = 20
+HAMI_ALLOCATED = "hami.io/vgpu-devices-allocated"
 PRIORITIES = {"low": 10, "mid": 100, "high": 1000}
 REPO = Path(__file__).resolve().parents[2]
 ARMS = ("topoplace", "in-tree victims")
@@ -177,16 +192,97 @@ def build(seed: int, h100: int, v100: int, arrivals: int, protected: float = 0.0
         else:
             cls = rnd.choice(("low", "low", "mid"))
             fill.append(_pod(f"fill-{i:03d}", size, cls, node=node, block=block))
-    guard = random.Random(seed * 7919 + 1)
-    for p in fill:
-        if not _gang(p) and guard.random() < protected:
-            p["metadata"]["labels"] = dict(PROTECTED)
+    _protect(fill, seed, protected)
     arr = []
     for i in range(arrivals):
         size = rnd.choice((1, 2, 4, 4, 8))
         link = "nvlink" if size == 4 and rnd.random() < 0.5 else ""
         arr.append(_pod(f"urgent-{i:02d}", size, "high", min_link=link))
     return Scenario(nodes, fill, arr, [budget()] if protected > 0 else [])
+
+
+def _protect(fill: list[dict[str, Any]], seed: int, share: float) -> None:
+    """Label ``share`` of the pods alone for the budget (a stream of its own)."""
+    guard = random.Random(seed * 7919 + 1)
+    for p in fill:
+        if not _gang(p) and guard.random() < share:
+            p["metadata"]["labels"] = dict(PROTECTED)
+
+
+def _device_ids(node: Mapping[str, Any]) -> list[str]:
+    """The GPU UUIDs of a HAMi node's register annotation, by index."""
+    devs = json.loads(node["metadata"]["annotations"]["hami.io/node-nvidia-register"])
+    return [d["id"] for d in sorted(devs, key=lambda d: d.get("index", 0))]
+
+
+def _share_pod(
+    name: str, mem: int, cls: str, *, node: Mapping[str, Any] | None = None, gpu: int = 0
+) -> dict[str, Any]:
+    """A HAMi pod of one GPU with ``mem`` MiB and :data:`CORES` % compute; with ``node``
+    bound to its GPU ``gpu`` (HAMi's allocation record)."""
+    limits = {
+        "nvidia.com/gpu": "1",
+        "nvidia.com/gpumem": str(mem),
+        "nvidia.com/gpucores": str(CORES),
+    }
+    p: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE, "annotations": {}},
+        "spec": {
+            "schedulerName": "topoplace",
+            "priorityClassName": f"bench-{cls}",
+            "priority": PRIORITIES[cls],
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "infer",
+                    "image": "registry.k8s.io/pause:3.9",
+                    "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": limits},
+                }
+            ],
+        },
+    }
+    if node is not None:
+        uuid = _device_ids(node)[gpu]
+        p["spec"]["nodeName"] = node["metadata"]["name"]
+        p["metadata"]["annotations"] = {
+            HAMI_ALLOCATED: f"{uuid},NVIDIA,{mem},{CORES}:;",
+            "hami.io/vgpu-node": node["metadata"]["name"],
+            "hami.io/bind-phase": "success",
+        }
+    return p
+
+
+def build_shares(seed: int, t4: int, arrivals: int, protected: float = 0.0) -> Scenario:
+    """The fractional scenario of ``seed`` (see the module docstring; deterministic)."""
+    rnd = random.Random(seed)
+    nodes = []
+    for i in range(t4):
+        n = make_node(f"t4-{i:02d}", 4, "t4")
+        n["metadata"].setdefault("annotations", {})["hami.io/node-nvidia-register"] = hami_register(
+            n["metadata"]["name"], 4, T4_MIB, "NVIDIA-Tesla T4", SPLIT
+        )
+        for part in ("capacity", "allocatable"):
+            n["status"][part]["nvidia.com/gpu"] = str(4 * SPLIT)
+        nodes.append(n)
+    fill = []
+    for n in nodes:
+        for gpu in range(4):
+            sizes = [rnd.choice(FILL_MIB) for _ in range(SPLIT)]
+            while sum(sizes) > T4_MIB:
+                sizes[sizes.index(max(sizes))] = rnd.choice(FILL_MIB[:2])
+            for mem in sizes:
+                cls = rnd.choice(("low", "low", "mid"))
+                fill.append(_share_pod(f"fill-{len(fill):03d}", mem, cls, node=n, gpu=gpu))
+    _protect(fill, seed, protected)
+    arr = [_share_pod(f"urgent-{i:02d}", rnd.choice(ARRIVAL_MIB), "high") for i in range(arrivals)]
+    return Scenario(nodes, fill, arr, [budget()] if protected > 0 else [])
+
+
+def is_shares(sc: Scenario) -> bool:
+    """True for a fractional scenario."""
+    return any(HAMI_ALLOCATED in (p["metadata"].get("annotations") or {}) for p in sc.fill)
 
 
 def priority_classes() -> list[dict[str, Any]]:
@@ -218,11 +314,24 @@ class Step:
     gone_gpus: int = 0
     gone_nodes: list[str] = field(default_factory=list)
     bind_s: float | None = None
+    gone_mib: int = 0
 
 
 def _gpus(pod: Mapping[str, Any]) -> int:
     res = pod["spec"]["containers"][0]["resources"].get("limits") or {}
     return int(res.get("nvidia.com/gpu", 0))
+
+
+def _mib(pod: Mapping[str, Any]) -> int:
+    res = pod["spec"]["containers"][0]["resources"].get("limits") or {}
+    return int(res.get("nvidia.com/gpumem", 0))
+
+
+def _allocated_gpus(annotations: Mapping[str, str], node: Mapping[str, Any]) -> list[int]:
+    """GPU indices of a HAMi allocation record on ``node``."""
+    ids = _device_ids(node)
+    value = annotations.get(HAMI_ALLOCATED, "")
+    return sorted(ids.index(d.split(",")[0]) for c in value.split(";") for d in c.split(":") if d)
 
 
 def _gang(pod: Mapping[str, Any]) -> str:
@@ -265,6 +374,7 @@ def summarize(steps: Sequence[Step], fill: Sequence[Mapping[str, Any]]) -> dict[
         "pods_gone": len(gone),
         "gpus_gone": sum(s.gone_gpus for s in steps),
         "gang_members_gone": members_gone,
+        "gpu_memory_gone_mib": sum(_mib(by_name[n]) for n in gone if n in by_name),
         "budget_violations": protected,
         "gangs_left_partial": partial,
         "gpus_held_by_partial_gangs": held,
@@ -340,6 +450,103 @@ def offline(sc: Scenario, params: SchedParams) -> list[Step]:
     return steps
 
 
+def in_tree_share_candidates(snap: ClusterSnapshot, pod: Mapping[str, Any]) -> dict[str, set[str]]:
+    """Nodes kube-scheduler's dry run would offer a HAMi pod: it counts ``nvidia.com/gpu``
+    replicas only, so a node where the replicas are all taken now and would not be with
+    every lower-priority pod gone (the victims named are those pods)."""
+    prio, want = int(pod["spec"]["priority"]), _gpus(pod)
+    out: dict[str, set[str]] = {}
+    for n in snap.nodes:
+        alloc = int((n.raw.get("status") or {}).get("allocatable", {}).get("nvidia.com/gpu", 0))
+        on = list(snap.pods_on(n.name))
+        taken = sum(len(p.shares) for p in on)
+        lower = [p for p in on if pod_priority(p) < prio]
+        if taken + want > alloc and taken - sum(len(p.shares) for p in lower) + want <= alloc:
+            out[n.name] = {p.uid for p in lower}
+    return out
+
+
+class _Recorder:
+    """The offline replay's binder: the node and annotations of the last Binding."""
+
+    def __init__(self) -> None:
+        self.last: tuple[str, dict[str, str]] | None = None
+
+    def bind(self, pod: Any, node: str, annotations: Mapping[str, str]) -> str:
+        self.last = (node, dict(annotations))
+        return ""
+
+
+def offline_shares(sc: Scenario, policy: Path) -> list[Step]:
+    """The fractional scenario through topoplace's own extender in process: each arrival
+    filtered on every node and bound where it fits; else its preemption answered for
+    kube-scheduler's candidates (:func:`in_tree_share_candidates`), the victims removed,
+    and the pod filtered again on the node named (kube-scheduler's nomination)."""
+    from scheduler.cli.main import load_params
+    from scheduler.runtime.cache import ClusterCache
+    from scheduler.server.extender import Extender
+
+    fill = []
+    for p in sc.fill:
+        q = json.loads(json.dumps(p))
+        q["metadata"]["uid"] = f"uid-{q['metadata']['name']}"
+        fill.append(q)
+    extra = {BUDGETS_EXTRA: {f"{NAMESPACE}/{b['metadata']['name']}": b for b in sc.budgets}}
+    binder = _Recorder()
+    cache = ClusterCache.from_objects(sc.nodes, fill, load_params(str(policy)), extra=extra)
+    ext = Extender(cache, binder)
+    names = sorted(n["metadata"]["name"] for n in sc.nodes)
+    node_objs = {n["metadata"]["name"]: n for n in sc.nodes}
+    steps = []
+    for pod in sc.arrivals:
+        q = json.loads(json.dumps(pod))
+        q["metadata"]["uid"] = uid = f"uid-{q['metadata']['name']}"
+        step = Step(q["metadata"]["name"], 1, "")
+        fit = ext.filter({"Pod": q, "NodeNames": names}).get("NodeNames") or []
+        if not fit:
+            cands = in_tree_share_candidates(cache.snapshot(), q)
+            meta = {
+                n: {"Pods": [{"UID": u} for u in sorted(v)], "NumPDBViolations": 0}
+                for n, v in cands.items()
+            }
+            got = ext.preempt({"Pod": q, "NodeNameToMetaVictims": meta}) if cands else {}
+            chosen = got.get("NodeNameToMetaVictims") or {}
+            if not chosen:
+                steps.append(step)
+                continue
+            ((node, victims),) = chosen.items()
+            uids = {v["UID"] for v in victims["Pods"]}
+            snap = cache.snapshot()
+            for key in sorted(k for k, p in snap.pods.items() if p.uid in uids):
+                step.gone.append(key.split("/")[1])
+                step.gone_mib += sum(s.memory_mib for s in snap.pods[key].shares)
+                cache.delete_pod(key)
+            step.gone_gpus = len(step.gone)
+            step.gone_nodes = [node]
+            fit = ext.filter({"Pod": q, "NodeNames": [node]}).get("NodeNames") or []
+            if not fit:
+                steps.append(step)
+                continue
+        body = {"PodName": step.pod, "PodNamespace": NAMESPACE, "PodUID": uid, "Node": fit[0]}
+        binder.last = None
+        res = ext.bind(body)
+        if res.get("Error") or binder.last is None:
+            raise RuntimeError(f"offline bind of {step.pod} failed: {res.get('Error')}")
+        step.node = binder.last[0]
+        step.gpu_set = _allocated_gpus(binder.last[1], node_objs[step.node])
+        steps.append(step)
+    return steps
+
+
+def share_policy(path: Path) -> Path:
+    """The shipped policy with ``sharing.hami_lock: release`` (no HAMi device plugin here
+    releases the node lock a bind takes), written to ``path``."""
+    policy = yaml.safe_load((REPO / "config" / "policy.yaml").read_text())
+    policy.setdefault("sharing", {})["hami_lock"] = "release"
+    path.write_text(yaml.safe_dump(policy))
+    return path
+
+
 # ---- live -------------------------------------------------------------------------------------
 
 
@@ -354,6 +561,8 @@ def _live_arm(sc: Scenario, args: argparse.Namespace, arm: str) -> tuple[list[St
 
     out = Path(args.out)
     slug = arm.replace(" ", "-")
+    shares = is_shares(sc)
+    node_objs = {n["metadata"]["name"]: n for n in sc.nodes}
     work_dir, plane, kc, api = up_plane(args, f"preempt-bench-{slug}-")
     tp = ks = None
     steps: list[Step] = []
@@ -374,7 +583,9 @@ def _live_arm(sc: Scenario, args: argparse.Namespace, arm: str) -> tuple[list[St
             logs,
             port=args.extender_port,
             source=args.topoplace_src,
-            policy=REPO / "config" / "policy.yaml",
+            policy=share_policy(out / "policy-shares.yaml")
+            if shares
+            else REPO / "config" / "policy.yaml",
         )
         tp.start()
         cfg = render_config(load_shipped(), kc, tp.extender_url)
@@ -392,6 +603,7 @@ def _live_arm(sc: Scenario, args: argparse.Namespace, arm: str) -> tuple[list[St
         ks.start()
         (out / f"scheduler-config-{slug}.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
         gpus_of = {p["metadata"]["name"]: _gpus(p) for p in sc.fill}
+        mib_of = {p["metadata"]["name"]: _mib(p) for p in sc.fill}
         node_of = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in sc.fill}
         for pod in sc.arrivals:
             before = {p["metadata"]["name"] for p in api.list_pods(NAMESPACE)["items"]}
@@ -408,10 +620,12 @@ def _live_arm(sc: Scenario, args: argparse.Namespace, arm: str) -> tuple[list[St
                 if got["spec"].get("nodeName"):
                     step.bind_s = round(time.monotonic() - t0, 3)
                     step.node = got["spec"]["nodeName"]
-                    rec = json.loads(
-                        (got["metadata"].get("annotations") or {}).get(PLACEMENT_ANNOTATION, "{}")
-                    )
-                    step.gpu_set = list(rec.get("gpus") or [])
+                    ann = got["metadata"].get("annotations") or {}
+                    if shares:
+                        step.gpu_set = _allocated_gpus(ann, node_objs[step.node])
+                    else:
+                        rec = json.loads(ann.get(PLACEMENT_ANNOTATION, "{}"))
+                        step.gpu_set = list(rec.get("gpus") or [])
                     break
                 time.sleep(0.05)
             if step.node is None:
@@ -420,6 +634,7 @@ def _live_arm(sc: Scenario, args: argparse.Namespace, arm: str) -> tuple[list[St
             after = {p["metadata"]["name"] for p in api.list_pods(NAMESPACE)["items"]}
             step.gone = sorted(before - after - {name})
             step.gone_gpus = sum(gpus_of.get(n, 0) for n in step.gone)
+            step.gone_mib = sum(mib_of.get(n, 0) for n in step.gone)
             step.gone_nodes = sorted({node_of[n] for n in step.gone if n in node_of})
             if step.node:
                 gpus_of[name], node_of[name] = step.gpus, step.node
@@ -472,7 +687,8 @@ FIGURES = (
     ("placed", "arrivals placed"),
     ("preemptions", "arrivals that preempted"),
     ("pods_gone", "pods removed"),
-    ("gpus_gone", "GPUs removed"),
+    ("gpus_gone", "GPUs removed (fractional: shares)"),
+    ("gpu_memory_gone_mib", "GPU memory removed (MiB; fractional)"),
     ("gang_members_gone", "gang members removed"),
     ("budget_violations", "protected pods removed (PodDisruptionBudget violations)"),
     ("gangs_left_partial", "gangs left partly running at the end"),
@@ -494,10 +710,15 @@ def render(
     h = sum(1 for n in sc.nodes if n["metadata"]["name"].startswith("h100"))
     gangs = len({_gang(p) for p in sc.fill if _gang(p)})
     guarded = sum(1 for p in sc.fill if _protected(p))
+    kinds = (
+        f"{len(sc.nodes)} HAMi nodes of 4 T4s split {SPLIT} ways"
+        if is_shares(sc)
+        else f"{len(sc.nodes)} nodes ({h} DGX H100, {len(sc.nodes) - h} DGX-1 V100)"
+    )
     lines = [
         "# Preemption, live through kube-scheduler and offline",
         "",
-        f"{len(sc.nodes)} nodes ({h} DGX H100, {len(sc.nodes) - h} DGX-1 V100), "
+        f"{kinds}, "
         f"{len(sc.fill)} filler pods ({gangs} two-member gangs, {guarded} protected by a "
         f"PodDisruptionBudget allowing no disruption), {len(sc.arrivals)} "
         f"arrivals of priority {PRIORITIES['high']}, seed {args.seed}; "
@@ -531,6 +752,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--v100", type=int, default=8)
     ap.add_argument("--arrivals", type=int, default=24)
     ap.add_argument(
+        "--fractional",
+        action="store_true",
+        help="HAMi nodes and pods (see the module docstring) instead of whole GPUs",
+    )
+    ap.add_argument("--t4", type=int, default=8, help="HAMi nodes with --fractional")
+    ap.add_argument(
         "--protected",
         type=float,
         default=0.2,
@@ -545,11 +772,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    sc = build(args.seed, args.h100, args.v100, args.arrivals, args.protected)
-    params = SchedParams.from_config(yaml.safe_load((REPO / "config" / "policy.yaml").read_text()))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    off = offline(sc, params)
+    if args.fractional:
+        sc = build_shares(args.seed, args.t4, args.arrivals, args.protected)
+        off = offline_shares(sc, share_policy(out / "policy-shares.yaml"))
+    else:
+        sc = build(args.seed, args.h100, args.v100, args.arrivals, args.protected)
+        policy = yaml.safe_load((REPO / "config" / "policy.yaml").read_text())
+        off = offline(sc, SchedParams.from_config(policy))
     rows = {"offline topoplace": summarize(off, sc.fill)}
     detail: dict[str, Any] = {"offline topoplace": [asdict(s) for s in off]}
     cmp = None
