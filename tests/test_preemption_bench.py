@@ -129,7 +129,7 @@ def _hami_gpu(sc: Any, pod: dict[str, Any]) -> tuple[tuple[str, int], int]:
 
 
 def test_the_fractional_scenario_preempts_so_that_no_gpu_is_overcommitted(tmp_path: Path) -> None:
-    from benchmarks.live.preemption import SPLIT, T4_MIB, build_shares, offline_shares, share_policy
+    from benchmarks.live.preemption import SPLIT, T4_MIB, build_shares, offline_shares, policy_file
 
     sc = build_shares(5, 3, 8)
     assert build_shares(5, 3, 8) == sc
@@ -141,7 +141,7 @@ def test_the_fractional_scenario_preempts_so_that_no_gpu_is_overcommitted(tmp_pa
     assert len(per_gpu) == 12 and all(
         len(v) == SPLIT and sum(v) <= T4_MIB for v in per_gpu.values()
     )
-    policy = share_policy(tmp_path / "policy.yaml")
+    policy = policy_file(tmp_path / "policy.yaml")
     steps = offline_shares(sc, policy)
     assert offline_shares(sc, policy) == steps  # deterministic
     placed = [s for s in steps if s.node]

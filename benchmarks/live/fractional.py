@@ -217,7 +217,7 @@ def pod_object(task: Task, scheduler: str = SCHEDULER, backend: str = "hami") ->
     }
 
 
-class _Recorder:
+class BindRecorder:
     """The offline replay's binder: records each Binding's node and annotations."""
 
     def __init__(self) -> None:
@@ -245,7 +245,7 @@ def offline(
     from scheduler.runtime.cache import ClusterCache
     from scheduler.server.extender import Extender
 
-    binder = _Recorder()
+    binder = BindRecorder()
     ext = Extender(ClusterCache.from_objects(nodes, [], load_params(str(policy))), binder)
     names = sorted(n["metadata"]["name"] for n in nodes)
     out: dict[str, tuple[str, str]] = {}

@@ -66,6 +66,7 @@ from typing import Any
 import yaml
 
 from benchmarks.clusters import hami_register, make_node, make_pod
+from benchmarks.live.fractional import BindRecorder, policy_file
 from scheduler.core.disruption import BUDGETS_EXTRA
 from scheduler.core.model import PLACEMENT_ANNOTATION
 from scheduler.core.objects import placement_value, request_from_pod
@@ -406,14 +407,19 @@ def in_tree_candidates(snap: ClusterSnapshot, req: Any) -> dict[str, set[str]]:
     return out
 
 
-def offline(sc: Scenario, params: SchedParams) -> list[Step]:
-    """The engine's replay of the scenario (see the module docstring)."""
+def _offline_objects(sc: Scenario) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The filler pods with UIDs (the API server's part) and the budgets as ``extra``."""
     fill = []
     for p in sc.fill:
         q = json.loads(json.dumps(p))
         q["metadata"]["uid"] = f"uid-{q['metadata']['name']}"
         fill.append(q)
-    extra = {BUDGETS_EXTRA: {f"{NAMESPACE}/{b['metadata']['name']}": b for b in sc.budgets}}
+    return fill, {BUDGETS_EXTRA: {f"{NAMESPACE}/{b['metadata']['name']}": b for b in sc.budgets}}
+
+
+def offline(sc: Scenario, params: SchedParams) -> list[Step]:
+    """The engine's replay of the scenario (see the module docstring)."""
+    fill, extra = _offline_objects(sc)
     snap = build_snapshot(sc.nodes, fill, params, extra=extra)
     steps = []
     for pod in sc.arrivals:
@@ -466,17 +472,6 @@ def in_tree_share_candidates(snap: ClusterSnapshot, pod: Mapping[str, Any]) -> d
     return out
 
 
-class _Recorder:
-    """The offline replay's binder: the node and annotations of the last Binding."""
-
-    def __init__(self) -> None:
-        self.last: tuple[str, dict[str, str]] | None = None
-
-    def bind(self, pod: Any, node: str, annotations: Mapping[str, str]) -> str:
-        self.last = (node, dict(annotations))
-        return ""
-
-
 def offline_shares(sc: Scenario, policy: Path) -> list[Step]:
     """The fractional scenario through topoplace's own extender in process: each arrival
     filtered on every node and bound where it fits; else its preemption answered for
@@ -486,13 +481,8 @@ def offline_shares(sc: Scenario, policy: Path) -> list[Step]:
     from scheduler.runtime.cache import ClusterCache
     from scheduler.server.extender import Extender
 
-    fill = []
-    for p in sc.fill:
-        q = json.loads(json.dumps(p))
-        q["metadata"]["uid"] = f"uid-{q['metadata']['name']}"
-        fill.append(q)
-    extra = {BUDGETS_EXTRA: {f"{NAMESPACE}/{b['metadata']['name']}": b for b in sc.budgets}}
-    binder = _Recorder()
+    fill, extra = _offline_objects(sc)
+    binder = BindRecorder()
     cache = ClusterCache.from_objects(sc.nodes, fill, load_params(str(policy)), extra=extra)
     ext = Extender(cache, binder)
     names = sorted(n["metadata"]["name"] for n in sc.nodes)
@@ -538,15 +528,6 @@ def offline_shares(sc: Scenario, policy: Path) -> list[Step]:
     return steps
 
 
-def share_policy(path: Path) -> Path:
-    """The shipped policy with ``sharing.hami_lock: release`` (no HAMi device plugin here
-    releases the node lock a bind takes), written to ``path``."""
-    policy = yaml.safe_load((REPO / "config" / "policy.yaml").read_text())
-    policy.setdefault("sharing", {})["hami_lock"] = "release"
-    path.write_text(yaml.safe_dump(policy))
-    return path
-
-
 # ---- live -------------------------------------------------------------------------------------
 
 
@@ -583,7 +564,7 @@ def _live_arm(sc: Scenario, args: argparse.Namespace, arm: str) -> tuple[list[St
             logs,
             port=args.extender_port,
             source=args.topoplace_src,
-            policy=share_policy(out / "policy-shares.yaml")
+            policy=policy_file(out / "policy-shares.yaml")
             if shares
             else REPO / "config" / "policy.yaml",
         )
@@ -776,7 +757,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.fractional:
         sc = build_shares(args.seed, args.t4, args.arrivals, args.protected)
-        off = offline_shares(sc, share_policy(out / "policy-shares.yaml"))
+        off = offline_shares(sc, policy_file(out / "policy-shares.yaml"))
     else:
         sc = build(args.seed, args.h100, args.v100, args.arrivals, args.protected)
         policy = yaml.safe_load((REPO / "config" / "policy.yaml").read_text())
