@@ -120,7 +120,8 @@ def _nodes(
 
 def _named_victims(topoplace: Topoplace, namespace: str, *pods: str) -> list[dict[str, Any]]:
     """topoplace's answers for ``pods`` that named victims (a retry before topoplace saw
-    them go answers "waiting" and names none)."""
+    them go answers "waiting" and names none). The answers outlive a test (the suite's
+    topoplace keeps running), so each test names its preemptors apart."""
     keys = {f"{namespace}/{p}" for p in pods}
     recent = topoplace.get("/v1/inspect/preemptions")["recent"]
     return [a for a in recent if a["pod"] in keys and a["chosen"]]
@@ -333,12 +334,12 @@ def test_a_pod_a_disruption_budget_protects_is_not_preempted_while_another_node_
                 "topoplace to see the budget",
             )
             before = _uids(core, namespace)
-            core.create_namespaced_pod(namespace, _pod("urgent", 8, scheduler_name, label, hi))
-            got = wait_for(lambda: bound(core, namespace, ["urgent"]), 60, "urgent bound")
-            assert got["urgent"].spec.node_name == nodes[1]
+            core.create_namespaced_pod(namespace, _pod("urgent-pdb", 8, scheduler_name, label, hi))
+            got = wait_for(lambda: bound(core, namespace, ["urgent-pdb"]), 60, "urgent bound")
+            assert got["urgent-pdb"].spec.node_name == nodes[1]
             after = _uids(core, namespace)
             assert after.get("x") == before["x"] and "y" not in after
-            (mine,) = _named_victims(topoplace, namespace, "urgent")
+            (mine,) = _named_victims(topoplace, namespace, "urgent-pdb")
             assert mine["chosen"]["node"] == nodes[1]
             assert [v["pod"] for v in mine["chosen"]["victims"]] == [f"{namespace}/y"]
             assert mine["chosen"]["pdb_violations"] == 0
@@ -419,14 +420,14 @@ def test_a_hami_pod_preempts_the_pod_whose_gpu_then_has_its_memory(
             "topoplace to see the four pods' shares",
         )
         before = _uids(core, namespace)
-        core.create_namespaced_pod(namespace, hami("urgent", 10000, hi))
-        got = wait_for(lambda: bound(core, namespace, ["urgent"]), 60, "urgent bound")
-        assert got["urgent"].spec.node_name == node
-        ann = got["urgent"].metadata.annotations
+        core.create_namespaced_pod(namespace, hami("urgent-hami", 10000, hi))
+        got = wait_for(lambda: bound(core, namespace, ["urgent-hami"]), 60, "urgent bound")
+        assert got["urgent-hami"].spec.node_name == node
+        ann = got["urgent-hami"].metadata.annotations
         assert ann["hami.io/vgpu-devices-allocated"] == f"GPU-{node}-00,NVIDIA,10000,30:;"
         after = _uids(core, namespace)
         assert "b0" not in after
         assert all(after.get(n) == before[n] for n in ("a0", "c1", "d1")), after
-        (mine,) = _named_victims(topoplace, namespace, "urgent")
+        (mine,) = _named_victims(topoplace, namespace, "urgent-hami")
         assert mine["share"] == "hami"
         assert [v["pod"] for v in mine["chosen"]["victims"]] == [f"{namespace}/b0"]
