@@ -190,6 +190,7 @@ def test_the_answer_counts_the_budget_violations_of_topoplaces_own_victims() -> 
     }
     (answer,) = c.get("/v1/inspect/preemptions").json()["recent"]
     assert answer["chosen"]["pdb_violations"] == 1
+    assert _count(ext, "topoplace_preemption_budget_violations_total") == 1
     # the budget round-trips through the snapshot export
     items = c.get("/v1/inspect/snapshot").json()["items"]
     assert [i for i in items if i["kind"] == "PodDisruptionBudget"] == [budget]

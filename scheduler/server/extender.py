@@ -947,6 +947,7 @@ class Extender:
         self.metrics.child(self.metrics.preemptions, "chosen").inc()
         for v in chosen.victims:
             self.metrics.child(self.metrics.preemption_victims, "yes" if v.gang else "no").inc()
+        self.metrics.preemption_budget_violations.inc(chosen.pdb_violations)
         log.info(
             "preemption for %s: %s, victims %s (gangs broken: %s)",
             req.key,

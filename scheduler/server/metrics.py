@@ -118,6 +118,12 @@ class Metrics:
             ["gang"],
             registry=r,
         )
+        self.preemption_budget_violations = Counter(
+            "topoplace_preemption_budget_violations",
+            "Victims named in preemption answers whose eviction violates a "
+            "PodDisruptionBudget (only where no node could spare them, as kube-scheduler)",
+            registry=r,
+        )
 
         self.gang_plan_seconds = Histogram(
             "topoplace_gang_plan_seconds",
