@@ -13,6 +13,10 @@ pod; every eighth 4-GPU pod a member of a two-member gang), and times the answer
 it (the JSON body parsed, the answer built), and the pure decision alone
 (``select_victims``).
 
+With ``--budgets B`` the pods carry ``app: svc-<k>`` (k = the pod's position modulo
+``2 B``) and ``B`` PodDisruptionBudgets select ``svc-0`` .. ``svc-<B-1>`` (one disruption
+allowed each): half the pods are under a budget, as in a cluster with many services.
+
 Prints the conditions and, per case, the median and p99 ms over ``--runs`` answers (wall
 time, ``time.perf_counter``; the verb runs on a worker thread).
 
@@ -27,7 +31,23 @@ import time
 from typing import Any
 
 
-def cluster(n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def budgets(b: int) -> dict[str, Any]:
+    """``b`` PodDisruptionBudgets as ``snapshot.extra`` (see the module docstring)."""
+    from scheduler.core.disruption import BUDGETS_EXTRA
+
+    out = {}
+    for k in range(b):
+        out[f"default/svc-{k}"] = {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": f"svc-{k}", "namespace": "default"},
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": f"svc-{k}"}}},
+            "status": {"disruptionsAllowed": 1},
+        }
+    return {BUDGETS_EXTRA: out}
+
+
+def cluster(n: int, b: int = 0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``n`` nodes, every GPU held (see the module docstring)."""
     from benchmarks.clusters import make_node, make_pod
 
@@ -44,6 +64,7 @@ def cluster(n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
                 gpu_indices=block,
                 gang=gang if k == 0 else None,
                 gang_size=2,
+                labels={"app": f"svc-{len(pods) % (2 * b)}"} if b else None,
             )
             p["spec"]["priority"] = 10
             pods.append(p)
@@ -54,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, nargs="+", default=[500, 5000])
     ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--budgets", type=int, default=0, help="PodDisruptionBudgets (see above)")
     args = ap.parse_args(argv)
     import orjson
 
@@ -71,15 +93,17 @@ def main(argv: list[str] | None = None) -> int:
         "preempt answer, in process: DGX H100 nodes, every GPU held by pods of "
         "priority 10 (4 + 1 + 1 + 2 GPUs per node, every eighth 4-GPU pod in a gang of 2); "
         f"a 4-GPU pod of priority 1000; kube-scheduler's candidates: max(10 %, 100) nodes, "
-        f"its victim the 4-GPU pod; {args.runs} answers per case (wall ms)"
+        f"its victim the 4-GPU pod; {args.budgets} PodDisruptionBudgets over half the pods; "
+        f"{args.runs} answers per case (wall ms)"
     )
     print(
         "| nodes | pods | candidates | preempt verb median | p99 | select_victims median | p99 | chosen |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for n in args.nodes:
-        nodes, pods = cluster(n)
-        cache = ClusterCache.from_objects(nodes, pods, params)
+        nodes, pods = cluster(n, args.budgets)
+        extra = budgets(args.budgets) if args.budgets else None
+        cache = ClusterCache.from_objects(nodes, pods, params, extra=extra)
         ext = Extender(cache, gangs=GangRuntime())
         snap = cache.snapshot()
         pending = make_pod("urgent", 4)

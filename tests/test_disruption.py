@@ -263,3 +263,51 @@ def test_a_cluster_file_keeps_its_budgets_for_preemption() -> None:
         orjson.dumps({"kind": "List", "items": [*nodes, *pods, budget]}).decode()
     )
     assert extra[BUDGETS_EXTRA] == {"default/serve": budget}
+
+
+def test_the_budget_index_charges_exactly_the_budgets_a_scan_would() -> None:
+    # Budgets by matchLabels (one or two pairs), by expressions alone, in two namespaces,
+    # some matching nothing; pods with random labels. The index must find every budget
+    # that covers a pod, and no other.
+    import random
+
+    rnd = random.Random(5)
+    keys, values = ("app", "tier", "team"), ("a", "b", "c")
+
+    def selector() -> Any:
+        kind = rnd.randrange(4)
+        if kind == 0:
+            return {"matchLabels": {rnd.choice(keys): rnd.choice(values)}}
+        if kind == 1:
+            return {"matchLabels": {k: rnd.choice(values) for k in rnd.sample(keys, 2)}}
+        if kind == 2:
+            op = rnd.choice(("In", "NotIn", "Exists", "DoesNotExist"))
+            e: dict[str, Any] = {"key": rnd.choice(keys), "operator": op}
+            if op in ("In", "NotIn"):
+                e["values"] = rnd.sample(values, 2)
+            return {"matchExpressions": [e]}
+        return {}
+
+    objs = [
+        pdb(f"b{i}", selector(), rnd.randrange(3), rnd.choice(("default", "prod")))
+        for i in range(60)
+    ]
+    budgets = budgets_from(objs)
+    pods = [
+        _info(
+            f"p{i}",
+            {k: rnd.choice(values) for k in keys if rnd.random() < 0.6} or None,
+            rnd.choice(("default", "prod")),
+        )
+        for i in range(200)
+    ]
+    left = {b.key: b.allowed for b in budgets}
+    scan = set()
+    for p in pods:
+        assert [budgets[j] for j in budgets.covering(p)] == [b for b in budgets if b.covers(p)]
+        for b in budgets:
+            if b.covers(p):
+                left[b.key] -= 1
+                if left[b.key] < 0:
+                    scan.add(p.key)
+    assert violating(pods, budgets) == scan and 0 < len(scan) < len(pods)

@@ -59,7 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from scheduler.core.disruption import BUDGETS_EXTRA, DisruptionBudget, budgets_from, violating
+from scheduler.core.disruption import BUDGETS_EXTRA, Budgets, budgets_from, violating
 from scheduler.core.fractional import (
     REASON_NO_SHARE_ROOM,
     ShareRequest,
@@ -308,7 +308,7 @@ def _on_node(
     gangs: Mapping[str, list[PodInfo]],
     pods: Sequence[PodInfo],
     params: SchedParams,
-    budgets: Sequence[DisruptionBudget] = (),
+    budgets: Budgets | None = None,
     share: ShareRequest | None = None,
 ) -> NodeChoice | str:
     """The victims on ``name`` (a :class:`NodeChoice`) or why preemption there does not help."""
@@ -341,6 +341,7 @@ def _on_node(
         g = gang_key(p)
         return sum(_held(m) for m in gangs.get(g, ())) if g else 0
 
+    budgets = budgets if budgets is not None else Budgets(())
     ranked = sorted(
         lower,
         key=lambda p: (-pod_priority(p), -gang_gpus(p), _held(p), _share_memory(p), p.key),
