@@ -92,9 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     print(
         "preempt answer, in process: DGX H100 nodes, every GPU held by pods of "
         "priority 10 (4 + 1 + 1 + 2 GPUs per node, every eighth 4-GPU pod in a gang of 2); "
-        f"a 4-GPU pod of priority 1000; kube-scheduler's candidates: max(10 %, 100) nodes, "
-        f"its victim the 4-GPU pod; {args.budgets} PodDisruptionBudgets over half the pods; "
-        f"{args.runs} answers per case (wall ms)"
+        "a 4-GPU pod of priority 1000; kube-scheduler's candidates: max(10 %, 100) nodes, "
+        "its victim the 4-GPU pod; "
+        + (f"{args.budgets} PodDisruptionBudgets over half the pods; " if args.budgets else "")
+        + f"{args.runs} answers per case (wall ms)"
     )
     print(
         "| nodes | pods | candidates | preempt verb median | p99 | select_victims median | p99 | chosen |"
