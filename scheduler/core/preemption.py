@@ -35,9 +35,10 @@ topoplace answers instead, node by node (:func:`select_victims`):
 5. among the nodes left, the one that costs least, in kube-scheduler's own order
    (``pickOneNodeForPreemption``) but counting what goes with a gang member: fewest
    PodDisruptionBudget violations (the victims' and those of the gang members torn down
-   with them, whose evictions a budget would refuse), lowest highest victim priority, lowest sum of priorities, fewest pods (victims and the rest
-   of their gangs), then fewest GPUs disrupted, the best GPU set the pod gets there (ring
-   bottleneck), the node name. The extender answers with that node alone, so kube-scheduler
+   with them, whose evictions a budget would refuse), lowest highest victim priority,
+   lowest sum of priorities, fewest pods (victims and the rest of their gangs), then
+   fewest GPUs disrupted, the best GPU set the pod gets there (ring bottleneck), the node
+   name. The extender answers with that node alone, so kube-scheduler
    nominates it (it picks among the nodes it is given), and the live choice is the
    engine's.
 
