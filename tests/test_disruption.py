@@ -18,7 +18,7 @@ from scheduler.cli.clusterfile import parse_cluster
 from scheduler.core.disruption import (
     BUDGETS_EXTRA,
     budgets_from,
-    selector_matches,
+    label_selector_matches,
     violating,
 )
 from scheduler.core.model import PodInfo
@@ -139,7 +139,7 @@ def test_a_budget_covers_only_labelled_pods_of_its_namespace_not_yet_disrupted()
     assert not b.covers(_info("x", LABELS, namespace="prod"))
     assert not b.covers(_info("gone", LABELS))
     assert b.covers(_info("x", LABELS))
-    assert selector_matches({"matchLabels": {"app": "serve"}}, LABELS)
+    assert label_selector_matches({"matchLabels": {"app": "serve"}}, LABELS)
 
 
 def test_disruptions_allowed_are_charged_most_important_pod_first() -> None:

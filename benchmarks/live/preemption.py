@@ -66,8 +66,9 @@ from typing import Any
 import yaml
 
 from benchmarks.clusters import hami_register, make_node, make_pod
-from benchmarks.live.fractional import BindRecorder, policy_file
+from benchmarks.live.fractional import BindRecorder, policy_file, shares
 from scheduler.core.disruption import BUDGETS_EXTRA
+from scheduler.core.fractional import HAMI_ALLOCATED, HAMI_REGISTER, hami_devices
 from scheduler.core.model import PLACEMENT_ANNOTATION
 from scheduler.core.objects import placement_value, request_from_pod
 from scheduler.core.params import SchedParams
@@ -87,7 +88,7 @@ SPLIT = 4
 FILL_MIB = (1000, 2000, 3000, 4000, 6000)
 ARRIVAL_MIB = (4000, 6000, 8000, 10000, 12000)
 CORES = 20
-HAMI_ALLOCATED = "hami.io/vgpu-devices-allocated"
+
 PRIORITIES = {"low": 10, "mid": 100, "high": 1000}
 REPO = Path(__file__).resolve().parents[2]
 ARMS = ("topoplace", "in-tree victims")
@@ -212,8 +213,7 @@ def _protect(fill: list[dict[str, Any]], seed: int, share: float) -> None:
 
 def _device_ids(node: Mapping[str, Any]) -> list[str]:
     """The GPU UUIDs of a HAMi node's register annotation, by index."""
-    devs = json.loads(node["metadata"]["annotations"]["hami.io/node-nvidia-register"])
-    return [d["id"] for d in sorted(devs, key=lambda d: d.get("index", 0))]
+    return [d.uuid for d in hami_devices(node["metadata"]["annotations"][HAMI_REGISTER])]
 
 
 def _share_pod(
@@ -261,7 +261,7 @@ def build_shares(seed: int, t4: int, arrivals: int, protected: float = 0.0) -> S
     nodes = []
     for i in range(t4):
         n = make_node(f"t4-{i:02d}", 4, "t4")
-        n["metadata"].setdefault("annotations", {})["hami.io/node-nvidia-register"] = hami_register(
+        n["metadata"].setdefault("annotations", {})[HAMI_REGISTER] = hami_register(
             n["metadata"]["name"], 4, T4_MIB, "NVIDIA-Tesla T4", SPLIT
         )
         for part in ("capacity", "allocatable"):
@@ -332,7 +332,7 @@ def _allocated_gpus(annotations: Mapping[str, str], node: Mapping[str, Any]) -> 
     """GPU indices of a HAMi allocation record on ``node``."""
     ids = _device_ids(node)
     value = annotations.get(HAMI_ALLOCATED, "")
-    return sorted(ids.index(d.split(",")[0]) for c in value.split(";") for d in c.split(":") if d)
+    return sorted(ids.index(uuid) for uuid, _, _ in shares(node["metadata"]["name"], value))
 
 
 def _gang(pod: Mapping[str, Any]) -> str:

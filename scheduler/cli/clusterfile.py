@@ -3,8 +3,9 @@
 The format is exactly what ``kubectl get nodes,pods -A -o json`` prints (JSON or YAML,
 also multi-document YAML or a bare list of objects). PodGroup objects of the gang APIs
 are kept in ``extra["podgroups"]`` keyed ``namespace/name``, PodDisruptionBudgets in
-``extra["poddisruptionbudgets"]`` the same way (the preempt verb reads them); DRA objects (ResourceSlice,
-ResourceClaim, DeviceClass) in ``extra`` as ``scheduler.core.dra.extra_of`` keeps them.
+``extra["poddisruptionbudgets"]`` the same way (the preempt verb reads them); DRA objects
+(ResourceSlice, ResourceClaim, DeviceClass) in ``extra`` as ``scheduler.core.dra.extra_of``
+keeps them.
 Other kinds are ignored.
 """
 

@@ -33,7 +33,7 @@ __all__ = [
     "Budgets",
     "DisruptionBudget",
     "budgets_from",
-    "selector_matches",
+    "label_selector_matches",
     "violating",
 ]
 
@@ -66,12 +66,23 @@ class DisruptionBudget:
         """True when the budget charges ``p``: same namespace, labels matched, not
         already being disrupted."""
         namespace, _, name = p.key.partition("/")
-        if self.selector is None or namespace != self.namespace:
-            return False
-        labels = meta(p.raw).get("labels") if isinstance(p.raw, Mapping) else None
-        if not isinstance(labels, Mapping) or not labels:
-            return False
-        return name not in self.disrupted and selector_matches(self.selector, labels)
+        return namespace == self.namespace and self._charges(name, _labels(p))
+
+    def _charges(self, name: str, labels: Mapping[str, Any]) -> bool:
+        """The pod ``name`` of this budget's namespace with ``labels`` is charged."""
+        return (
+            self.selector is not None
+            and bool(labels)
+            and name not in self.disrupted
+            and label_selector_matches(self.selector, labels)
+        )
+
+
+def _labels(p: PodInfo) -> Mapping[str, Any]:
+    """The pod's labels (empty when missing or malformed: a pod without labels matches no
+    budget)."""
+    labels = meta(p.raw).get("labels") if isinstance(p.raw, Mapping) else None
+    return labels if isinstance(labels, Mapping) else {}
 
 
 def _valid(selector: Any) -> Mapping[str, Any] | None:
@@ -102,7 +113,7 @@ def _valid(selector: Any) -> Mapping[str, Any] | None:
     return selector
 
 
-def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:
+def label_selector_matches(selector: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:
     """``metav1.LabelSelector`` semantics on a valid selector: every ``matchLabels`` pair
     and every ``matchExpressions`` term (In, NotIn, Exists, DoesNotExist) holds."""
     for k, v in (selector.get("matchLabels") or {}).items():
@@ -160,14 +171,14 @@ class Budgets:
 
     def covering(self, p: PodInfo) -> list[int]:
         """Positions of the budgets that charge ``p`` (:meth:`DisruptionBudget.covers`)."""
-        namespace = p.key.partition("/")[0]
-        labels = meta(p.raw).get("labels") if isinstance(p.raw, Mapping) else None
-        if not isinstance(labels, Mapping) or not labels:
+        namespace, _, name = p.key.partition("/")
+        labels = _labels(p)
+        if not labels:
             return []
         seen = list(self._scan.get(namespace, ()))
         for k, v in labels.items():
             seen += self._by_pair.get((namespace, k, v), ())
-        return sorted(j for j in set(seen) if self._all[j].covers(p))
+        return sorted(j for j in set(seen) if self._all[j]._charges(name, labels))
 
 
 def budgets_from(objects: Iterable[Any]) -> Budgets:

@@ -309,7 +309,7 @@ def _on_node(
     gangs: Mapping[str, list[PodInfo]],
     pods: Sequence[PodInfo],
     params: SchedParams,
-    budgets: Budgets | None = None,
+    budgets: Budgets,
     share: ShareRequest | None = None,
 ) -> NodeChoice | str:
     """The victims on ``name`` (a :class:`NodeChoice`) or why preemption there does not help."""
@@ -342,15 +342,13 @@ def _on_node(
         g = gang_key(p)
         return sum(_held(m) for m in gangs.get(g, ())) if g else 0
 
-    budgets = budgets if budgets is not None else Budgets(())
     ranked = sorted(
         lower,
         key=lambda p: (-pod_priority(p), -gang_gpus(p), _held(p), _share_memory(p), p.key),
     )
     viol = violating(ranked, budgets)
     # Budget violators are given back first, then the rest, each in the same order.
-    order = [p for p in ranked if p.key not in needed and p.key in viol]
-    order += [p for p in ranked if p.key not in needed and p.key not in viol]
+    order = sorted((p for p in ranked if p.key not in needed), key=lambda p: p.key not in viol)
     cur, gone = every, {p.key for p in lower}
     for p in order:
         try:

@@ -878,7 +878,7 @@ class Extender:
             req = None
         fractional = req is not None and is_share_pod(pod)
         share: ShareRequest | None = None
-        if fractional and not req.gang:  # type: ignore[union-attr]
+        if fractional and req is not None and not req.gang:
             with contextlib.suppress(ShareError):
                 share = pod_share_request(self, pod)
         if (
