@@ -163,3 +163,23 @@ def test_the_fractional_scenario_preempts_so_that_no_gpu_is_overcommitted(tmp_pa
         gpu = (s.node, s.gpu_set[0])
         used[gpu] = used.get(gpu, 0) + int(asks[s.pod]["nvidia.com/gpumem"])
     assert max(used.values()) <= T4_MIB
+
+
+def test_offline_topoplace_preempts_for_the_pods_kube_scheduler_sees_room_for(
+    tmp_path: Path,
+) -> None:
+    """Seed 3 on three nodes: once a preemption leaves a free replica on a node,
+    kube-scheduler's replica count passes the next large pods there and its dry run names
+    no victim; only topoplace's own preemption (``sharing.preempt: evict``) places them."""
+    from benchmarks.live.preemption import build_shares, offline_shares, policy_file
+
+    sc = build_shares(3, 3, 8)
+    started = offline_shares(sc, policy_file(tmp_path / "on.yaml"))
+    verb_only = offline_shares(sc, policy_file(tmp_path / "off.yaml", preempt=False))
+    assert [bool(s.node) for s in started] == [True] * 8
+    assert sum(1 for s in verb_only if s.node) == 5
+    # where both placed an arrival, they agree until the first one only topoplace places
+    first = next(i for i, s in enumerate(verb_only) if not s.node)
+    assert [s.node for s in started[:first]] == [s.node for s in verb_only[:first]]
+    # every preemption topoplace started freed the GPU the pod then got
+    assert all(s.gone and s.gone_nodes == [s.node] for s in started)

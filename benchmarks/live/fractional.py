@@ -228,10 +228,13 @@ class BindRecorder:
         return ""
 
 
-def policy_file(path: Path) -> Path:
-    """The shipped policy with ``sharing.hami_lock: release``, written to ``path``."""
+def policy_file(path: Path, preempt: bool = True) -> Path:
+    """The shipped policy with ``sharing.hami_lock: release`` (and ``sharing.preempt:
+    off`` unless ``preempt``), written to ``path``."""
     policy = yaml.safe_load((REPO / "config" / "policy.yaml").read_text())
     policy.setdefault("sharing", {})["hami_lock"] = "release"
+    if not preempt:
+        policy["sharing"]["preempt"] = "off"
     path.write_text(yaml.safe_dump(policy))
     return path
 

@@ -91,7 +91,10 @@ CORES = 20
 
 PRIORITIES = {"low": 10, "mid": 100, "high": 1000}
 REPO = Path(__file__).resolve().parents[2]
-ARMS = ("topoplace", "in-tree victims")
+ARMS = ("topoplace", "in-tree victims", "verb only")
+"""``verb only``: topoplace answering kube-scheduler's preemptions but starting none
+(``sharing.preempt: off``, what topoplace did before it preempted for fractional pods
+kube-scheduler sees room for); meaningful with ``--fractional``."""
 
 
 def log(msg: str) -> None:
@@ -476,14 +479,21 @@ def offline_shares(sc: Scenario, policy: Path) -> list[Step]:
     """The fractional scenario through topoplace's own extender in process: each arrival
     filtered on every node and bound where it fits; else its preemption answered for
     kube-scheduler's candidates (:func:`in_tree_share_candidates`), the victims removed,
-    and the pod filtered again on the node named (kube-scheduler's nomination)."""
+    and the pod filtered again on the node named (kube-scheduler's nomination). When
+    kube-scheduler has no candidate (it sees a free replica) or topoplace's answer names
+    none, the preemption topoplace starts itself (``sharing.preempt: evict``,
+    ``scheduler.server.share_preemption``): its victims removed, its hold taken, and the
+    pod filtered again on every node (no nomination: kube-scheduler did not preempt)."""
     from scheduler.cli.main import load_params
     from scheduler.runtime.cache import ClusterCache
+    from scheduler.server import share_preemption
     from scheduler.server.extender import Extender
 
     fill, extra = _offline_objects(sc)
     binder = BindRecorder()
-    cache = ClusterCache.from_objects(sc.nodes, fill, load_params(str(policy)), extra=extra)
+    params = load_params(str(policy))
+    preempt = params.sharing.preempt
+    cache = ClusterCache.from_objects(sc.nodes, fill, params, extra=extra)
     ext = Extender(cache, binder)
     names = sorted(n["metadata"]["name"] for n in sc.nodes)
     node_objs = {n["metadata"]["name"]: n for n in sc.nodes}
@@ -501,6 +511,11 @@ def offline_shares(sc: Scenario, policy: Path) -> list[Step]:
             }
             got = ext.preempt({"Pod": q, "NodeNameToMetaVictims": meta}) if cands else {}
             chosen = got.get("NodeNameToMetaVictims") or {}
+            started = None
+            if not chosen and preempt == "evict":
+                started = share_preemption.start(ext, f"{NAMESPACE}/{step.pod}")
+                if started is not None:
+                    chosen = {started.node: {"Pods": [{"UID": v.uid} for v in started.victims]}}
             if not chosen:
                 steps.append(step)
                 continue
@@ -513,7 +528,10 @@ def offline_shares(sc: Scenario, policy: Path) -> list[Step]:
                 cache.delete_pod(key)
             step.gone_gpus = len(step.gone)
             step.gone_nodes = [node]
-            fit = ext.filter({"Pod": q, "NodeNames": [node]}).get("NodeNames") or []
+            if started is not None:  # victims gone: the hold, then every node offered
+                share_preemption.settle(ext, f"{NAMESPACE}/{step.pod}")
+            retry = names if started is not None else [node]
+            fit = ext.filter({"Pod": q, "NodeNames": retry}).get("NodeNames") or []
             if not fit:
                 steps.append(step)
                 continue
@@ -564,13 +582,13 @@ def _live_arm(sc: Scenario, args: argparse.Namespace, arm: str) -> tuple[list[St
             logs,
             port=args.extender_port,
             source=args.topoplace_src,
-            policy=policy_file(out / "policy-shares.yaml")
+            policy=policy_file(out / f"policy-shares-{slug}.yaml", arm == "topoplace")
             if shares
             else REPO / "config" / "policy.yaml",
         )
         tp.start()
         cfg = render_config(load_shipped(), kc, tp.extender_url)
-        if arm != "topoplace":
+        if arm == "in-tree victims":
             for ext in cfg["extenders"]:
                 ext.pop("preemptVerb", None)
         ks = KubeScheduler(
@@ -611,7 +629,7 @@ def _live_arm(sc: Scenario, args: argparse.Namespace, arm: str) -> tuple[list[St
                 time.sleep(0.05)
             if step.node is None:
                 api.delete_pod(NAMESPACE, name)
-            _settle(api, tp if arm == "topoplace" else None, args.settle)
+            _settle(api, tp if arm != "in-tree victims" else None, args.settle)
             after = {p["metadata"]["name"] for p in api.list_pods(NAMESPACE)["items"]}
             step.gone = sorted(before - after - {name})
             step.gone_gpus = sum(gpus_of.get(n, 0) for n in step.gone)

@@ -81,6 +81,7 @@ class ExtenderParams:
 SHARING_BACKENDS = ("hami", "gpushare")
 """Fractional backends topoplace can hand a share to (see ``scheduler.core.fractional``)."""
 HAMI_LOCK_MODES = ("hold", "release")
+SHARE_PREEMPT_MODES = ("off", "dry-run", "evict")
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +109,12 @@ class SharingParams:
             ``opt-in`` (pods that select replica nodes or ask ``nvidia.com/gpu.shared``
             take replicas there; no other GPU pod goes there) or ``off`` (replica nodes
             take no GPU pod from topoplace).
+        preempt: what topoplace does for a fractional pod of higher priority that no
+            node has the GPU memory for while kube-scheduler, counting only replicas,
+            sees room and so never preempts (``scheduler.kube.share_preemptor``):
+            ``evict`` (choose victims as its ``preempt`` verb does and evict them through
+            the Eviction API), ``dry-run`` (log and count what it would evict) or
+            ``off``.
     """
 
     policy: str = "topoplace-share"
@@ -118,6 +125,7 @@ class SharingParams:
     hami_lock: str = "hold"
     hami_lock_expiry_seconds: float = 300.0
     replicas: str = "opt-in"
+    preempt: str = "evict"
 
     @classmethod
     def from_config(cls, obj: Mapping[str, Any] | None) -> SharingParams:
@@ -160,6 +168,9 @@ class SharingParams:
         label = obj.get("backend_label", p.backend_label)
         if not isinstance(label, str):
             raise ValueError("sharing.backend_label must be a string")
+        preempt = obj.get("preempt", p.preempt)
+        if preempt not in SHARE_PREEMPT_MODES:
+            raise ValueError(f"sharing.preempt must be one of {list(SHARE_PREEMPT_MODES)}")
         return cls(
             policy=str(policy),
             backends=tuple(backends),
@@ -169,6 +180,7 @@ class SharingParams:
             hami_lock=str(lock),
             hami_lock_expiry_seconds=float(expiry),
             replicas=str(replicas),
+            preempt=str(preempt),
         )
 
 

@@ -273,29 +273,16 @@ class Remediator:
 
     def _event(self, f: Fault, ns: str, name: str) -> None:
         """Post the Event that says why ``f``'s pod was evicted (best effort)."""
-        now = datetime.datetime.now(datetime.UTC)
-        body = {
-            "apiVersion": "events.k8s.io/v1",
-            "kind": "Event",
-            # as client-go's recorder names events: <object>.<unix nanoseconds in hex>
-            "metadata": {"name": f"{name}.{time.time_ns():x}", "namespace": ns},
-            "eventTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-            "reportingController": EVENT_CONTROLLER,
-            "reportingInstance": self.instance,
-            "action": "Evict",
-            "reason": EVENT_REASON_PREEMPTED if f.kind == KIND_PREEMPTED else EVENT_REASON,
-            "type": "Warning",
-            "regarding": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "name": name,
-                "namespace": ns,
-                "uid": f.uid,
-            },
-            "note": f"evicted by topoplace so its gang is placed again whole: {_describe(f)}"[:1024]
+        body = eviction_event(
+            ns,
+            name,
+            f.uid,
+            EVENT_REASON_PREEMPTED if f.kind == KIND_PREEMPTED else EVENT_REASON,
+            f"evicted by topoplace so its gang is placed again whole: {_describe(f)}"
             if f.kind == KIND_PREEMPTED
-            else f"evicted by topoplace for re-placement: {_describe(f)}"[:1024],
-        }
+            else f"evicted by topoplace for re-placement: {_describe(f)}",
+            self.instance,
+        )
         try:
             self.api.create_event(ns, body)
         except ApiError as exc:
@@ -377,6 +364,34 @@ class Remediator:
                 self.replacements.labels(kind=kind).inc()
             self.metrics.replacement_seconds.labels(kind=kind).observe(max(0.0, wall - t))
             log.info("remediation: %s re-placed on %s (%s, %.1fs)", p.key, p.node, kind, wall - t)
+
+
+def eviction_event(
+    ns: str,
+    name: str,
+    uid: str,
+    reason: str,
+    note: str,
+    instance: str,
+    controller: str = EVENT_CONTROLLER,
+) -> dict[str, Any]:
+    """An ``events.k8s.io/v1`` Warning about evicting the pod ``ns/name`` (action
+    ``Evict``), named as client-go's recorder names events."""
+    now = datetime.datetime.now(datetime.UTC)
+    return {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        # as client-go's recorder names events: <object>.<unix nanoseconds in hex>
+        "metadata": {"name": f"{name}.{time.time_ns():x}", "namespace": ns},
+        "eventTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "reportingController": controller,
+        "reportingInstance": instance,
+        "action": "Evict",
+        "reason": reason,
+        "type": "Warning",
+        "regarding": {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": ns, "uid": uid},
+        "note": note[:1024],
+    }
 
 
 def _describe(f: Fault) -> str:

@@ -53,6 +53,7 @@ from scheduler.kube.handoff import HamiNodeLock, HandoffBinder
 from scheduler.kube.metrics import KubeMetrics
 from scheduler.kube.recovery import RecoveryReport, recover
 from scheduler.kube.remediator import Remediator
+from scheduler.kube.share_preemptor import SharePreemptor
 from scheduler.kube.waker import PodWaker
 from scheduler.kube.watcher import KubeWatcher, WatchOptions
 from scheduler.runtime.cache import ClusterCache
@@ -397,6 +398,8 @@ class KubeRuntime:
     follower: Any = None
     """The :class:`~scheduler.kube.leader.LeaseFollower` (HA), or None."""
     remediator: Remediator | None = None
+    share_preemptor: SharePreemptor | None = None
+    """Evicts for fractional pods kube-scheduler will not preempt for (``sharing.preempt``)."""
     """Evicts pods on failed hardware (policy ``remediation:``), or None."""
     _janitor_stop: threading.Event = field(default_factory=threading.Event)
     _janitor: threading.Thread | None = None
@@ -443,6 +446,11 @@ class KubeRuntime:
                     self.extender.parked.poll(self.cache, window)
                 except Exception:
                     log.exception("waking refused pods failed")
+            if self.share_preemptor is not None:
+                try:
+                    self.share_preemptor.tick()
+                except Exception:
+                    log.exception("preempting for fractional pods failed")
             every = self.options.health_refresh_interval_s
             tracker = self.cache.health_tracker
             if tracker is not None and every > 0 and time.monotonic() - last_refresh >= every:
@@ -563,6 +571,9 @@ def build_kube_runtime(
         preemptions=ext.preemptions,
     )
     ext.remediation_view = rt.remediator.view
+    rt.share_preemptor = SharePreemptor(
+        api, ext, km, waker.wake, may_act=lambda: readiness() and (lead is None or lead.active)
+    )
 
     def start_allocator() -> None:
         """DRA served: allocate claims of pods gated with topoplace.io/allocate (only

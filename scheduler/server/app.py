@@ -440,7 +440,7 @@ def create_app(
 
     @app.get("/v1/inspect/preemptions")
     async def inspect_preemptions() -> Response:
-        return _json(extender.preemptions.view())
+        return _json({**extender.preemptions.view(), "stranded": extender.stranded.view()})
 
     @app.get("/v1/inspect/remediation")
     async def inspect_remediation() -> Response:

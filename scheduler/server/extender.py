@@ -75,6 +75,7 @@ from scheduler.runtime.dra import DraRouter
 from scheduler.runtime.parked import ParkedPods
 from scheduler.runtime.preempted import PreemptionLedger
 from scheduler.runtime.share_fits import FitMemo
+from scheduler.runtime.stranded import StrandedPods
 from scheduler.server import wire
 from scheduler.server.decisions import DecisionLog, gang_member_summary
 from scheduler.server.fractional_verbs import (
@@ -286,6 +287,9 @@ class Extender:
         """Fractional pods: (pods map, request key, FGD workload) of the last decision."""
         self.preemptions = PreemptionLedger(cache.now)
         """Preemption answers and the gangs they break (see :meth:`preempt`)."""
+        self.stranded = StrandedPods()
+        """Fractional pods refused for GPU memory where kube-scheduler sees room, and
+        topoplace's own preemptions for them (``share_preemption``)."""
 
     @property
     def params(self) -> Any:

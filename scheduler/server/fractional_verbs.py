@@ -172,6 +172,11 @@ def share_filter(
         best = best_decision(got)
         if best is not None:
             feasible = _nominate(ext, pod, pod_req, best.node, feasible, failed, shares=best.shares)
+    if feasible:
+        ext.stranded.offered(pod_req.key)
+    elif ext._ours(pod):  # kube-scheduler may see room on these and never preempt
+        room = [n for n, why in failed.items() if why == REASON_NO_SHARE_ROOM]
+        ext.stranded.refused(pod_req.key, room, ext.cache.now())
     _record_share(ext, "filter", pod_req, got, failed, unres)
     return _filter_reply(ext, feasible, failed, unres, items)
 
@@ -191,6 +196,19 @@ def _nominate(
     ``feasible`` as it was."""
     if not (ext.params.extender.decide_in_filter and ext._ours(pod)):
         return feasible
+    if not hold_on(ext, pod, pod_req, node, **hold):
+        return feasible
+    for n in feasible:
+        if n != node:
+            failed[n] = REASON_NOT_CHOSEN
+    return [node]
+
+
+def hold_on(
+    ext: Extender, pod: Mapping[str, Any], pod_req: PodRequest, node: str, **hold: Any
+) -> bool:
+    """Nominate ``pod`` on ``node`` with ``hold`` (its shares or replicas) for
+    ``extender.nomination_ttl_seconds``; False when they are taken."""
     info = PodInfo(
         key=pod_req.key,
         uid=str(meta(pod).get("uid") or ""),
@@ -202,12 +220,18 @@ def _nominate(
         raw=pod,
         **hold,
     )
-    if not ext.cache.nominate(info, ext.params.extender.nomination_ttl_seconds):
-        return feasible
-    for n in feasible:
-        if n != node:
-            failed[n] = REASON_NOT_CHOSEN
-    return [node]
+    return ext.cache.nominate(info, ext.params.extender.nomination_ttl_seconds)
+
+
+def hold_share(
+    ext: Extender, pod: Mapping[str, Any], pod_req: PodRequest, req: ShareRequest, node: str
+) -> bool:
+    """Hold for ``pod`` the shares its filter would choose on ``node`` now (a nomination,
+    as filter's; its own earlier one released first); False when none fit there."""
+    with ext.cache.lock:
+        snap = ext._decision_snapshot(pod_req)
+        got, _, _ = _decisions(ext, snap, pod_req, req, [node])
+        return node in got and hold_on(ext, pod, pod_req, node, shares=got[node].shares)
 
 
 def _filter_reply(

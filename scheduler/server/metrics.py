@@ -112,6 +112,15 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.started_preemptions = Counter(
+            "topoplace_started_preemptions",
+            "Preemptions topoplace started for fractional pods kube-scheduler sees room for "
+            "but no GPU has the memory (started: victims evicted; none: nothing to preempt; "
+            "dry_run: only logged; woken: victims gone, the pod woken; gave_up: victims "
+            "still there after a minute)",
+            ["outcome"],
+            registry=r,
+        )
         self.preemption_victims = Counter(
             "topoplace_preemption_victims",
             "Pods named as victims in preemption answers, by whether they belong to a gang",

@@ -13,7 +13,9 @@ answers with the node and victims it chooses:
 3. a pod a PodDisruptionBudget protects stays while preempting on another node helps
    (kube-scheduler's first rule among candidate nodes, which topoplace keeps);
 4. a HAMi pod: the victim is the pod whose GPU then has the memory the pod asks, not the
-   one kube-scheduler's replica count picks.
+   one kube-scheduler's replica count picks;
+5. a HAMi pod kube-scheduler sees a free replica for (so it never preempts): topoplace
+   preempts on its own (``sharing.preempt``), holds the shares and wakes the pod.
 
 Gangs preempting in whole, and a gang that cannot fit evicting nothing, are here too.
 PriorityClasses are the suite's own (cluster-scoped, named after the run, deleted after).
@@ -385,18 +387,8 @@ def test_a_hami_pod_preempts_the_pod_whose_gpu_then_has_its_memory(
         )
 
         def hami(name: str, mem: int, pc: str, gpu: int | None = None) -> dict[str, Any]:
-            p = _pod(name, 1, scheduler_name, label, pc, node if gpu is not None else None)
-            p["spec"]["containers"][0]["resources"]["limits"].update(
-                {"nvidia.com/gpumem": str(mem), "nvidia.com/gpucores": "30"}
-            )
-            if gpu is not None:  # bound already, as HAMi's scheduler records it
-                p["spec"]["nodeName"] = node
-                p["metadata"]["annotations"] = {
-                    "hami.io/vgpu-devices-allocated": f"GPU-{node}-{gpu:02d},NVIDIA,{mem},30:;",
-                    "hami.io/vgpu-node": node,
-                    "hami.io/bind-phase": "success",
-                }
-            return p
+            at = node if gpu is not None else None
+            return _hami_pod(name, mem, pc, scheduler_name, label, at, gpu)
 
         fill = {"b0": (12000, 0), "c1": (6000, 1), "d1": (6000, 1), "a0": (2000, 0)}
         for k, (name, (mem, gpu)) in enumerate(fill.items()):
@@ -431,3 +423,114 @@ def test_a_hami_pod_preempts_the_pod_whose_gpu_then_has_its_memory(
         (mine,) = _named_victims(topoplace, namespace, "urgent-hami")
         assert mine["share"] == "hami"
         assert [v["pod"] for v in mine["chosen"]["victims"]] == [f"{namespace}/b0"]
+
+
+def test_a_hami_pod_kube_scheduler_sees_room_for_gets_its_victims_from_topoplace(
+    core: Any,
+    namespace: str,
+    topoplace: Topoplace,
+    scheduler_name: str,
+    run_id: str,
+    priorities: dict[int, str],
+) -> None:
+    # A HAMi node of two T4s (15,360 MiB) split four ways: b0 (12,000 MiB) and a0 (2,000)
+    # on GPU 0, c1 (8,000) and d1 (6,000) on GPU 1; four of eight replicas free, 1,360 MiB
+    # free on each GPU. A pod asking 10,000 MiB passes kube-scheduler's replica count, so
+    # its DefaultPreemption names no victim and never calls the preempt verb: without
+    # topoplace's own preemption (sharing.preempt) the pod waits for ever. topoplace
+    # evicts b0 (GPU 0 then has the memory; freeing GPU 1 would take two pods), holds
+    # the shares and wakes the pod, which binds on GPU 0.
+    from kubernetes import client
+
+    from tests.sharing.builders import register
+
+    lo, hi = priorities[LOW], priorities[HIGH]
+    with _nodes(core, namespace, run_id, "started-hami", 1) as (label, nodes):
+        (node,) = nodes
+        core.patch_node(
+            node,
+            {
+                "metadata": {
+                    "labels": {"nvidia.com/gpu.product": "Tesla-T4"},
+                    "annotations": {"hami.io/node-nvidia-register": register(node, 2, split=4)},
+                }
+            },
+        )
+        core.patch_node_status(
+            node,
+            {
+                "status": {
+                    "capacity": {"nvidia.com/gpu": "8"},
+                    "allocatable": {"nvidia.com/gpu": "8"},
+                }
+            },
+        )
+        fill = {"b0": (12000, 0), "a0": (2000, 0), "c1": (8000, 1), "d1": (6000, 1)}
+        for name, (mem, gpu) in fill.items():
+            core.create_namespaced_pod(
+                namespace, _hami_pod(name, mem, lo, scheduler_name, label, node, gpu)
+            )
+        wait_for(
+            lambda: (
+                len(
+                    [
+                        i
+                        for i in topoplace.get("/v1/inspect/placements")["placements"]
+                        if i["node"] == node
+                    ]
+                )
+                == 4
+            ),
+            10,
+            "topoplace to see the four pods' shares",
+        )
+        before = _uids(core, namespace)
+        t0 = time.monotonic()
+        core.create_namespaced_pod(
+            namespace, _hami_pod("urgent-room", 10000, hi, scheduler_name, label)
+        )
+        got = wait_for(lambda: bound(core, namespace, ["urgent-room"]), 60, "urgent bound")
+        took = time.monotonic() - t0
+        assert got["urgent-room"].spec.node_name == node
+        ann = got["urgent-room"].metadata.annotations
+        assert ann["hami.io/vgpu-devices-allocated"] == f"GPU-{node}-00,NVIDIA,10000,30:;"
+        after = _uids(core, namespace)
+        assert "b0" not in after
+        assert all(after.get(n) == before[n] for n in ("a0", "c1", "d1")), after
+        mine = _named_victims(topoplace, namespace, "urgent-room")
+        assert [a["by"] for a in mine] == ["topoplace"], mine  # kube-scheduler asked nothing
+        assert [v["pod"] for v in mine[0]["chosen"]["victims"]] == [f"{namespace}/b0"]
+        events = client.EventsV1Api(core.api_client).list_namespaced_event(namespace).items
+        (ev,) = [e for e in events if e.regarding.uid == before["b0"]]
+        assert (ev.reason, ev.action, ev.reporting_controller) == (
+            "Preempted",
+            "Evict",
+            "topoplace.io/remediation",
+        )
+        assert f"{namespace}/urgent-room" in ev.note
+        print(f"urgent-room bound {took:.1f}s after creation")
+
+
+def _hami_pod(
+    name: str,
+    mem: int,
+    pc: str,
+    scheduler: str,
+    label: str,
+    node: str | None = None,
+    gpu: int | None = None,
+) -> dict[str, Any]:
+    """A HAMi pod asking ``mem`` MiB and 30 % of a GPU; with ``node`` and ``gpu`` bound
+    already, as HAMi's scheduler records it."""
+    p = _pod(name, 1, scheduler, label, pc, node)
+    p["spec"]["containers"][0]["resources"]["limits"].update(
+        {"nvidia.com/gpumem": str(mem), "nvidia.com/gpucores": "30"}
+    )
+    if node is not None and gpu is not None:
+        p["spec"]["nodeName"] = node
+        p["metadata"]["annotations"] = {
+            "hami.io/vgpu-devices-allocated": f"GPU-{node}-{gpu:02d},NVIDIA,{mem},30:;",
+            "hami.io/vgpu-node": node,
+            "hami.io/bind-phase": "success",
+        }
+    return p

@@ -134,6 +134,25 @@ def share_pod(
     return pod
 
 
+def hami_bound(
+    name: str, gpu: int, mem: int, node: str = "infer-a", priority: int = 0, cores: int = 30
+) -> dict[str, Any]:
+    """A HAMi pod bound on ``node`` with ``mem`` MiB of its GPU ``gpu``, as HAMi's scheduler
+    records it (``vgpu-devices-allocated``, ``bind-phase: success``), at ``priority``."""
+    p = share_pod(
+        name,
+        mem=mem,
+        cores=cores,
+        node=node,
+        annotations={
+            "hami.io/vgpu-devices-allocated": f"GPU-{node}-{gpu:02d},NVIDIA,{mem},{cores}:;",
+            "hami.io/bind-phase": "success",
+        },
+    )
+    p["spec"]["priority"] = priority
+    return p
+
+
 def aliyun_pod(name: str, gib: int | str = 4, node: str | None = None, **kw: Any) -> dict[str, Any]:
     """A gpushare pod: ``aliyun.com/gpu-mem`` units (GiB) as a container limit."""
     pod = share_pod(name, None, None, None, node=node, **kw)

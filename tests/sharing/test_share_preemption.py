@@ -22,31 +22,16 @@ from scheduler.core.snapshot import build_snapshot
 from scheduler.runtime.cache import ClusterCache
 from scheduler.server.extender import Extender
 from tests.helpers import asgi_client, fixture
-from tests.sharing.builders import hami_node, share_pod
+from tests.sharing.builders import hami_bound, hami_node, share_pod
 
 SP = SchedParams()
 # Two T4s (15,360 MiB), two replicas each: four pods fill the node's count.
 PODS = {"a0": (0, 2000), "b0": (0, 12000), "c1": (1, 6000), "d1": (1, 6000)}
 
 
-def _bound(name: str, gpu: int, mem: int, priority: int = 0) -> dict[str, Any]:
-    p = share_pod(
-        name,
-        mem=mem,
-        cores=30,
-        node="infer-a",
-        annotations={
-            "hami.io/vgpu-devices-allocated": f"GPU-infer-a-{gpu:02d},NVIDIA,{mem},30:;",
-            "hami.io/bind-phase": "success",
-        },
-    )
-    p["spec"]["priority"] = priority
-    return p
-
-
 def _cluster() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     nodes = [hami_node("infer-a", 2, split=2)]
-    return nodes, [_bound(n, g, m) for n, (g, m) in PODS.items()]
+    return nodes, [hami_bound(n, g, m) for n, (g, m) in PODS.items()]
 
 
 def _urgent(mem: int = 10000) -> dict[str, Any]:

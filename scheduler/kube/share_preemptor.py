@@ -1,0 +1,117 @@
+"""Evict for a fractional pod kube-scheduler will not preempt for (policy ``sharing.preempt``).
+
+The decisions are ``scheduler.server.share_preemption``'s (why kube-scheduler does not
+preempt: ``scheduler.runtime.stranded``); this module does the writes, from the kube
+janitor's loop (every second), only while the extender is ready and, with HA, this
+replica leads:
+
+- the victims go through the Eviction API (``policy/v1``, ``POST pods/{name}/eviction``)
+  with their UID as a precondition and their own grace period, as kube-scheduler's
+  preemption deletes them with theirs. A refusal (429: a PodDisruptionBudget changed since
+  the choice) or an error leaves that pod in place; the preemption is given up after
+  ``stranded.GIVE_UP_S`` if a victim stays. RBAC: ``create`` on ``pods/eviction``;
+- an Event on each victim (reason :data:`EVENT_REASON`, as kube-scheduler's
+  ``Preempted``), naming the pod it makes room for;
+- once the victims are gone (the watch saw them go), the pod's shares are held for it
+  and the pod is woken (``topoplace.io/requeue``, :class:`scheduler.kube.waker.PodWaker`):
+  a deletion moves pods that an in-tree plugin rejected, not one only topoplace refused.
+
+``sharing.preempt: dry-run`` logs and counts what would be evicted; ``off`` does nothing.
+Metrics: ``topoplace_started_preemptions{outcome}``, and
+``topoplace_remediation_evictions{kind="share-preemption",outcome}`` per eviction.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from scheduler.kube.client import ApiError, KubeApi
+from scheduler.kube.metrics import KubeMetrics
+from scheduler.kube.remediator import eviction_event
+from scheduler.server import share_preemption
+
+log = logging.getLogger(__name__)
+
+EVENT_REASON = "Preempted"
+"""The victims' Event reason (kube-scheduler's for the pods it preempts)."""
+KIND = "share-preemption"
+"""The ``kind`` label of these evictions in ``topoplace_remediation_evictions``."""
+
+
+class SharePreemptor:
+    """Acts on ``ext.stranded`` (see the module docstring).
+
+    Args:
+        api: the API client.
+        ext: the extender (its cache, ``stranded``, preemption ledger and metrics).
+        metrics: adapter metrics (eviction outcomes).
+        wake: ``wake(keys, why)``, kube-scheduler retries the pods (the pod waker).
+        may_act: True while this replica may write (ready and leading).
+    """
+
+    def __init__(
+        self,
+        api: KubeApi,
+        ext: Any,
+        metrics: KubeMetrics,
+        wake: Callable[[list[str], str], None],
+        may_act: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.api = api
+        self.ext = ext
+        self.metrics = metrics
+        self.wake = wake
+        self.may_act = may_act
+        self.instance = socket.gethostname()[:128] or "topoplace"
+
+    def tick(self) -> list[tuple[str, str]]:
+        """One pass: settle the preemptions in progress (wake the pods whose victims are
+        gone), then start those due. Returns (pod, what happened) for each acted on."""
+        mode = self.ext.params.sharing.preempt
+        if mode == "off" or not self.may_act():
+            return []
+        done: list[tuple[str, str]] = []
+        woken: list[str] = []
+        for key, _rec in self.ext.stranded.in_progress():
+            outcome = share_preemption.settle(self.ext, key)
+            if outcome:
+                done.append((key, outcome))
+            if outcome == share_preemption.WOKEN:
+                woken.append(key)
+        if woken:
+            try:
+                self.wake(woken, "the pods topoplace preempted for it are gone")
+            except Exception:  # the waker is an I/O edge: never let it break the loop
+                log.exception("waking preemptors failed")
+        for key in self.ext.stranded.due(self.ext.cache.now()):
+            chosen = share_preemption.start(self.ext, key, dry_run=mode == "dry-run")
+            if chosen is None:
+                continue
+            for v in chosen.victims:
+                done.append((key, f"{v.pod}: {self._evict(key, chosen.node, v.pod, v.uid)}"))
+        return done
+
+    def _evict(self, preemptor: str, node: str, pod: str, uid: str) -> str:
+        ns, _, name = pod.partition("/")
+        try:
+            self.api.evict_pod(ns, name, {"preconditions": {"uid": uid}} if uid else {})
+        except ApiError as exc:
+            if exc.not_found or exc.conflict:  # gone already, or a namesake (UID precondition)
+                return self._count("gone")
+            log.warning("preemption for %s: eviction of %s refused: %s", preemptor, pod, exc)
+            return self._count("blocked" if exc.status == 429 else "error")
+        note = f"preempted by topoplace on {node} for {preemptor}, which needs its GPU memory"
+        try:
+            self.api.create_event(
+                ns, eviction_event(ns, name, uid, EVENT_REASON, note, self.instance)
+            )
+        except ApiError as exc:
+            log.warning("preemption: the Event about %s was not written: %s", pod, exc)
+        return self._count("evicted")
+
+    def _count(self, outcome: str) -> str:
+        self.metrics.evictions.labels(kind=KIND, outcome=outcome).inc()
+        return outcome

@@ -1,0 +1,170 @@
+"""Fractional pods kube-scheduler will not preempt for, and topoplace's preemptions for them.
+
+kube-scheduler counts a HAMi or gpushare pod as one ``nvidia.com/gpu`` replica. Once a node
+has a free replica but no GPU with the memory the pod asks, the pod passes every in-tree
+filter there and topoplace's filter refuses it. kube-scheduler's DefaultPreemption then
+finds no victim on such a node (the pod "fits" with every pod in place, and a candidate
+with no victims is dropped: ``DryRunPreemption`` keeps only nodes with victims), so it
+never calls the extender's ``preempt`` verb and the pod waits, however low the priority of
+the pods holding the memory. (Seen live: 12 of 24 high-priority arrivals pending,
+``benchmarks/results/live/preempt-frac-s19/seed-11``.)
+
+:class:`StrandedPods` remembers each such refusal: the pod and the nodes refused only for
+GPU share room (they passed kube-scheduler's in-tree filters, since kube-scheduler sent
+them). The kube adapter (``scheduler.kube.share_preemptor``) asks the extender to choose
+victims among those nodes once the refusal is :data:`GRACE_S` old (kube-scheduler runs
+its PostFilter, and so the ``preempt`` verb when it has candidates, within the same
+scheduling cycle as the filter), evicts them, and when the victims are gone holds the
+freed shares for the pod and wakes it. No I/O; one lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+GRACE_S = 1.0
+"""Seconds after a refusal before topoplace preempts on its own: kube-scheduler's own
+preemption (and the ``preempt`` verb) comes within the refusal's scheduling cycle."""
+BACKOFF_S = (2.0, 4.0, 8.0, 16.0, 30.0)
+"""Delays between attempts for a pod whose earlier attempt found nothing to preempt."""
+GIVE_UP_S = 60.0
+"""A preemption whose victims are still there after this long (an eviction refused, a pod
+stuck terminating) is given up; the pod may be preempted for again."""
+MAX_STRANDED = 10_000
+"""Pods remembered at most; the oldest refusal goes first."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stranded:
+    """A refused fractional pod.
+
+    Attributes:
+        nodes: the nodes refused only for GPU share room at its latest refusal.
+        refused_at: when (the cache's clock).
+        tried_at: when topoplace last looked for victims for it (-inf: never).
+        tries: attempts that found nothing to preempt, in a row (the backoff).
+        node: the node of its preemption in progress ("" none).
+        victims: the UIDs evicted for it there.
+        preempted_at: when that preemption started.
+    """
+
+    nodes: tuple[str, ...]
+    refused_at: float
+    tried_at: float = float("-inf")
+    tries: int = 0
+    node: str = ""
+    victims: frozenset[str] = frozenset()
+    preempted_at: float = float("-inf")
+
+
+class StrandedPods:
+    """Refused fractional pods and topoplace's preemptions for them (module docstring).
+
+    Thread-safe: filter records refusals, the kube adapter's janitor acts.
+    """
+
+    def __init__(self, limit: int = MAX_STRANDED) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._pods: OrderedDict[str, Stranded] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    def get(self, key: str) -> Stranded | None:
+        """The pod's record, if any."""
+        return self._pods.get(key)
+
+    def refused(self, key: str, nodes: Iterable[str], at: float) -> None:
+        """Filter offered ``key`` no node; ``nodes`` were refused only for share room
+        (nothing is remembered when there are none: preempting helps nowhere)."""
+        names = tuple(sorted(nodes))
+        with self._lock:
+            old = self._pods.get(key)
+            if not names:
+                if old is not None and not old.node:
+                    del self._pods[key]
+                return
+            if old is None:
+                self._pods[key] = Stranded(names, at)
+                while len(self._pods) > self.limit:
+                    self._pods.popitem(last=False)
+            else:  # keeps its backoff and any preemption in progress
+                self._pods[key] = replace(old, nodes=names, refused_at=at)
+
+    def offered(self, key: str) -> None:
+        """Filter offered ``key`` a node: nothing more to do for it."""
+        if self._pods:
+            with self._lock:
+                self._pods.pop(key, None)
+
+    def drop(self, key: str) -> None:
+        """Forget ``key`` (bound, deleted, or not to be preempted for)."""
+        self.offered(key)
+
+    def due(self, now: float) -> list[str]:
+        """Pods to look for victims for now, oldest refusal first: refused at least
+        :data:`GRACE_S` ago, not tried since that refusal, past their backoff, with no
+        preemption in progress."""
+        with self._lock:
+            return [
+                k
+                for k, s in self._pods.items()
+                if not s.node
+                and now - s.refused_at >= GRACE_S
+                and s.tried_at < s.refused_at
+                and (not s.tries or now - s.tried_at >= _backoff(s.tries))
+            ]
+
+    def in_progress(self) -> list[tuple[str, Stranded]]:
+        """The pods with a preemption in progress, and their records."""
+        with self._lock:
+            return [(k, s) for k, s in self._pods.items() if s.node]
+
+    def tried(self, key: str, at: float) -> None:
+        """An attempt for ``key`` at ``at`` found nothing to preempt."""
+        with self._lock:
+            s = self._pods.get(key)
+            if s is not None:
+                self._pods[key] = replace(s, tried_at=at, tries=s.tries + 1)
+
+    def preempting(self, key: str, node: str, victims: Iterable[str], at: float) -> None:
+        """Victims (UIDs) on ``node`` are being evicted for ``key`` since ``at``."""
+        with self._lock:
+            s = self._pods.get(key)
+            if s is not None:
+                self._pods[key] = replace(
+                    s, tried_at=at, tries=0, node=node, victims=frozenset(victims), preempted_at=at
+                )
+
+    def settled(self, key: str) -> None:
+        """``key``'s preemption is over (victims gone and the pod woken, or given up): a
+        later refusal may start another."""
+        with self._lock:
+            s = self._pods.get(key)
+            if s is not None:
+                self._pods[key] = replace(s, node="", victims=frozenset())
+
+    def view(self) -> list[dict[str, Any]]:
+        """JSON-ready records (``/v1/inspect/preemptions``)."""
+        with self._lock:
+            items = list(self._pods.items())
+        return [
+            {
+                "pod": k,
+                "nodes": len(s.nodes),
+                "refused_at": s.refused_at,
+                "tries": s.tries,
+                "node": s.node,
+                "victims": len(s.victims),
+            }
+            for k, s in items
+        ]
+
+
+def _backoff(tries: int) -> float:
+    return BACKOFF_S[min(tries, len(BACKOFF_S)) - 1]

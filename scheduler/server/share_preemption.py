@@ -1,0 +1,181 @@
+"""Preemption topoplace starts for a fractional pod kube-scheduler will not preempt for.
+
+Why kube-scheduler does not: see ``scheduler.runtime.stranded``. This module is the
+decision, over the extender's cache; the writes (evictions, Events, the wake) are the kube
+adapter's (``scheduler.kube.share_preemptor``), and the offline replay calls the same
+functions (``benchmarks/live/preemption.py``).
+
+* :func:`start` chooses the victims for a refused pod as the ``preempt`` verb would
+  (``core.preemption.select_victims`` with the pod's share), among the nodes its latest
+  filter refused only for share room, with no victim of kube-scheduler's to keep (it
+  proposed none). It never goes against a PodDisruptionBudget: a second preemptor next to
+  kube-scheduler evicts through the Eviction API, which refuses such evictions, so only
+  choices without a violation are taken (kube-scheduler's own rule would take the fewest).
+  It honours ``preemptionPolicy: Never``, skips gang members (whose shares are planned per
+  gang), and waits while an earlier preemption for the pod (the verb's or its own) still
+  stands. The answer goes into the preemption ledger with ``"by": "topoplace"``, so the
+  verb answers nothing more for the pod while its victims go, the gangs the victims
+  belong to are torn down by the remediator, and ``/v1/inspect/preemptions`` shows it.
+* :func:`settle` checks a preemption in progress: once every victim is gone from the
+  cache, the pod's shares on the node are held for it (a nomination, as filter's) and it
+  is due a wake; after ``stranded.GIVE_UP_S`` with victims still there it is given up.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from scheduler.core.fractional import ShareError, ShareRequest
+from scheduler.core.model import PodRequest
+from scheduler.core.objects import ObjectError
+from scheduler.core.preemption import NodeChoice, broken_gangs, fits_on, select_victims
+from scheduler.core.remediation import being_deleted
+from scheduler.runtime.stranded import GIVE_UP_S
+
+if TYPE_CHECKING:  # pragma: no cover
+    from scheduler.server.extender import Extender
+
+log = logging.getLogger(__name__)
+
+BY = "topoplace"
+"""The ``by`` of the ledger's answers for preemptions topoplace started."""
+REASON_NEVER = "preemptionPolicy: Never"
+REASON_GANG = "a gang member (its shares are planned with its gang)"
+WOKEN = "woken"
+GAVE_UP = "gave_up"
+
+
+def _read(ext: Extender, key: str) -> tuple[Mapping[str, Any], PodRequest, ShareRequest] | str:
+    """The pending pod, its request and its share; or why it is not preempted for."""
+    from scheduler.server.fractional_verbs import pod_share_request
+
+    pod = ext.cache.pending(key)
+    if pod is None or key in ext.cache.snapshot().pods:
+        return "no longer pending"
+    spec = pod.get("spec")
+    if isinstance(spec, Mapping) and spec.get("preemptionPolicy") == "Never":
+        return REASON_NEVER
+    try:
+        req = ext._request(pod, None)
+        share = pod_share_request(ext, pod)
+    except (ObjectError, ShareError) as exc:
+        return f"invalid pod: {exc}"
+    if req.gang:
+        return REASON_GANG
+    return pod, req, share
+
+
+def start(ext: Extender, key: str, dry_run: bool = False) -> NodeChoice | None:
+    """Choose victims for the stranded pod ``key`` (module docstring); records the answer
+    and, unless ``dry_run`` (then it only logs and counts), marks the preemption in
+    progress. Returns the choice (the caller evicts its victims), or None: nothing to
+    preempt now."""
+    rec = ext.stranded.get(key)
+    if rec is None or rec.node:
+        return None
+    now = ext.cache.now()
+    got = _read(ext, key)
+    if isinstance(got, str):
+        log.debug("no preemption for %s: %s", key, got)
+        ext.stranded.drop(key)
+        return None
+    _pod, req, share = got
+    snap = ext.cache.snapshot()
+    live = {p.uid for p in snap.pods.values() if p.uid and not being_deleted(p)}
+    if ext.preemptions.waiting_for(
+        key, live.__contains__, lambda node: not fits_on(snap, req, node, ext.params, share)
+    ):
+        ext.stranded.tried(key, now)
+        return None
+    nodes = {n: () for n in rec.nodes if n in snap.index}
+    decision = select_victims(snap, req, nodes, ext.params, share=share)
+    chosen = next(
+        (c for c in decision.options if not c.pdb_violations + c.members_pdb_violations), None
+    )
+    answer = {
+        "pod": key,
+        "by": BY,
+        "dry_run": dry_run,
+        "priority": req.priority,
+        "gpus": req.gpus,
+        "share": share.form,
+        "proposed": {n: 0 for n in sorted(nodes)},
+        "chosen": chosen.as_dict() if chosen is not None else None,
+        "options": len(decision.options),
+        "refused": dict(decision.refused),
+        "reason": ""
+        if chosen is not None or not decision.options
+        else "every choice evicts against a PodDisruptionBudget",
+    }
+    if chosen is None or dry_run:
+        ext.preemptions.record(answer, (), key)
+        ext.stranded.tried(key, now)
+        if chosen is None:
+            ext.metrics.child(ext.metrics.started_preemptions, "none").inc()
+            log.info(
+                "no preemption for %s: %s",
+                key,
+                answer["reason"]
+                or "; ".join(f"{n}: {r}" for n, r in sorted(decision.refused.items())[:5])
+                or "no node refused it for share room only",
+            )
+        else:
+            ext.metrics.child(ext.metrics.started_preemptions, "dry_run").inc()
+            log.warning(
+                "preemption (dry run) for %s would evict %s on %s",
+                key,
+                ", ".join(v.pod for v in chosen.victims),
+                chosen.node,
+            )
+        return None
+    uids = [v.uid for v in chosen.victims]
+    ext.preemptions.record(answer, broken_gangs(snap, chosen, key), key, uids, chosen.node)
+    ext.stranded.preempting(key, chosen.node, uids, now)
+    ext.metrics.child(ext.metrics.started_preemptions, "started").inc()
+    for v in chosen.victims:
+        ext.metrics.child(ext.metrics.preemption_victims, "yes" if v.gang else "no").inc()
+    log.info(
+        "preemption for %s (kube-scheduler sees room, no GPU has the memory): %s, victims %s",
+        key,
+        chosen.node,
+        ", ".join(v.pod for v in chosen.victims),
+    )
+    return chosen
+
+
+def settle(ext: Extender, key: str) -> str:
+    """Check ``key``'s preemption in progress: :data:`WOKEN` when its victims are gone
+    (the pod's shares on the node are held for it now, when they still fit: the caller
+    wakes it), :data:`GAVE_UP` when they are still there after ``GIVE_UP_S``, "" while
+    they go."""
+    from scheduler.server.fractional_verbs import hold_share
+
+    rec = ext.stranded.get(key)
+    if rec is None or not rec.node:
+        return ""
+    now = ext.cache.now()
+    snap = ext.cache.snapshot()
+    if any(p.uid in rec.victims for p in snap.pods.values()):
+        if now - rec.preempted_at < GIVE_UP_S:
+            return ""
+        ext.stranded.settled(key)
+        ext.metrics.child(ext.metrics.started_preemptions, GAVE_UP).inc()
+        log.warning("preemption for %s on %s: victims still there, given up", key, rec.node)
+        return GAVE_UP
+    got = _read(ext, key)
+    if isinstance(got, str):
+        ext.stranded.drop(key)
+        return ""
+    pod, req, share = got
+    held = hold_share(ext, pod, req, share, rec.node)
+    ext.stranded.settled(key)
+    ext.metrics.child(ext.metrics.started_preemptions, WOKEN).inc()
+    log.info(
+        "preemption for %s: victims gone from %s%s",
+        key,
+        rec.node,
+        ", its shares held" if held else " (its shares were taken meanwhile)",
+    )
+    return WOKEN

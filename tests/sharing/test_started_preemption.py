@@ -1,0 +1,302 @@
+"""Preemption topoplace starts for a HAMi pod kube-scheduler will not preempt for
+(``sharing.preempt``; scheduler/runtime/stranded.py, scheduler/server/share_preemption.py,
+scheduler/kube/share_preemptor.py).
+
+One HAMi node of two T4s (15,360 MiB) split four ways: four pods hold four of its eight
+replicas but leave 1,360 MiB on each GPU. A pod asking 10,000 MiB passes kube-scheduler's
+replica count, so its DefaultPreemption finds no victim to name and never calls the
+``preempt`` verb; topoplace's filter refuses it, and topoplace preempts itself.
+
+The filter and bind go over HTTP (the ASGI app); the evictions and Events go over real HTTP
+to :class:`RecordedApiServer`, which stands in for the API server (none runs in CI) and
+answers with bodies recorded from kube-apiserver v1.33.0.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+import pytest
+
+from scheduler.core.disruption import BUDGETS_EXTRA
+from scheduler.core.params import SchedParams
+from scheduler.kube.metrics import KubeMetrics
+from scheduler.kube.share_preemptor import EVENT_REASON, SharePreemptor
+from scheduler.runtime.cache import ClusterCache
+from scheduler.runtime.stranded import GIVE_UP_S, GRACE_S, StrandedPods
+from scheduler.server.extender import Extender
+from scheduler.server.share_preemption import REASON_NEVER
+from tests.helpers import asgi_client
+from tests.kube.recorded import RecordedApiServer, recorded
+from tests.sharing.builders import hami_bound, hami_node, share_pod
+
+NS = "infer"
+NODE = "infer-a"
+EVENTS = f"/apis/events.k8s.io/v1/namespaces/{NS}/events"
+# name -> (GPU, MiB): 14,000 MiB used on each GPU, four replicas of eight free.
+FILL = {"a0": (0, 2000), "b0": (0, 12000), "c1": (1, 8000), "d1": (1, 6000)}
+
+
+class Clock:
+    """The cache's clock, advanced by hand (stands in for time.monotonic)."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _eviction(name: str) -> str:
+    return f"/api/v1/namespaces/{NS}/pods/{name}/eviction"
+
+
+def _budget(*names: str) -> dict[str, Any]:
+    """A PodDisruptionBudget over pods labelled ``keep: "yes"`` allowing no disruption, and
+    those pods labelled."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "keep", "namespace": NS},
+        "spec": {"selector": {"matchLabels": {"keep": "yes"}}},
+        "status": {"disruptionsAllowed": 0, "currentHealthy": len(names), "expectedPods": 1},
+    }
+
+
+def _setup(
+    preempt: str = "evict", keep: tuple[str, ...] = ()
+) -> tuple[Extender, Clock, list[dict[str, Any]]]:
+    params = SchedParams.from_config({"sharing": {"preempt": preempt}})
+    pods = [hami_bound(n, g, m, NODE, priority=10) for n, (g, m) in FILL.items()]
+    for p in pods:
+        if p["metadata"]["name"] in keep:
+            p["metadata"]["labels"] = {"keep": "yes"}
+    extra = {BUDGETS_EXTRA: {f"{NS}/keep": _budget(*keep)}} if keep else None
+    clock = Clock()
+    cache = ClusterCache.from_objects(
+        [hami_node(NODE, 2, split=4)], pods, params, clock=clock, extra=extra
+    )
+    return Extender(cache), clock, pods
+
+
+def _urgent(name: str = "urgent", mem: int = 10000, **spec: Any) -> dict[str, Any]:
+    p = share_pod(name, mem=mem, cores=30)
+    p["spec"].update(priority=1000, **spec)
+    return p
+
+
+def _filter(c: Any, pod: dict[str, Any]) -> dict[str, Any]:
+    r = c.post("/scheduler/filter", content=orjson.dumps({"Pod": pod, "NodeNames": [NODE]}))
+    assert r.status_code == 200
+    return r.json()
+
+
+def _sample(ext: Extender, name: str, **labels: str) -> float:
+    v = ext.metrics.registry.get_sample_value(name, labels)
+    return 0.0 if v is None else v
+
+
+_ADAPTER_METRICS: dict[int, KubeMetrics] = {}
+
+
+def _preemptor(srv: RecordedApiServer, ext: Extender, woken: list[str]) -> SharePreemptor:
+    """The adapter over ``srv``, its metrics in the extender's registry (registered once)."""
+    reg = ext.metrics.registry
+    km = _ADAPTER_METRICS.get(id(reg))
+    if km is None:
+        km = _ADAPTER_METRICS[id(reg)] = KubeMetrics(reg)
+    return SharePreemptor(srv.api(), ext, km, lambda keys, why: woken.extend(keys))
+
+
+def test_the_pod_kube_scheduler_sees_room_for_gets_victims_freeing_one_gpu_and_binds() -> None:
+    ext, clock, pods = _setup()
+    c = asgi_client(ext)
+    urgent = _urgent()
+    res = _filter(c, urgent)
+    assert not res.get("NodeNames")
+    assert res["FailedNodes"][NODE] == "not enough free GPU memory or compute on any GPU"
+    assert ext.stranded.get(f"{NS}/urgent").nodes == (NODE,)
+    woken: list[str] = []
+    uid = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+    with RecordedApiServer() as srv:
+        srv.add("POST", _eviction("b0"), 201, "eviction_201_created.json")
+        srv.add("POST", EVENTS, 201, "event_201_created.json")
+        pre = _preemptor(srv, ext, woken)
+        # within the grace kube-scheduler's own preemption would come: nothing yet
+        assert pre.tick() == [] and srv.requests == []
+        clock.t += GRACE_S
+        assert pre.tick() == [(f"{NS}/urgent", f"{NS}/b0: evicted")]
+        # b0 is still seen (the watch has not delivered its deletion): nothing more
+        clock.t += 1
+        assert pre.tick() == [] and woken == []
+        sent = [(r["path"], json.loads(r["body"])) for r in srv.requests]
+    assert [p for p, _ in sent] == [_eviction("b0"), EVENTS]
+    want = recorded("eviction_request_sent.json")
+    want["metadata"] = {"name": "b0", "namespace": NS}
+    want["deleteOptions"] = {"preconditions": {"uid": uid["b0"]}}  # the pod's own grace
+    assert sent[0][1] == want
+    event = sent[1][1]
+    assert (event["reason"], event["action"], event["type"]) == (EVENT_REASON, "Evict", "Warning")
+    assert event["regarding"]["uid"] == uid["b0"] and f"for {NS}/urgent" in event["note"]
+    view = c.get("/v1/inspect/preemptions").json()
+    (answer,) = view["recent"]
+    assert answer["by"] == "topoplace" and answer["share"] == "hami"
+    assert [v["pod"] for v in answer["chosen"]["victims"]] == [f"{NS}/b0"]
+    assert answer["chosen"]["gpus"] == [0]
+    assert view["stranded"] == [
+        {
+            "pod": f"{NS}/urgent",
+            "nodes": 1,
+            "refused_at": 100.0,
+            "tries": 0,
+            "node": NODE,
+            "victims": 1,
+        }
+    ]
+    # kube-scheduler asks the preempt verb meanwhile (another cycle): it names nothing more
+    body = {"Pod": urgent, "NodeNameToMetaVictims": {NODE: {"Pods": [{"UID": uid["a0"]}]}}}
+    assert c.post("/scheduler/preempt", content=orjson.dumps(body)).json() == {
+        "NodeNameToMetaVictims": {}
+    }
+    # b0 goes: its shares are held for the pod, which is woken
+    ext.cache.delete_pod(f"{NS}/b0")
+    with RecordedApiServer() as srv:
+        assert _preemptor(srv, ext, woken).tick() == [(f"{NS}/urgent", "woken")]
+    assert woken == [f"{NS}/urgent"] and ext.cache.nominations() == 1
+    held = ext.cache.snapshot().pods[f"{NS}/urgent"]
+    assert [(s.gpu, s.memory_mib) for s in held.shares] == [(0, 10000)]
+    # a pod of lower priority asking the same memory does not get it meanwhile
+    other = _urgent("other")
+    assert not _filter(c, other).get("NodeNames")
+    # the retried pod is offered the node and binds on GPU 0
+    assert _filter(c, urgent)["NodeNames"] == [NODE]
+    bind = {"PodName": "urgent", "PodNamespace": NS, "PodUID": urgent["metadata"]["uid"]}
+    r = c.post("/scheduler/bind", content=orjson.dumps({**bind, "Node": NODE}))
+    assert r.json() == {"Error": ""}
+    bound = ext.cache.snapshot().pods[f"{NS}/urgent"]
+    assert bound.node == NODE and [s.gpu for s in bound.shares] == [0]
+    assert ext.stranded.get(f"{NS}/urgent") is None
+    assert _sample(ext, "topoplace_started_preemptions_total", outcome="started") == 1
+    assert _sample(ext, "topoplace_started_preemptions_total", outcome="woken") == 1
+    assert (
+        _sample(
+            ext,
+            "topoplace_remediation_evictions_total",
+            kind="share-preemption",
+            outcome="evicted",
+        )
+        == 1
+    )
+
+
+def test_a_budget_that_every_choice_would_violate_keeps_every_pod() -> None:
+    # b0 and c1 protected: freeing GPU 0 takes b0, freeing GPU 1 takes c1 (and d1).
+    # kube-scheduler's rule would take the fewest violations; a second preemptor evicting
+    # through the Eviction API takes none.
+    ext, clock, _ = _setup(keep=("b0", "c1"))
+    c = asgi_client(ext)
+    _filter(c, _urgent())
+    with RecordedApiServer() as srv:
+        pre = _preemptor(srv, ext, [])
+        clock.t += GRACE_S
+        assert pre.tick() == [] and srv.requests == []
+    (answer,) = c.get("/v1/inspect/preemptions").json()["recent"]
+    assert answer["chosen"] is None and answer["options"] == 1  # the node, at one violation
+    assert answer["reason"] == "every choice evicts against a PodDisruptionBudget"
+    assert _sample(ext, "topoplace_started_preemptions_total", outcome="none") == 1
+    # not tried again until it is refused again, then after its backoff
+    clock.t += 60
+    assert ext.stranded.due(clock()) == []
+    _filter(c, _urgent())
+    assert ext.stranded.due(clock()) == []
+    clock.t += GRACE_S + 1
+    assert ext.stranded.due(clock()) == [f"{NS}/urgent"]
+
+
+def test_a_budget_over_one_pod_sends_the_preemption_to_the_other_gpu() -> None:
+    ext, clock, _ = _setup(keep=("b0",))
+    c = asgi_client(ext)
+    _filter(c, _urgent())
+    with RecordedApiServer() as srv:
+        for name in ("c1", "d1"):
+            srv.add("POST", _eviction(name), 201, "eviction_201_created.json")
+        srv.add("POST", EVENTS, 201, "event_201_created.json")
+        clock.t += GRACE_S
+        done = _preemptor(srv, ext, []).tick()
+    assert done == [(f"{NS}/urgent", f"{NS}/c1: evicted"), (f"{NS}/urgent", f"{NS}/d1: evicted")]
+
+
+@pytest.mark.parametrize("mode", ["dry-run", "off"])
+def test_dry_run_and_off_evict_nothing(mode: str) -> None:
+    ext, clock, _ = _setup(preempt=mode)
+    c = asgi_client(ext)
+    _filter(c, _urgent())
+    with RecordedApiServer() as srv:
+        clock.t += GRACE_S
+        assert _preemptor(srv, ext, []).tick() == [] and srv.requests == []
+    dry = _sample(ext, "topoplace_started_preemptions_total", outcome="dry_run")
+    assert dry == (1 if mode == "dry-run" else 0)
+    recent = c.get("/v1/inspect/preemptions").json()["recent"]
+    if mode == "dry-run":  # what it would have evicted, marked as a dry run
+        (answer,) = recent
+        assert answer["dry_run"] and [v["pod"] for v in answer["chosen"]["victims"]] == [f"{NS}/b0"]
+    else:
+        assert recent == []
+
+
+def test_a_pod_that_never_preempts_and_a_pod_with_room_are_left_alone() -> None:
+    ext, clock, _ = _setup()
+    c = asgi_client(ext)
+    _filter(c, _urgent(preemptionPolicy="Never"))
+    small = _urgent("small", mem=1000)
+    assert _filter(c, small)["NodeNames"] == [NODE]
+    assert ext.stranded.get(f"{NS}/small") is None
+    with RecordedApiServer() as srv:
+        clock.t += GRACE_S
+        assert _preemptor(srv, ext, []).tick() == [] and srv.requests == []
+    assert ext.stranded.get(f"{NS}/urgent") is None, REASON_NEVER
+
+
+def test_a_refused_eviction_is_given_up_and_the_pod_may_preempt_again() -> None:
+    ext, clock, _ = _setup()
+    c = asgi_client(ext)
+    _filter(c, _urgent())
+    with RecordedApiServer() as srv:
+        srv.add("POST", _eviction("b0"), 429, "eviction_429_disruption_budget.json")
+        pre = _preemptor(srv, ext, [])
+        clock.t += GRACE_S
+        assert pre.tick() == [(f"{NS}/urgent", f"{NS}/b0: blocked")]
+        clock.t += GIVE_UP_S - 1
+        assert pre.tick() == []
+        clock.t += 1
+        assert pre.tick() == [(f"{NS}/urgent", "gave_up")]
+    assert _sample(ext, "topoplace_started_preemptions_total", outcome="gave_up") == 1
+    # refused again later: a new attempt (b0 is still the victim to take)
+    clock.t += 30
+    _filter(c, _urgent())
+    clock.t += GRACE_S
+    assert ext.stranded.due(clock()) == [f"{NS}/urgent"]
+
+
+def test_the_registry_waits_for_the_grace_and_backs_off() -> None:
+    s = StrandedPods()
+    s.refused("ns/p", ["n2", "n1"], 10.0)
+    assert s.get("ns/p").nodes == ("n1", "n2")
+    assert s.due(10.5) == [] and s.due(11.0) == ["ns/p"]
+    s.tried("ns/p", 11.0)
+    assert s.due(50.0) == []  # not before another refusal
+    s.refused("ns/p", ["n1"], 11.5)
+    assert s.due(12.5) == [] and s.due(13.0) == ["ns/p"]  # backoff: 2 s after the try
+    s.preempting("ns/p", "n1", ["u1"], 14.0)
+    assert s.due(100.0) == [] and [k for k, _ in s.in_progress()] == ["ns/p"]
+    s.refused("ns/p", [], 15.0)  # a refusal with no room node keeps the preemption
+    assert s.get("ns/p").node == "n1"
+    s.settled("ns/p")
+    assert s.in_progress() == [] and s.due(100.0) == []
+    s.refused("ns/p", [], 101.0)  # and without one it is forgotten
+    assert s.get("ns/p") is None
+    s.refused("ns/q", ["n1"], 1.0)
+    s.offered("ns/q")
+    assert len(s) == 0
