@@ -75,6 +75,10 @@ class SharePreemptor:
             return []
         done: list[tuple[str, str]] = []
         woken: list[str] = []
+        cache = self.ext.cache
+        if len(self.ext.stranded):
+            held = cache.snapshot().pods
+            self.ext.stranded.prune(lambda k: k not in held and cache.pending(k) is not None)
         for key, _rec in self.ext.stranded.in_progress():
             outcome = share_preemption.settle(self.ext, key)
             if outcome:

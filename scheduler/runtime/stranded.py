@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -105,6 +105,15 @@ class StrandedPods:
     def drop(self, key: str) -> None:
         """Forget ``key`` (bound, deleted, or not to be preempted for)."""
         self.offered(key)
+
+    def prune(self, pending: Callable[[str], bool]) -> list[str]:
+        """Forget the pods ``pending`` says are no longer waiting (bound, deleted);
+        returns their keys."""
+        with self._lock:
+            gone = [k for k in self._pods if not pending(k)]
+            for k in gone:
+                del self._pods[k]
+        return gone
 
     def due(self, now: float) -> list[str]:
         """Pods to look for victims for now, oldest refusal first: refused at least

@@ -300,3 +300,17 @@ def test_the_registry_waits_for_the_grace_and_backs_off() -> None:
     s.refused("ns/q", ["n1"], 1.0)
     s.offered("ns/q")
     assert len(s) == 0
+
+
+def test_a_pod_deleted_after_an_attempt_is_forgotten() -> None:
+    ext, clock, _ = _setup(keep=("b0", "c1"))  # nothing may go: the attempt finds none
+    c = asgi_client(ext)
+    _filter(c, _urgent())
+    with RecordedApiServer() as srv:
+        pre = _preemptor(srv, ext, [])
+        clock.t += GRACE_S
+        pre.tick()
+        assert len(ext.stranded) == 1  # waits for a new refusal
+        ext.cache.drop_pending(f"{NS}/urgent")  # the watch saw it deleted
+        pre.tick()
+    assert len(ext.stranded) == 0

@@ -64,13 +64,15 @@ def test_every_dashboard_series_is_exported_and_no_created_series() -> None:
     missing = sorted(queried - set(exported))
     assert not missing, f"the dashboard queries series /metrics does not export: {missing}"
     # After the demo's traffic nearly every queried series has samples; evictions and
-    # re-placements happen only after hardware faults, which the demo does not inject, and
-    # victims only when a preemption names some.
+    # re-placements happen only after hardware faults, which the demo does not inject,
+    # victims only when a preemption names some, and topoplace starts preemptions only for
+    # fractional pods refused for GPU memory in kube mode.
     assert sorted(queried - with_samples) == [
         "topoplace_preemption_victims_total",
         "topoplace_remediation_evictions_total",
         "topoplace_replacement_seconds_bucket",
         "topoplace_replacements_total",
+        "topoplace_started_preemptions_total",
     ]
     assert "_created" not in text
     # The series the issue asks for are there, with the labels the panels group by.
