@@ -170,7 +170,7 @@ def test_offline_topoplace_preempts_for_the_pods_kube_scheduler_sees_room_for(
 ) -> None:
     """Seed 3 on three nodes: once a preemption leaves a free replica on a node,
     kube-scheduler's replica count passes the next large pods there and its dry run names
-    no victim; only topoplace's own preemption (``sharing.preempt: evict``) places them."""
+    no victim; only topoplace's own preemption (``preemption.start: evict``) places them."""
     from benchmarks.live.preemption import build_shares, offline_shares, policy_file
 
     sc = build_shares(3, 3, 8)

@@ -229,12 +229,12 @@ class BindRecorder:
 
 
 def policy_file(path: Path, preempt: bool = True) -> Path:
-    """The shipped policy with ``sharing.hami_lock: release`` (and ``sharing.preempt:
+    """The shipped policy with ``sharing.hami_lock: release`` (and ``preemption.start:
     off`` unless ``preempt``), written to ``path``."""
     policy = yaml.safe_load((REPO / "config" / "policy.yaml").read_text())
     policy.setdefault("sharing", {})["hami_lock"] = "release"
     if not preempt:
-        policy["sharing"]["preempt"] = "off"
+        policy.setdefault("preemption", {})["start"] = "off"
     path.write_text(yaml.safe_dump(policy))
     return path
 

@@ -93,7 +93,7 @@ PRIORITIES = {"low": 10, "mid": 100, "high": 1000}
 REPO = Path(__file__).resolve().parents[2]
 ARMS = ("topoplace", "in-tree victims", "verb only")
 """``verb only``: topoplace answering kube-scheduler's preemptions but starting none
-(``sharing.preempt: off``, what topoplace did before it preempted for fractional pods
+(``preemption.start: off``, what topoplace did before it preempted for fractional pods
 kube-scheduler sees room for); meaningful with ``--fractional``."""
 
 
@@ -481,18 +481,18 @@ def offline_shares(sc: Scenario, policy: Path) -> list[Step]:
     kube-scheduler's candidates (:func:`in_tree_share_candidates`), the victims removed,
     and the pod filtered again on the node named (kube-scheduler's nomination). When
     kube-scheduler has no candidate (it sees a free replica) or topoplace's answer names
-    none, the preemption topoplace starts itself (``sharing.preempt: evict``,
-    ``scheduler.server.share_preemption``): its victims removed, its hold taken, and the
+    none, the preemption topoplace starts itself (``preemption.start: evict``,
+    ``scheduler.server.started_preemption``): its victims removed, its hold taken, and the
     pod filtered again on every node (no nomination: kube-scheduler did not preempt)."""
     from scheduler.cli.main import load_params
     from scheduler.runtime.cache import ClusterCache
-    from scheduler.server import share_preemption
+    from scheduler.server import started_preemption
     from scheduler.server.extender import Extender
 
     fill, extra = _offline_objects(sc)
     binder = BindRecorder()
     params = load_params(str(policy))
-    preempt = params.sharing.preempt
+    preempt = params.preemption.start
     cache = ClusterCache.from_objects(sc.nodes, fill, params, extra=extra)
     ext = Extender(cache, binder)
     names = sorted(n["metadata"]["name"] for n in sc.nodes)
@@ -513,7 +513,7 @@ def offline_shares(sc: Scenario, policy: Path) -> list[Step]:
             chosen = got.get("NodeNameToMetaVictims") or {}
             started = None
             if not chosen and preempt == "evict":
-                started = share_preemption.start(ext, f"{NAMESPACE}/{step.pod}")
+                started = started_preemption.start(ext, f"{NAMESPACE}/{step.pod}")
                 if started is not None:
                     chosen = {started.node: {"Pods": [{"UID": v.uid} for v in started.victims]}}
             if not chosen:
@@ -529,7 +529,7 @@ def offline_shares(sc: Scenario, policy: Path) -> list[Step]:
             step.gone_gpus = len(step.gone)
             step.gone_nodes = [node]
             if started is not None:  # victims gone: the hold, then every node offered
-                share_preemption.settle(ext, f"{NAMESPACE}/{step.pod}")
+                started_preemption.settle(ext, f"{NAMESPACE}/{step.pod}")
             retry = names if started is not None else [node]
             fit = ext.filter({"Pod": q, "NodeNames": retry}).get("NodeNames") or []
             if not fit:

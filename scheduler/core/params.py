@@ -81,7 +81,6 @@ class ExtenderParams:
 SHARING_BACKENDS = ("hami", "gpushare")
 """Fractional backends topoplace can hand a share to (see ``scheduler.core.fractional``)."""
 HAMI_LOCK_MODES = ("hold", "release")
-SHARE_PREEMPT_MODES = ("off", "dry-run", "evict")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,12 +108,6 @@ class SharingParams:
             ``opt-in`` (pods that select replica nodes or ask ``nvidia.com/gpu.shared``
             take replicas there; no other GPU pod goes there) or ``off`` (replica nodes
             take no GPU pod from topoplace).
-        preempt: what topoplace does for a fractional pod of higher priority that no
-            node has the GPU memory for while kube-scheduler, counting only replicas,
-            sees room and so never preempts (``scheduler.kube.share_preemptor``):
-            ``evict`` (choose victims as its ``preempt`` verb does and evict them through
-            the Eviction API), ``dry-run`` (log and count what it would evict) or
-            ``off``.
     """
 
     policy: str = "topoplace-share"
@@ -125,7 +118,6 @@ class SharingParams:
     hami_lock: str = "hold"
     hami_lock_expiry_seconds: float = 300.0
     replicas: str = "opt-in"
-    preempt: str = "evict"
 
     @classmethod
     def from_config(cls, obj: Mapping[str, Any] | None) -> SharingParams:
@@ -168,9 +160,6 @@ class SharingParams:
         label = obj.get("backend_label", p.backend_label)
         if not isinstance(label, str):
             raise ValueError("sharing.backend_label must be a string")
-        preempt = obj.get("preempt", p.preempt)
-        if preempt not in SHARE_PREEMPT_MODES:
-            raise ValueError(f"sharing.preempt must be one of {list(SHARE_PREEMPT_MODES)}")
         return cls(
             policy=str(policy),
             backends=tuple(backends),
@@ -180,8 +169,46 @@ class SharingParams:
             hami_lock=str(lock),
             hami_lock_expiry_seconds=float(expiry),
             replicas=str(replicas),
-            preempt=str(preempt),
         )
+
+
+PREEMPTION_START_MODES = ("off", "dry-run", "evict")
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionParams:
+    """Preemption topoplace starts itself (policy.yaml ``preemption:``).
+
+    kube-scheduler preempts only where its in-tree filters refuse the pod. A node it sends
+    to the extender has passed them with every pod in place, so its dry run finds no
+    victim there and it never calls ``preemptVerb`` for it: a pod that topoplace alone
+    refuses (a GPU set without the required link, GPUs topoplace calls unhealthy,
+    fractional pods whose GPU memory is taken) would wait behind pods of any lower
+    priority (``scheduler.runtime.stranded``).
+
+    Attributes:
+        start: ``evict`` (topoplace chooses victims on those nodes as its ``preempt``
+            verb would, never against a PodDisruptionBudget, and evicts them through the
+            Eviction API), ``dry-run`` (log and count what it would evict) or ``off``.
+    """
+
+    start: str = "evict"
+
+    @classmethod
+    def from_config(cls, obj: Mapping[str, Any] | None) -> PreemptionParams:
+        """Build from the ``preemption:`` mapping; ValueError on unknown keys or values."""
+        if not obj:
+            return cls()
+        if not isinstance(obj, Mapping):
+            raise ValueError("preemption must be a mapping")
+        if set(obj) - {"start"}:
+            raise ValueError(f"unknown preemption settings: {sorted(set(obj) - {'start'})}")
+        start = obj.get("start", cls.start)
+        if start not in PREEMPTION_START_MODES:
+            raise ValueError(
+                f"preemption.start must be one of {list(PREEMPTION_START_MODES)}, got {start!r}"
+            )
+        return cls(start=str(start))
 
 
 REMEDIATION_MODES = ("off", "dry-run", "evict")
@@ -293,6 +320,7 @@ class SchedParams:
     extender: ExtenderParams = ExtenderParams()
     sharing: SharingParams = SharingParams()
     remediation: RemediationParams = RemediationParams()
+    preemption: PreemptionParams = PreemptionParams()
 
     @classmethod
     def from_config(cls, obj: Mapping[str, Any] | None) -> SchedParams:
@@ -313,6 +341,7 @@ class SchedParams:
             "extender",
             "sharing",
             "remediation",
+            "preemption",
         }
         unknown = set(obj) - known
         if unknown:
@@ -387,4 +416,5 @@ class SchedParams:
             ),
             sharing=SharingParams.from_config(obj.get("sharing")),
             remediation=RemediationParams.from_config(obj.get("remediation")),
+            preemption=PreemptionParams.from_config(obj.get("preemption")),
         )

@@ -51,9 +51,9 @@ from scheduler.kube.client import KubeApi, Timeouts
 from scheduler.kube.dra import ClaimWriter, is_dra_kind
 from scheduler.kube.handoff import HamiNodeLock, HandoffBinder
 from scheduler.kube.metrics import KubeMetrics
+from scheduler.kube.preemptor import Preemptor
 from scheduler.kube.recovery import RecoveryReport, recover
 from scheduler.kube.remediator import Remediator
-from scheduler.kube.share_preemptor import SharePreemptor
 from scheduler.kube.waker import PodWaker
 from scheduler.kube.watcher import KubeWatcher, WatchOptions
 from scheduler.runtime.cache import ClusterCache
@@ -398,8 +398,8 @@ class KubeRuntime:
     follower: Any = None
     """The :class:`~scheduler.kube.leader.LeaseFollower` (HA), or None."""
     remediator: Remediator | None = None
-    share_preemptor: SharePreemptor | None = None
-    """Evicts for fractional pods kube-scheduler will not preempt for (``sharing.preempt``)."""
+    preemptor: Preemptor | None = None
+    """Evicts for pods kube-scheduler will not preempt for (``preemption.start``)."""
     """Evicts pods on failed hardware (policy ``remediation:``), or None."""
     _janitor_stop: threading.Event = field(default_factory=threading.Event)
     _janitor: threading.Thread | None = None
@@ -446,11 +446,11 @@ class KubeRuntime:
                     self.extender.parked.poll(self.cache, window)
                 except Exception:
                     log.exception("waking refused pods failed")
-            if self.share_preemptor is not None:
+            if self.preemptor is not None:
                 try:
-                    self.share_preemptor.tick()
+                    self.preemptor.tick()
                 except Exception:
-                    log.exception("preempting for fractional pods failed")
+                    log.exception("preempting for refused pods failed")
             every = self.options.health_refresh_interval_s
             tracker = self.cache.health_tracker
             if tracker is not None and every > 0 and time.monotonic() - last_refresh >= every:
@@ -571,7 +571,7 @@ def build_kube_runtime(
         preemptions=ext.preemptions,
     )
     ext.remediation_view = rt.remediator.view
-    rt.share_preemptor = SharePreemptor(
+    rt.preemptor = Preemptor(
         api, ext, km, waker.wake, may_act=lambda: readiness() and (lead is None or lead.active)
     )
 

@@ -1,21 +1,28 @@
-"""Fractional pods kube-scheduler will not preempt for, and topoplace's preemptions for them.
+"""Pods kube-scheduler will not preempt for, and topoplace's preemptions for them.
 
-kube-scheduler counts a HAMi or gpushare pod as one ``nvidia.com/gpu`` replica. Once a node
-has a free replica but no GPU with the memory the pod asks, the pod passes every in-tree
-filter there and topoplace's filter refuses it. kube-scheduler's DefaultPreemption then
-finds no victim on such a node (the pod "fits" with every pod in place, and a candidate
-with no victims is dropped: ``DryRunPreemption`` keeps only nodes with victims), so it
-never calls the extender's ``preempt`` verb and the pod waits, however low the priority of
-the pods holding the memory. (Seen live: 12 of 24 high-priority arrivals pending,
-``benchmarks/results/live/preempt-frac-s19/seed-11``.)
+kube-scheduler preempts only where its in-tree filters refuse a pod. A node it sends to the
+extender's filter has passed them with every pod in place; its DefaultPreemption's dry run
+then finds that the pod fits there with no victim, and a candidate without victims is
+dropped (``DryRunPreemption`` keeps only nodes with victims). So when topoplace alone
+refuses the pod on such a node because the GPUs it could use are taken, kube-scheduler
+never preempts there and never calls the extender's ``preempt`` verb for it, however low
+the priority of the pods holding them:
 
-:class:`StrandedPods` remembers each such refusal: the pod and the nodes refused only for
-GPU share room (they passed kube-scheduler's in-tree filters, since kube-scheduler sent
-them). The kube adapter (``scheduler.kube.share_preemptor``) asks the extender to choose
-victims among those nodes once the refusal is :data:`GRACE_S` old (kube-scheduler runs
-its PostFilter, and so the ``preempt`` verb when it has candidates, within the same
-scheduling cycle as the filter), evicts them, and when the victims are gone holds the
-freed shares for the pod and wakes it. No I/O; one lock.
+- a HAMi or gpushare pod counts as one ``nvidia.com/gpu`` replica: a node with a free
+  replica but no GPU with the memory the pod asks (seen live: 12 of 24 high-priority
+  arrivals pending, ``benchmarks/results/live/preempt-frac-s19/seed-11``);
+- a whole-GPU pod that needs a link class (``topoplace.io/min-link``): free GPUs that do
+  not form such a set;
+- GPUs that topoplace calls unhealthy while the node still advertises them.
+
+:class:`StrandedPods` remembers each such refusal: the pod and the nodes refused for that
+reason alone (filter reasons "not enough free healthy GPUs", "no free GPU set meets the
+required link", "not enough free GPU memory or compute on any GPU"). The kube adapter
+(``scheduler.kube.preemptor``) asks the extender to choose victims among those nodes once
+the refusal is :data:`GRACE_S` old (kube-scheduler runs its PostFilter, and so the
+``preempt`` verb when it has candidates, within the same scheduling cycle as the filter),
+evicts them, and when the victims are gone holds the freed GPUs for the pod and wakes it.
+No I/O; one lock.
 """
 
 from __future__ import annotations
@@ -40,10 +47,10 @@ MAX_STRANDED = 10_000
 
 @dataclass(frozen=True, slots=True)
 class Stranded:
-    """A refused fractional pod.
+    """A refused pod.
 
     Attributes:
-        nodes: the nodes refused only for GPU share room at its latest refusal.
+        nodes: the nodes refused only for GPUs taken at its latest refusal.
         refused_at: when (the cache's clock).
         tried_at: when topoplace last looked for victims for it (-inf: never).
         tries: attempts that found nothing to preempt, in a row (the backoff).
@@ -62,7 +69,7 @@ class Stranded:
 
 
 class StrandedPods:
-    """Refused fractional pods and topoplace's preemptions for them (module docstring).
+    """Refused pods and topoplace's preemptions for them (module docstring).
 
     Thread-safe: filter records refusals, the kube adapter's janitor acts.
     """
@@ -80,7 +87,7 @@ class StrandedPods:
         return self._pods.get(key)
 
     def refused(self, key: str, nodes: Iterable[str], at: float) -> None:
-        """Filter offered ``key`` no node; ``nodes`` were refused only for share room
+        """Filter offered ``key`` no node; ``nodes`` were refused only for GPUs taken
         (nothing is remembered when there are none: preempting helps nowhere)."""
         names = tuple(sorted(nodes))
         with self._lock:

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -29,6 +29,7 @@ from scheduler.core import dra
 from scheduler.core.disruption import BUDGETS_EXTRA
 from scheduler.core.fractional import (
     BACKEND_HAMI,
+    REASON_NO_SHARE_ROOM,
     PodShape,
     ShareError,
     ShareRequest,
@@ -48,10 +49,14 @@ from scheduler.core.objects import (
 from scheduler.core.preemption import broken_gangs, fits_on, select_victims
 from scheduler.core.remediation import being_deleted
 from scheduler.core.schedule import (
+    CODE_LINK_NOW,
     CODE_NODE_SELECTOR,
     CODE_NOT_CHOSEN,
+    CODE_NOT_ENOUGH_FREE,
     FEASIBLE,
+    REASON_LINK_NOW,
     REASON_NOT_CHOSEN,
+    REASON_NOT_ENOUGH_FREE,
     REASON_UNKNOWN_NODE,
     FilterOutcome,
     PlacementResult,
@@ -228,6 +233,18 @@ def _gang_filter_info(out: FilterOutcome, candidates: int) -> dict[str, Any]:
     }
 
 
+ROOM_CODES = np.array([CODE_NOT_ENOUGH_FREE, CODE_LINK_NOW])
+"""Filter codes of a node kube-scheduler sent (so its in-tree filters passed with every pod
+in place) refused only because the GPUs the pod could use are taken: preempting there is
+topoplace's alone to start (``scheduler.runtime.stranded``)."""
+ROOM_REASONS = frozenset({REASON_NOT_ENOUGH_FREE, REASON_LINK_NOW, REASON_NO_SHARE_ROOM})
+"""The same, as reasons (the general filter path and fractional pods)."""
+
+
+def _names_at(snap: ClusterSnapshot, positions: Any) -> list[str]:
+    return [snap.nodes[int(i)].name for i in positions]
+
+
 def _spec(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     """The pod's spec, or an empty mapping when it is missing or malformed."""
     spec = pod.get("spec")
@@ -288,8 +305,8 @@ class Extender:
         self.preemptions = PreemptionLedger(cache.now)
         """Preemption answers and the gangs they break (see :meth:`preempt`)."""
         self.stranded = StrandedPods()
-        """Fractional pods refused for GPU memory where kube-scheduler sees room, and
-        topoplace's own preemptions for them (``share_preemption``)."""
+        """Pods refused for GPUs taken where kube-scheduler sees room, and topoplace's own
+        preemptions for them (``started_preemption``)."""
 
     @property
     def params(self) -> Any:
@@ -304,7 +321,7 @@ class Extender:
         req = self._filter_request(pod)
         if isinstance(req, dict):
             return req
-        return self._filter(pod, req, names, items)
+        return self._noted(pod, req, self._filter(pod, req, names, items))
 
     def filter_json(self, body: Any, raw: bytes | None = None) -> bytes:
         """:meth:`filter` serialized as JSON bytes.
@@ -343,7 +360,8 @@ class Extender:
                 # ones when a node is offered: see send_reasons).
                 counts = np.bincount(codes, minlength=CODE_NOT_CHOSEN + 1)
                 feasible = pos[codes == FEASIBLE]
-                if self._note_outcome(pod, req, len(feasible) > 0):
+                room = () if len(feasible) else _names_at(snap, pos[np.isin(codes, ROOM_CODES)])
+                if self._note_outcome(pod, req, len(feasible) > 0, room):
                     # kube-scheduler parks it: wake it when its candidates have the GPUs
                     self.parked.refused(req.key, req.gpus, snap, pos)
                 not_chosen = int(counts[CODE_NOT_CHOSEN])
@@ -382,21 +400,36 @@ class Extender:
     def _noted(
         self, pod: Mapping[str, Any], req: PodRequest, res: dict[str, Any]
     ) -> dict[str, Any]:
-        """``res`` (a filter reply), its outcome told to ``parked`` (:meth:`_note_outcome`)."""
+        """``res`` (a filter reply), its outcome told to ``parked`` and ``stranded``
+        (:meth:`_note_outcome`)."""
         if not res.get("Error"):
             offered = res.get("NodeNames") or ((res.get("Nodes") or {}).get("items"))
-            self._note_outcome(pod, req, bool(offered))
+            room = [
+                n
+                for key in ("FailedNodes", "FailedAndUnresolvableNodes")
+                for n, why in (res.get(key) or {}).items()
+                if why in ROOM_REASONS
+            ]
+            self._note_outcome(pod, req, bool(offered), () if offered else room)
         return res
 
-    def _note_outcome(self, pod: Mapping[str, Any], req: PodRequest, offered: bool) -> bool:
-        """Tell ``parked`` what filter answered the pod: a node (nothing to wake it for),
-        or none, a refusal of one of topoplace's pods, noted for waking; True then."""
+    def _note_outcome(
+        self, pod: Mapping[str, Any], req: PodRequest, offered: bool, room: Iterable[str] = ()
+    ) -> bool:
+        """Tell ``parked`` and ``stranded`` what filter answered the pod: a node (nothing
+        to wake it for), or none, a refusal of one of topoplace's pods, noted for waking
+        (and, a pod alone, for the preemption topoplace starts on ``room``: the nodes
+        refused only for GPUs taken); True then."""
         if offered:
             self.parked.offered(req.key)
+            self.stranded.offered(req.key)
             return False
         if not self._ours(pod):
             return False
-        self.parked.note_refusal(req.key, self.cache.now())
+        now = self.cache.now()
+        self.parked.note_refusal(req.key, now)
+        if not req.gang:
+            self.stranded.refused(req.key, room, now)
         return True
 
     def send_reasons(self, offered: int) -> bool:
@@ -433,11 +466,20 @@ class Extender:
         gs = choose_gpus(snap, req, node, self.params)
         if not gs.gpus:  # pragma: no cover - feasible nodes always have a set
             return codes, basis
+        if not self._nominate(pod, req, node, gs.gpus):
+            return codes, basis
+        return narrowed, basis
+
+    def _nominate(
+        self, pod: Mapping[str, Any], req: PodRequest, node: str, gpus: tuple[int, ...]
+    ) -> bool:
+        """Hold ``gpus`` of ``node`` for the single GPU pod's bind (a nomination with
+        ``extender.nomination_ttl_seconds``); False when they are taken."""
         info = PodInfo(
             key=req.key,
             uid=str(meta(pod).get("uid") or ""),
             node=node,
-            gpus=gs.gpus,
+            gpus=tuple(gpus),
             # The request read them strictly (request_from_pod), so they equal what the
             # lenient pod_resource(pod, "cpu" / "memory") would read: values in range.
             cpu_milli=req.cpu_milli,
@@ -445,9 +487,17 @@ class Extender:
             assumed=True,
             raw=pod,
         )
-        if not self.cache.nominate(info, self.params.extender.nomination_ttl_seconds):
-            return codes, basis
-        return narrowed, basis
+        return self.cache.nominate(info, self.params.extender.nomination_ttl_seconds)
+
+    def hold_gpus(self, pod: Mapping[str, Any], req: PodRequest, node: str) -> bool:
+        """Hold for the single GPU pod the GPUs its filter would choose on ``node`` now (its
+        own earlier nomination released first); False when it does not fit there."""
+        with self.cache.lock:
+            snap = self._decision_snapshot(req)
+            if fits_on(snap, req, node, self.params):
+                return False
+            gs = choose_gpus(snap, req, node, self.params)
+            return bool(gs.gpus) and self._nominate(pod, req, node, gs.gpus)
 
     def _filter_request(
         self, pod: Mapping[str, Any], head: bytes | None = None

@@ -172,11 +172,6 @@ def share_filter(
         best = best_decision(got)
         if best is not None:
             feasible = _nominate(ext, pod, pod_req, best.node, feasible, failed, shares=best.shares)
-    if feasible:
-        ext.stranded.offered(pod_req.key)
-    elif ext._ours(pod):  # kube-scheduler may see room on these and never preempt
-        room = [n for n, why in failed.items() if why == REASON_NO_SHARE_ROOM]
-        ext.stranded.refused(pod_req.key, room, ext.cache.now())
     _record_share(ext, "filter", pod_req, got, failed, unres)
     return _filter_reply(ext, feasible, failed, unres, items)
 

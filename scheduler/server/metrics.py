@@ -114,8 +114,8 @@ class Metrics:
         )
         self.started_preemptions = Counter(
             "topoplace_started_preemptions",
-            "Preemptions topoplace started for fractional pods kube-scheduler sees room for "
-            "but no GPU has the memory (started: victims evicted; none: nothing to preempt; "
+            "Preemptions topoplace started for pods kube-scheduler sees room for but whose "
+            "GPUs topoplace finds taken (started: victims evicted; none: nothing to preempt; "
             "dry_run: only logged; woken: victims gone, the pod woken; gave_up: victims "
             "still there after a minute)",
             ["outcome"],

@@ -14,8 +14,10 @@ answers with the node and victims it chooses:
    (kube-scheduler's first rule among candidate nodes, which topoplace keeps);
 4. a HAMi pod: the victim is the pod whose GPU then has the memory the pod asks, not the
    one kube-scheduler's replica count picks;
-5. a HAMi pod kube-scheduler sees a free replica for (so it never preempts): topoplace
-   preempts on its own (``sharing.preempt``), holds the shares and wakes the pod.
+5. a pod kube-scheduler sees room for (so it never preempts) while topoplace finds its GPUs
+   taken: a HAMi pod on a free replica without the memory, a pod that needs NVLink on a
+   DGX-1 whose four free GPUs form no ring. topoplace preempts on its own
+   (``preemption.start``), holds the GPUs and wakes the pod.
 
 Gangs preempting in whole, and a gang that cannot fit evicting nothing, are here too.
 PriorityClasses are the suite's own (cluster-scoped, named after the run, deleted after).
@@ -29,9 +31,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import yaml
 
+from scheduler.core.model import PLACEMENT_ANNOTATION
 from tests.kube.conftest import REPO, Topoplace, make_gpu_node, shipped_scheduler_wanted
 from tests.kube.test_dra import _metric, kube_api  # noqa: F401 (a fixture)
 from tests.kube.test_live import (  # noqa: F401 (clean: autouse)
@@ -103,14 +107,20 @@ def _uids(core: Any, namespace: str) -> dict[str, str]:
 
 @contextlib.contextmanager
 def _nodes(
-    core: Any, namespace: str, run_id: str, tag: str, count: int
+    core: Any,
+    namespace: str,
+    run_id: str,
+    tag: str,
+    count: int,
+    labels: dict[str, str] | None = None,
 ) -> Iterator[tuple[str, list[str]]]:
-    """``count`` fresh GPU nodes labelled for this test: (label, names); on the way out
-    the namespace's pods are deleted and the nodes removed."""
+    """``count`` fresh GPU nodes labelled for this test (DGX H100 unless ``labels`` say
+    otherwise): (label, names); on the way out the namespace's pods are deleted and the
+    nodes removed."""
     label = f"{run_id}-{tag}"
     nodes = [f"tp-it-{run_id}-{tag}-{i}" for i in range(count)]
     for n in nodes:
-        make_gpu_node(core, n, label)
+        make_gpu_node(core, n, label, labels=labels)
     try:
         yield label, nodes
     finally:
@@ -437,7 +447,7 @@ def test_a_hami_pod_kube_scheduler_sees_room_for_gets_its_victims_from_topoplace
     # on GPU 0, c1 (8,000) and d1 (6,000) on GPU 1; four of eight replicas free, 1,360 MiB
     # free on each GPU. A pod asking 10,000 MiB passes kube-scheduler's replica count, so
     # its DefaultPreemption names no victim and never calls the preempt verb: without
-    # topoplace's own preemption (sharing.preempt) the pod waits for ever. topoplace
+    # topoplace's own preemption (preemption.start) the pod waits for ever. topoplace
     # evicts b0 (GPU 0 then has the memory; freeing GPU 1 would take two pods), holds
     # the shares and wakes the pod, which binds on GPU 0.
     from kubernetes import client
@@ -534,3 +544,62 @@ def _hami_pod(
             "hami.io/bind-phase": "success",
         }
     return p
+
+
+def test_a_pod_that_needs_nvlink_gets_a_ring_kube_scheduler_cannot_see_freed_by_topoplace(
+    core: Any,
+    namespace: str,
+    topoplace: Topoplace,
+    scheduler_name: str,
+    run_id: str,
+    priorities: dict[int, str],
+) -> None:
+    # A DGX-1 V100 (hybrid cube-mesh) with one-GPU pods of low priority on GPUs 1, 2, 4
+    # and 7: GPUs 0, 3, 5 and 6 are free, four by kube-scheduler's count but no NVLink
+    # ring. A 4-GPU pod that needs NVLink passes kube-scheduler's filters, so it never
+    # preempts; topoplace evicts the pods on 4 and 7 and the pod binds on the quad 4-7.
+    dgx1 = {
+        "nvidia.com/gpu.product": "Tesla-V100-SXM2-32GB",
+        "nvidia.com/gpu.machine": "DGX-1",
+        "nvidia.com/gpu.family": "volta",
+    }
+    lo, hi = priorities[LOW], priorities[HIGH]
+    with _nodes(core, namespace, run_id, "started-ring", 1, dgx1) as (label, nodes):
+        (node,) = nodes
+        for g in (1, 2, 4, 7):
+            placement = orjson.dumps({"gpus": [g], "node": node, "v": 1}).decode()
+            p = _pod(f"one-{g}", 1, scheduler_name, label, lo)
+            p["spec"]["nodeName"] = node
+            p["metadata"]["annotations"] = {PLACEMENT_ANNOTATION: placement}
+            core.create_namespaced_pod(namespace, p)
+        wait_for(
+            lambda: (
+                sorted(
+                    g
+                    for i in topoplace.get("/v1/inspect/placements")["placements"]
+                    if i["node"] == node
+                    for g in i["gpus"]
+                )
+                == [1, 2, 4, 7]
+            ),
+            10,
+            "topoplace to see the four pods' GPUs",
+        )
+        before = _uids(core, namespace)
+        nvlink = {"topoplace.io/min-link": "nvlink"}
+        core.create_namespaced_pod(
+            namespace, _pod("urgent-ring", 4, scheduler_name, label, hi, annotations=nvlink)
+        )
+        got = wait_for(lambda: bound(core, namespace, ["urgent-ring"]), 60, "urgent bound")
+        assert got["urgent-ring"].spec.node_name == node
+        record = orjson.loads(got["urgent-ring"].metadata.annotations[PLACEMENT_ANNOTATION])
+        assert record["gpus"] == [4, 5, 6, 7]
+        after = _uids(core, namespace)
+        assert "one-4" not in after and "one-7" not in after
+        assert all(after.get(n) == before[n] for n in ("one-1", "one-2")), after
+        mine = _named_victims(topoplace, namespace, "urgent-ring")
+        assert [a["by"] for a in mine] == ["topoplace"], mine
+        assert [v["pod"] for v in mine[0]["chosen"]["victims"]] == [
+            f"{namespace}/one-4",
+            f"{namespace}/one-7",
+        ]

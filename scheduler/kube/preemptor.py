@@ -1,6 +1,6 @@
-"""Evict for a fractional pod kube-scheduler will not preempt for (policy ``sharing.preempt``).
+"""Evict for a pod kube-scheduler will not preempt for (policy ``preemption.start``).
 
-The decisions are ``scheduler.server.share_preemption``'s (why kube-scheduler does not
+The decisions are ``scheduler.server.started_preemption``'s (why kube-scheduler does not
 preempt: ``scheduler.runtime.stranded``); this module does the writes, from the kube
 janitor's loop (every second), only while the extender is ready and, with HA, this
 replica leads:
@@ -12,13 +12,13 @@ replica leads:
   ``stranded.GIVE_UP_S`` if a victim stays. RBAC: ``create`` on ``pods/eviction``;
 - an Event on each victim (reason :data:`EVENT_REASON`, as kube-scheduler's
   ``Preempted``), naming the pod it makes room for;
-- once the victims are gone (the watch saw them go), the pod's shares are held for it
-  and the pod is woken (``topoplace.io/requeue``, :class:`scheduler.kube.waker.PodWaker`):
-  a deletion moves pods that an in-tree plugin rejected, not one only topoplace refused.
+- once the victims are gone (the watch saw them go), the pod's GPUs are held for it and
+  the pod is woken (``topoplace.io/requeue``, :class:`scheduler.kube.waker.PodWaker`): a
+  deletion moves pods that an in-tree plugin rejected, not one only topoplace refused.
 
-``sharing.preempt: dry-run`` logs and counts what would be evicted; ``off`` does nothing.
+``preemption.start: dry-run`` logs and counts what would be evicted; ``off`` does nothing.
 Metrics: ``topoplace_started_preemptions{outcome}``, and
-``topoplace_remediation_evictions{kind="share-preemption",outcome}`` per eviction.
+``topoplace_remediation_evictions{kind="started-preemption",outcome}`` per eviction.
 """
 
 from __future__ import annotations
@@ -31,17 +31,17 @@ from typing import Any
 from scheduler.kube.client import ApiError, KubeApi
 from scheduler.kube.metrics import KubeMetrics
 from scheduler.kube.remediator import eviction_event
-from scheduler.server import share_preemption
+from scheduler.server import started_preemption
 
 log = logging.getLogger(__name__)
 
 EVENT_REASON = "Preempted"
 """The victims' Event reason (kube-scheduler's for the pods it preempts)."""
-KIND = "share-preemption"
+KIND = "started-preemption"
 """The ``kind`` label of these evictions in ``topoplace_remediation_evictions``."""
 
 
-class SharePreemptor:
+class Preemptor:
     """Acts on ``ext.stranded`` (see the module docstring).
 
     Args:
@@ -70,7 +70,7 @@ class SharePreemptor:
     def tick(self) -> list[tuple[str, str]]:
         """One pass: settle the preemptions in progress (wake the pods whose victims are
         gone), then start those due. Returns (pod, what happened) for each acted on."""
-        mode = self.ext.params.sharing.preempt
+        mode = self.ext.params.preemption.start
         if mode == "off" or not self.may_act():
             return []
         done: list[tuple[str, str]] = []
@@ -80,10 +80,10 @@ class SharePreemptor:
             held = cache.snapshot().pods
             self.ext.stranded.prune(lambda k: k not in held and cache.pending(k) is not None)
         for key, _rec in self.ext.stranded.in_progress():
-            outcome = share_preemption.settle(self.ext, key)
+            outcome = started_preemption.settle(self.ext, key)
             if outcome:
                 done.append((key, outcome))
-            if outcome == share_preemption.WOKEN:
+            if outcome == started_preemption.WOKEN:
                 woken.append(key)
         if woken:
             try:
@@ -91,7 +91,7 @@ class SharePreemptor:
             except Exception:  # the waker is an I/O edge: never let it break the loop
                 log.exception("waking preemptors failed")
         for key in self.ext.stranded.due(self.ext.cache.now()):
-            chosen = share_preemption.start(self.ext, key, dry_run=mode == "dry-run")
+            chosen = started_preemption.start(self.ext, key, dry_run=mode == "dry-run")
             if chosen is None:
                 continue
             for v in chosen.victims:
@@ -107,7 +107,7 @@ class SharePreemptor:
                 return self._count("gone")
             log.warning("preemption for %s: eviction of %s refused: %s", preemptor, pod, exc)
             return self._count("blocked" if exc.status == 429 else "error")
-        note = f"preempted by topoplace on {node} for {preemptor}, which needs its GPU memory"
+        note = f"preempted by topoplace on {node} for {preemptor}, which needs its GPUs"
         try:
             self.api.create_event(
                 ns, eviction_event(ns, name, uid, EVENT_REASON, note, self.instance)

@@ -1,24 +1,27 @@
-"""Preemption topoplace starts for a fractional pod kube-scheduler will not preempt for.
+"""Preemption topoplace starts for a pod kube-scheduler will not preempt for.
 
 Why kube-scheduler does not: see ``scheduler.runtime.stranded``. This module is the
 decision, over the extender's cache; the writes (evictions, Events, the wake) are the kube
-adapter's (``scheduler.kube.share_preemptor``), and the offline replay calls the same
-functions (``benchmarks/live/preemption.py``).
+adapter's (``scheduler.kube.preemptor``), and the offline replay calls the same functions
+(``benchmarks/live/preemption.py``).
 
 * :func:`start` chooses the victims for a refused pod as the ``preempt`` verb would
-  (``core.preemption.select_victims`` with the pod's share), among the nodes its latest
-  filter refused only for share room, with no victim of kube-scheduler's to keep (it
-  proposed none). It never goes against a PodDisruptionBudget: a second preemptor next to
-  kube-scheduler evicts through the Eviction API, which refuses such evictions, so only
-  choices without a violation are taken (kube-scheduler's own rule would take the fewest).
-  It honours ``preemptionPolicy: Never``, skips gang members (whose shares are planned per
-  gang), and waits while an earlier preemption for the pod (the verb's or its own) still
-  stands. The answer goes into the preemption ledger with ``"by": "topoplace"``, so the
-  verb answers nothing more for the pod while its victims go, the gangs the victims
-  belong to are torn down by the remediator, and ``/v1/inspect/preemptions`` shows it.
+  (``core.preemption.select_victims``, with the pod's share for a HAMi or gpushare pod),
+  among the nodes its latest filter refused only because the GPUs it could use are taken,
+  with no victim of kube-scheduler's to keep (it proposed none). It never goes against a
+  PodDisruptionBudget: a second preemptor next to kube-scheduler evicts through the
+  Eviction API, which refuses such evictions, so only choices without a violation are
+  taken (kube-scheduler's own rule would take the fewest). It honours
+  ``preemptionPolicy: Never``, leaves gang members (the gang runtime plans them whole),
+  time-slicing replica pods and DRA claim pods alone, and waits while an earlier
+  preemption for the pod (the verb's or its own) still stands. The answer goes into the
+  preemption ledger with ``"by": "topoplace"``, so the verb answers nothing more for the
+  pod while its victims go, the gangs the victims belong to are torn down by the
+  remediator, and ``/v1/inspect/preemptions`` shows it.
 * :func:`settle` checks a preemption in progress: once every victim is gone from the
-  cache, the pod's shares on the node are held for it (a nomination, as filter's) and it
-  is due a wake; after ``stranded.GIVE_UP_S`` with victims still there it is given up.
+  cache, the pod's GPUs (or shares) on the node are held for it (a nomination, as
+  filter's) and it is due a wake; after ``stranded.GIVE_UP_S`` with victims still there it
+  is given up.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from scheduler.core.fractional import ShareError, ShareRequest
+from scheduler.core import dra
+from scheduler.core.fractional import ShareError, ShareRequest, is_share_pod
 from scheduler.core.model import PodRequest
 from scheduler.core.objects import ObjectError
 from scheduler.core.preemption import NodeChoice, broken_gangs, fits_on, select_victims
@@ -42,14 +46,18 @@ log = logging.getLogger(__name__)
 BY = "topoplace"
 """The ``by`` of the ledger's answers for preemptions topoplace started."""
 REASON_NEVER = "preemptionPolicy: Never"
-REASON_GANG = "a gang member (its shares are planned with its gang)"
+REASON_GANG = "a gang member (the gang runtime places its gang whole)"
+REASON_KIND = "not a pod of whole GPUs or GPU shares (replica and claim pods are not covered)"
 WOKEN = "woken"
 GAVE_UP = "gave_up"
 
 
-def _read(ext: Extender, key: str) -> tuple[Mapping[str, Any], PodRequest, ShareRequest] | str:
-    """The pending pod, its request and its share; or why it is not preempted for."""
-    from scheduler.server.fractional_verbs import pod_share_request
+def _read(
+    ext: Extender, key: str
+) -> tuple[Mapping[str, Any], PodRequest, ShareRequest | None] | str:
+    """The pending pod, its request and its share (None: whole GPUs); or why it is not
+    preempted for."""
+    from scheduler.server.fractional_verbs import is_replica_pod, pod_share_request
 
     pod = ext.cache.pending(key)
     if pod is None or key in ext.cache.snapshot().pods:
@@ -59,11 +67,13 @@ def _read(ext: Extender, key: str) -> tuple[Mapping[str, Any], PodRequest, Share
         return REASON_NEVER
     try:
         req = ext._request(pod, None)
-        share = pod_share_request(ext, pod)
+        share = pod_share_request(ext, pod) if is_share_pod(pod) else None
     except (ObjectError, ShareError) as exc:
         return f"invalid pod: {exc}"
     if req.gang:
         return REASON_GANG
+    if share is None and (req.gpus <= 0 or dra.uses_claims(pod) or is_replica_pod(ext, pod, req)):
+        return REASON_KIND
     return pod, req, share
 
 
@@ -100,7 +110,7 @@ def start(ext: Extender, key: str, dry_run: bool = False) -> NodeChoice | None:
         "dry_run": dry_run,
         "priority": req.priority,
         "gpus": req.gpus,
-        "share": share.form,
+        "share": share.form if share is not None else "",
         "proposed": {n: 0 for n in sorted(nodes)},
         "chosen": chosen.as_dict() if chosen is not None else None,
         "options": len(decision.options),
@@ -119,7 +129,7 @@ def start(ext: Extender, key: str, dry_run: bool = False) -> NodeChoice | None:
                 key,
                 answer["reason"]
                 or "; ".join(f"{n}: {r}" for n, r in sorted(decision.refused.items())[:5])
-                or "no node refused it for share room only",
+                or "no node was refused only for GPUs taken",
             )
         else:
             ext.metrics.child(ext.metrics.started_preemptions, "dry_run").inc()
@@ -137,7 +147,7 @@ def start(ext: Extender, key: str, dry_run: bool = False) -> NodeChoice | None:
     for v in chosen.victims:
         ext.metrics.child(ext.metrics.preemption_victims, "yes" if v.gang else "no").inc()
     log.info(
-        "preemption for %s (kube-scheduler sees room, no GPU has the memory): %s, victims %s",
+        "preemption for %s (kube-scheduler sees room, topoplace's GPUs are taken): %s, victims %s",
         key,
         chosen.node,
         ", ".join(v.pod for v in chosen.victims),
@@ -147,9 +157,9 @@ def start(ext: Extender, key: str, dry_run: bool = False) -> NodeChoice | None:
 
 def settle(ext: Extender, key: str) -> str:
     """Check ``key``'s preemption in progress: :data:`WOKEN` when its victims are gone
-    (the pod's shares on the node are held for it now, when they still fit: the caller
-    wakes it), :data:`GAVE_UP` when they are still there after ``GIVE_UP_S``, "" while
-    they go."""
+    (the pod's GPUs or shares on the node are held for it now, when they still fit: the
+    caller wakes it), :data:`GAVE_UP` when they are still there after ``GIVE_UP_S``, ""
+    while they go."""
     from scheduler.server.fractional_verbs import hold_share
 
     rec = ext.stranded.get(key)
@@ -169,13 +179,16 @@ def settle(ext: Extender, key: str) -> str:
         ext.stranded.drop(key)
         return ""
     pod, req, share = got
-    held = hold_share(ext, pod, req, share, rec.node)
+    if share is not None:
+        held = hold_share(ext, pod, req, share, rec.node)
+    else:
+        held = ext.hold_gpus(pod, req, rec.node)
     ext.stranded.settled(key)
     ext.metrics.child(ext.metrics.started_preemptions, WOKEN).inc()
     log.info(
         "preemption for %s: victims gone from %s%s",
         key,
         rec.node,
-        ", its shares held" if held else " (its shares were taken meanwhile)",
+        ", its GPUs held" if held else " (its GPUs were taken meanwhile)",
     )
     return WOKEN

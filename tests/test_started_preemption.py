@@ -1,11 +1,14 @@
-"""Preemption topoplace starts for a HAMi pod kube-scheduler will not preempt for
-(``sharing.preempt``; scheduler/runtime/stranded.py, scheduler/server/share_preemption.py,
-scheduler/kube/share_preemptor.py).
+"""Preemption topoplace starts for a pod kube-scheduler will not preempt for
+(``preemption.start``; scheduler/runtime/stranded.py, scheduler/server/started_preemption.py,
+scheduler/kube/preemptor.py).
 
-One HAMi node of two T4s (15,360 MiB) split four ways: four pods hold four of its eight
-replicas but leave 1,360 MiB on each GPU. A pod asking 10,000 MiB passes kube-scheduler's
-replica count, so its DefaultPreemption finds no victim to name and never calls the
-``preempt`` verb; topoplace's filter refuses it, and topoplace preempts itself.
+Mostly one HAMi node of two T4s (15,360 MiB) split four ways: four pods hold four of its
+eight replicas but leave 1,360 MiB on each GPU. A pod asking 10,000 MiB passes
+kube-scheduler's replica count, so its DefaultPreemption finds no victim to name and never
+calls the ``preempt`` verb; topoplace's filter refuses it, and topoplace preempts itself.
+The same for a whole-GPU pod that needs NVLink on a DGX-1 V100 (the hybrid cube-mesh of
+``../shared/data/topologies/dgx1_v100_hybrid_cube_mesh.txt``) whose free GPUs form no
+NVLink ring.
 
 The filter and bind go over HTTP (the ASGI app); the evictions and Events go over real HTTP
 to :class:`RecordedApiServer`, which stands in for the API server (none runs in CI) and
@@ -23,11 +26,11 @@ import pytest
 from scheduler.core.disruption import BUDGETS_EXTRA
 from scheduler.core.params import SchedParams
 from scheduler.kube.metrics import KubeMetrics
-from scheduler.kube.share_preemptor import EVENT_REASON, SharePreemptor
+from scheduler.kube.preemptor import EVENT_REASON, Preemptor
 from scheduler.runtime.cache import ClusterCache
 from scheduler.runtime.stranded import GIVE_UP_S, GRACE_S, StrandedPods
 from scheduler.server.extender import Extender
-from scheduler.server.share_preemption import REASON_NEVER
+from scheduler.server.started_preemption import REASON_NEVER
 from tests.helpers import asgi_client
 from tests.kube.recorded import RecordedApiServer, recorded
 from tests.sharing.builders import hami_bound, hami_node, share_pod
@@ -68,7 +71,7 @@ def _budget(*names: str) -> dict[str, Any]:
 def _setup(
     preempt: str = "evict", keep: tuple[str, ...] = ()
 ) -> tuple[Extender, Clock, list[dict[str, Any]]]:
-    params = SchedParams.from_config({"sharing": {"preempt": preempt}})
+    params = SchedParams.from_config({"preemption": {"start": preempt}})
     pods = [hami_bound(n, g, m, NODE, priority=10) for n, (g, m) in FILL.items()]
     for p in pods:
         if p["metadata"]["name"] in keep:
@@ -101,13 +104,13 @@ def _sample(ext: Extender, name: str, **labels: str) -> float:
 _ADAPTER_METRICS: dict[int, KubeMetrics] = {}
 
 
-def _preemptor(srv: RecordedApiServer, ext: Extender, woken: list[str]) -> SharePreemptor:
+def _preemptor(srv: RecordedApiServer, ext: Extender, woken: list[str]) -> Preemptor:
     """The adapter over ``srv``, its metrics in the extender's registry (registered once)."""
     reg = ext.metrics.registry
     km = _ADAPTER_METRICS.get(id(reg))
     if km is None:
         km = _ADAPTER_METRICS[id(reg)] = KubeMetrics(reg)
-    return SharePreemptor(srv.api(), ext, km, lambda keys, why: woken.extend(keys))
+    return Preemptor(srv.api(), ext, km, lambda keys, why: woken.extend(keys))
 
 
 def test_the_pod_kube_scheduler_sees_room_for_gets_victims_freeing_one_gpu_and_binds() -> None:
@@ -184,7 +187,7 @@ def test_the_pod_kube_scheduler_sees_room_for_gets_victims_freeing_one_gpu_and_b
         _sample(
             ext,
             "topoplace_remediation_evictions_total",
-            kind="share-preemption",
+            kind="started-preemption",
             outcome="evicted",
         )
         == 1
@@ -314,3 +317,70 @@ def test_a_pod_deleted_after_an_attempt_is_forgotten() -> None:
         ext.cache.drop_pending(f"{NS}/urgent")  # the watch saw it deleted
         pre.tick()
     assert len(ext.stranded) == 0
+
+
+def test_a_pod_that_needs_nvlink_gets_a_ring_freed_where_kube_scheduler_counts_four_free() -> None:
+    # DGX-1 V100, one-GPU pods of low priority on GPUs 1, 2, 4 and 7: GPUs 0, 3, 5 and 6
+    # are free, four by kube-scheduler's count, but no NVLink ring (the cube-mesh quads
+    # are 0-3 and 4-7). A 4-GPU pod that needs NVLink on every hop: topoplace frees the
+    # quad 4-7 by evicting the pods on 4 and 7.
+    from benchmarks.clusters import make_pod
+    from tests.health.builders import dgx1
+
+    pods = []
+    for g in (1, 2, 4, 7):
+        p = make_pod(f"one-{g}", 1, node="v1", gpu_indices=[g])
+        p["spec"]["priority"] = 10
+        pods.append(p)
+    clock = Clock()
+    cache = ClusterCache.from_objects([dgx1("v1")], pods, SchedParams(), clock=clock)
+    ext = Extender(cache)
+    c = asgi_client(ext)
+    train = make_pod("train", 4, annotations={"topoplace.io/min-link": "nvlink"})
+    train["spec"]["priority"] = 1000
+    body = orjson.dumps({"Pod": train, "NodeNames": ["v1"]})
+    res = c.post("/scheduler/filter", content=body).json()
+    assert not res.get("NodeNames")
+    assert res["FailedNodes"]["v1"] == "no free GPU set meets the required link"
+    uid = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+    woken: list[str] = []
+    with RecordedApiServer() as srv:
+        for name in ("one-4", "one-7"):
+            srv.add(
+                "POST",
+                f"/api/v1/namespaces/default/pods/{name}/eviction",
+                201,
+                "eviction_201_created.json",
+            )
+        srv.add(
+            "POST",
+            "/apis/events.k8s.io/v1/namespaces/default/events",
+            201,
+            "event_201_created.json",
+        )
+        clock.t += GRACE_S
+        done = _preemptor(srv, ext, woken).tick()
+        sent = [json.loads(r["body"]) for r in srv.requests if r["path"].endswith("/eviction")]
+    assert done == [
+        ("default/train", "default/one-4: evicted"),
+        ("default/train", "default/one-7: evicted"),
+    ]
+    assert [b["deleteOptions"]["preconditions"]["uid"] for b in sent] == [
+        uid["one-4"],
+        uid["one-7"],
+    ]
+    (answer,) = c.get("/v1/inspect/preemptions").json()["recent"]
+    assert answer["by"] == "topoplace" and answer["share"] == ""
+    assert answer["chosen"]["gpus"] == [4, 5, 6, 7] and answer["chosen"]["bottleneck_gbps"] > 0
+    for name in ("one-4", "one-7"):
+        cache.delete_pod(f"default/{name}")
+    with RecordedApiServer() as srv:
+        assert _preemptor(srv, ext, woken).tick() == [("default/train", "woken")]
+    assert woken == ["default/train"]
+    assert cache.snapshot().pods["default/train"].gpus == (4, 5, 6, 7)  # held for it
+    assert c.post("/scheduler/filter", content=body).json()["NodeNames"] == ["v1"]
+    bind = {"PodName": "train", "PodNamespace": "default", "PodUID": train["metadata"]["uid"]}
+    assert c.post("/scheduler/bind", content=orjson.dumps({**bind, "Node": "v1"})).json() == {
+        "Error": ""
+    }
+    assert cache.snapshot().pods["default/train"].gpus == (4, 5, 6, 7)
