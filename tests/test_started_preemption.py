@@ -384,3 +384,20 @@ def test_a_pod_that_needs_nvlink_gets_a_ring_freed_where_kube_scheduler_counts_f
         "Error": ""
     }
     assert cache.snapshot().pods["default/train"].gpus == (4, 5, 6, 7)
+
+
+def test_a_pod_with_nothing_of_lower_priority_on_its_nodes_costs_no_search() -> None:
+    from scheduler.core.preemption import lowest_priorities
+
+    ext, clock, _ = _setup()
+    assert lowest_priorities(ext.cache.snapshot()) == {NODE: 10}
+    c = asgi_client(ext)
+    low = _urgent("low")
+    low["spec"]["priority"] = 10  # the same as every pod there: none may go
+    _filter(c, low)
+    with RecordedApiServer() as srv:
+        clock.t += GRACE_S
+        assert _preemptor(srv, ext, []).tick() == [] and srv.requests == []
+    assert c.get("/v1/inspect/preemptions").json()["recent"] == []  # not even an answer
+    assert _sample(ext, "topoplace_started_preemptions_total", outcome="none") == 1
+    assert ext.stranded.due(clock() + 100) == []  # tried: waits for another refusal

@@ -96,6 +96,7 @@ __all__ = [
     "Victim",
     "broken_gangs",
     "fits_on",
+    "lowest_priorities",
     "pod_priority",
     "select_victims",
     "without_lower",
@@ -223,6 +224,19 @@ class PreemptionDecision:
     chosen: NodeChoice | None
     options: tuple[NodeChoice, ...]
     refused: Mapping[str, str]
+
+
+def lowest_priorities(snap: ClusterSnapshot) -> dict[str, int]:
+    """Per node, the lowest priority of a pod there that preemption may evict (nodes
+    without one are absent): a pod of priority ``p`` can preempt only on nodes whose
+    value is below ``p``. One pass over the pods."""
+    out: dict[str, int] = {}
+    for p in snap.pods.values():
+        if _evictable(p):
+            v = pod_priority(p)
+            if v < out.get(p.node, v + 1):
+                out[p.node] = v
+    return out
 
 
 def without_lower(snap: ClusterSnapshot, priority: int) -> ClusterSnapshot:

@@ -28,6 +28,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from scheduler.core.preemption import lowest_priorities
 from scheduler.kube.client import ApiError, KubeApi
 from scheduler.kube.metrics import KubeMetrics
 from scheduler.kube.remediator import eviction_event
@@ -38,6 +39,9 @@ log = logging.getLogger(__name__)
 EVENT_REASON = "Preempted"
 """The victims' Event reason (kube-scheduler's for the pods it preempts)."""
 KIND = "started-preemption"
+MAX_STARTS = 32
+"""Pods looked at per pass at most, oldest refusal first (a victim search over thousands
+of nodes takes some 200 ms; the rest wait for the next second)."""
 """The ``kind`` label of these evictions in ``topoplace_remediation_evictions``."""
 
 
@@ -90,10 +94,13 @@ class Preemptor:
                 self.wake(woken, "the pods topoplace preempted for it are gone")
             except Exception:  # the waker is an I/O edge: never let it break the loop
                 log.exception("waking preemptors failed")
-        for key in self.ext.stranded.due(self.ext.cache.now()):
-            chosen = started_preemption.start(self.ext, key, dry_run=mode == "dry-run")
+        due = self.ext.stranded.due(cache.now())
+        lowest = lowest_priorities(cache.snapshot()) if due else {}
+        for key in due[:MAX_STARTS]:
+            chosen = started_preemption.start(self.ext, key, mode == "dry-run", lowest)
             if chosen is None:
                 continue
+            lowest = lowest_priorities(cache.snapshot())  # its victims are going
             for v in chosen.victims:
                 done.append((key, f"{v.pod}: {self._evict(key, chosen.node, v.pod, v.uid)}"))
         return done

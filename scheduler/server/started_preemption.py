@@ -34,7 +34,13 @@ from scheduler.core import dra
 from scheduler.core.fractional import ShareError, ShareRequest, is_share_pod
 from scheduler.core.model import PodRequest
 from scheduler.core.objects import ObjectError
-from scheduler.core.preemption import NodeChoice, broken_gangs, fits_on, select_victims
+from scheduler.core.preemption import (
+    NodeChoice,
+    broken_gangs,
+    fits_on,
+    lowest_priorities,
+    select_victims,
+)
 from scheduler.core.remediation import being_deleted
 from scheduler.runtime.stranded import GIVE_UP_S
 
@@ -77,11 +83,15 @@ def _read(
     return pod, req, share
 
 
-def start(ext: Extender, key: str, dry_run: bool = False) -> NodeChoice | None:
+def start(
+    ext: Extender, key: str, dry_run: bool = False, lowest: Mapping[str, int] | None = None
+) -> NodeChoice | None:
     """Choose victims for the stranded pod ``key`` (module docstring); records the answer
     and, unless ``dry_run`` (then it only logs and counts), marks the preemption in
     progress. Returns the choice (the caller evicts its victims), or None: nothing to
-    preempt now."""
+    preempt now. ``lowest``: :func:`core.preemption.lowest_priorities` of the current
+    snapshot (computed when not given; a caller starting several shares one), so a pod
+    with nothing of lower priority on its nodes costs no victim search."""
     rec = ext.stranded.get(key)
     if rec is None or rec.node:
         return None
@@ -99,7 +109,16 @@ def start(ext: Extender, key: str, dry_run: bool = False) -> NodeChoice | None:
     ):
         ext.stranded.tried(key, now)
         return None
-    nodes = {n: () for n in rec.nodes if n in snap.index}
+    if lowest is None:
+        lowest = lowest_priorities(snap)
+    nodes = {
+        n: () for n in rec.nodes if n in snap.index and lowest.get(n, req.priority) < req.priority
+    }
+    if not nodes:  # nothing of lower priority there: no search, no record
+        ext.stranded.tried(key, now)
+        ext.metrics.child(ext.metrics.started_preemptions, "none").inc()
+        log.debug("no preemption for %s: no pod of lower priority on its nodes", key)
+        return None
     decision = select_victims(snap, req, nodes, ext.params, share=share)
     chosen = next(
         (c for c in decision.options if not c.pdb_violations + c.members_pdb_violations), None
