@@ -63,6 +63,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from benchmarks.clusters import hami_register, make_node, make_pod
@@ -72,8 +73,14 @@ from scheduler.core.fractional import HAMI_ALLOCATED, HAMI_REGISTER, hami_device
 from scheduler.core.model import PLACEMENT_ANNOTATION
 from scheduler.core.objects import placement_value, request_from_pod
 from scheduler.core.params import SchedParams
-from scheduler.core.preemption import pod_priority, select_victims, without_lower
-from scheduler.core.schedule import place_pod
+from scheduler.core.preemption import (
+    lowest_priorities,
+    pod_priority,
+    select_victims,
+    started_choice,
+    without_lower,
+)
+from scheduler.core.schedule import ROOM_CODES, filter_codes, place_pod
 from scheduler.core.snapshot import (
     ClusterSnapshot,
     build_snapshot,
@@ -410,6 +417,24 @@ def in_tree_candidates(snap: ClusterSnapshot, req: Any) -> dict[str, set[str]]:
     return out
 
 
+def started_candidates(snap: ClusterSnapshot, req: Any, params: SchedParams) -> Any:
+    """The victim search of a preemption topoplace starts itself
+    (``server.started_preemption``): over the nodes kube-scheduler's filters pass (GPU
+    count, CPU and memory free now, so its dry run names no victim there) that topoplace
+    refuses only for GPUs taken, where a pod of lower priority is."""
+    lowest = lowest_priorities(snap)
+    cands = []
+    for i, n in enumerate(snap.nodes):
+        free = n.gpu_allocatable - sum(len(p.gpus) for p in snap.pods_on(n.name))
+        cpu_ok = not n.cpu_milli or n.cpu_used_milli + req.cpu_milli <= n.cpu_milli
+        if free >= req.gpus and cpu_ok and lowest.get(n.name, req.priority) < req.priority:
+            cands.append(i)
+    pos = np.array(cands, dtype=np.int64)
+    codes = filter_codes(snap, req, pos, params) if len(pos) else pos
+    room = {snap.nodes[int(i)].name: () for i in pos[np.isin(codes, ROOM_CODES)]}
+    return select_victims(snap, req, room, params)
+
+
 def _offline_objects(sc: Scenario) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The filler pods with UIDs (the API server's part) and the budgets as ``extra``."""
     fill = []
@@ -433,10 +458,12 @@ def offline(sc: Scenario, params: SchedParams) -> list[Step]:
         res = place_pod(snap, req, params)
         if not res.ok:
             d = select_victims(snap, req, in_tree_candidates(snap, req), params)
-            if d.chosen is None:
+            c = d.chosen
+            if c is None and params.preemption.start == "evict":
+                c = started_choice(started_candidates(snap, req, params))
+            if c is None:
                 steps.append(step)
                 continue
-            c = d.chosen
             step.gone = [v.pod.split("/")[1] for v in c.victims] + [
                 k.split("/")[1] for k in c.gang_members
             ]

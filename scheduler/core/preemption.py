@@ -99,6 +99,7 @@ __all__ = [
     "lowest_priorities",
     "pod_priority",
     "select_victims",
+    "started_choice",
     "without_lower",
 ]
 
@@ -444,6 +445,16 @@ def select_victims(
             options.append(got)
     options.sort(key=lambda c: c.cost)
     return PreemptionDecision(options[0] if options else None, tuple(options), refused)
+
+
+def started_choice(decision: PreemptionDecision) -> NodeChoice | None:
+    """The choice for a preemption topoplace starts itself (no kube-scheduler candidates;
+    ``server.started_preemption``): the cheapest option that violates no
+    PodDisruptionBudget, its victims' or their torn-down gang members' (the Eviction API
+    would refuse those evictions), or None."""
+    return next(
+        (c for c in decision.options if not c.pdb_violations + c.members_pdb_violations), None
+    )
 
 
 def broken_gangs(snap: ClusterSnapshot, choice: NodeChoice, preemptor: str) -> list[Broken]:

@@ -49,15 +49,14 @@ from scheduler.core.objects import (
 from scheduler.core.preemption import broken_gangs, fits_on, select_victims
 from scheduler.core.remediation import being_deleted
 from scheduler.core.schedule import (
-    CODE_LINK_NOW,
     CODE_NODE_SELECTOR,
     CODE_NOT_CHOSEN,
-    CODE_NOT_ENOUGH_FREE,
     FEASIBLE,
     REASON_LINK_NOW,
     REASON_NOT_CHOSEN,
     REASON_NOT_ENOUGH_FREE,
     REASON_UNKNOWN_NODE,
+    ROOM_CODES,
     FilterOutcome,
     PlacementResult,
     choose_gpus,
@@ -233,12 +232,11 @@ def _gang_filter_info(out: FilterOutcome, candidates: int) -> dict[str, Any]:
     }
 
 
-ROOM_CODES = np.array([CODE_NOT_ENOUGH_FREE, CODE_LINK_NOW])
-"""Filter codes of a node kube-scheduler sent (so its in-tree filters passed with every pod
-in place) refused only because the GPUs the pod could use are taken: preempting there is
-topoplace's alone to start (``scheduler.runtime.stranded``)."""
 ROOM_REASONS = frozenset({REASON_NOT_ENOUGH_FREE, REASON_LINK_NOW, REASON_NO_SHARE_ROOM})
-"""The same, as reasons (the general filter path and fractional pods)."""
+"""Reasons of a node refused only because the GPUs the pod could use are taken
+(``schedule.ROOM_CODES``, and no share room for a fractional pod). On a node kube-scheduler
+sent (its in-tree filters passed with every pod in place) preempting there is topoplace's
+alone to start (``scheduler.runtime.stranded``)."""
 
 
 def _names_at(snap: ClusterSnapshot, positions: Any) -> list[str]:

@@ -40,6 +40,7 @@ from scheduler.core.preemption import (
     fits_on,
     lowest_priorities,
     select_victims,
+    started_choice,
 )
 from scheduler.core.remediation import being_deleted
 from scheduler.runtime.stranded import GIVE_UP_S
@@ -120,9 +121,7 @@ def start(
         log.debug("no preemption for %s: no pod of lower priority on its nodes", key)
         return None
     decision = select_victims(snap, req, nodes, ext.params, share=share)
-    chosen = next(
-        (c for c in decision.options if not c.pdb_violations + c.members_pdb_violations), None
-    )
+    chosen = started_choice(decision)
     answer = {
         "pod": key,
         "by": BY,
