@@ -23,10 +23,13 @@ Arms, each on a fresh control plane, kube-scheduler with the shipped configurati
 
 * ``topoplace``: as shipped (``preemptVerb: preempt``, the shipped policy: a preempted
   gang's other members evicted by the remediator);
-* ``in-tree victims``: the same without ``preemptVerb``: kube-scheduler's DefaultPreemption
-  chooses node and victims by its dry run over in-tree filters (GPU counts), topoplace
-  still filters, prioritizes and binds (what topoplace did before it answered
-  preemptions).
+* ``in-tree victims``: the same without ``preemptVerb`` and with ``preemption.start:
+  off``: kube-scheduler's DefaultPreemption chooses node and victims by its dry run over
+  in-tree filters (GPU counts), topoplace still filters, prioritizes and binds (what
+  topoplace did before it answered preemptions);
+* ``verb only``: ``preemptVerb`` answered, ``preemption.start: off`` (what topoplace did
+  before it started preemptions kube-scheduler does not: with ``--fractional``, arrivals
+  that find a free replica without the memory wait).
 
 **Fractional** (``--fractional``): ``--t4`` nodes of four T4s (15,360 MiB) registered
 for HAMi, each GPU split four ways (``nvidia.com/gpu`` advertised as 16 replicas) and
@@ -40,8 +43,9 @@ with kube-scheduler's candidates by replica count, bind), with the live policy
 The offline row is the engine on the same objects (:func:`offline`): each arrival placed
 by ``place_pod`` if it fits, else preempted by ``select_victims`` among the nodes
 kube-scheduler's dry run would offer (where the pod fits by GPU count, CPU and memory
-once every lower-priority pod is gone), the victims and the rest of their gangs removed,
-the pod placed on the chosen node with the chosen GPUs. The live topoplace arm is compared
+once every lower-priority pod is gone), or, when none helps there, by the preemption
+topoplace starts itself (:func:`started_candidates`), the victims and the rest of their
+gangs removed, the pod placed on the chosen node with the chosen GPUs. The live topoplace arm is compared
 arrival by arrival: the same node, the same pods gone.
 
 Figures per arm: arrivals placed, pods and GPUs preempted, gang members torn down, gangs
@@ -611,7 +615,7 @@ def _live_arm(sc: Scenario, args: argparse.Namespace, arm: str) -> tuple[list[St
             source=args.topoplace_src,
             policy=policy_file(out / f"policy-shares-{slug}.yaml", arm == "topoplace")
             if shares
-            else REPO / "config" / "policy.yaml",
+            else _whole_policy(out / f"policy-{slug}.yaml", arm == "topoplace"),
         )
         tp.start()
         cfg = render_config(load_shipped(), kc, tp.extender_url)
@@ -675,6 +679,15 @@ def _live_arm(sc: Scenario, args: argparse.Namespace, arm: str) -> tuple[list[St
             if proc is not None:
                 proc.stop()
         down_plane(api, plane, work_dir, out / "logs" / slug)
+
+
+def _whole_policy(path: Path, start: bool) -> Path:
+    """The shipped policy, with ``preemption.start: off`` unless ``start``."""
+    policy = yaml.safe_load((REPO / "config" / "policy.yaml").read_text())
+    if not start:
+        policy.setdefault("preemption", {})["start"] = "off"
+    path.write_text(yaml.safe_dump(policy))
+    return path
 
 
 def _settle(api: Any, tp: Any, quiet: float) -> None:
