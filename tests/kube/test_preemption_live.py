@@ -130,6 +130,37 @@ def _nodes(
                 core.delete_node(n)
 
 
+def _as_hami_t4s(core: Any, node: str, split: int) -> None:
+    """Make a test node a HAMi node of two T4s split ``split`` ways, as HAMi's device
+    plugin registers it (``nvidia.com/gpu`` advertised as the replicas)."""
+    from tests.sharing.builders import register
+
+    core.patch_node(
+        node,
+        {
+            "metadata": {
+                "labels": {"nvidia.com/gpu.product": "Tesla-T4"},
+                "annotations": {"hami.io/node-nvidia-register": register(node, 2, split=split)},
+            }
+        },
+    )
+    replicas = str(2 * split)
+    core.patch_node_status(
+        node,
+        {
+            "status": {
+                "capacity": {"nvidia.com/gpu": replicas},
+                "allocatable": {"nvidia.com/gpu": replicas},
+            }
+        },
+    )
+
+
+def _placed_on(topoplace: Topoplace, node: str) -> list[dict[str, Any]]:
+    """topoplace's placements on ``node`` (``/v1/inspect/placements``)."""
+    return [i for i in topoplace.get("/v1/inspect/placements")["placements"] if i["node"] == node]
+
+
 def _named_victims(topoplace: Topoplace, namespace: str, *pods: str) -> list[dict[str, Any]]:
     """topoplace's answers for ``pods`` that named victims (a retry before topoplace saw
     them go answers "waiting" and names none). The answers outlive a test (the suite's
@@ -372,29 +403,10 @@ def test_a_hami_pod_preempts_the_pod_whose_gpu_then_has_its_memory(
     # kube-scheduler counts replicas: freeing any one will do, and among equals its dry
     # run takes the pod started last, here a0, which leaves 3,360 MiB on GPU 0. topoplace
     # answers b0: GPU 0 then has the memory, and only one pod goes.
-    from tests.sharing.builders import register
-
     lo, hi = priorities[LOW], priorities[HIGH]
     with _nodes(core, namespace, run_id, "preempt-hami", 1) as (label, nodes):
         (node,) = nodes
-        core.patch_node(
-            node,
-            {
-                "metadata": {
-                    "labels": {"nvidia.com/gpu.product": "Tesla-T4"},
-                    "annotations": {"hami.io/node-nvidia-register": register(node, 2, split=2)},
-                }
-            },
-        )
-        core.patch_node_status(
-            node,
-            {
-                "status": {
-                    "capacity": {"nvidia.com/gpu": "4"},
-                    "allocatable": {"nvidia.com/gpu": "4"},
-                }
-            },
-        )
+        _as_hami_t4s(core, node, split=2)
 
         def hami(name: str, mem: int, pc: str, gpu: int | None = None) -> dict[str, Any]:
             at = node if gpu is not None else None
@@ -408,18 +420,7 @@ def test_a_hami_pod_preempts_the_pod_whose_gpu_then_has_its_memory(
                 name, namespace, {"status": {"phase": "Running", "startTime": started}}
             )
         wait_for(
-            lambda: (
-                len(
-                    [
-                        i
-                        for i in topoplace.get("/v1/inspect/placements")["placements"]
-                        if i["node"] == node
-                    ]
-                )
-                == 4
-            ),
-            10,
-            "topoplace to see the four pods' shares",
+            lambda: len(_placed_on(topoplace, node)) == 4, 10, "topoplace to see the four pods"
         )
         before = _uids(core, namespace)
         core.create_namespaced_pod(namespace, hami("urgent-hami", 10000, hi))
@@ -452,47 +453,17 @@ def test_a_hami_pod_kube_scheduler_sees_room_for_gets_its_victims_from_topoplace
     # the shares and wakes the pod, which binds on GPU 0.
     from kubernetes import client
 
-    from tests.sharing.builders import register
-
     lo, hi = priorities[LOW], priorities[HIGH]
     with _nodes(core, namespace, run_id, "started-hami", 1) as (label, nodes):
         (node,) = nodes
-        core.patch_node(
-            node,
-            {
-                "metadata": {
-                    "labels": {"nvidia.com/gpu.product": "Tesla-T4"},
-                    "annotations": {"hami.io/node-nvidia-register": register(node, 2, split=4)},
-                }
-            },
-        )
-        core.patch_node_status(
-            node,
-            {
-                "status": {
-                    "capacity": {"nvidia.com/gpu": "8"},
-                    "allocatable": {"nvidia.com/gpu": "8"},
-                }
-            },
-        )
+        _as_hami_t4s(core, node, split=4)
         fill = {"b0": (12000, 0), "a0": (2000, 0), "c1": (8000, 1), "d1": (6000, 1)}
         for name, (mem, gpu) in fill.items():
             core.create_namespaced_pod(
                 namespace, _hami_pod(name, mem, lo, scheduler_name, label, node, gpu)
             )
         wait_for(
-            lambda: (
-                len(
-                    [
-                        i
-                        for i in topoplace.get("/v1/inspect/placements")["placements"]
-                        if i["node"] == node
-                    ]
-                )
-                == 4
-            ),
-            10,
-            "topoplace to see the four pods' shares",
+            lambda: len(_placed_on(topoplace, node)) == 4, 10, "topoplace to see the four pods"
         )
         before = _uids(core, namespace)
         t0 = time.monotonic()
@@ -574,13 +545,7 @@ def test_a_pod_that_needs_nvlink_gets_a_ring_kube_scheduler_cannot_see_freed_by_
             core.create_namespaced_pod(namespace, p)
         wait_for(
             lambda: (
-                sorted(
-                    g
-                    for i in topoplace.get("/v1/inspect/placements")["placements"]
-                    if i["node"] == node
-                    for g in i["gpus"]
-                )
-                == [1, 2, 4, 7]
+                sorted(g for i in _placed_on(topoplace, node) for g in i["gpus"]) == [1, 2, 4, 7]
             ),
             10,
             "topoplace to see the four pods' GPUs",
