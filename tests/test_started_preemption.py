@@ -401,3 +401,28 @@ def test_a_pod_with_nothing_of_lower_priority_on_its_nodes_costs_no_search() -> 
     assert c.get("/v1/inspect/preemptions").json()["recent"] == []  # not even an answer
     assert _sample(ext, "topoplace_started_preemptions_total", outcome="none") == 1
     assert ext.stranded.due(clock() + 100) == []  # tried: waits for another refusal
+
+
+def test_the_preemptor_thread_acts_by_itself_and_not_when_off() -> None:
+    import time
+
+    ext, clock, _ = _setup()
+    _filter(asgi_client(ext), _urgent())
+    clock.t += GRACE_S
+    with RecordedApiServer() as srv:
+        srv.add("POST", _eviction("b0"), 201, "eviction_201_created.json")
+        srv.add("POST", EVENTS, 201, "event_201_created.json")
+        pre = _preemptor(srv, ext, [])
+        pre.start()
+        try:
+            deadline = time.monotonic() + 10
+            while not srv.requests and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            pre.stop()
+        assert srv.requests and srv.requests[0]["path"] == _eviction("b0")
+    off, _, _ = _setup(preempt="off")
+    with RecordedApiServer() as srv:
+        quiet = _preemptor(srv, off, [])
+        quiet.start()
+        assert quiet._thread is None

@@ -1,9 +1,10 @@
 """Evict for a pod kube-scheduler will not preempt for (policy ``preemption.start``).
 
 The decisions are ``scheduler.server.started_preemption``'s (why kube-scheduler does not
-preempt: ``scheduler.runtime.stranded``); this module does the writes, from the kube
-janitor's loop (every second), only while the extender is ready and, with HA, this
-replica leads:
+preempt: ``scheduler.runtime.stranded``); this module does the writes, from a thread of
+its own that looks every :data:`CHECK_S` (every :data:`SETTLE_CHECK_S` while victims are
+going, so the freed GPUs are held for the pod soon after the watch sees them go), only
+while the extender is ready and, with HA, this replica leads:
 
 - the victims go through the Eviction API (``policy/v1``, ``POST pods/{name}/eviction``)
   with their UID as a precondition and their own grace period, as kube-scheduler's
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +41,10 @@ log = logging.getLogger(__name__)
 EVENT_REASON = "Preempted"
 """The victims' Event reason (kube-scheduler's for the pods it preempts)."""
 KIND = "started-preemption"
+CHECK_S = 0.5
+"""Seconds between passes."""
+SETTLE_CHECK_S = 0.1
+"""Seconds between passes while a preemption's victims are going."""
 MAX_STARTS = 32
 """Pods looked at per pass at most, oldest refusal first (a victim search over thousands
 of nodes takes some 200 ms; the rest wait for the next second)."""
@@ -70,6 +76,29 @@ class Preemptor:
         self.wake = wake
         self.may_act = may_act
         self.instance = socket.gethostname()[:128] or "topoplace"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the checking thread (nothing when ``preemption.start`` is ``off``)."""
+        if self.ext.params.preemption.start == "off" or self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="kube-preempt", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the checking thread (an eviction in flight finishes)."""
+        self._stop.set()
+        t, self._thread = self._thread, None
+        if t is not None:
+            t.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(SETTLE_CHECK_S if self.ext.stranded.in_progress() else CHECK_S):
+            try:
+                self.tick()
+            except Exception:  # never let the loop die
+                log.exception("preempting for refused pods failed")
 
     def tick(self) -> list[tuple[str, str]]:
         """One pass: settle the preemptions in progress (wake the pods whose victims are

@@ -413,6 +413,8 @@ class KubeRuntime:
             self.follower.start()
         if self.remediator is not None:
             self.remediator.start()
+        if self.preemptor is not None:
+            self.preemptor.start()
         if self.options.expire_interval_s > 0 and self._janitor is None:
             self._janitor = threading.Thread(
                 target=self._expire_loop, name="kube-expire", daemon=True
@@ -446,11 +448,6 @@ class KubeRuntime:
                     self.extender.parked.poll(self.cache, window)
                 except Exception:
                     log.exception("waking refused pods failed")
-            if self.preemptor is not None:
-                try:
-                    self.preemptor.tick()
-                except Exception:
-                    log.exception("preempting for refused pods failed")
             every = self.options.health_refresh_interval_s
             tracker = self.cache.health_tracker
             if tracker is not None and every > 0 and time.monotonic() - last_refresh >= every:
@@ -477,6 +474,8 @@ class KubeRuntime:
         self._janitor_stop.set()
         if self.remediator is not None:
             self.remediator.stop()
+        if self.preemptor is not None:
+            self.preemptor.stop()
         if self.allocator is not None:
             self.allocator.stop()
         if self.follower is not None:

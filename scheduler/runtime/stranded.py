@@ -71,7 +71,7 @@ class Stranded:
 class StrandedPods:
     """Refused pods and topoplace's preemptions for them (module docstring).
 
-    Thread-safe: filter records refusals, the kube adapter's janitor acts.
+    Thread-safe: filter records refusals, the kube adapter's preemptor thread acts.
     """
 
     def __init__(self, limit: int = MAX_STRANDED) -> None:
