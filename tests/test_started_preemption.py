@@ -426,3 +426,62 @@ def test_the_preemptor_thread_acts_by_itself_and_not_when_off() -> None:
         quiet = _preemptor(srv, off, [])
         quiet.start()
         assert quiet._thread is None
+
+
+def test_the_verb_leaves_kube_schedulers_candidate_when_a_node_it_cannot_offer_costs_less() -> None:
+    # Two DGX-1 V100. v1: one-GPU pods on 0, 1, 2, 4, 5 (three free: kube-scheduler's
+    # count refuses it, so it is its preemption candidate; an NVLink quad there costs two
+    # pods). v2: pods on 0, 1, 2, 4 (four free, so kube-scheduler sends it to filter and
+    # never names victims there; the quad 4-7 costs one pod).
+    from benchmarks.clusters import make_pod
+    from tests.health.builders import dgx1
+
+    pods = []
+    for node, used in (("v1", (0, 1, 2, 4, 5)), ("v2", (0, 1, 2, 4))):
+        for g in used:
+            p = make_pod(f"{node}-{g}", 1, node=node, gpu_indices=[g])
+            p["spec"]["priority"] = 10
+            pods.append(p)
+    clock = Clock()
+    cache = ClusterCache.from_objects([dgx1("v1"), dgx1("v2")], pods, SchedParams(), clock=clock)
+    ext = Extender(cache)
+    c = asgi_client(ext)
+    train = make_pod("train", 4, annotations={"topoplace.io/min-link": "nvlink"})
+    train["spec"]["priority"] = 1000
+    res = c.post("/scheduler/filter", content=orjson.dumps({"Pod": train, "NodeNames": ["v2"]}))
+    assert not res.json().get("NodeNames")
+    kube = [{"UID": p["metadata"]["uid"]} for p in pods if p["spec"]["nodeName"] == "v1"]
+    args = {"Pod": train, "NodeNameToMetaVictims": {"v1": {"Pods": kube, "NumPDBViolations": 0}}}
+    r = c.post("/scheduler/preempt", content=orjson.dumps(args))
+    assert r.json() == {"NodeNameToMetaVictims": {}}  # kube-scheduler evicts nothing
+    (answer,) = c.get("/v1/inspect/preemptions").json()["recent"]
+    assert answer["reason"].startswith("topoplace preempts on v2 instead")
+    assert _sample(ext, "topoplace_preemptions_total", outcome="deferred") == 1
+    # topoplace then starts it on v2; with started preemptions off the verb names v1's two
+    with RecordedApiServer() as srv:
+        srv.add(
+            "POST",
+            "/api/v1/namespaces/default/pods/v2-4/eviction",
+            201,
+            "eviction_201_created.json",
+        )
+        srv.add(
+            "POST",
+            "/apis/events.k8s.io/v1/namespaces/default/events",
+            201,
+            "event_201_created.json",
+        )
+        clock.t += GRACE_S
+        assert _preemptor(srv, ext, []).tick() == [("default/train", "default/v2-4: evicted")]
+    off = Extender(
+        ClusterCache.from_objects(
+            [dgx1("v1"), dgx1("v2")],
+            pods,
+            SchedParams.from_config({"preemption": {"start": "off"}}),
+        )
+    )
+    oc = asgi_client(off)
+    oc.post("/scheduler/filter", content=orjson.dumps({"Pod": train, "NodeNames": ["v2"]}))
+    named = oc.post("/scheduler/preempt", content=orjson.dumps(args)).json()
+    assert sorted(named["NodeNameToMetaVictims"]) == ["v1"]
+    assert len(named["NodeNameToMetaVictims"]["v1"]["Pods"]) == 2

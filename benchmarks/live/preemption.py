@@ -57,6 +57,7 @@ node than its victims', or not placed), time from creation to bind (p50, p99).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import statistics
@@ -214,6 +215,34 @@ def build(seed: int, h100: int, v100: int, arrivals: int, protected: float = 0.0
         size = rnd.choice((1, 2, 4, 4, 8))
         link = "nvlink" if size == 4 and rnd.random() < 0.5 else ""
         arr.append(_pod(f"urgent-{i:02d}", size, "high", min_link=link))
+    return Scenario(nodes, fill, arr, [budget()] if protected > 0 else [])
+
+
+def build_rings(seed: int, v100: int, arrivals: int, protected: float = 0.0) -> Scenario:
+    """``--rings``: DGX-1 V100 nodes (hybrid cube-mesh) each with one-GPU pods of low or
+    mid priority on four GPUs whose four free GPUs form no NVLink ring, and arrivals of
+    4-GPU pods that need NVLink. kube-scheduler counts four free GPUs on every node, so
+    its dry run names no victim: only a preemption topoplace starts places them."""
+    from scheduler.core.linkclass import class_rank, feasible_sizes
+    from scheduler.core.model import indices_to_mask
+    from topology import CATALOG
+
+    rnd = random.Random(seed)
+    shape, nvlink = CATALOG["dgx1-v100"], class_rank("nvlink")
+    patterns = [
+        used
+        for used in itertools.combinations(range(8), 4)
+        if not (feasible_sizes(shape, indices_to_mask(set(range(8)) - set(used)))[nvlink] >> 4) & 1
+    ]
+    nodes = [make_node(f"v100-{i:02d}", 8, "v100", machine="DGX-1") for i in range(v100)]
+    fill = []
+    for n in nodes:
+        name = n["metadata"]["name"]
+        for g in rnd.choice(patterns):
+            cls = rnd.choice(("low", "low", "mid"))
+            fill.append(_pod(f"fill-{name[-2:]}-{g}", 1, cls, node=name, block=(g,)))
+    _protect(fill, seed, protected)
+    arr = [_pod(f"urgent-{i:02d}", 4, "high", min_link="nvlink") for i in range(arrivals)]
     return Scenario(nodes, fill, arr, [budget()] if protected > 0 else [])
 
 
@@ -463,8 +492,10 @@ def offline(sc: Scenario, params: SchedParams) -> list[Step]:
         if not res.ok:
             d = select_victims(snap, req, in_tree_candidates(snap, req), params)
             c = d.chosen
-            if c is None and params.preemption.start == "evict":
-                c = started_choice(started_candidates(snap, req, params))
+            if params.preemption.start == "evict":  # as started_preemption.cheaper_elsewhere
+                alt = started_choice(started_candidates(snap, req, params))
+                if alt is not None and (c is None or alt.cost < c.cost):
+                    c = alt
             if c is None:
                 steps.append(step)
                 continue
@@ -797,6 +828,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--t4", type=int, default=8, help="HAMi nodes with --fractional")
     ap.add_argument(
+        "--rings",
+        action="store_true",
+        help="DGX-1 nodes whose four free GPUs form no NVLink ring, arrivals needing one "
+        "(--v100 nodes; see build_rings)",
+    )
+    ap.add_argument(
         "--protected",
         type=float,
         default=0.2,
@@ -817,7 +854,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sc = build_shares(args.seed, args.t4, args.arrivals, args.protected)
         off = offline_shares(sc, policy_file(out / "policy-shares.yaml"))
     else:
-        sc = build(args.seed, args.h100, args.v100, args.arrivals, args.protected)
+        if args.rings:
+            sc = build_rings(args.seed, args.v100, args.arrivals, args.protected)
+        else:
+            sc = build(args.seed, args.h100, args.v100, args.arrivals, args.protected)
         policy = yaml.safe_load((REPO / "config" / "policy.yaml").read_text())
         off = offline(sc, SchedParams.from_config(policy))
     rows = {"offline topoplace": summarize(off, sc.fill)}

@@ -80,7 +80,7 @@ from scheduler.runtime.parked import ParkedPods
 from scheduler.runtime.preempted import PreemptionLedger
 from scheduler.runtime.share_fits import FitMemo
 from scheduler.runtime.stranded import StrandedPods
-from scheduler.server import wire
+from scheduler.server import started_preemption, wire
 from scheduler.server.decisions import DecisionLog, gang_member_summary
 from scheduler.server.fractional_verbs import (
     is_replica_pod,
@@ -969,6 +969,13 @@ class Extender:
             select_victims(snap, req, proposed, self.params, within, share) if not why else None
         )
         chosen = decision.chosen if decision is not None else None
+        elsewhere = started_preemption.cheaper_elsewhere(self, snap, req, share, chosen)
+        if elsewhere is not None:
+            why = (
+                f"topoplace preempts on {elsewhere.node} instead, where kube-scheduler sees "
+                f"room (victims {', '.join(v.pod for v in elsewhere.victims)})"
+            )
+            chosen = None
         answer = {
             "pod": req.key,
             "priority": req.priority,
@@ -989,9 +996,10 @@ class Extender:
             chosen.node if chosen else "",
         )
         if chosen is None:
-            self.metrics.child(self.metrics.preemptions, "none").inc()
+            outcome = "deferred" if elsewhere is not None else "none"
+            self.metrics.child(self.metrics.preemptions, outcome).inc()
             log.info(
-                "preemption for %s: none helps (%s)",
+                "preemption for %s: no victims named (%s)",
                 req.key,
                 why or "; ".join(f"{n}: {r}" for n, r in sorted(answer["refused"].items())[:5]),
             )

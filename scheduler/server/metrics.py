@@ -108,7 +108,8 @@ class Metrics:
             "topoplace_preemptions",
             "Preemption answers by outcome (chosen: topoplace named a node and its victims; "
             "none: preempting would not help; waiting: the pod's last victims are still "
-            "going; passed: kube-scheduler's victims passed through)",
+            "going; passed: kube-scheduler's victims passed through; deferred: topoplace "
+            "preempts on a node kube-scheduler sees room on instead, for less)",
             ["outcome"],
             registry=r,
         )

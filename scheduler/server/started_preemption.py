@@ -43,6 +43,7 @@ from scheduler.core.preemption import (
     started_choice,
 )
 from scheduler.core.remediation import being_deleted
+from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.runtime.stranded import GIVE_UP_S
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -171,6 +172,36 @@ def start(
         ", ".join(v.pod for v in chosen.victims),
     )
     return chosen
+
+
+def cheaper_elsewhere(
+    ext: Extender,
+    snap: ClusterSnapshot,
+    req: PodRequest,
+    share: ShareRequest | None,
+    chosen: NodeChoice | None,
+) -> NodeChoice | None:
+    """For the ``preempt`` verb: the preemption topoplace would start on the nodes the
+    pod's filter refused only for GPUs taken (which kube-scheduler never offers as
+    candidates), when it costs less than ``chosen``, the best among kube-scheduler's
+    candidates (or there is none); else None. The verb then answers nothing and the pod's
+    preemption is started by topoplace (:func:`start`), so a node kube-scheduler cannot
+    see as a candidate is not passed over for a costlier one it can (seen offline: three
+    pods evicted on kube-scheduler's only candidate where one pod elsewhere frees an
+    NVLink ring). Off with ``preemption.start: off`` and for gang members."""
+    rec = ext.stranded.get(req.key)
+    if ext.params.preemption.start != "evict" or req.gang or rec is None or rec.node:
+        return None
+    lowest = lowest_priorities(snap)
+    nodes = {
+        n: () for n in rec.nodes if n in snap.index and lowest.get(n, req.priority) < req.priority
+    }
+    if not nodes:
+        return None
+    alt = started_choice(select_victims(snap, req, nodes, ext.params, share=share))
+    if alt is None or (chosen is not None and chosen.cost <= alt.cost):
+        return None
+    return alt
 
 
 def settle(ext: Extender, key: str) -> str:
