@@ -142,6 +142,7 @@ def test_the_pod_kube_scheduler_sees_room_for_gets_victims_freeing_one_gpu_and_b
     assert sent[0][1] == want
     event = sent[1][1]
     assert (event["reason"], event["action"], event["type"]) == (EVENT_REASON, "Evict", "Warning")
+    assert event["reportingController"] == "topoplace.io/preemption"
     assert event["regarding"]["uid"] == uid["b0"] and f"for {NS}/urgent" in event["note"]
     view = c.get("/v1/inspect/preemptions").json()
     (answer,) = view["recent"]

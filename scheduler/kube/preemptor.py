@@ -12,7 +12,8 @@ while the extender is ready and, with HA, this replica leads:
   the choice) or an error leaves that pod in place; the preemption is given up after
   ``stranded.GIVE_UP_S`` if a victim stays. RBAC: ``create`` on ``pods/eviction``;
 - an Event on each victim (reason :data:`EVENT_REASON`, as kube-scheduler's
-  ``Preempted``), naming the pod it makes room for;
+  ``Preempted``; reporting controller :data:`CONTROLLER`), naming the pod it makes room
+  for;
 - once the victims are gone (the watch saw them go), the pod's GPUs are held for it and
   the pod is woken (``topoplace.io/requeue``, :class:`scheduler.kube.waker.PodWaker`): a
   deletion moves pods that an in-tree plugin rejected, not one only topoplace refused.
@@ -40,6 +41,8 @@ log = logging.getLogger(__name__)
 
 EVENT_REASON = "Preempted"
 """The victims' Event reason (kube-scheduler's for the pods it preempts)."""
+CONTROLLER = "topoplace.io/preemption"
+"""The Events' ``reportingController``."""
 KIND = "started-preemption"
 CHECK_S = 0.5
 """Seconds between passes."""
@@ -145,9 +148,8 @@ class Preemptor:
             return self._count("blocked" if exc.status == 429 else "error")
         note = f"preempted by topoplace on {node} for {preemptor}, which needs its GPUs"
         try:
-            self.api.create_event(
-                ns, eviction_event(ns, name, uid, EVENT_REASON, note, self.instance)
-            )
+            body = eviction_event(ns, name, uid, EVENT_REASON, note, self.instance, CONTROLLER)
+            self.api.create_event(ns, body)
         except ApiError as exc:
             log.warning("preemption: the Event about %s was not written: %s", pod, exc)
         return self._count("evicted")

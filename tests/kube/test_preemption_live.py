@@ -486,7 +486,7 @@ def test_a_hami_pod_kube_scheduler_sees_room_for_gets_its_victims_from_topoplace
         assert (ev.reason, ev.action, ev.reporting_controller) == (
             "Preempted",
             "Evict",
-            "topoplace.io/remediation",
+            "topoplace.io/preemption",
         )
         assert f"{namespace}/urgent-room" in ev.note
         print(f"urgent-room bound {took:.1f}s after creation")
