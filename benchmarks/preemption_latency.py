@@ -20,12 +20,17 @@ allowed each): half the pods are under a budget, as in a cluster with many servi
 Prints the conditions and, per case, the median and p99 ms over ``--runs`` answers (wall
 time, ``time.perf_counter``; the verb runs on a worker thread).
 
+A second table times the victim search of a preemption topoplace starts itself
+(``scheduler.server.started_preemption.start``, dry run) for a pod refused on every node,
+and the same call for a pod with nothing of lower priority on its nodes (its cheap exit).
+
 Run: ``python -m benchmarks.preemption_latency [--nodes 500 5000] [--runs 20]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import time
 from typing import Any
@@ -101,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         "| nodes | pods | candidates | preempt verb median | p99 | select_victims median | p99 | chosen |"
     )
     print("|---|---|---|---|---|---|---|---|")
+    started: list[str] = []
     for n in args.nodes:
         nodes, pods = cluster(n, args.budgets)
         extra = budgets(args.budgets) if args.budgets else None
@@ -142,7 +148,59 @@ def main(argv: list[str] | None = None) -> int:
             f"| {statistics.median(verb):.1f} | {p99(verb):.1f} "
             f"| {statistics.median(core):.1f} | {p99(core):.1f} | {chosen} |"
         )
+        started.append(_started(ext, pending, args.runs))
+    print()
+    print(
+        "preemption topoplace starts (``started_preemption.start``, dry run), in process: "
+        "the same clusters, the pod refused on every node for GPUs taken; the search is "
+        "bounded to max(100, 10 %) nodes; 'nothing lower': a pod of priority 10, whose "
+        "nodes hold nothing it may preempt (wall ms)"
+    )
+    print("| nodes | searched | start median | p99 | chosen | nothing lower median | p99 |")
+    print("|---|---|---|---|---|---|---|")
+    for row in started:
+        print(row)
     return 0
+
+
+def _started(ext: Any, pending: dict[str, Any], runs: int) -> str:
+    """One row of the started-preemption table for ``ext``'s cluster."""
+    import copy
+
+    from benchmarks.stats import p99
+    from scheduler.core.preemption import lowest_priorities
+    from scheduler.runtime.stranded import StrandedPods
+    from scheduler.server import started_preemption
+
+    logging.getLogger(started_preemption.__name__).setLevel(logging.ERROR)  # its dry-run lines
+    cache = ext.cache
+    snap = cache.snapshot()
+    names = [n.name for n in snap.nodes]
+    low = copy.deepcopy(pending)
+    low["metadata"]["name"], low["metadata"]["uid"] = "low", "uid-low"
+    low["spec"]["priority"] = 10
+    cache.remember_pending(pending)
+    cache.remember_pending(low)
+    searched = len(started_preemption.candidates(names, snap, lowest_priorities(snap), 1000))
+    times, cheap = [], []
+    chosen = ""
+    for _ in range(runs):
+        ext.preemptions = type(ext.preemptions)(cache.now)
+        ext.stranded = StrandedPods()
+        ext.stranded.refused("default/urgent", names, cache.now() - 10)
+        ext.stranded.refused("default/low", names, cache.now() - 10)
+        t = time.perf_counter()
+        started_preemption.start(ext, "default/urgent", dry_run=True)
+        times.append(1000 * (time.perf_counter() - t))
+        (answer,) = ext.preemptions.view()["recent"]
+        chosen = answer["chosen"]["node"]
+        t = time.perf_counter()
+        started_preemption.start(ext, "default/low", dry_run=True)
+        cheap.append(1000 * (time.perf_counter() - t))
+    return (
+        f"| {len(names)} | {searched} | {statistics.median(times):.1f} | {p99(times):.1f} "
+        f"| {chosen} | {statistics.median(cheap):.2f} | {p99(cheap):.2f} |"
+    )
 
 
 if __name__ == "__main__":

@@ -92,8 +92,12 @@ def test_the_latency_benchmark_runs_and_agrees_with_the_core(capsys) -> None:
     from benchmarks.preemption_latency import main as latency
 
     assert latency(["--nodes", "12", "--runs", "1"]) == 0
-    row = capsys.readouterr().out.strip().splitlines()[-1]
-    assert row.startswith("| 12 | 48 | 12 |") and row.endswith("| dgx-00001 |")
+    lines = capsys.readouterr().out.strip().splitlines()
+    verb = next(r for r in lines if r.startswith("| 12 | 48 |"))
+    assert verb.startswith("| 12 | 48 | 12 |") and verb.endswith("| dgx-00001 |")
+    # the started preemption's search chooses the same node as the verb
+    started = lines[-1].split(" | ")
+    assert started[0] == "| 12" and started[1] == "12" and started[4] == "dgx-00001"
 
 
 def test_budgets_protect_pods_offline_and_leave_the_seeds_scenario_as_it_was() -> None:

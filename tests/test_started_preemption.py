@@ -486,3 +486,28 @@ def test_the_verb_leaves_kube_schedulers_candidate_when_a_node_it_cannot_offer_c
     named = oc.post("/scheduler/preempt", content=orjson.dumps(args)).json()
     assert sorted(named["NodeNameToMetaVictims"]) == ["v1"]
     assert len(named["NodeNameToMetaVictims"]["v1"]["Pods"]) == 2
+
+
+def test_the_search_is_bounded_as_kube_schedulers_own_candidates_are() -> None:
+    from benchmarks.clusters import make_node, make_pod
+    from scheduler.core.preemption import lowest_priorities
+    from scheduler.core.snapshot import build_snapshot
+    from scheduler.server.started_preemption import candidates
+
+    nodes = [make_node(f"n{i:03d}", 8, "h100") for i in range(300)]
+    pods = []
+    for i in range(300):
+        p = make_pod(f"p{i:03d}", 1, node=f"n{i:03d}", gpu_indices=[0])
+        p["spec"]["priority"] = 10 + i % 7  # the lowest on a node: 10..16
+        pods.append(p)
+    snap = build_snapshot(nodes, pods, SchedParams())
+    lowest = lowest_priorities(snap)
+    names = [f"n{i:03d}" for i in range(300)] + ["gone"]
+    got = candidates(names, snap, lowest, 1000)
+    assert len(got) == 100  # max(100, 10 % of 300)
+    picked = sorted((lowest[n], n) for n in got)
+    assert picked == sorted((lowest[n], n) for n in names[:300])[:100]
+    assert max(lowest[n] for n in got) == 12  # 43 nodes at 10, 43 at 11, then some at 12
+    only_lowest = candidates(names, snap, lowest, 11)  # only pods of priority 10 may go
+    assert list(only_lowest) == [f"n{i:03d}" for i in range(0, 300, 7)]
+    assert candidates(names, snap, lowest, 10) == {}  # nothing lower than 10

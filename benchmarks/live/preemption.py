@@ -455,17 +455,19 @@ def started_candidates(snap: ClusterSnapshot, req: Any, params: SchedParams) -> 
     (``server.started_preemption``): over the nodes kube-scheduler's filters pass (GPU
     count, CPU and memory free now, so its dry run names no victim there) that topoplace
     refuses only for GPUs taken, where a pod of lower priority is."""
-    lowest = lowest_priorities(snap)
+    from scheduler.server.started_preemption import candidates
+
     cands = []
     for i, n in enumerate(snap.nodes):
         free = n.gpu_allocatable - sum(len(p.gpus) for p in snap.pods_on(n.name))
         cpu_ok = not n.cpu_milli or n.cpu_used_milli + req.cpu_milli <= n.cpu_milli
-        if free >= req.gpus and cpu_ok and lowest.get(n.name, req.priority) < req.priority:
+        if free >= req.gpus and cpu_ok:
             cands.append(i)
     pos = np.array(cands, dtype=np.int64)
     codes = filter_codes(snap, req, pos, params) if len(pos) else pos
-    room = {snap.nodes[int(i)].name: () for i in pos[np.isin(codes, ROOM_CODES)]}
-    return select_victims(snap, req, room, params)
+    room = [snap.nodes[int(i)].name for i in pos[np.isin(codes, ROOM_CODES)]]
+    nodes = candidates(room, snap, lowest_priorities(snap), req.priority)
+    return select_victims(snap, req, nodes, params)
 
 
 def _offline_objects(sc: Scenario) -> tuple[list[dict[str, Any]], dict[str, Any]]:

@@ -27,7 +27,7 @@ adapter's (``scheduler.kube.preemptor``), and the offline replay calls the same 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from scheduler.core import dra
@@ -58,6 +58,27 @@ REASON_GANG = "a gang member (the gang runtime places its gang whole)"
 REASON_KIND = "not a pod of whole GPUs or GPU shares (replica and claim pods are not covered)"
 WOKEN = "woken"
 GAVE_UP = "gave_up"
+
+
+MIN_CANDIDATES = 100
+"""Nodes searched for victims at least (see :func:`candidates`)."""
+CANDIDATES_SHARE = 0.1
+"""Share of the cluster's nodes searched for victims (see :func:`candidates`)."""
+
+
+def candidates(
+    nodes: Iterable[str], snap: ClusterSnapshot, lowest: Mapping[str, int], priority: int
+) -> dict[str, tuple[()]]:
+    """The nodes a started preemption searches for victims, as ``select_victims``'s
+    candidates (no victim of kube-scheduler's): those of ``nodes`` known and holding a pod
+    of lower priority than ``priority``, at most ``max(100, 10 % of the nodes)`` (the bound
+    kube-scheduler's DefaultPreemption puts on its own candidates, so a search costs what
+    the verb's does), the nodes with the lowest-priority pods first, then by name."""
+    cap = max(MIN_CANDIDATES, int(len(snap.nodes) * CANDIDATES_SHARE))
+    ok = sorted(
+        (lowest[n], n) for n in nodes if n in snap.index and lowest.get(n, priority) < priority
+    )
+    return {n: () for _, n in ok[:cap]}
 
 
 def _read(
@@ -113,9 +134,7 @@ def start(
         return None
     if lowest is None:
         lowest = lowest_priorities(snap)
-    nodes = {
-        n: () for n in rec.nodes if n in snap.index and lowest.get(n, req.priority) < req.priority
-    }
+    nodes = candidates(rec.nodes, snap, lowest, req.priority)
     if not nodes:  # nothing of lower priority there: no search, no record
         ext.stranded.tried(key, now)
         ext.metrics.child(ext.metrics.started_preemptions, "none").inc()
@@ -192,10 +211,7 @@ def cheaper_elsewhere(
     rec = ext.stranded.get(req.key)
     if ext.params.preemption.start != "evict" or req.gang or rec is None or rec.node:
         return None
-    lowest = lowest_priorities(snap)
-    nodes = {
-        n: () for n in rec.nodes if n in snap.index and lowest.get(n, req.priority) < req.priority
-    }
+    nodes = candidates(rec.nodes, snap, lowest_priorities(snap), req.priority)
     if not nodes:
         return None
     alt = started_choice(select_victims(snap, req, nodes, ext.params, share=share))
