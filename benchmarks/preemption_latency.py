@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         "preemption topoplace starts (``started_preemption.start``, dry run), in process: "
         "the same clusters, the pod refused on every node for GPUs taken; the search is "
         "bounded to max(100, 10 %) nodes; 'nothing lower': a pod of priority 10, whose "
-        "nodes hold nothing it may preempt (wall ms)"
+        "nodes hold nothing it may preempt; the nodes' lowest priorities computed once, as "
+        "the preemptor does per pass (wall ms)"
     )
     print("| nodes | searched | start median | p99 | chosen | nothing lower median | p99 |")
     print("|---|---|---|---|---|---|---|")
@@ -181,7 +182,8 @@ def _started(ext: Any, pending: dict[str, Any], runs: int) -> str:
     low["spec"]["priority"] = 10
     cache.remember_pending(pending)
     cache.remember_pending(low)
-    searched = len(started_preemption.candidates(names, snap, lowest_priorities(snap), 1000))
+    lowest = lowest_priorities(snap)  # once per pass in the preemptor, shared by its pods
+    searched = len(started_preemption.candidates(names, snap, lowest, 1000))
     times, cheap = [], []
     chosen = ""
     for _ in range(runs):
@@ -190,12 +192,12 @@ def _started(ext: Any, pending: dict[str, Any], runs: int) -> str:
         ext.stranded.refused("default/urgent", names, cache.now() - 10)
         ext.stranded.refused("default/low", names, cache.now() - 10)
         t = time.perf_counter()
-        started_preemption.start(ext, "default/urgent", dry_run=True)
+        started_preemption.start(ext, "default/urgent", True, lowest)
         times.append(1000 * (time.perf_counter() - t))
         (answer,) = ext.preemptions.view()["recent"]
         chosen = answer["chosen"]["node"]
         t = time.perf_counter()
-        started_preemption.start(ext, "default/low", dry_run=True)
+        started_preemption.start(ext, "default/low", True, lowest)
         cheap.append(1000 * (time.perf_counter() - t))
     return (
         f"| {len(names)} | {searched} | {statistics.median(times):.1f} | {p99(times):.1f} "

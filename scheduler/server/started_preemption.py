@@ -126,12 +126,6 @@ def start(
         return None
     _pod, req, share = got
     snap = ext.cache.snapshot()
-    live = {p.uid for p in snap.pods.values() if p.uid and not being_deleted(p)}
-    if ext.preemptions.waiting_for(
-        key, live.__contains__, lambda node: not fits_on(snap, req, node, ext.params, share)
-    ):
-        ext.stranded.tried(key, now)
-        return None
     if lowest is None:
         lowest = lowest_priorities(snap)
     nodes = candidates(rec.nodes, snap, lowest, req.priority)
@@ -139,6 +133,12 @@ def start(
         ext.stranded.tried(key, now)
         ext.metrics.child(ext.metrics.started_preemptions, "none").inc()
         log.debug("no preemption for %s: no pod of lower priority on its nodes", key)
+        return None
+    live = {p.uid for p in snap.pods.values() if p.uid and not being_deleted(p)}
+    if ext.preemptions.waiting_for(
+        key, live.__contains__, lambda node: not fits_on(snap, req, node, ext.params, share)
+    ):
+        ext.stranded.tried(key, now)
         return None
     decision = select_victims(snap, req, nodes, ext.params, share=share)
     chosen = started_choice(decision)
