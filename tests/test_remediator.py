@@ -206,7 +206,7 @@ def test_nothing_while_the_replica_may_not_act_or_mode_is_off() -> None:
         off = SchedParams.from_config({"remediation": {"mode": "off"}})
         rem = _remediator(srv, cache, off, Metrics(), wall)
         rem.start()
-        assert rem._thread is None and rem.tick() == []
+        assert not rem._loop.running and rem.tick() == []
         assert srv.requests == []
 
 

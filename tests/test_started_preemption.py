@@ -101,6 +101,18 @@ def _sample(ext: Extender, name: str, **labels: str) -> float:
     return 0.0 if v is None else v
 
 
+def _answers(srv: RecordedApiServer, ns: str, *names: str) -> None:
+    """The recorded 201s for the evictions of ``names`` in ``ns`` and for their Events."""
+    for name in names:
+        srv.add(
+            "POST",
+            f"/api/v1/namespaces/{ns}/pods/{name}/eviction",
+            201,
+            "eviction_201_created.json",
+        )
+    srv.add("POST", f"/apis/events.k8s.io/v1/namespaces/{ns}/events", 201, "event_201_created.json")
+
+
 _ADAPTER_METRICS: dict[int, KubeMetrics] = {}
 
 
@@ -124,8 +136,7 @@ def test_the_pod_kube_scheduler_sees_room_for_gets_victims_freeing_one_gpu_and_b
     woken: list[str] = []
     uid = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
     with RecordedApiServer() as srv:
-        srv.add("POST", _eviction("b0"), 201, "eviction_201_created.json")
-        srv.add("POST", EVENTS, 201, "event_201_created.json")
+        _answers(srv, NS, "b0")
         pre = _preemptor(srv, ext, woken)
         # within the grace kube-scheduler's own preemption would come: nothing yet
         assert pre.tick() == [] and srv.requests == []
@@ -224,9 +235,7 @@ def test_a_budget_over_one_pod_sends_the_preemption_to_the_other_gpu() -> None:
     c = asgi_client(ext)
     _filter(c, _urgent())
     with RecordedApiServer() as srv:
-        for name in ("c1", "d1"):
-            srv.add("POST", _eviction(name), 201, "eviction_201_created.json")
-        srv.add("POST", EVENTS, 201, "event_201_created.json")
+        _answers(srv, NS, "c1", "d1")
         clock.t += GRACE_S
         done = _preemptor(srv, ext, []).tick()
     assert done == [(f"{NS}/urgent", f"{NS}/c1: evicted"), (f"{NS}/urgent", f"{NS}/d1: evicted")]
@@ -346,19 +355,7 @@ def test_a_pod_that_needs_nvlink_gets_a_ring_freed_where_kube_scheduler_counts_f
     uid = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
     woken: list[str] = []
     with RecordedApiServer() as srv:
-        for name in ("one-4", "one-7"):
-            srv.add(
-                "POST",
-                f"/api/v1/namespaces/default/pods/{name}/eviction",
-                201,
-                "eviction_201_created.json",
-            )
-        srv.add(
-            "POST",
-            "/apis/events.k8s.io/v1/namespaces/default/events",
-            201,
-            "event_201_created.json",
-        )
+        _answers(srv, "default", "one-4", "one-7")
         clock.t += GRACE_S
         done = _preemptor(srv, ext, woken).tick()
         sent = [json.loads(r["body"]) for r in srv.requests if r["path"].endswith("/eviction")]
@@ -411,8 +408,7 @@ def test_the_preemptor_thread_acts_by_itself_and_not_when_off() -> None:
     _filter(asgi_client(ext), _urgent())
     clock.t += GRACE_S
     with RecordedApiServer() as srv:
-        srv.add("POST", _eviction("b0"), 201, "eviction_201_created.json")
-        srv.add("POST", EVENTS, 201, "event_201_created.json")
+        _answers(srv, NS, "b0")
         pre = _preemptor(srv, ext, [])
         pre.start()
         try:
@@ -426,7 +422,7 @@ def test_the_preemptor_thread_acts_by_itself_and_not_when_off() -> None:
     with RecordedApiServer() as srv:
         quiet = _preemptor(srv, off, [])
         quiet.start()
-        assert quiet._thread is None
+        assert not quiet._loop.running
 
 
 def test_the_verb_leaves_kube_schedulers_candidate_when_a_node_it_cannot_offer_costs_less() -> None:
@@ -460,18 +456,7 @@ def test_the_verb_leaves_kube_schedulers_candidate_when_a_node_it_cannot_offer_c
     assert _sample(ext, "topoplace_preemptions_total", outcome="deferred") == 1
     # topoplace then starts it on v2; with started preemptions off the verb names v1's two
     with RecordedApiServer() as srv:
-        srv.add(
-            "POST",
-            "/api/v1/namespaces/default/pods/v2-4/eviction",
-            201,
-            "eviction_201_created.json",
-        )
-        srv.add(
-            "POST",
-            "/apis/events.k8s.io/v1/namespaces/default/events",
-            201,
-            "event_201_created.json",
-        )
+        _answers(srv, "default", "v2-4")
         clock.t += GRACE_S
         assert _preemptor(srv, ext, []).tick() == [("default/train", "default/v2-4: evicted")]
     off = Extender(

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from scheduler.core.preemption import lowest_priorities
 from scheduler.kube.client import ApiError, KubeApi
+from scheduler.kube.loop import Periodic
 from scheduler.kube.metrics import KubeMetrics
 from scheduler.kube.remediator import eviction_event
 from scheduler.server import started_preemption
@@ -79,29 +79,21 @@ class Preemptor:
         self.wake = wake
         self.may_act = may_act
         self.instance = socket.gethostname()[:128] or "topoplace"
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = Periodic(
+            "kube-preempt",
+            self.tick,
+            lambda: SETTLE_CHECK_S if self.ext.stranded.in_progress() else CHECK_S,
+            "preempting for refused pods",
+        )
 
     def start(self) -> None:
         """Start the checking thread (nothing when ``preemption.start`` is ``off``)."""
-        if self.ext.params.preemption.start == "off" or self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._run, name="kube-preempt", daemon=True)
-        self._thread.start()
+        if self.ext.params.preemption.start != "off":
+            self._loop.start()
 
     def stop(self) -> None:
         """Stop the checking thread (an eviction in flight finishes)."""
-        self._stop.set()
-        t, self._thread = self._thread, None
-        if t is not None:
-            t.join(10)
-
-    def _run(self) -> None:
-        while not self._stop.wait(SETTLE_CHECK_S if self.ext.stranded.in_progress() else CHECK_S):
-            try:
-                self.tick()
-            except Exception:  # never let the loop die
-                log.exception("preempting for refused pods failed")
+        self._loop.stop()
 
     def tick(self) -> list[tuple[str, str]]:
         """One pass: settle the preemptions in progress (wake the pods whose victims are

@@ -31,7 +31,6 @@ from __future__ import annotations
 import datetime
 import logging
 import socket
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Mapping
@@ -51,6 +50,7 @@ from scheduler.core.remediation import (
     teardown_groups,
 )
 from scheduler.kube.client import ApiError, KubeApi
+from scheduler.kube.loop import Periodic
 from scheduler.kube.metrics import KubeMetrics
 
 log = logging.getLogger(__name__)
@@ -147,32 +147,24 @@ class Remediator:
         self._awaiting: dict[str, _Awaiting] = {}
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
         """The latest actions (evictions and their outcomes, dry-run reports), newest last."""
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = Periodic(
+            "kube-remediate",
+            self.tick,
+            lambda: self.params.remediation.check_seconds,
+            "remediation check",
+        )
         self.last: Plan | None = None
 
     # ---- the loop ------------------------------------------------------------------------
 
     def start(self) -> None:
         """Start the checking thread (nothing when ``mode`` is ``off``)."""
-        if self.params.remediation.mode == "off" or self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._run, name="kube-remediate", daemon=True)
-        self._thread.start()
+        if self.params.remediation.mode != "off":
+            self._loop.start()
 
     def stop(self) -> None:
         """Stop the checking thread (an eviction in flight finishes)."""
-        self._stop.set()
-        t, self._thread = self._thread, None
-        if t is not None:
-            t.join(10)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.params.remediation.check_seconds):
-            try:
-                self.tick()
-            except Exception:  # never let the loop die
-                log.exception("remediation check failed")
+        self._loop.stop()
 
     def _now(self) -> float:
         tracker = getattr(self.cache, "health_tracker", None)
