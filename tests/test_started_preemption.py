@@ -28,7 +28,7 @@ from scheduler.core.params import SchedParams
 from scheduler.kube.metrics import KubeMetrics
 from scheduler.kube.preemptor import EVENT_REASON, Preemptor
 from scheduler.runtime.cache import ClusterCache
-from scheduler.runtime.stranded import GIVE_UP_S, GRACE_S, StrandedPods
+from scheduler.runtime.stranded import GIVE_UP_S, GRACE_S, MAX_PREEMPTIONS, StrandedPods
 from scheduler.server.extender import Extender
 from scheduler.server.started_preemption import REASON_NEVER
 from tests.helpers import asgi_client
@@ -166,6 +166,7 @@ def test_the_pod_kube_scheduler_sees_room_for_gets_victims_freeing_one_gpu_and_b
             "nodes": 1,
             "refused_at": 100.0,
             "tries": 0,
+            "preemptions": 1,
             "node": NODE,
             "victims": 1,
         }
@@ -313,6 +314,14 @@ def test_the_registry_waits_for_the_grace_and_backs_off() -> None:
     s.refused("ns/q", ["n1"], 1.0)
     s.offered("ns/q")
     assert len(s) == 0
+    # three preemptions for a pod still refused, and no fourth: evictions do not cascade
+    for k in range(MAX_PREEMPTIONS):
+        s.refused("ns/r", ["n1"], 200.0 + 10 * k)
+        assert s.due(201.0 + 10 * k) == ["ns/r"]
+        s.preempting("ns/r", "n1", [f"u{k}"], 201.0 + 10 * k)
+        s.settled("ns/r")
+    s.refused("ns/r", ["n1"], 300.0)
+    assert s.due(400.0) == [] and s.get("ns/r").preemptions == MAX_PREEMPTIONS
 
 
 def test_a_pod_deleted_after_an_attempt_is_forgotten() -> None:

@@ -41,6 +41,11 @@ BACKOFF_S = (2.0, 4.0, 8.0, 16.0, 30.0)
 GIVE_UP_S = 60.0
 """A preemption whose victims are still there after this long (an eviction refused, a pod
 stuck terminating) is given up; the pod may be preempted for again."""
+MAX_PREEMPTIONS = 3
+"""Preemptions topoplace starts for one pod at most while it stays pending: a pod still
+refused after this many (something topoplace does not model keeps it out, or other pods
+keep taking the GPUs freed for it) is not preempted for again, so evictions cannot
+cascade."""
 MAX_STRANDED = 10_000
 """Pods remembered at most; the oldest refusal goes first."""
 
@@ -54,6 +59,7 @@ class Stranded:
         refused_at: when (the cache's clock).
         tried_at: when topoplace last looked for victims for it (-inf: never).
         tries: attempts that found nothing to preempt, in a row (the backoff).
+        preemptions: preemptions started for it so far (at most :data:`MAX_PREEMPTIONS`).
         node: the node of its preemption in progress ("" none).
         victims: the UIDs evicted for it there.
         preempted_at: when that preemption started.
@@ -63,6 +69,7 @@ class Stranded:
     refused_at: float
     tried_at: float = float("-inf")
     tries: int = 0
+    preemptions: int = 0
     node: str = ""
     victims: frozenset[str] = frozenset()
     preempted_at: float = float("-inf")
@@ -125,7 +132,7 @@ class StrandedPods:
     def due(self, now: float) -> list[str]:
         """Pods to look for victims for now, oldest refusal first: refused at least
         :data:`GRACE_S` ago, not tried since that refusal, past their backoff, with no
-        preemption in progress."""
+        preemption in progress and fewer than :data:`MAX_PREEMPTIONS` started."""
         with self._lock:
             return [
                 k
@@ -134,6 +141,7 @@ class StrandedPods:
                 and now - s.refused_at >= GRACE_S
                 and s.tried_at < s.refused_at
                 and (not s.tries or now - s.tried_at >= _backoff(s.tries))
+                and s.preemptions < MAX_PREEMPTIONS
             ]
 
     def in_progress(self) -> list[tuple[str, Stranded]]:
@@ -154,7 +162,13 @@ class StrandedPods:
             s = self._pods.get(key)
             if s is not None:
                 self._pods[key] = replace(
-                    s, tried_at=at, tries=0, node=node, victims=frozenset(victims), preempted_at=at
+                    s,
+                    tried_at=at,
+                    tries=0,
+                    node=node,
+                    victims=frozenset(victims),
+                    preempted_at=at,
+                    preemptions=s.preemptions + 1,
                 )
 
     def settled(self, key: str) -> None:
@@ -175,6 +189,7 @@ class StrandedPods:
                 "nodes": len(s.nodes),
                 "refused_at": s.refused_at,
                 "tries": s.tries,
+                "preemptions": s.preemptions,
                 "node": s.node,
                 "victims": len(s.victims),
             }

@@ -44,7 +44,7 @@ from scheduler.core.preemption import (
 )
 from scheduler.core.remediation import being_deleted
 from scheduler.core.snapshot import ClusterSnapshot
-from scheduler.runtime.stranded import GIVE_UP_S
+from scheduler.runtime.stranded import GIVE_UP_S, MAX_PREEMPTIONS
 
 if TYPE_CHECKING:  # pragma: no cover
     from scheduler.server.extender import Extender
@@ -250,6 +250,12 @@ def settle(ext: Extender, key: str) -> str:
         held = ext.hold_gpus(pod, req, rec.node)
     ext.stranded.settled(key)
     ext.metrics.child(ext.metrics.started_preemptions, WOKEN).inc()
+    if rec.preemptions >= MAX_PREEMPTIONS:
+        log.warning(
+            "%s: %d preemptions started for it; if it is refused again, no more are",
+            key,
+            rec.preemptions,
+        )
     log.info(
         "preemption for %s: victims gone from %s%s",
         key,
