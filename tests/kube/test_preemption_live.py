@@ -568,3 +568,66 @@ def test_a_pod_that_needs_nvlink_gets_a_ring_kube_scheduler_cannot_see_freed_by_
             f"{namespace}/one-4",
             f"{namespace}/one-7",
         ]
+
+
+def test_a_started_preemption_spares_the_pod_a_budget_protects(
+    core: Any,
+    namespace: str,
+    topoplace: Topoplace,
+    scheduler_name: str,
+    run_id: str,
+    priorities: dict[int, str],
+) -> None:
+    # The HAMi node of the test above (1,360 MiB free on each T4, a 10,000 MiB arrival that
+    # kube-scheduler sees room for), with b0 under a PodDisruptionBudget (disruptionsAllowed
+    # reads 0 here: no kube-controller-manager). Freeing GPU 0 would evict b0 alone;
+    # topoplace frees GPU 1 instead (c1 and d1), and the pod binds there.
+    from kubernetes import client
+
+    policy = client.PolicyV1Api(core.api_client)
+    lo, hi = priorities[LOW], priorities[HIGH]
+    with _nodes(core, namespace, run_id, "started-pdb", 1) as (label, nodes):
+        (node,) = nodes
+        _as_hami_t4s(core, node, split=4)
+        fill = {"b0": (12000, 0), "a0": (2000, 0), "c1": (8000, 1), "d1": (6000, 1)}
+        for name, (mem, gpu) in fill.items():
+            pod = _hami_pod(name, mem, lo, scheduler_name, label, node, gpu)
+            pod["metadata"]["labels"] = {"app": f"keep-{name}"}
+            core.create_namespaced_pod(namespace, pod)
+        budget = f"keep-b0-{run_id}"
+        policy.create_namespaced_pod_disruption_budget(
+            namespace,
+            {
+                "apiVersion": "policy/v1",
+                "kind": "PodDisruptionBudget",
+                "metadata": {"name": budget},
+                "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "keep-b0"}}},
+            },
+        )
+        try:
+            wait_for(
+                lambda: (
+                    len(_placed_on(topoplace, node)) == 4
+                    and any(
+                        i["kind"] == "PodDisruptionBudget" and i["metadata"]["name"] == budget
+                        for i in topoplace.get("/v1/inspect/snapshot")["items"]
+                    )
+                ),
+                10,
+                "topoplace to see the four pods and the budget",
+            )
+            before = _uids(core, namespace)
+            core.create_namespaced_pod(
+                namespace, _hami_pod("urgent-kept", 10000, hi, scheduler_name, label)
+            )
+            got = wait_for(lambda: bound(core, namespace, ["urgent-kept"]), 60, "urgent bound")
+            ann = got["urgent-kept"].metadata.annotations
+            assert ann["hami.io/vgpu-devices-allocated"] == f"GPU-{node}-01,NVIDIA,10000,30:;"
+            after = _uids(core, namespace)
+            assert "c1" not in after and "d1" not in after
+            assert all(after.get(n) == before[n] for n in ("a0", "b0")), after
+            mine = _named_victims(topoplace, namespace, "urgent-kept")
+            assert [a["by"] for a in mine] == ["topoplace"], mine
+            assert mine[0]["chosen"]["pdb_violations"] == 0
+        finally:
+            policy.delete_namespaced_pod_disruption_budget(budget, namespace)
