@@ -44,14 +44,14 @@ EVENT_REASON = "Preempted"
 CONTROLLER = "topoplace.io/preemption"
 """The Events' ``reportingController``."""
 KIND = "started-preemption"
+"""The ``kind`` label of these evictions in ``topoplace_remediation_evictions``."""
 CHECK_S = 0.5
 """Seconds between passes."""
 SETTLE_CHECK_S = 0.1
 """Seconds between passes while a preemption's victims are going."""
 MAX_STARTS = 32
 """Pods looked at per pass at most, oldest refusal first (a victim search over thousands
-of nodes takes some 200 ms; the rest wait for the next second)."""
-"""The ``kind`` label of these evictions in ``topoplace_remediation_evictions``."""
+of nodes takes some 200 ms; the rest wait for the next pass)."""
 
 
 class Preemptor:
@@ -107,8 +107,10 @@ class Preemptor:
         if len(self.ext.stranded):
             held = cache.snapshot().pods
             self.ext.stranded.prune(lambda k: k not in held and cache.pending(k) is not None)
-        for key, _rec in self.ext.stranded.in_progress():
-            outcome = started_preemption.settle(self.ext, key)
+        going = self.ext.stranded.in_progress()
+        present = {p.uid for p in cache.snapshot().pods.values()} if going else set()
+        for key, _rec in going:
+            outcome = started_preemption.settle(self.ext, key, present)
             if outcome:
                 done.append((key, outcome))
             if outcome == started_preemption.WOKEN:
@@ -124,7 +126,6 @@ class Preemptor:
             chosen = started_preemption.start(self.ext, key, mode == "dry-run", lowest)
             if chosen is None:
                 continue
-            lowest = lowest_priorities(cache.snapshot())  # its victims are going
             for v in chosen.victims:
                 done.append((key, f"{v.pod}: {self._evict(key, chosen.node, v.pod, v.uid)}"))
         return done

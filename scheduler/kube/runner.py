@@ -398,9 +398,9 @@ class KubeRuntime:
     follower: Any = None
     """The :class:`~scheduler.kube.leader.LeaseFollower` (HA), or None."""
     remediator: Remediator | None = None
+    """Evicts pods on failed hardware (policy ``remediation:``), or None."""
     preemptor: Preemptor | None = None
     """Evicts for pods kube-scheduler will not preempt for (``preemption.start``)."""
-    """Evicts pods on failed hardware (policy ``remediation:``), or None."""
     _janitor_stop: threading.Event = field(default_factory=threading.Event)
     _janitor: threading.Thread | None = None
     _stopped: bool = False

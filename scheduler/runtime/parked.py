@@ -207,7 +207,7 @@ class ParkedPods:
                     self._behind_wakes.pop(key, None)
                     continue
                 count, last = self._behind_wakes.get(key, (0, float("-inf")))
-                if count and now - last < _backoff(count):
+                if count and now - last < backoff(count):
                     continue
                 if len(woken) >= MAX_WAKES:
                     break
@@ -265,7 +265,7 @@ class ParkedPods:
                     p = self._pods[key] = replace(p, candidates=bits, index=snap.index)
                 if p.gpus > budget or not p.candidates & at_least[p.gpus]:
                     continue
-                if p.wakes and now - p.woken_at < _backoff(p.wakes):
+                if p.wakes and now - p.woken_at < backoff(p.wakes):
                     continue
                 woken.append(key)
                 budget -= p.gpus
@@ -285,5 +285,7 @@ def _gone(key: str, snap: ClusterSnapshot, cache: Any) -> bool:
     return key in snap.pods or cache.pending(key) is None
 
 
-def _backoff(wakes: int) -> float:
-    return WAKE_BACKOFF_SECONDS[min(wakes, len(WAKE_BACKOFF_SECONDS)) - 1]
+def backoff(times: int) -> float:
+    """Seconds to wait after the ``times``-th (>= 1) retry: :data:`WAKE_BACKOFF_SECONDS`,
+    capped at its last."""
+    return WAKE_BACKOFF_SECONDS[min(times, len(WAKE_BACKOFF_SECONDS)) - 1]

@@ -33,11 +33,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from scheduler.runtime.parked import backoff
+
 GRACE_S = 1.0
 """Seconds after a refusal before topoplace preempts on its own: kube-scheduler's own
 preemption (and the ``preempt`` verb) comes within the refusal's scheduling cycle."""
-BACKOFF_S = (2.0, 4.0, 8.0, 16.0, 30.0)
-"""Delays between attempts for a pod whose earlier attempt found nothing to preempt."""
 GIVE_UP_S = 60.0
 """A preemption whose victims are still there after this long (an eviction refused, a pod
 stuck terminating) is given up; the pod may be preempted for again."""
@@ -58,7 +58,8 @@ class Stranded:
         nodes: the nodes refused only for GPUs taken at its latest refusal.
         refused_at: when (the cache's clock).
         tried_at: when topoplace last looked for victims for it (-inf: never).
-        tries: attempts that found nothing to preempt, in a row (the backoff).
+        tries: attempts that found nothing to preempt, in a row (the backoff: the
+            parked-pod wake's, ``parked.backoff``).
         preemptions: preemptions started for it so far (at most :data:`MAX_PREEMPTIONS`).
         node: the node of its preemption in progress ("" none).
         victims: the UIDs evicted for it there.
@@ -140,7 +141,7 @@ class StrandedPods:
                 if not s.node
                 and now - s.refused_at >= GRACE_S
                 and s.tried_at < s.refused_at
-                and (not s.tries or now - s.tried_at >= _backoff(s.tries))
+                and (not s.tries or now - s.tried_at >= backoff(s.tries))
                 and s.preemptions < MAX_PREEMPTIONS
             ]
 
@@ -195,7 +196,3 @@ class StrandedPods:
             }
             for k, s in items
         ]
-
-
-def _backoff(tries: int) -> float:
-    return BACKOFF_S[min(tries, len(BACKOFF_S)) - 1]

@@ -402,13 +402,17 @@ class Extender:
         (:meth:`_note_outcome`)."""
         if not res.get("Error"):
             offered = res.get("NodeNames") or ((res.get("Nodes") or {}).get("items"))
-            room = [
-                n
-                for key in ("FailedNodes", "FailedAndUnresolvableNodes")
-                for n, why in (res.get(key) or {}).items()
-                if why in ROOM_REASONS
-            ]
-            self._note_outcome(pod, req, bool(offered), () if offered else room)
+            room = (
+                ()
+                if offered
+                else [
+                    n
+                    for key in ("FailedNodes", "FailedAndUnresolvableNodes")
+                    for n, why in (res.get(key) or {}).items()
+                    if why in ROOM_REASONS
+                ]
+            )
+            self._note_outcome(pod, req, bool(offered), room)
         return res
 
     def _note_outcome(

@@ -27,7 +27,7 @@ adapter's (``scheduler.kube.preemptor``), and the offline replay calls the same 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from scheduler.core import dra
@@ -36,6 +36,7 @@ from scheduler.core.model import PodRequest
 from scheduler.core.objects import ObjectError
 from scheduler.core.preemption import (
     NodeChoice,
+    PreemptionDecision,
     broken_gangs,
     fits_on,
     lowest_priorities,
@@ -140,8 +141,7 @@ def start(
     ):
         ext.stranded.tried(key, now)
         return None
-    decision = select_victims(snap, req, nodes, ext.params, share=share)
-    chosen = started_choice(decision)
+    decision, chosen = _search(ext, snap, nodes, req, share)
     answer = {
         "pod": key,
         "by": BY,
@@ -193,6 +193,19 @@ def start(
     return chosen
 
 
+def _search(
+    ext: Extender,
+    snap: ClusterSnapshot,
+    nodes: Mapping[str, tuple[()]],
+    req: PodRequest,
+    share: ShareRequest | None,
+) -> tuple[PreemptionDecision, NodeChoice | None]:
+    """The victim search on ``nodes`` (:func:`candidates`) and the choice a started
+    preemption takes from it (``core.preemption.started_choice``)."""
+    decision = select_victims(snap, req, nodes, ext.params, share=share)
+    return decision, started_choice(decision)
+
+
 def cheaper_elsewhere(
     ext: Extender,
     snap: ClusterSnapshot,
@@ -214,25 +227,27 @@ def cheaper_elsewhere(
     nodes = candidates(rec.nodes, snap, lowest_priorities(snap), req.priority)
     if not nodes:
         return None
-    alt = started_choice(select_victims(snap, req, nodes, ext.params, share=share))
+    _, alt = _search(ext, snap, nodes, req, share)
     if alt is None or (chosen is not None and chosen.cost <= alt.cost):
         return None
     return alt
 
 
-def settle(ext: Extender, key: str) -> str:
+def settle(ext: Extender, key: str, present: Collection[str] | None = None) -> str:
     """Check ``key``'s preemption in progress: :data:`WOKEN` when its victims are gone
     (the pod's GPUs or shares on the node are held for it now, when they still fit: the
     caller wakes it), :data:`GAVE_UP` when they are still there after ``GIVE_UP_S``, ""
-    while they go."""
+    while they go. ``present``: the UIDs of the cache's pods (read here when not given;
+    a caller settling several shares one)."""
     from scheduler.server.fractional_verbs import hold_share
 
     rec = ext.stranded.get(key)
     if rec is None or not rec.node:
         return ""
     now = ext.cache.now()
-    snap = ext.cache.snapshot()
-    if any(p.uid in rec.victims for p in snap.pods.values()):
+    if present is None:
+        present = {p.uid for p in ext.cache.snapshot().pods.values()}
+    if not rec.victims.isdisjoint(present):
         if now - rec.preempted_at < GIVE_UP_S:
             return ""
         ext.stranded.settled(key)

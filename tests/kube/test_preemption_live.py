@@ -156,6 +156,54 @@ def _as_hami_t4s(core: Any, node: str, split: int) -> None:
     )
 
 
+ROOM_FILL = {"b0": (12000, 0), "a0": (2000, 0), "c1": (8000, 1), "d1": (6000, 1)}
+"""HAMi pods (MiB, GPU) on two T4s split four ways: 1,360 MiB left on each GPU with four
+replicas free, so a 10,000 MiB pod passes kube-scheduler's count and fits no GPU."""
+
+
+def _fill_room(
+    core: Any, namespace: str, topoplace: Topoplace, node: str, scheduler: str, label: str, pc: str
+) -> None:
+    """Bind :data:`ROOM_FILL` on ``node`` (each pod labelled ``app: keep-<name>``) and wait
+    for topoplace to see their shares."""
+    for name, (mem, gpu) in ROOM_FILL.items():
+        pod = _hami_pod(name, mem, pc, scheduler, label, node, gpu)
+        pod["metadata"]["labels"] = {"app": f"keep-{name}"}
+        core.create_namespaced_pod(namespace, pod)
+    wait_for(lambda: len(_placed_on(topoplace, node)) == 4, 10, "topoplace to see the four pods")
+
+
+@contextlib.contextmanager
+def _budget(core: Any, namespace: str, topoplace: Topoplace, name: str, app: str) -> Iterator[None]:
+    """A PodDisruptionBudget ``name`` over the pods labelled ``app`` (``minAvailable: 1``;
+    with no kube-controller-manager here its ``disruptionsAllowed`` reads 0), seen by
+    topoplace before the block runs, deleted after it."""
+    from kubernetes import client
+
+    policy = client.PolicyV1Api(core.api_client)
+    policy.create_namespaced_pod_disruption_budget(
+        namespace,
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": name},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": app}}},
+        },
+    )
+    try:
+        wait_for(
+            lambda: any(
+                i["kind"] == "PodDisruptionBudget" and i["metadata"]["name"] == name
+                for i in topoplace.get("/v1/inspect/snapshot")["items"]
+            ),
+            10,
+            "topoplace to see the budget",
+        )
+        yield
+    finally:
+        policy.delete_namespaced_pod_disruption_budget(name, namespace)
+
+
 def _placed_on(topoplace: Topoplace, node: str) -> list[dict[str, Any]]:
     """topoplace's placements on ``node`` (``/v1/inspect/placements``)."""
     return [i for i in topoplace.get("/v1/inspect/placements")["placements"] if i["node"] == node]
@@ -348,9 +396,6 @@ def test_a_pod_a_disruption_budget_protects_is_not_preempted_while_another_node_
     # kube-controller-manager runs here, so its disruptionsAllowed reads 0, for
     # kube-scheduler and topoplace alike): the other node's pod goes instead, as
     # kube-scheduler's own preemption would choose.
-    from kubernetes import client
-
-    policy = client.PolicyV1Api(core.api_client)
     lo, hi = priorities[LOW], priorities[HIGH]
     with _nodes(core, namespace, run_id, "preempt-pdb", 2) as (label, nodes):
         for name, node in (("x", nodes[0]), ("y", nodes[1])):
@@ -358,24 +403,7 @@ def test_a_pod_a_disruption_budget_protects_is_not_preempted_while_another_node_
             pod["metadata"]["labels"] = {"app": f"serve-{name}"}
             core.create_namespaced_pod(namespace, pod)
         wait_for(lambda: len(bound(core, namespace, ["x", "y"])) == 2, 60, "x and y bound")
-        policy.create_namespaced_pod_disruption_budget(
-            namespace,
-            {
-                "apiVersion": "policy/v1",
-                "kind": "PodDisruptionBudget",
-                "metadata": {"name": "serve-x"},
-                "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "serve-x"}}},
-            },
-        )
-        try:
-            wait_for(
-                lambda: any(
-                    i["kind"] == "PodDisruptionBudget"
-                    for i in topoplace.get("/v1/inspect/snapshot")["items"]
-                ),
-                10,
-                "topoplace to see the budget",
-            )
+        with _budget(core, namespace, topoplace, "serve-x", "serve-x"):
             before = _uids(core, namespace)
             core.create_namespaced_pod(namespace, _pod("urgent-pdb", 8, scheduler_name, label, hi))
             got = wait_for(lambda: bound(core, namespace, ["urgent-pdb"]), 60, "urgent bound")
@@ -386,8 +414,6 @@ def test_a_pod_a_disruption_budget_protects_is_not_preempted_while_another_node_
             assert mine["chosen"]["node"] == nodes[1]
             assert [v["pod"] for v in mine["chosen"]["victims"]] == [f"{namespace}/y"]
             assert mine["chosen"]["pdb_violations"] == 0
-        finally:
-            policy.delete_namespaced_pod_disruption_budget("serve-x", namespace)
 
 
 def test_a_hami_pod_preempts_the_pod_whose_gpu_then_has_its_memory(
@@ -457,14 +483,7 @@ def test_a_hami_pod_kube_scheduler_sees_room_for_gets_its_victims_from_topoplace
     with _nodes(core, namespace, run_id, "started-hami", 1) as (label, nodes):
         (node,) = nodes
         _as_hami_t4s(core, node, split=4)
-        fill = {"b0": (12000, 0), "a0": (2000, 0), "c1": (8000, 1), "d1": (6000, 1)}
-        for name, (mem, gpu) in fill.items():
-            core.create_namespaced_pod(
-                namespace, _hami_pod(name, mem, lo, scheduler_name, label, node, gpu)
-            )
-        wait_for(
-            lambda: len(_placed_on(topoplace, node)) == 4, 10, "topoplace to see the four pods"
-        )
+        _fill_room(core, namespace, topoplace, node, scheduler_name, label, lo)
         before = _uids(core, namespace)
         t0 = time.monotonic()
         core.create_namespaced_pod(
@@ -582,40 +601,12 @@ def test_a_started_preemption_spares_the_pod_a_budget_protects(
     # kube-scheduler sees room for), with b0 under a PodDisruptionBudget (disruptionsAllowed
     # reads 0 here: no kube-controller-manager). Freeing GPU 0 would evict b0 alone;
     # topoplace frees GPU 1 instead (c1 and d1), and the pod binds there.
-    from kubernetes import client
-
-    policy = client.PolicyV1Api(core.api_client)
     lo, hi = priorities[LOW], priorities[HIGH]
     with _nodes(core, namespace, run_id, "started-pdb", 1) as (label, nodes):
         (node,) = nodes
         _as_hami_t4s(core, node, split=4)
-        fill = {"b0": (12000, 0), "a0": (2000, 0), "c1": (8000, 1), "d1": (6000, 1)}
-        for name, (mem, gpu) in fill.items():
-            pod = _hami_pod(name, mem, lo, scheduler_name, label, node, gpu)
-            pod["metadata"]["labels"] = {"app": f"keep-{name}"}
-            core.create_namespaced_pod(namespace, pod)
-        budget = f"keep-b0-{run_id}"
-        policy.create_namespaced_pod_disruption_budget(
-            namespace,
-            {
-                "apiVersion": "policy/v1",
-                "kind": "PodDisruptionBudget",
-                "metadata": {"name": budget},
-                "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "keep-b0"}}},
-            },
-        )
-        try:
-            wait_for(
-                lambda: (
-                    len(_placed_on(topoplace, node)) == 4
-                    and any(
-                        i["kind"] == "PodDisruptionBudget" and i["metadata"]["name"] == budget
-                        for i in topoplace.get("/v1/inspect/snapshot")["items"]
-                    )
-                ),
-                10,
-                "topoplace to see the four pods and the budget",
-            )
+        _fill_room(core, namespace, topoplace, node, scheduler_name, label, lo)
+        with _budget(core, namespace, topoplace, f"keep-b0-{run_id}", "keep-b0"):
             before = _uids(core, namespace)
             core.create_namespaced_pod(
                 namespace, _hami_pod("urgent-kept", 10000, hi, scheduler_name, label)
@@ -629,5 +620,3 @@ def test_a_started_preemption_spares_the_pod_a_budget_protects(
             mine = _named_victims(topoplace, namespace, "urgent-kept")
             assert [a["by"] for a in mine] == ["topoplace"], mine
             assert mine[0]["chosen"]["pdb_violations"] == 0
-        finally:
-            policy.delete_namespaced_pod_disruption_budget(budget, namespace)
