@@ -50,11 +50,18 @@ use. Among pods of equal rank the larger shares go first (fewer pods free the me
 A gang member that preempts is handled by the extender (see ``Extender.preempt``): its
 gang must fit with every lower-priority pod gone, and its node is chosen among those the
 gang's plan then uses, so members' preemptions add up to one placement of the gang.
+
+A gang kube-scheduler never preempts for (its members pass the in-tree filters, topoplace
+refuses the gang as a whole: one node, one NVLink domain, one leaf) gets its victims from
+:func:`gang_victims`, for a preemption topoplace starts itself: the gang is planned on the
+cluster without the pods of the lowest priorities first (kube-scheduler's first rule:
+the lowest highest victim priority), the victims are the pods of that tier holding GPUs
+the plan uses, and the pods a PodDisruptionBudget protects stay.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +81,7 @@ from scheduler.core.schedule import (
     CODE_NODE_SELECTOR,
     FEASIBLE,
     REASON_UNKNOWN_NODE,
+    PlacementResult,
     choose_gpus,
     filter_codes,
     selector_matches,
@@ -89,6 +97,10 @@ from scheduler.core.snapshot import (
 
 __all__ = [
     "REASON_CPU_MEMORY",
+    "REASON_GANG_NO_FIT",
+    "REASON_GANG_NO_LOWER",
+    "GangChoice",
+    "gang_victims",
     "REASON_NO_LOWER",
     "REASON_NOT_NEEDED",
     "NodeChoice",
@@ -107,6 +119,10 @@ REASON_NO_LOWER = "no pod of lower priority on the node"
 REASON_NOT_NEEDED = "the pod fits without evicting anything"
 REASON_CPU_MEMORY = "not enough CPU or memory even with every lower-priority pod gone"
 REASON_OUTSIDE_GANG_PLAN = "not a node of the gang's placement"
+REASON_GANG_NO_LOWER = "no pod of lower priority in the cluster"
+REASON_GANG_NO_FIT = (
+    "the gang does not fit even with every lower-priority pod a disruption budget allows to go gone"
+)
 
 
 def pod_priority(p: PodInfo) -> int:
@@ -457,7 +473,171 @@ def started_choice(decision: PreemptionDecision) -> NodeChoice | None:
     )
 
 
-def broken_gangs(snap: ClusterSnapshot, choice: NodeChoice, preemptor: str) -> list[Broken]:
+@dataclass(frozen=True, slots=True)
+class GangChoice:
+    """The victims for a whole gang, and the placement it gets once they are gone.
+
+    Attributes:
+        placement: the gang's placement on the cluster without the victims (the gang
+            policy's, as planned again once they are gone).
+        victims: the pods to preempt, highest priority first.
+        nodes: victim key -> its node.
+        gangs_broken / gang_members: the victims' gangs and their other bound members
+            (torn down with them), as :class:`NodeChoice`'s.
+        gpus_disrupted: GPUs the victims and those members hold.
+        tier: the highest priority among the victims.
+    """
+
+    placement: PlacementResult
+    victims: tuple[Victim, ...]
+    nodes: Mapping[str, str]
+    gangs_broken: tuple[str, ...]
+    gang_members: tuple[str, ...]
+    gpus_disrupted: int
+    tier: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``/v1/inspect/preemptions``)."""
+        return {
+            "nodes": sorted({a.node for a in self.placement.assignments}),
+            "victims": [
+                {
+                    "pod": v.pod,
+                    "node": self.nodes[v.pod],
+                    "priority": v.priority,
+                    "gpus": v.gpus,
+                    "gang": v.gang,
+                }
+                for v in self.victims
+            ],
+            "gangs_broken": list(self.gangs_broken),
+            "gang_members_torn_down": list(self.gang_members),
+            "gpus_disrupted": self.gpus_disrupted,
+            "pdb_violations": 0,
+            "placement": [
+                {"pod": a.pod, "node": a.node, "gpus": list(a.gpus)}
+                for a in self.placement.assignments
+            ],
+        }
+
+
+def _uses(p: PodInfo, taken: Mapping[str, set[int]]) -> bool:
+    """Whether ``p`` holds a GPU of ``taken`` (node -> GPU indices), or, not knowing which
+    GPUs it holds (time-slicing replicas, indices not recorded), any GPU of a node there."""
+    on = taken.get(p.node)
+    if on is None:
+        return False
+    if p.replicas or not p.gpu_indices_known:
+        return True
+    return not on.isdisjoint(p.gpus) or any(s.gpu in on for s in p.shares)
+
+
+def gang_victims(
+    snap: ClusterSnapshot,
+    priority: int,
+    plan: Callable[[ClusterSnapshot], PlacementResult],
+) -> GangChoice | str:
+    """Victims for a gang of ``priority`` that no node can take whole now, or why none
+    helps (a preemption topoplace starts: kube-scheduler preempts for no member, see the
+    module docstring).
+
+    ``plan`` places the gang on a snapshot (the gang policy, members already bound kept
+    where they are). The lower priorities are tried lowest first: the gang is planned on
+    the cluster without every evictable pod of priority up to the tier (and every pod being
+    deleted); at the first tier where it fits, the victims are those pods holding a GPU
+    the placement uses, with their gangs' other members torn down. Pods a
+    PodDisruptionBudget protects (the victims' and those members', walked highest priority
+    first) are kept and the tier planned again: the Eviction API would refuse them. The
+    victims must leave room for the gang by themselves (it is planned again without only
+    them); else every pod of the tier on the placement's nodes goes, else the whole tier.
+    Deterministic: the same snapshot and gang give the same victims."""
+    gangs, _ = _index(snap, ())
+    budgets = budgets_from((snap.extra.get(BUDGETS_EXTRA) or {}).values())
+    lower = sorted(
+        (p for p in snap.pods.values() if _evictable(p) and pod_priority(p) < priority),
+        key=lambda p: (-pod_priority(p), p.key),
+    )
+    if not lower:
+        return REASON_GANG_NO_LOWER
+    base = snap
+    for key in sorted(snap.pods):
+        if being_deleted(snap.pods[key]):
+            base = without_pod(base, key)
+    kept: set[str] = set()  # protected by a budget
+    for tier in sorted({pod_priority(p) for p in lower}):
+        while True:
+            pool = [p for p in lower if pod_priority(p) <= tier and p.key not in kept]
+            got = _gang_tier(base, pool, gangs, budgets, plan, tier)
+            if isinstance(got, frozenset):  # victims a budget protects: keep them, again
+                kept |= got
+                continue
+            if got is not None:
+                return got
+            break
+    return REASON_GANG_NO_FIT
+
+
+def _gang_tier(
+    base: ClusterSnapshot,
+    pool: Sequence[PodInfo],
+    gangs: Mapping[str, list[PodInfo]],
+    budgets: Budgets,
+    plan: Callable[[ClusterSnapshot], PlacementResult],
+    tier: int,
+) -> GangChoice | frozenset[str] | None:
+    """:func:`gang_victims` for one tier: the choice, the keys a budget protects among its
+    victims (and their torn-down members), or None (the gang does not fit)."""
+
+    def without(keys: Collection[str]) -> ClusterSnapshot:
+        out = base
+        for k in sorted(keys):
+            out = without_pod(out, k)
+        return out
+
+    if not pool:
+        return None
+    trial = plan(without(p.key for p in pool))
+    if not trial.ok:
+        return None
+    taken: dict[str, set[int]] = {}
+    for a in trial.assignments:
+        taken.setdefault(a.node, set()).update(a.gpus)
+    on_nodes = [p for p in pool if p.node in taken]
+    for victims in ([p for p in on_nodes if _uses(p, taken)], on_nodes, list(pool)):
+        if not victims:
+            continue
+        placed = plan(without(p.key for p in victims))
+        if placed.ok:
+            break
+    else:  # pragma: no cover - the whole pool is what the trial ran without
+        return None
+    gone = {p.key for p in victims}
+    broken = sorted({gang_key(p) for p in victims if gang_key(p)})
+    others = sorted(m.key for g in broken for m in gangs.get(g, ()) if m.key not in gone)
+    walked = sorted(victims, key=lambda p: (-pod_priority(p), p.key))
+    torn = [base.pods[k] for k in others if k in base.pods]
+    viol = violating(walked + torn, budgets)
+    if viol:
+        # a protected member keeps its whole gang's victims in place
+        protect = set(viol)
+        for p in walked + torn:
+            if p.key in viol and gang_key(p):
+                protect |= {m.key for m in gangs.get(gang_key(p), ())}
+        return frozenset(protect) if any(p.key in protect for p in pool) else None
+    return GangChoice(
+        placement=placed,
+        victims=tuple(Victim(p.key, p.uid, pod_priority(p), _held(p), gang_key(p)) for p in walked),
+        nodes={p.key: p.node for p in walked},
+        gangs_broken=tuple(broken),
+        gang_members=tuple(others),
+        gpus_disrupted=sum(_held(p) for p in victims) + sum(_held(p) for p in torn),
+        tier=max(pod_priority(p) for p in victims),
+    )
+
+
+def broken_gangs(
+    snap: ClusterSnapshot, choice: NodeChoice | GangChoice, preemptor: str
+) -> list[Broken]:
     """The gangs ``choice`` breaks, as records for their teardown
     (``remediation.teardown_groups``): per gang its first victim and the UIDs of its other
     members bound now."""

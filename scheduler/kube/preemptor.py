@@ -35,6 +35,7 @@ from scheduler.kube.client import ApiError, KubeApi
 from scheduler.kube.loop import Periodic
 from scheduler.kube.metrics import KubeMetrics
 from scheduler.kube.remediator import eviction_event
+from scheduler.runtime.stranded import gang_of
 from scheduler.server import started_preemption
 
 log = logging.getLogger(__name__)
@@ -106,15 +107,23 @@ class Preemptor:
         cache = self.ext.cache
         if len(self.ext.stranded):
             held = cache.snapshot().pods
-            self.ext.stranded.prune(lambda k: k not in held and cache.pending(k) is not None)
+            gangs = self.ext.gangs
+
+            def waiting(k: str) -> bool:
+                gang = gang_of(k)
+                if gang:
+                    return gangs is not None and bool(gangs.pending_members(self.ext, gang))
+                return k not in held and cache.pending(k) is not None
+
+            self.ext.stranded.prune(waiting)
         going = self.ext.stranded.in_progress()
         present = {p.uid for p in cache.snapshot().pods.values()} if going else set()
         for key, _rec in going:
             outcome = started_preemption.settle(self.ext, key, present)
             if outcome:
                 done.append((key, outcome))
-            if outcome == started_preemption.WOKEN:
-                woken.append(key)
+            if outcome == started_preemption.WOKEN and not gang_of(key):
+                woken.append(key)  # a gang's members are woken by the gang runtime
         if woken:
             try:
                 self.wake(woken, "the pods topoplace preempted for it are gone")
@@ -123,11 +132,18 @@ class Preemptor:
         due = self.ext.stranded.due(cache.now())
         lowest = lowest_priorities(cache.snapshot()) if due else {}
         for key in due[:MAX_STARTS]:
-            chosen = started_preemption.start(self.ext, key, mode == "dry-run", lowest)
-            if chosen is None:
-                continue
-            for v in chosen.victims:
-                done.append((key, f"{v.pod}: {self._evict(key, chosen.node, v.pod, v.uid)}"))
+            if gang_of(key):
+                gchoice = started_preemption.start_gang(self.ext, key, mode == "dry-run", lowest)
+                if gchoice is None:
+                    continue
+                victims = [(v, gchoice.nodes[v.pod]) for v in gchoice.victims]
+            else:
+                chosen = started_preemption.start(self.ext, key, mode == "dry-run", lowest)
+                if chosen is None:
+                    continue
+                victims = [(v, chosen.node) for v in chosen.victims]
+            for v, node in victims:
+                done.append((key, f"{v.pod}: {self._evict(key, node, v.pod, v.uid)}"))
         return done
 
     def _evict(self, preemptor: str, node: str, pod: str, uid: str) -> str:
@@ -139,7 +155,9 @@ class Preemptor:
                 return self._count("gone")
             log.warning("preemption for %s: eviction of %s refused: %s", preemptor, pod, exc)
             return self._count("blocked" if exc.status == 429 else "error")
-        note = f"preempted by topoplace on {node} for {preemptor}, which needs its GPUs"
+        gang = gang_of(preemptor)
+        whom = f"gang {gang}" if gang else preemptor
+        note = f"preempted by topoplace on {node} for {whom}, which needs its GPUs"
         try:
             body = eviction_event(ns, name, uid, EVENT_REASON, note, self.instance, CONTROLLER)
             self.api.create_event(ns, body)

@@ -113,6 +113,7 @@ from scheduler.core.preemption import without_lower
 from scheduler.core.schedule import Assignment, FilterOutcome, PlacementResult
 from scheduler.core.snapshot import ClusterSnapshot, DoubleBookingError
 from scheduler.runtime.parked import WAKE_BACKOFF_SECONDS, free_gpus
+from scheduler.runtime.stranded import gang_record_key
 
 log = logging.getLogger(__name__)
 
@@ -426,6 +427,9 @@ class GangRuntime:
             plan = self._reserve(ext, greq, result, name)
             if plan is not None:
                 self._refusals.pop(gang, None)
+                stranded = getattr(ext, "stranded", None)
+                if stranded is not None:  # planned: nothing to preempt for it
+                    stranded.offered(gang_record_key(gang))
                 self._event(ext, event)
                 _note(ext, "plan", gang, {**_describe(plan, plan.created, "live"), "gang": gang})
                 log.info(
@@ -581,6 +585,7 @@ class GangRuntime:
             ):
                 self._members.setdefault(req.gang, {})[req.key] = req
                 self._park(req)
+                _stranded(ext, req.gang, names)
                 return _refused(names)
             if on_event_loop():
                 raise PlanOffLoop(req.gang)
@@ -591,6 +596,7 @@ class GangRuntime:
                 return _invalid(names, exc.reason)
             if isinstance(out, _Refusal):
                 self._park(req)
+                _stranded(ext, req.gang, names)
                 return _refused(names)
             self._planned_before.add(req.gang)
             self._wake_parked(ext, req.gang, f"planned {out.plan_id}", besides=req.key)
@@ -743,6 +749,13 @@ class GangRuntime:
         """The placement of ``req``'s gang on ``snap`` with every pod of lower priority gone
         (``preemption.without_lower``), by the gang policy; None for a lone pod. Changes
         nothing: preemption only asks whether, and where, the whole gang could go."""
+        return self.what_if(ext, without_lower(snap, req.priority), req)
+
+    def what_if(self, ext: Any, snap: ClusterSnapshot, req: PodRequest) -> PlacementResult | None:
+        """The placement of ``req``'s gang (its members seen so far, placeholders for the
+        rest of its declared size, members bound on ``snap`` kept where they are) on
+        ``snap``, by the gang policy; None for a lone pod or a gang with no member left to
+        place. Changes nothing."""
         if not req.gang:
             return None
         seen = dict(self._members.get(req.gang, {}))
@@ -762,7 +775,44 @@ class GangRuntime:
         except (GangSizeError, ValueError) as exc:
             return PlacementResult(ok=False, reason=str(exc))
         fn = get_policy(self.policy_name(ext))
-        return fn(without_lower(snap, req.priority), greq, ext.params)
+        return fn(snap, greq, ext.params)
+
+    # ---- preemption topoplace starts for a refused gang -----------------------------------
+
+    def pending_members(self, ext: Any, gang: str) -> list[PodRequest]:
+        """The requests of ``gang``'s members seen and still pending, in the order seen."""
+        cache = ext.cache
+        held = cache.snapshot().pods
+        return [
+            r
+            for k, r in list(self._members.get(gang, {}).items())
+            if k not in held and cache.pending(k) is not None
+        ]
+
+    def plan_now(self, ext: Any, gang: str, why: str) -> str:
+        """Plan ``gang`` now (its reservations held, as at a member's filter) and wake its
+        parked members: the victims of a preemption topoplace started for it are gone
+        (``server.started_preemption``). Returns the plan id, or "" (no member pending, or
+        refused: the members stay parked and :meth:`poll` wakes them on a change). Never
+        on an event loop (it solves)."""
+        with self._plan_lock:
+            plan = self._live_plan(ext, gang)
+            if plan is None:
+                pending = self.pending_members(ext, gang)
+                if not pending:
+                    return ""
+                event = "replanned" if gang in self._planned_before else "planned"
+                try:
+                    out = self._plan(ext, pending[0], event)
+                except GangSizeError as exc:
+                    log.info("gang %s: not planned after preemption: %s", gang, exc.reason)
+                    return ""
+                if isinstance(out, _Refusal):
+                    return ""
+                self._planned_before.add(gang)
+                plan = out
+            self._wake_parked(ext, gang, f"planned {plan.plan_id} {why}")
+            return plan.plan_id
 
     # ---- inspection and recovery ----------------------------------------------------------
 
@@ -1024,6 +1074,15 @@ def _observe(ext: Any, metric: str, value: float) -> None:
     hist = getattr(getattr(ext, "metrics", None), metric, None)
     if hist is not None:
         hist.observe(value)
+
+
+def _stranded(ext: Any, gang: str, names: list[str]) -> None:
+    """Remember a refusal of ``gang`` for the preemption topoplace may start for it
+    (``runtime.stranded``): kube-scheduler preempts for no member whose in-tree filters
+    pass, however low the priority of the pods the gang needs gone."""
+    stranded = getattr(ext, "stranded", None)
+    if stranded is not None:
+        stranded.refused(gang_record_key(gang), names, ext.cache.now())
 
 
 def _refused(names: list[str]) -> FilterOutcome:

@@ -22,7 +22,13 @@ required link", "not enough free GPU memory or compute on any GPU"). The kube ad
 the refusal is :data:`GRACE_S` old (kube-scheduler runs its PostFilter, and so the
 ``preempt`` verb when it has candidates, within the same scheduling cycle as the filter),
 evicts them, and when the victims are gone holds the freed GPUs for the pod and wakes it.
-No I/O; one lock.
+
+Gangs the same way, under the key :func:`gang_record_key` (``gang:<namespace>/<gang>``):
+a gang whose members each pass kube-scheduler's filters (GPUs free by its count on some
+node) but which topoplace cannot place as a whole (one node, one NVLink domain or leaf
+required, free GPUs scattered) is refused member by member, and kube-scheduler preempts for
+none of them. Its record's ``node`` lists the nodes of its victims, comma-separated. No
+I/O; one lock.
 """
 
 from __future__ import annotations
@@ -46,8 +52,20 @@ MAX_PREEMPTIONS = 3
 refused after this many (something topoplace does not model keeps it out, or other pods
 keep taking the GPUs freed for it) is not preempted for again, so evictions cannot
 cascade."""
+GANG_PREFIX = "gang:"
+"""Prefix of a gang's record key (a pod key, ``namespace/name``, never has a colon)."""
 MAX_STRANDED = 10_000
 """Pods remembered at most; the oldest refusal goes first."""
+
+
+def gang_record_key(gang: str) -> str:
+    """The record key of gang ``gang`` (``namespace/name``)."""
+    return GANG_PREFIX + gang
+
+
+def gang_of(key: str) -> str:
+    """The gang of a record key ("" for a pod's)."""
+    return key[len(GANG_PREFIX) :] if key.startswith(GANG_PREFIX) else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +79,8 @@ class Stranded:
         tries: attempts that found nothing to preempt, in a row (the backoff: the
             parked-pod wake's, ``parked.backoff``).
         preemptions: preemptions started for it so far (at most :data:`MAX_PREEMPTIONS`).
-        node: the node of its preemption in progress ("" none).
+        node: the node of its preemption in progress ("" none; a gang's: its victims'
+            nodes, comma-separated).
         victims: the UIDs evicted for it there.
         preempted_at: when that preemption started.
     """

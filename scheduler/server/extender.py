@@ -79,7 +79,7 @@ from scheduler.runtime.dra import DraRouter
 from scheduler.runtime.parked import ParkedPods
 from scheduler.runtime.preempted import PreemptionLedger
 from scheduler.runtime.share_fits import FitMemo
-from scheduler.runtime.stranded import StrandedPods
+from scheduler.runtime.stranded import StrandedPods, gang_record_key
 from scheduler.server import started_preemption, wire
 from scheduler.server.decisions import DecisionLog, gang_member_summary
 from scheduler.server.fractional_verbs import (
@@ -166,6 +166,21 @@ class GangHandler(Protocol):
     ) -> PlacementResult | None:
         """The placement of ``req``'s gang if every pod of lower priority were gone, or
         None for a pod it does not handle."""
+        ...
+
+    def what_if(
+        self, ext: Extender, snap: ClusterSnapshot, req: PodRequest
+    ) -> PlacementResult | None:
+        """The placement of ``req``'s gang on ``snap``, or None for a pod it does not
+        handle (the victim search of a preemption topoplace starts for a gang)."""
+        ...
+
+    def pending_members(self, ext: Extender, gang: str) -> list[PodRequest]:
+        """The requests of ``gang``'s members seen and still pending."""
+        ...
+
+    def plan_now(self, ext: Extender, gang: str, why: str) -> str:
+        """Plan ``gang`` now and wake its parked members; the plan id or ""."""
         ...
 
 
@@ -959,6 +974,17 @@ class Extender:
                 req.key,
             )
             return {"NodeNameToMetaVictims": {}}
+        if req.gang:
+            started = self.stranded.get(gang_record_key(req.gang))
+            if started is not None and started.node:
+                self.metrics.child(self.metrics.preemptions, "waiting").inc()
+                log.info(
+                    "preemption for %s: topoplace's preemption for its gang still going "
+                    "(victims on %s); none more",
+                    req.key,
+                    started.node,
+                )
+                return {"NodeNameToMetaVictims": {}}
         proposed = {node: {v["UID"] for v in vs} for node, vs in victims.items()}
         within: frozenset[str] | None = None
         why = ""

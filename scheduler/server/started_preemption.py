@@ -18,10 +18,17 @@ adapter's (``scheduler.kube.preemptor``), and the offline replay calls the same 
   preemption ledger with ``"by": "topoplace"``, so the verb answers nothing more for the
   pod while its victims go, the gangs the victims belong to are torn down by the
   remediator, and ``/v1/inspect/preemptions`` shows it.
+* :func:`start_gang` does the same for a gang the gang runtime refused whole while its
+  members pass kube-scheduler's filters (``core.preemption.gang_victims``: the gang planned
+  without the lowest priorities first, the victims the pods holding GPUs its placement
+  uses, none a PodDisruptionBudget protects). It honours ``preemptionPolicy: Never`` on
+  any pending member, leaves fractional and DRA claim gangs alone, and waits while a
+  member's own preemption (the verb's) still stands.
 * :func:`settle` checks a preemption in progress: once every victim is gone from the
   cache, the pod's GPUs (or shares) on the node are held for it (a nomination, as
-  filter's) and it is due a wake; after ``stranded.GIVE_UP_S`` with victims still there it
-  is given up.
+  filter's) and it is due a wake (a gang is planned at once, its reservations held, and
+  its parked members woken); after ``stranded.GIVE_UP_S`` with victims still there it is
+  given up.
 """
 
 from __future__ import annotations
@@ -35,17 +42,20 @@ from scheduler.core.fractional import ShareError, ShareRequest, is_share_pod
 from scheduler.core.model import PodRequest
 from scheduler.core.objects import ObjectError
 from scheduler.core.preemption import (
+    GangChoice,
     NodeChoice,
     PreemptionDecision,
     broken_gangs,
     fits_on,
+    gang_victims,
     lowest_priorities,
     select_victims,
     started_choice,
 )
 from scheduler.core.remediation import being_deleted
+from scheduler.core.schedule import PlacementResult
 from scheduler.core.snapshot import ClusterSnapshot
-from scheduler.runtime.stranded import GIVE_UP_S, MAX_PREEMPTIONS
+from scheduler.runtime.stranded import GIVE_UP_S, MAX_PREEMPTIONS, gang_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from scheduler.server.extender import Extender
@@ -57,6 +67,8 @@ BY = "topoplace"
 REASON_NEVER = "preemptionPolicy: Never"
 REASON_GANG = "a gang member (the gang runtime places its gang whole)"
 REASON_KIND = "not a pod of whole GPUs or GPU shares (replica and claim pods are not covered)"
+REASON_GANG_KIND = "a gang of GPU shares or DRA claims (only gangs of whole GPUs are covered)"
+REASON_NO_MEMBER = "no member pending"
 WOKEN = "woken"
 GAVE_UP = "gave_up"
 
@@ -254,6 +266,18 @@ def settle(ext: Extender, key: str, present: Collection[str] | None = None) -> s
         ext.metrics.child(ext.metrics.started_preemptions, GAVE_UP).inc()
         log.warning("preemption for %s on %s: victims still there, given up", key, rec.node)
         return GAVE_UP
+    gang = gang_of(key)
+    if gang:
+        ext.stranded.settled(key)
+        ext.metrics.child(ext.metrics.started_preemptions, WOKEN).inc()
+        planned = ext.gangs.plan_now(ext, gang, "after the preemption for it") if ext.gangs else ""
+        log.info(
+            "preemption for gang %s: victims gone from %s, %s",
+            gang,
+            rec.node,
+            f"planned {planned}, members woken" if planned else "not planned yet",
+        )
+        return WOKEN
     got = _read(ext, key)
     if isinstance(got, str):
         ext.stranded.drop(key)
@@ -278,3 +302,104 @@ def settle(ext: Extender, key: str, present: Collection[str] | None = None) -> s
         ", its GPUs held" if held else " (its GPUs were taken meanwhile)",
     )
     return WOKEN
+
+
+def _read_gang(ext: Extender, gang: str) -> tuple[PodRequest, list[str]] | str:
+    """A pending member's request and every pending member's key, or why the gang is not
+    preempted for."""
+    from scheduler.server.fractional_verbs import is_replica_pod
+
+    if ext.gangs is None:
+        return "no gang runtime"
+    pending = ext.gangs.pending_members(ext, gang)
+    if not pending:
+        return REASON_NO_MEMBER
+    for r in pending:
+        pod = ext.cache.pending(r.key)
+        if pod is None:
+            continue
+        spec = pod.get("spec")
+        if isinstance(spec, Mapping) and spec.get("preemptionPolicy") == "Never":
+            return REASON_NEVER
+        if is_share_pod(pod) or dra.uses_claims(pod) or is_replica_pod(ext, pod, r):
+            return REASON_GANG_KIND
+    return pending[0], [r.key for r in pending]
+
+
+def start_gang(
+    ext: Extender, key: str, dry_run: bool = False, lowest: Mapping[str, int] | None = None
+) -> GangChoice | None:
+    """:func:`start` for the refused gang of record ``key`` (``stranded.gang_record_key``):
+    the victims of ``core.preemption.gang_victims``, recorded under the key (``"gang"`` in
+    the answer), the preemption marked in progress on the victims' nodes. Returns the
+    choice (the caller evicts its victims) or None."""
+    rec = ext.stranded.get(key)
+    if rec is None or rec.node:
+        return None
+    now = ext.cache.now()
+    gang = gang_of(key)
+    got = _read_gang(ext, gang)
+    if isinstance(got, str):
+        log.debug("no preemption for gang %s: %s", gang, got)
+        ext.stranded.drop(key)
+        return None
+    req, members = got
+    snap = ext.cache.snapshot()
+    if lowest is None:
+        lowest = lowest_priorities(snap)
+    if not any(v < req.priority for v in lowest.values()):  # nothing lower: no solve
+        ext.stranded.tried(key, now)
+        ext.metrics.child(ext.metrics.started_preemptions, "none").inc()
+        log.debug("no preemption for gang %s: no pod of lower priority", gang)
+        return None
+    live = {p.uid for p in snap.pods.values() if p.uid and not being_deleted(p)}
+    if any(ext.preemptions.waiting_for(m, live.__contains__, lambda _n: False) for m in members):
+        ext.stranded.tried(key, now)  # a member's own preemption (the verb's) still going
+        return None
+    gangs = ext.gangs
+    assert gangs is not None  # _read_gang checked
+    choice = gang_victims(snap, req.priority, lambda s: _placement(gangs.what_if(ext, s, req)))
+    answer: dict[str, Any] = {
+        "pod": key,
+        "gang": gang,
+        "by": BY,
+        "dry_run": dry_run,
+        "priority": req.priority,
+        "gpus": req.gpus,
+        "members_pending": members,
+        "chosen": choice.as_dict() if isinstance(choice, GangChoice) else None,
+        "reason": choice if isinstance(choice, str) else "",
+    }
+    if isinstance(choice, str) or dry_run:
+        ext.preemptions.record(answer, (), key)
+        ext.stranded.tried(key, now)
+        if isinstance(choice, str):
+            ext.metrics.child(ext.metrics.started_preemptions, "none").inc()
+            log.info("no preemption for gang %s: %s", gang, choice)
+        else:
+            ext.metrics.child(ext.metrics.started_preemptions, "dry_run").inc()
+            log.warning(
+                "preemption (dry run) for gang %s would evict %s",
+                gang,
+                ", ".join(v.pod for v in choice.victims),
+            )
+        return None
+    uids = [v.uid for v in choice.victims]
+    nodes = ",".join(sorted(set(choice.nodes.values())))
+    ext.preemptions.record(answer, broken_gangs(snap, choice, key), key, uids, nodes)
+    ext.stranded.preempting(key, nodes, uids, now)
+    ext.metrics.child(ext.metrics.started_preemptions, "started").inc()
+    for v in choice.victims:
+        ext.metrics.child(ext.metrics.preemption_victims, "yes" if v.gang else "no").inc()
+    log.info(
+        "preemption for gang %s (its members pass kube-scheduler's filters, the gang fits "
+        "nowhere whole): victims %s",
+        gang,
+        ", ".join(f"{v.pod} on {choice.nodes[v.pod]}" for v in choice.victims),
+    )
+    return choice
+
+
+def _placement(result: PlacementResult | None) -> PlacementResult:
+    """``GangRuntime.what_if``'s answer, a gang with no member left to place refused."""
+    return result if result is not None else PlacementResult(ok=False, reason=REASON_NO_MEMBER)

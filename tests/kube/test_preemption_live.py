@@ -17,7 +17,10 @@ answers with the node and victims it chooses:
 5. a pod kube-scheduler sees room for (so it never preempts) while topoplace finds its GPUs
    taken: a HAMi pod on a free replica without the memory, a pod that needs NVLink on a
    DGX-1 whose four free GPUs form no ring. topoplace preempts on its own
-   (``preemption.start``), holds the GPUs and wakes the pod.
+   (``preemption.start``), holds the GPUs and wakes the pod;
+6. a gang kube-scheduler sees room for member by member that topoplace cannot place whole
+   (its members must share one node): topoplace evicts the pods of the lowest priority
+   that free one node, plans the gang there and wakes its members.
 
 Gangs preempting in whole, and a gang that cannot fit evicting nothing, are here too.
 PriorityClasses are the suite's own (cluster-scoped, named after the run, deleted after).
@@ -207,6 +210,26 @@ def _budget(core: Any, namespace: str, topoplace: Topoplace, name: str, app: str
 def _placed_on(topoplace: Topoplace, node: str) -> list[dict[str, Any]]:
     """topoplace's placements on ``node`` (``/v1/inspect/placements``)."""
     return [i for i in topoplace.get("/v1/inspect/placements")["placements"] if i["node"] == node]
+
+
+def _pinned(
+    core: Any,
+    namespace: str,
+    name: str,
+    node: str,
+    gpus: list[int],
+    pc: str,
+    label: str,
+    scheduler: str,
+) -> None:
+    """A pod bound to ``node`` with topoplace's placement record for ``gpus`` (created
+    bound, as a pod placed before: the API server takes ``spec.nodeName`` as is)."""
+    p = _pod(name, len(gpus), scheduler, label, pc)
+    p["spec"]["nodeName"] = node
+    p["metadata"]["annotations"] = {
+        PLACEMENT_ANNOTATION: orjson.dumps({"gpus": gpus, "node": node, "v": 1}).decode()
+    }
+    core.create_namespaced_pod(namespace, p)
 
 
 def _named_victims(topoplace: Topoplace, namespace: str, *pods: str) -> list[dict[str, Any]]:
@@ -557,11 +580,7 @@ def test_a_pod_that_needs_nvlink_gets_a_ring_kube_scheduler_cannot_see_freed_by_
     with _nodes(core, namespace, run_id, "started-ring", 1, dgx1) as (label, nodes):
         (node,) = nodes
         for g in (1, 2, 4, 7):
-            placement = orjson.dumps({"gpus": [g], "node": node, "v": 1}).decode()
-            p = _pod(f"one-{g}", 1, scheduler_name, label, lo)
-            p["spec"]["nodeName"] = node
-            p["metadata"]["annotations"] = {PLACEMENT_ANNOTATION: placement}
-            core.create_namespaced_pod(namespace, p)
+            _pinned(core, namespace, f"one-{g}", node, [g], lo, label, scheduler_name)
         wait_for(
             lambda: (
                 sorted(g for i in _placed_on(topoplace, node) for g in i["gpus"]) == [1, 2, 4, 7]
@@ -620,3 +639,51 @@ def test_a_started_preemption_spares_the_pod_a_budget_protects(
             mine = _named_victims(topoplace, namespace, "urgent-kept")
             assert [a["by"] for a in mine] == ["topoplace"], mine
             assert mine[0]["chosen"]["pdb_violations"] == 0
+
+
+def test_a_gang_that_must_share_a_node_gets_its_victims_from_topoplace(
+    core: Any,
+    namespace: str,
+    topoplace: Topoplace,
+    scheduler_name: str,
+    run_id: str,
+    priorities: dict[int, str],
+) -> None:
+    # Two DGX H100 with four GPUs held on each: lo-0 (low) on node 0, mid-1 (mid) on node
+    # 1. A high-priority gang of two 4-GPU members that must share one node passes
+    # kube-scheduler's filters member by member (four GPUs free on both nodes), so it never
+    # preempts; topoplace evicts lo-0, the lowest priority that frees a node, and the gang
+    # binds whole on node 0.
+    lo, mid, hi = priorities[LOW], priorities[MID], priorities[HIGH]
+    with _nodes(core, namespace, run_id, "started-gang", 2) as (label, nodes):
+        _pinned(core, namespace, "lo-0", nodes[0], [0, 1, 2, 3], lo, label, scheduler_name)
+        _pinned(core, namespace, "mid-1", nodes[1], [4, 5, 6, 7], mid, label, scheduler_name)
+        wait_for(
+            lambda: all(len(_placed_on(topoplace, n)) == 1 for n in nodes),
+            10,
+            "topoplace to see the two pods",
+        )
+        before = _uids(core, namespace)
+        gang = {**gang_annotations("tp", 2), "topoplace.io/topology-required": "node"}
+        for name in ("tp-0", "tp-1"):
+            core.create_namespaced_pod(
+                namespace, _pod(name, 4, scheduler_name, label, hi, annotations=gang)
+            )
+        got = wait_for(
+            lambda: (b := bound(core, namespace, ["tp-0", "tp-1"])) and len(b) == 2 and b,
+            60,
+            "the gang bound",
+        )
+        assert [p.spec.node_name for p in got.values()] == [nodes[0], nodes[0]]
+        gpus = sorted(
+            g
+            for p in got.values()
+            for g in orjson.loads(p.metadata.annotations[PLACEMENT_ANNOTATION])["gpus"]
+        )
+        assert gpus == list(range(8))
+        after = _uids(core, namespace)
+        assert "lo-0" not in after and after.get("mid-1") == before["mid-1"]
+        recent = topoplace.get("/v1/inspect/preemptions")["recent"]
+        mine = [a for a in recent if a.get("gang") == f"{namespace}/tp" and a["chosen"]]
+        assert [a["by"] for a in mine] == ["topoplace"], mine
+        assert [v["pod"] for v in mine[0]["chosen"]["victims"]] == [f"{namespace}/lo-0"]
