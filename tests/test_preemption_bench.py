@@ -214,3 +214,56 @@ def test_rings_are_placed_only_by_the_preemptions_topoplace_starts() -> None:
     assert all(s.gone_nodes == [s.node] for s in steps)
     off = offline(sc, SchedParams.from_config({"preemption": {"start": "off"}}))
     assert summarize(off, sc.fill)["placed"] == 0
+
+
+def test_tp_gangs_are_placed_only_by_the_preemptions_topoplace_starts_for_gangs(
+    tmp_path: Path,
+) -> None:
+    """``--tp-gangs``: four free GPUs on every DGX H100, arrivals of 2-member gangs that
+    must share a node. Every member passes kube-scheduler's count, so it preempts for
+    none; offline, topoplace's own extender with ``preemption.start: evict`` places every
+    gang whole on one node, evicting pods of lower priority only, none a budget protects;
+    with ``off`` none is placed."""
+    from benchmarks.live.preemption import (
+        PRIORITIES,
+        _protected,
+        _whole_policy,
+        build_tp_gangs,
+        offline_gangs,
+        summarize,
+        units,
+    )
+
+    sc = build_tp_gangs(7, 6, 4, protected=0.2)
+    assert build_tp_gangs(7, 6, 4, protected=0.2) == sc
+    held: dict[str, list[int]] = {}
+    for p in sc.fill:
+        rec = json.loads(p["metadata"]["annotations"]["topoplace.io/placement"])
+        held.setdefault(p["spec"]["nodeName"], []).extend(rec["gpus"])
+    assert len(held) == 6 and all(len(v) == 4 for v in held.values())
+    assert [len(u) for u in units(sc.arrivals)] == [2, 2, 2, 2]
+    steps = offline_gangs(sc, _whole_policy(tmp_path / "on.yaml", True))
+    # No node frees with low pods alone (each node with only low pods has a protected
+    # one), so mid pods go: the cheapest node first (one mid pod), then the node with one
+    # mid and two low, then two mid and one low; the fourth gang finds only nodes holding
+    # a protected pod and evicts nothing.
+    assert [(s.pod, s.node, s.gone) for s in steps] == [
+        ("tp-00", "h100-04", ["fill-013"]),
+        ("tp-01", "h100-02", ["fill-007", "fill-008", "fill-009"]),
+        ("tp-02", "h100-03", ["fill-010", "fill-011", "fill-012"]),
+        ("tp-03", None, []),
+    ]
+    by_name = {p["metadata"]["name"]: p for p in sc.fill}
+    for s in steps[:3]:
+        assert sorted(s.gpu_set) == list(range(8)) and s.gone_nodes == [s.node]
+        assert all(
+            by_name[n]["spec"]["priority"] < PRIORITIES["high"] and not _protected(by_name[n])
+            for n in s.gone
+        )
+    assert all(
+        any(_protected(p) for p in sc.fill if p["spec"]["nodeName"] == n)
+        for n in ("h100-00", "h100-01", "h100-05")
+    )
+    assert summarize(steps, sc.fill)["budget_violations"] == 0
+    off = offline_gangs(sc, _whole_policy(tmp_path / "off.yaml", False))
+    assert summarize(off, sc.fill)["placed"] == 0 and all(not s.gone for s in off)

@@ -181,20 +181,20 @@ def test_a_victim_in_a_gang_takes_its_gang_down_with_it() -> None:
         _pod("job-0", 4, 10, node="a", gpu_indices=[0, 1, 2, 3], gang="job", gang_size=2),
         _pod("job-1", 4, 10, node="b", gpu_indices=[0, 1, 2, 3], gang="job", gang_size=2),
     ]
-    ext, clock = _setup(fill)
+    ext, clock = _setup(fill)  # either node will do: a is given back first, b's pod goes
     c = asgi_client(ext)
     for m in (_member(0), _member(1)):
         _filter(c, m)
     with RecordedApiServer() as srv:
-        _answers(srv, NS, "job-0")
+        _answers(srv, NS, "job-1")
         clock.t += GRACE_S
-        assert _preemptor(srv, ext, []).tick() == [(KEY, f"{NS}/job-0: evicted")]
+        assert _preemptor(srv, ext, []).tick() == [(KEY, f"{NS}/job-1: evicted")]
     view = c.get("/v1/inspect/preemptions").json()
     (answer,) = view["recent"]
     assert answer["chosen"]["gangs_broken"] == [f"{NS}/job"]
-    assert answer["chosen"]["gang_members_torn_down"] == [f"{NS}/job-1"]
+    assert answer["chosen"]["gang_members_torn_down"] == [f"{NS}/job-0"]
     (teardown,) = view["pending_teardowns"]
-    assert (teardown["gang"], teardown["victim"]) == (f"{NS}/job", f"{NS}/job-0")
+    assert (teardown["gang"], teardown["victim"]) == (f"{NS}/job", f"{NS}/job-1")
 
 
 @pytest.mark.parametrize("mode", ["dry-run", "off"])

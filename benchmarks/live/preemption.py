@@ -31,6 +31,16 @@ Arms, each on a fresh control plane, kube-scheduler with the shipped configurati
   before it started preemptions kube-scheduler does not: with ``--fractional``, arrivals
   that find a free replica without the memory wait).
 
+**Gangs** (``--tp-gangs``): ``--h100`` DGX H100 nodes, each with four of its GPUs held by
+filler pods (1, 2 or 4 GPUs, low or mid priority; some 4-GPU blocks paired across nodes
+into low-priority 2-member gangs), and arrivals that are gangs of two 4-GPU members of
+high priority that must share one node (``topoplace.io/topology-required: node``: tensor
+parallelism over NVLink). Every member passes kube-scheduler's filters (four GPUs free on
+every node), so kube-scheduler preempts for none: only a preemption topoplace starts for
+the whole gang (``started_preemption.start_gang``) places them. An arrival is both members,
+created together; it counts as placed when both are bound. The offline row is topoplace's
+own extender in process (:func:`offline_gangs`).
+
 **Fractional** (``--fractional``): ``--t4`` nodes of four T4s (15,360 MiB) registered
 for HAMi, each GPU split four ways (``nvidia.com/gpu`` advertised as 16 replicas) and
 full: four filler pods per GPU of 1,000 to 6,000 MiB (20 % compute each, HAMi's
@@ -244,6 +254,64 @@ def build_rings(seed: int, v100: int, arrivals: int, protected: float = 0.0) -> 
     _protect(fill, seed, protected)
     arr = [_pod(f"urgent-{i:02d}", 4, "high", min_link="nvlink") for i in range(arrivals)]
     return Scenario(nodes, fill, arr, [budget()] if protected > 0 else [])
+
+
+ONE_NODE = {"topoplace.io/topology-required": "node"}
+
+
+def build_tp_gangs(seed: int, h100: int, arrivals: int, protected: float = 0.0) -> Scenario:
+    """``--tp-gangs`` (module docstring; deterministic): each DGX H100 keeps four GPUs free,
+    the other four held by filler pods on aligned blocks; arrivals are gangs ``tp-NN`` of
+    two 4-GPU members that must share a node."""
+    rnd = random.Random(seed)
+    nodes = [make_node(f"h100-{i:02d}", 8, "h100", machine="DGX-H100") for i in range(h100)]
+    blocks: list[tuple[str, int, tuple[int, ...]]] = []
+    for n in nodes:
+        name = n["metadata"]["name"]
+        base = rnd.choice((0, 4))  # which half is held
+        start = 0
+        while start < 4:
+            size = rnd.choice([s for s in (1, 2, 4) if start % s == 0 and start + s <= 4])
+            blocks.append((name, size, tuple(range(base + start, base + start + size))))
+            start += size
+    fours = [i for i, b in enumerate(blocks) if b[1] == 4]
+    rnd.shuffle(fours)
+    gang_of = {}
+    for k in range(len(fours) // 4):  # a quarter of the 4-GPU blocks in pairs
+        a, b = fours[2 * k], fours[2 * k + 1]
+        gang_of[a] = gang_of[b] = f"job-{k}"
+    fill = []
+    seen: dict[str, int] = {}
+    for i, (node, size, block) in enumerate(blocks):
+        gang = gang_of.get(i)
+        if gang:
+            k = seen.get(gang, 0)
+            seen[gang] = k + 1
+            fill.append(_pod(f"{gang}-{k}", size, "low", node=node, block=block, gang=gang))
+        else:
+            cls = rnd.choice(("low", "low", "mid"))
+            fill.append(_pod(f"fill-{i:03d}", size, cls, node=node, block=block))
+    _protect(fill, seed, protected)
+    arr = []
+    for i in range(arrivals):
+        for k in range(2):
+            p = _pod(f"tp-{i:02d}-{k}", 4, "high", gang=f"tp-{i:02d}")
+            p["metadata"]["annotations"].update(ONE_NODE)
+            arr.append(p)
+    return Scenario(nodes, fill, arr, [budget()] if protected > 0 else [])
+
+
+def units(arrivals: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The arrivals as created together: a gang's members (consecutive, one gang
+    annotation) are one unit, a pod alone another."""
+    out: list[list[dict[str, Any]]] = []
+    for p in arrivals:
+        g = _gang(p)
+        if g and out and _gang(out[-1][0]) == g:
+            out[-1].append(p)
+        else:
+            out.append([p])
+    return out
 
 
 def _protect(fill: list[dict[str, Any]], seed: int, share: float) -> None:
@@ -610,6 +678,74 @@ def offline_shares(sc: Scenario, policy: Path) -> list[Step]:
     return steps
 
 
+def offline_gangs(sc: Scenario, policy: Path) -> list[Step]:
+    """The ``--tp-gangs`` scenario through topoplace's own extender in process, with its
+    gang runtime: each gang's members filtered on every node; refused, the preemption
+    topoplace starts for the gang (``started_preemption.start_gang``, kube-scheduler
+    preempting for no member), its victims and the rest of their gangs removed, the gang
+    planned (``settle``), and the members filtered and bound on their planned node."""
+    from scheduler.cli.main import load_params
+    from scheduler.runtime.cache import ClusterCache
+    from scheduler.runtime.gangs import GangRuntime
+    from scheduler.runtime.stranded import gang_record_key
+    from scheduler.server import started_preemption
+    from scheduler.server.extender import Extender
+
+    fill, extra = _offline_objects(sc)
+    binder = BindRecorder()
+    params = load_params(str(policy))
+    cache = ClusterCache.from_objects(sc.nodes, fill, params, extra=extra)
+    ext = Extender(cache, binder, gangs=GangRuntime())
+    names = sorted(n["metadata"]["name"] for n in sc.nodes)
+    steps = []
+    for unit in units(sc.arrivals):
+        pods = []
+        for pod in unit:
+            q = json.loads(json.dumps(pod))
+            q["metadata"]["uid"] = f"uid-{q['metadata']['name']}"
+            pods.append(q)
+        gang = _gang(pods[0])
+        step = Step(gang or pods[0]["metadata"]["name"], sum(_gpus(q) for q in pods), "")
+        fits = [ext.filter({"Pod": q, "NodeNames": names}).get("NodeNames") or [] for q in pods]
+        if not all(fits) and params.preemption.start == "evict":
+            key = gang_record_key(f"{NAMESPACE}/{gang}")
+            chosen = started_preemption.start_gang(ext, key)
+            if chosen is not None:
+                snap = cache.snapshot()
+                gone = [v.pod for v in chosen.victims] + list(chosen.gang_members)
+                step.gone = sorted(k.split("/")[1] for k in gone)
+                step.gone_gpus = chosen.gpus_disrupted
+                step.gone_nodes = sorted({snap.pods[k].node for k in gone})
+                for k in gone:
+                    cache.delete_pod(k)
+                started_preemption.settle(ext, key)
+                fits = [
+                    ext.filter({"Pod": q, "NodeNames": names}).get("NodeNames") or [] for q in pods
+                ]
+        if not all(fits):
+            steps.append(step)
+            continue
+        placed = []
+        for q, fit in zip(pods, fits, strict=True):
+            name = q["metadata"]["name"]
+            body = {
+                "PodName": name,
+                "PodNamespace": NAMESPACE,
+                "PodUID": q["metadata"]["uid"],
+                "Node": fit[0],
+            }
+            binder.last = None
+            res = ext.bind(body)
+            if res.get("Error") or binder.last is None:
+                raise RuntimeError(f"offline bind of {name} failed: {res.get('Error')}")
+            rec = json.loads(binder.last[1][PLACEMENT_ANNOTATION])
+            placed.append((binder.last[0], list(rec.get("gpus") or [])))
+        step.node = ",".join(sorted({n for n, _ in placed}))
+        step.gpu_set = [g for _, gs in placed for g in gs]
+        steps.append(step)
+    return steps
+
+
 # ---- live -------------------------------------------------------------------------------------
 
 
@@ -668,39 +804,56 @@ def _live_arm(sc: Scenario, args: argparse.Namespace, arm: str) -> tuple[list[St
         gpus_of = {p["metadata"]["name"]: _gpus(p) for p in sc.fill}
         mib_of = {p["metadata"]["name"]: _mib(p) for p in sc.fill}
         node_of = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in sc.fill}
-        for pod in sc.arrivals:
+        for unit in units(sc.arrivals):
             before = {p["metadata"]["name"] for p in api.list_pods(NAMESPACE)["items"]}
-            q = json.loads(json.dumps(pod))
-            q["spec"].pop("priority")
-            name = q["metadata"]["name"]
+            pods = [json.loads(json.dumps(pod)) for pod in unit]
+            for q in pods:
+                q["spec"].pop("priority")
+            members = [q["metadata"]["name"] for q in pods]
+            name = _gang(pods[0]) or members[0]
             step = Step(
-                name, _gpus(q), str(q["metadata"]["annotations"].get("topoplace.io/min-link", ""))
+                name,
+                sum(_gpus(q) for q in pods),
+                str(pods[0]["metadata"]["annotations"].get("topoplace.io/min-link", "")),
             )
             t0 = time.monotonic()
-            api.create_pod(NAMESPACE, q)
-            while time.monotonic() - t0 < args.wait:
-                got = api.get(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
-                if got["spec"].get("nodeName"):
-                    step.bind_s = round(time.monotonic() - t0, 3)
-                    step.node = got["spec"]["nodeName"]
-                    ann = got["metadata"].get("annotations") or {}
-                    if shares:
-                        step.gpu_set = _allocated_gpus(ann, node_objs[step.node])
-                    else:
-                        rec = json.loads(ann.get(PLACEMENT_ANNOTATION, "{}"))
-                        step.gpu_set = list(rec.get("gpus") or [])
-                    break
-                time.sleep(0.05)
-            if step.node is None:
-                api.delete_pod(NAMESPACE, name)
+            for q in pods:
+                api.create_pod(NAMESPACE, q)
+            placed: dict[str, tuple[str, list[int]]] = {}
+            while time.monotonic() - t0 < args.wait and len(placed) < len(members):
+                for m in members:
+                    if m in placed:
+                        continue
+                    got = api.get(f"/api/v1/namespaces/{NAMESPACE}/pods/{m}")
+                    if got["spec"].get("nodeName"):
+                        node = got["spec"]["nodeName"]
+                        ann = got["metadata"].get("annotations") or {}
+                        if shares:
+                            gpus = _allocated_gpus(ann, node_objs[node])
+                        else:
+                            gpus = list(
+                                json.loads(ann.get(PLACEMENT_ANNOTATION, "{}")).get("gpus") or []
+                            )
+                        placed[m] = (node, gpus)
+                if len(placed) < len(members):
+                    time.sleep(0.05)
+            if len(placed) == len(members):
+                step.bind_s = round(time.monotonic() - t0, 3)
+                step.node = ",".join(sorted({n for n, _ in placed.values()}))
+                step.gpu_set = [g for m in members for g in placed[m][1]]
+            else:  # all or nothing: a gang partly bound counts as not placed, and goes
+                for m in members:
+                    api.delete_pod(NAMESPACE, m)
             _settle(api, tp if arm != "in-tree victims" else None, args.settle)
             after = {p["metadata"]["name"] for p in api.list_pods(NAMESPACE)["items"]}
-            step.gone = sorted(before - after - {name})
+            step.gone = sorted(before - after - set(members))
             step.gone_gpus = sum(gpus_of.get(n, 0) for n in step.gone)
             step.gone_mib = sum(mib_of.get(n, 0) for n in step.gone)
             step.gone_nodes = sorted({node_of[n] for n in step.gone if n in node_of})
             if step.node:
-                gpus_of[name], node_of[name] = step.gpus, step.node
+                for q in pods:
+                    m = q["metadata"]["name"]
+                    gpus_of[m], node_of[m] = _gpus(q), placed[m][0]
             log(
                 f"{arm}: {name} ({step.gpus} GPUs{' nvlink' if step.min_link else ''}) -> "
                 f"{step.node} in {step.bind_s}s; gone: {', '.join(step.gone) or '-'}"
@@ -787,13 +940,19 @@ def render(
         if is_shares(sc)
         else f"{len(sc.nodes)} nodes ({h} DGX H100, {len(sc.nodes) - h} DGX-1 V100)"
     )
+    arrivals = units(sc.arrivals)
+    what = (
+        f"{len(arrivals)} arrivals (gangs of {len(arrivals[0])} members that must share a node)"
+        if arrivals and len(arrivals[0]) > 1
+        else f"{len(arrivals)} arrivals"
+    )
     lines = [
         "# Preemption, live through kube-scheduler and offline",
         "",
         f"{kinds}, "
         f"{len(sc.fill)} filler pods ({gangs} two-member gangs, {guarded} protected by a "
-        f"PodDisruptionBudget allowing no disruption), {len(sc.arrivals)} "
-        f"arrivals of priority {PRIORITIES['high']}, seed {args.seed}; "
+        f"PodDisruptionBudget allowing no disruption), {what} "
+        f"of priority {PRIORITIES['high']}, seed {args.seed}; "
         f"`python -m benchmarks.live.preemption {' '.join(sys.argv[1:])}`.",
         "",
         "| figure | " + " | ".join(rows) + " |",
@@ -802,7 +961,7 @@ def render(
     for key, label in FIGURES:
         lines.append(f"| {label} | " + " | ".join(str(r[key]) for r in rows.values()) + " |")
     if cmp is not None:
-        n = len(sc.arrivals)
+        n = len(arrivals)
         lines += [
             "",
             f"Live topoplace against the offline engine, arrival by arrival: same node "
@@ -836,6 +995,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "(--v100 nodes; see build_rings)",
     )
     ap.add_argument(
+        "--tp-gangs",
+        action="store_true",
+        help="DGX H100 nodes half held, arrivals that are 2-member gangs needing one node "
+        "(--h100 nodes; see build_tp_gangs)",
+    )
+    ap.add_argument(
         "--protected",
         type=float,
         default=0.2,
@@ -855,6 +1020,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.fractional:
         sc = build_shares(args.seed, args.t4, args.arrivals, args.protected)
         off = offline_shares(sc, policy_file(out / "policy-shares.yaml"))
+    elif args.tp_gangs:
+        sc = build_tp_gangs(args.seed, args.h100, args.arrivals, args.protected)
+        off = offline_gangs(sc, _whole_policy(out / "policy-offline.yaml", True))
     else:
         if args.rings:
             sc = build_rings(args.seed, args.v100, args.arrivals, args.protected)

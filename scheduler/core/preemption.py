@@ -120,6 +120,9 @@ REASON_NOT_NEEDED = "the pod fits without evicting anything"
 REASON_CPU_MEMORY = "not enough CPU or memory even with every lower-priority pod gone"
 REASON_OUTSIDE_GANG_PLAN = "not a node of the gang's placement"
 REASON_GANG_NO_LOWER = "no pod of lower priority in the cluster"
+MAX_GANG_REPRIEVES = 32
+"""Nodes whose lower-priority pods a gang's victim search tries to give back, one gang
+solve each (:func:`gang_victims`), the costliest first."""
 REASON_GANG_NO_FIT = (
     "the gang does not fit even with every lower-priority pod a disruption budget allows to go gone"
 )
@@ -599,6 +602,27 @@ def _gang_tier(
     trial = plan(without(p.key for p in pool))
     if not trial.ok:
         return None
+    # Given back node by node, the costliest to lose first (kube-scheduler's reprieve, a
+    # node's pods at a time): a node stays given back when the gang still fits.
+    on: dict[str, list[PodInfo]] = {}
+    for p in pool:
+        on.setdefault(p.node, []).append(p)
+    order = sorted(
+        on,
+        key=lambda n: (
+            -max(pod_priority(p) for p in on[n]),
+            -sum(pod_priority(p) for p in on[n]),
+            -len(on[n]),
+            n,
+        ),
+    )
+    gone_keys = {p.key for p in pool}
+    for n in order[:MAX_GANG_REPRIEVES]:
+        back = gone_keys - {p.key for p in on[n]}
+        moved = plan(without(back))
+        if moved.ok:
+            gone_keys, trial = back, moved
+    pool = [p for p in pool if p.key in gone_keys]
     taken: dict[str, set[int]] = {}
     for a in trial.assignments:
         taken.setdefault(a.node, set()).update(a.gpus)
