@@ -181,6 +181,27 @@ def budget() -> dict[str, Any]:
     }
 
 
+def _fill(
+    blocks: Sequence[tuple[str, int, tuple[int, ...]]],
+    gang_of: Mapping[int, str],
+    rnd: random.Random,
+) -> list[dict[str, Any]]:
+    """The filler pods of ``blocks`` (node, GPUs, indices): a block in ``gang_of`` is a
+    low-priority member of that gang, any other a pod alone of low or mid priority."""
+    fill = []
+    members: dict[str, int] = {}
+    for i, (node, size, block) in enumerate(blocks):
+        gang = gang_of.get(i)
+        if gang:
+            k = members.get(gang, 0)
+            members[gang] = k + 1
+            fill.append(_pod(f"{gang}-{k}", size, "low", node=node, block=block, gang=gang))
+        else:
+            cls = rnd.choice(("low", "low", "mid"))
+            fill.append(_pod(f"fill-{i:03d}", size, cls, node=node, block=block))
+    return fill
+
+
 def build(seed: int, h100: int, v100: int, arrivals: int, protected: float = 0.0) -> Scenario:
     """The scenario of ``seed`` (deterministic; ``protected`` draws from a stream of its
     own, so the nodes, pods and arrivals are those of the seed without budgets)."""
@@ -208,17 +229,7 @@ def build(seed: int, h100: int, v100: int, arrivals: int, protected: float = 0.0
         fours.remove(b)
         gang_of[a] = gang_of[b] = f"job-{pairs}"
         pairs += 1
-    fill = []
-    members: dict[str, int] = {}
-    for i, (node, size, block) in enumerate(blocks):
-        gang = gang_of.get(i)
-        if gang:
-            k = members.get(gang, 0)
-            members[gang] = k + 1
-            fill.append(_pod(f"{gang}-{k}", size, "low", node=node, block=block, gang=gang))
-        else:
-            cls = rnd.choice(("low", "low", "mid"))
-            fill.append(_pod(f"fill-{i:03d}", size, cls, node=node, block=block))
+    fill = _fill(blocks, gang_of, rnd)
     _protect(fill, seed, protected)
     arr = []
     for i in range(arrivals):
@@ -280,17 +291,7 @@ def build_tp_gangs(seed: int, h100: int, arrivals: int, protected: float = 0.0) 
     for k in range(len(fours) // 4):  # a quarter of the 4-GPU blocks in pairs
         a, b = fours[2 * k], fours[2 * k + 1]
         gang_of[a] = gang_of[b] = f"job-{k}"
-    fill = []
-    seen: dict[str, int] = {}
-    for i, (node, size, block) in enumerate(blocks):
-        gang = gang_of.get(i)
-        if gang:
-            k = seen.get(gang, 0)
-            seen[gang] = k + 1
-            fill.append(_pod(f"{gang}-{k}", size, "low", node=node, block=block, gang=gang))
-        else:
-            cls = rnd.choice(("low", "low", "mid"))
-            fill.append(_pod(f"fill-{i:03d}", size, cls, node=node, block=block))
+    fill = _fill(blocks, gang_of, rnd)
     _protect(fill, seed, protected)
     arr = []
     for i in range(arrivals):

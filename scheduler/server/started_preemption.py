@@ -190,12 +190,7 @@ def start(
                 chosen.node,
             )
         return None
-    uids = [v.uid for v in chosen.victims]
-    ext.preemptions.record(answer, broken_gangs(snap, chosen, key), key, uids, chosen.node)
-    ext.stranded.preempting(key, chosen.node, uids, now)
-    ext.metrics.child(ext.metrics.started_preemptions, "started").inc()
-    for v in chosen.victims:
-        ext.metrics.child(ext.metrics.preemption_victims, "yes" if v.gang else "no").inc()
+    _started(ext, snap, key, answer, chosen, chosen.node, now)
     log.info(
         "preemption for %s (kube-scheduler sees room, topoplace's GPUs are taken): %s, victims %s",
         key,
@@ -203,6 +198,25 @@ def start(
         ", ".join(v.pod for v in chosen.victims),
     )
     return chosen
+
+
+def _started(
+    ext: Extender,
+    snap: ClusterSnapshot,
+    key: str,
+    answer: dict[str, Any],
+    choice: NodeChoice | GangChoice,
+    nodes: str,
+    now: float,
+) -> None:
+    """Record a preemption started for record ``key`` on ``nodes`` (the ledger's answer
+    and the gangs its victims break, the record in progress) and count it."""
+    uids = [v.uid for v in choice.victims]
+    ext.preemptions.record(answer, broken_gangs(snap, choice, key), key, uids, nodes)
+    ext.stranded.preempting(key, nodes, uids, now)
+    ext.metrics.child(ext.metrics.started_preemptions, "started").inc()
+    for v in choice.victims:
+        ext.metrics.child(ext.metrics.preemption_victims, "yes" if v.gang else "no").inc()
 
 
 def _search(
@@ -384,13 +398,7 @@ def start_gang(
                 ", ".join(v.pod for v in choice.victims),
             )
         return None
-    uids = [v.uid for v in choice.victims]
-    nodes = ",".join(sorted(set(choice.nodes.values())))
-    ext.preemptions.record(answer, broken_gangs(snap, choice, key), key, uids, nodes)
-    ext.stranded.preempting(key, nodes, uids, now)
-    ext.metrics.child(ext.metrics.started_preemptions, "started").inc()
-    for v in choice.victims:
-        ext.metrics.child(ext.metrics.preemption_victims, "yes" if v.gang else "no").inc()
+    _started(ext, snap, key, answer, choice, ",".join(sorted(set(choice.nodes.values()))), now)
     log.info(
         "preemption for gang %s (its members pass kube-scheduler's filters, the gang fits "
         "nowhere whole): victims %s",
