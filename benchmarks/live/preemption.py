@@ -288,7 +288,7 @@ def build_tp_gangs(seed: int, h100: int, arrivals: int, protected: float = 0.0) 
     fours = [i for i, b in enumerate(blocks) if b[1] == 4]
     rnd.shuffle(fours)
     gang_of = {}
-    for k in range(len(fours) // 4):  # a quarter of the 4-GPU blocks in pairs
+    for k in range(max(1, len(fours) // 4) if len(fours) > 1 else 0):  # a quarter in pairs
         a, b = fours[2 * k], fours[2 * k + 1]
         gang_of[a] = gang_of[b] = f"job-{k}"
     fill = _fill(blocks, gang_of, rnd)
