@@ -505,3 +505,16 @@ def test_the_search_is_bounded_as_kube_schedulers_own_candidates_are() -> None:
     only_lowest = candidates(names, snap, lowest, 11)  # only pods of priority 10 may go
     assert list(only_lowest) == [f"n{i:03d}" for i in range(0, 300, 7)]
     assert candidates(names, snap, lowest, 10) == {}  # nothing lower than 10
+
+
+def test_a_pod_refused_again_and_again_is_due_a_grace_after_its_first_refusal() -> None:
+    # A gang's two members take turns, each refused every second or so (the gang runtime
+    # wakes them): counted from the latest refusal, the grace would never pass.
+    s = StrandedPods()
+    for t in (10.0, 10.6, 11.2, 11.8):
+        s.refused("gang:ns/g", ["n1"], t)
+        assert s.get("gang:ns/g").refused_at == 10.0
+    assert s.due(10.9) == [] and s.due(11.8) == ["gang:ns/g"]
+    s.tried("gang:ns/g", 11.8)
+    s.refused("gang:ns/g", ["n1"], 12.4)  # the first refusal after the try starts anew
+    assert s.get("gang:ns/g").refused_at == 12.4

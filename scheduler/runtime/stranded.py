@@ -74,7 +74,7 @@ class Stranded:
 
     Attributes:
         nodes: the nodes refused only for GPUs taken at its latest refusal.
-        refused_at: when (the cache's clock).
+        refused_at: when (the cache's clock): the first refusal since the last try.
         tried_at: when topoplace last looked for victims for it (-inf: never).
         tries: attempts that found nothing to preempt, in a row (the backoff: the
             parked-pod wake's, ``parked.backoff``).
@@ -127,8 +127,11 @@ class StrandedPods:
                 self._pods[key] = Stranded(names, at)
                 while len(self._pods) > self.limit:
                     self._pods.popitem(last=False)
-            else:  # keeps its backoff and any preemption in progress
-                self._pods[key] = replace(old, nodes=names, refused_at=at)
+            else:  # keeps its backoff and any preemption in progress, and the first
+                # refusal not tried yet: a pod refused again and again (a gang's members
+                # taking turns, each woken by the gang runtime) is still due GRACE_S after it
+                first = old.refused_at if old.refused_at > old.tried_at else at
+                self._pods[key] = replace(old, nodes=names, refused_at=first)
 
     def offered(self, key: str) -> None:
         """Filter offered ``key`` a node: nothing more to do for it."""
