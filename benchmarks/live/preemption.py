@@ -683,8 +683,9 @@ def offline_gangs(sc: Scenario, policy: Path) -> list[Step]:
     """The ``--tp-gangs`` scenario through topoplace's own extender in process, with its
     gang runtime: each gang's members filtered on every node; refused, the preemption
     topoplace starts for the gang (``started_preemption.start_gang``, kube-scheduler
-    preempting for no member), its victims and the rest of their gangs removed, the gang
-    planned (``settle``), and the members filtered and bound on their planned node."""
+    preempting for no member), its victims removed, the gang planned (``settle``), the
+    rest of the victims' gangs torn down (the remediator's eviction comes after the victim
+    is gone), and the members filtered and bound on their planned node."""
     from scheduler.cli.main import load_params
     from scheduler.runtime.cache import ClusterCache
     from scheduler.runtime.gangs import GangRuntime
@@ -717,9 +718,11 @@ def offline_gangs(sc: Scenario, policy: Path) -> list[Step]:
                 step.gone = sorted(k.split("/")[1] for k in gone)
                 step.gone_gpus = chosen.gpus_disrupted
                 step.gone_nodes = sorted({snap.pods[k].node for k in gone})
-                for k in gone:
+                for v in chosen.victims:
+                    cache.delete_pod(v.pod)
+                started_preemption.settle(ext, key)  # planned once the victims are gone
+                for k in chosen.gang_members:  # their gangs torn down after, as live
                     cache.delete_pod(k)
-                started_preemption.settle(ext, key)
                 fits = [
                     ext.filter({"Pod": q, "NodeNames": names}).get("NodeNames") or [] for q in pods
                 ]
