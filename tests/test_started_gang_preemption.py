@@ -29,6 +29,7 @@ from scheduler.core.params import SchedParams
 from scheduler.core.preemption import (
     REASON_GANG_NO_FIT,
     REASON_GANG_NO_LOWER,
+    REASON_GANG_NOT_NEEDED,
     GangChoice,
     gang_victims,
 )
@@ -250,3 +251,23 @@ def test_a_gang_record_is_forgotten_when_its_members_go() -> None:
         clock.t += GRACE_S
         assert _preemptor(srv, ext, []).tick() == []
     assert ext.stranded.get(KEY) is None
+
+
+def test_the_gpus_of_another_preemptions_victims_stay_taken_for_a_gang() -> None:
+    # a: "going" (low, being deleted: the victim of a pod's preemption in progress) on
+    # GPUs 0-3; b: lo-b (low) on 0-3. Counted as gone, "going" leaves a whole for the gang
+    # with nothing to evict; held for the pod it goes for, the gang evicts lo-b instead.
+    going = _pod("going", 4, 10, node="a", gpu_indices=[0, 1, 2, 3])
+    going["metadata"]["deletionTimestamp"] = "2026-12-03T09:00:00Z"
+    fill = [going, _pod("lo-b", 4, 10, node="b", gpu_indices=[0, 1, 2, 3])]
+    ext, _ = _setup(fill)
+    req = ext._request(_member(0), None)
+    ext.gangs._members[GANG] = {req.key: req}
+    snap = ext.cache.snapshot()
+
+    def plan(s: Any) -> Any:
+        return ext.gangs.what_if(ext, s, req)
+
+    assert gang_victims(snap, 1000, plan) == REASON_GANG_NOT_NEEDED
+    got = gang_victims(snap, 1000, plan, held={going["metadata"]["uid"]})
+    assert isinstance(got, GangChoice) and [v.pod for v in got.victims] == [f"{NS}/lo-b"]

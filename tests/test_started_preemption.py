@@ -518,3 +518,20 @@ def test_a_pod_refused_again_and_again_is_due_a_grace_after_its_first_refusal() 
     s.tried("gang:ns/g", 11.8)
     s.refused("gang:ns/g", ["n1"], 12.4)  # the first refusal after the try starts anew
     assert s.get("gang:ns/g").refused_at == 12.4
+
+
+def test_two_pods_due_in_one_pass_do_not_take_the_same_victims() -> None:
+    # Both ask 10,000 MiB on the one node: the first evicts b0; the second's search leaves
+    # the node alone while that preemption is in progress (its GPU memory is the first's),
+    # instead of naming b0 too and racing it for GPU 0 once b0 is gone.
+    ext, clock, _ = _setup()
+    c = asgi_client(ext)
+    _filter(c, _urgent())
+    _filter(c, _urgent("urgent-b"))
+    with RecordedApiServer() as srv:
+        _answers(srv, NS, "b0")
+        clock.t += GRACE_S
+        assert _preemptor(srv, ext, []).tick() == [(f"{NS}/urgent", f"{NS}/b0: evicted")]
+    assert ext.stranded.busy() == (frozenset({NODE}), ext.stranded.get(f"{NS}/urgent").victims)
+    assert ext.stranded.get(f"{NS}/urgent-b").tries == 1  # tried: nothing to take now
+    assert _sample(ext, "topoplace_started_preemptions_total", outcome="none") == 1

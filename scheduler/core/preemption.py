@@ -98,6 +98,7 @@ from scheduler.core.snapshot import (
 __all__ = [
     "REASON_CPU_MEMORY",
     "REASON_GANG_NO_FIT",
+    "REASON_GANG_NOT_NEEDED",
     "REASON_GANG_NO_LOWER",
     "GangChoice",
     "gang_victims",
@@ -123,6 +124,7 @@ REASON_GANG_NO_LOWER = "no pod of lower priority in the cluster"
 MAX_GANG_REPRIEVES = 32
 """Nodes whose lower-priority pods a gang's victim search tries to give back, one gang
 solve each (:func:`gang_victims`), the costliest first."""
+REASON_GANG_NOT_NEEDED = "the gang fits once the pods being deleted are gone"
 REASON_GANG_NO_FIT = (
     "the gang does not fit even with every lower-priority pod a disruption budget allows to go gone"
 )
@@ -539,6 +541,7 @@ def gang_victims(
     snap: ClusterSnapshot,
     priority: int,
     plan: Callable[[ClusterSnapshot], PlacementResult],
+    held: Collection[str] = (),
 ) -> GangChoice | str:
     """Victims for a gang of ``priority`` that no node can take whole now, or why none
     helps (a preemption topoplace starts: kube-scheduler preempts for no member, see the
@@ -553,6 +556,8 @@ def gang_victims(
     first) are kept and the tier planned again: the Eviction API would refuse them. The
     victims must leave room for the gang by themselves (it is planned again without only
     them); else every pod of the tier on the placement's nodes goes, else the whole tier.
+    ``held``: UIDs of pods being deleted whose GPUs stay counted as taken (the victims of
+    another preemption in progress: their GPUs are for the pod they go for).
     Deterministic: the same snapshot and gang give the same victims."""
     gangs, _ = _index(snap, ())
     budgets = budgets_from((snap.extra.get(BUDGETS_EXTRA) or {}).values())
@@ -564,8 +569,11 @@ def gang_victims(
         return REASON_GANG_NO_LOWER
     base = snap
     for key in sorted(snap.pods):
-        if being_deleted(snap.pods[key]):
+        p = snap.pods[key]
+        if being_deleted(p) and p.uid not in held:
             base = without_pod(base, key)
+    if base is not snap and plan(base).ok:  # room once they are gone: nothing to evict
+        return REASON_GANG_NOT_NEEDED
     kept: set[str] = set()  # protected by a budget
     for tier in sorted({pod_priority(p) for p in lower}):
         while True:
@@ -623,6 +631,8 @@ def _gang_tier(
         if moved.ok:
             gone_keys, trial = back, moved
     pool = [p for p in pool if p.key in gone_keys]
+    if not pool:  # it fits with every pod given back: nothing of this tier is needed
+        return None
     taken: dict[str, set[int]] = {}
     for a in trial.assignments:
         taken.setdefault(a.node, set()).update(a.gpus)

@@ -172,6 +172,16 @@ class StrandedPods:
         with self._lock:
             return [(k, s) for k, s in self._pods.items() if s.node]
 
+    def busy(self) -> tuple[frozenset[str], frozenset[str]]:
+        """(the nodes, the victim UIDs) of the preemptions in progress: another search
+        leaves those nodes alone, and counts those victims' GPUs as theirs until they are
+        gone (they are for the pod they were evicted for, as kube-scheduler's nominated
+        pods count on their node)."""
+        with self._lock:
+            going = [s for s in self._pods.values() if s.node]
+        nodes = frozenset(n for s in going for n in s.node.split(","))
+        return nodes, frozenset(u for s in going for u in s.victims)
+
     def tried(self, key: str, at: float) -> None:
         """An attempt for ``key`` at ``at`` found nothing to preempt."""
         with self._lock:

@@ -80,16 +80,23 @@ CANDIDATES_SHARE = 0.1
 
 
 def candidates(
-    nodes: Iterable[str], snap: ClusterSnapshot, lowest: Mapping[str, int], priority: int
+    nodes: Iterable[str],
+    snap: ClusterSnapshot,
+    lowest: Mapping[str, int],
+    priority: int,
+    busy: Collection[str] = (),
 ) -> dict[str, tuple[()]]:
     """The nodes a started preemption searches for victims, as ``select_victims``'s
     candidates (no victim of kube-scheduler's): those of ``nodes`` known and holding a pod
-    of lower priority than ``priority``, at most ``max(100, 10 % of the nodes)`` (the bound
+    of lower priority than ``priority``, not ``busy`` (a preemption in progress there: its
+    freed GPUs are another pod's), at most ``max(100, 10 % of the nodes)`` (the bound
     kube-scheduler's DefaultPreemption puts on its own candidates, so a search costs what
     the verb's does), the nodes with the lowest-priority pods first, then by name."""
     cap = max(MIN_CANDIDATES, int(len(snap.nodes) * CANDIDATES_SHARE))
     ok = sorted(
-        (lowest[n], n) for n in nodes if n in snap.index and lowest.get(n, priority) < priority
+        (lowest[n], n)
+        for n in nodes
+        if n in snap.index and lowest.get(n, priority) < priority and n not in busy
     )
     return {n: () for _, n in ok[:cap]}
 
@@ -141,8 +148,8 @@ def start(
     snap = ext.cache.snapshot()
     if lowest is None:
         lowest = lowest_priorities(snap)
-    nodes = candidates(rec.nodes, snap, lowest, req.priority)
-    if not nodes:  # nothing of lower priority there: no search, no record
+    nodes = candidates(rec.nodes, snap, lowest, req.priority, ext.stranded.busy()[0])
+    if not nodes:  # nothing of lower priority there (or taken): no search, no record
         ext.stranded.tried(key, now)
         ext.metrics.child(ext.metrics.started_preemptions, "none").inc()
         log.debug("no preemption for %s: no pod of lower priority on its nodes", key)
@@ -250,7 +257,8 @@ def cheaper_elsewhere(
     rec = ext.stranded.get(req.key)
     if ext.params.preemption.start != "evict" or req.gang or rec is None or rec.node:
         return None
-    nodes = candidates(rec.nodes, snap, lowest_priorities(snap), req.priority)
+    busy = ext.stranded.busy()[0]
+    nodes = candidates(rec.nodes, snap, lowest_priorities(snap), req.priority, busy)
     if not nodes:
         return None
     _, alt = _search(ext, snap, nodes, req, share)
@@ -372,7 +380,12 @@ def start_gang(
         return None
     gangs = ext.gangs
     assert gangs is not None  # _read_gang checked
-    choice = gang_victims(snap, req.priority, lambda s: _placement(gangs.what_if(ext, s, req)))
+    choice = gang_victims(
+        snap,
+        req.priority,
+        lambda s: _placement(gangs.what_if(ext, s, req)),
+        ext.stranded.busy()[1],
+    )
     answer: dict[str, Any] = {
         "pod": key,
         "gang": gang,
