@@ -486,6 +486,19 @@ def test_pod_event_before_its_node_is_applied_when_the_node_arrives() -> None:
     assert w.cache.snapshot().node("rec-node-1") is None
 
 
+def test_a_deleted_pod_is_told_to_the_gone_hook_with_its_uid() -> None:
+    api = fake_api(podgroups=False)
+    w, _ = watcher(api)
+    w.sync()
+    gone: list[str] = []
+    w.on_pod_gone = gone.append
+    pod = next(p for p in api.lists[PODS.name]["items"] if p["spec"].get("nodeName"))
+    w.apply_event(w.streams["pods"], {"type": "DELETED", "object": copy.deepcopy(pod)})
+    assert gone == [pod["metadata"]["uid"]]
+    ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+    assert f"{ns}/{name}" not in w.cache.snapshot().pods
+
+
 # ---- backoff and readiness --------------------------------------------------------------
 
 

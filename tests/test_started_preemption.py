@@ -535,3 +535,35 @@ def test_two_pods_due_in_one_pass_do_not_take_the_same_victims() -> None:
     assert ext.stranded.busy() == (frozenset({NODE}), ext.stranded.get(f"{NS}/urgent").victims)
     assert ext.stranded.get(f"{NS}/urgent-b").tries == 1  # tried: nothing to take now
     assert _sample(ext, "topoplace_started_preemptions_total", outcome="none") == 1
+
+
+def test_the_watch_seeing_the_last_victim_go_runs_a_pass_at_once() -> None:
+    ext, clock, pods = _setup()
+    _filter(asgi_client(ext), _urgent())
+    uid = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+    with RecordedApiServer() as srv:
+        _answers(srv, NS, "b0")
+        pre = _preemptor(srv, ext, [])
+        clock.t += GRACE_S
+        pre.tick()
+    pre.pod_gone(uid["a0"])  # not a victim: nothing to do
+    assert not pre._loop._poked.is_set()
+    pre.pod_gone(uid["b0"])
+    assert pre._loop._poked.is_set()
+
+
+def test_a_poked_loop_ticks_before_its_interval_ends() -> None:
+    import threading
+
+    from scheduler.kube.loop import Periodic
+
+    ticked = threading.Event()
+    loop = Periodic("test-poke", ticked.set, lambda: 60.0, "a test tick")
+    loop.start()
+    try:
+        assert not ticked.wait(0.3)  # an interval of a minute: no tick yet
+        loop.poke()
+        assert ticked.wait(10)  # the poke runs it now
+    finally:
+        loop.stop(timeout=5)
+    assert not loop.running

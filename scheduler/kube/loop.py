@@ -22,6 +22,7 @@ class Periodic:
         self.interval = interval
         self.what = what
         self._stop = threading.Event()
+        self._poked = threading.Event()
         self._thread: threading.Thread | None = None
 
     @property
@@ -38,12 +39,22 @@ class Periodic:
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the thread (a tick in progress finishes)."""
         self._stop.set()
+        self._poked.set()
         t, self._thread = self._thread, None
         if t is not None:
             t.join(timeout)
 
+    def poke(self) -> None:
+        """Run the next tick now instead of at the end of the interval (from any thread;
+        a tick in progress finishes first, then one more runs)."""
+        self._poked.set()
+
     def _run(self) -> None:
-        while not self._stop.wait(self.interval()):
+        while True:
+            self._poked.wait(self.interval())
+            self._poked.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.tick()
             except Exception:  # never let the loop die

@@ -14,8 +14,8 @@ while the extender is ready and, with HA, this replica leads:
 - an Event on each victim (reason :data:`EVENT_REASON`, as kube-scheduler's
   ``Preempted``; reporting controller :data:`CONTROLLER`), naming the pod it makes room
   for;
-- once the victims are gone (the watch saw them go), the pod's GPUs are held for it and
-  the pod is woken (``topoplace.io/requeue``, :class:`scheduler.kube.waker.PodWaker`): a
+- once the victims are gone (the watch saw them go: the watch pokes a pass at once,
+  :meth:`Preemptor.pod_gone`), the pod's GPUs are held for it and the pod is woken (``topoplace.io/requeue``, :class:`scheduler.kube.waker.PodWaker`): a
   deletion moves pods that an in-tree plugin rejected, not one only topoplace refused.
 
 ``preemption.start: dry-run`` logs and counts what would be evicted; ``off`` does nothing.
@@ -95,6 +95,14 @@ class Preemptor:
     def stop(self) -> None:
         """Stop the checking thread (an eviction in flight finishes)."""
         self._loop.stop()
+
+    def pod_gone(self, uid: str) -> None:
+        """The watch let pod ``uid`` go: when it was a victim of a preemption in progress,
+        run a pass now (it settles the preemption: the GPUs are held, the pod woken)
+        rather than within :data:`SETTLE_CHECK_S`. Called on the watch's thread; cheap
+        for any other pod."""
+        if uid and uid in self.ext.stranded.busy()[1]:
+            self._loop.poke()
 
     def tick(self) -> list[tuple[str, str]]:
         """One pass: settle the preemptions in progress (wake the pods whose victims are

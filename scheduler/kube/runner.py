@@ -573,6 +573,7 @@ def build_kube_runtime(
     rt.preemptor = Preemptor(
         api, ext, km, waker.wake, may_act=lambda: readiness() and (lead is None or lead.active)
     )
+    watcher.on_pod_gone = rt.preemptor.pod_gone
 
     def start_allocator() -> None:
         """DRA served: allocate claims of pods gated with topoplace.io/allocate (only

@@ -262,6 +262,10 @@ class KubeWatcher:
         self._behind_since: float | None = None
         """Since when (the cache's clock, less :data:`WATCH_LAG_S`) the cache is behind on
         ResourceSlice changes it takes by a rebuild; None when it is not."""
+        self.on_pod_gone: Callable[[str], Any] | None = None
+        """Called with a deleted pod's UID once the cache has let it go (kube mode: the
+        preemptor settles a preemption whose last victim it was at once, instead of at its
+        next pass, so the freed GPUs are held for their pod sooner)."""
         self.on_caught_up: Callable[[float], Any] | None = None
         """Called with :attr:`_behind_since` once a rebuild has applied those changes
         (kube mode: wake the pods refused since then, ``ParkedPods.wake_refused_since``):
@@ -600,6 +604,8 @@ class KubeWatcher:
         if typ == "DELETED":
             s.store.pop(key, None)
             self.cache.delete_pod(key)
+            if self.on_pod_gone is not None:
+                self.on_pod_gone(str((obj.get("metadata") or {}).get("uid") or ""))
             return
         if feeds_cache(obj):
             s.store[key] = obj

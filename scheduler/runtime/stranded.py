@@ -105,6 +105,8 @@ class StrandedPods:
         self.limit = limit
         self._lock = threading.Lock()
         self._pods: OrderedDict[str, Stranded] = OrderedDict()
+        self._busy: tuple[frozenset[str], frozenset[str]] | None = None
+        """:meth:`busy`, kept until a record changes (the watch asks at every deletion)."""
 
     def __len__(self) -> int:
         return len(self._pods)
@@ -118,6 +120,7 @@ class StrandedPods:
         (nothing is remembered when there are none: preempting helps nowhere)."""
         names = tuple(sorted(nodes))
         with self._lock:
+            self._busy = None
             old = self._pods.get(key)
             if not names:
                 if old is not None and not old.node:
@@ -137,6 +140,7 @@ class StrandedPods:
         """Filter offered ``key`` a node: nothing more to do for it."""
         if self._pods:
             with self._lock:
+                self._busy = None
                 self._pods.pop(key, None)
 
     def drop(self, key: str) -> None:
@@ -147,6 +151,7 @@ class StrandedPods:
         """Forget the pods ``pending`` says are no longer waiting (bound, deleted);
         returns their keys."""
         with self._lock:
+            self._busy = None
             gone = [k for k in self._pods if not pending(k)]
             for k in gone:
                 del self._pods[k]
@@ -177,10 +182,13 @@ class StrandedPods:
         leaves those nodes alone, and counts those victims' GPUs as theirs until they are
         gone (they are for the pod they were evicted for, as kube-scheduler's nominated
         pods count on their node)."""
-        with self._lock:
-            going = [s for s in self._pods.values() if s.node]
-        nodes = frozenset(n for s in going for n in s.node.split(","))
-        return nodes, frozenset(u for s in going for u in s.victims)
+        got = self._busy
+        if got is None:
+            with self._lock:
+                going = [s for s in self._pods.values() if s.node]
+                nodes = frozenset(n for s in going for n in s.node.split(","))
+                got = self._busy = (nodes, frozenset(u for s in going for u in s.victims))
+        return got
 
     def tried(self, key: str, at: float) -> None:
         """An attempt for ``key`` at ``at`` found nothing to preempt."""
@@ -192,6 +200,7 @@ class StrandedPods:
     def preempting(self, key: str, node: str, victims: Iterable[str], at: float) -> None:
         """Victims (UIDs) on ``node`` are being evicted for ``key`` since ``at``."""
         with self._lock:
+            self._busy = None
             s = self._pods.get(key)
             if s is not None:
                 self._pods[key] = replace(
@@ -208,6 +217,7 @@ class StrandedPods:
         """``key``'s preemption is over (victims gone and the pod woken, or given up): a
         later refusal may start another."""
         with self._lock:
+            self._busy = None
             s = self._pods.get(key)
             if s is not None:
                 self._pods[key] = replace(s, node="", victims=frozenset())
