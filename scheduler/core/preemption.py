@@ -55,8 +55,10 @@ A gang kube-scheduler never preempts for (its members pass the in-tree filters, 
 refuses the gang as a whole: one node, one NVLink domain, one leaf) gets its victims from
 :func:`gang_victims`, for a preemption topoplace starts itself: the gang is planned on the
 cluster without the pods of the lowest priorities first (kube-scheduler's first rule:
-the lowest highest victim priority), the victims are the pods of that tier holding GPUs
-the plan uses, and the pods a PodDisruptionBudget protects stay.
+the lowest highest victim priority), the tier's nodes are given back the costliest first
+while the gang still fits (kube-scheduler's reprieve, a node at a time), the victims are
+the pods still gone holding GPUs the plan uses, and the pods a PodDisruptionBudget
+protects stay.
 """
 
 from __future__ import annotations
@@ -126,7 +128,8 @@ MAX_GANG_REPRIEVES = 32
 solve each (:func:`gang_victims`), the costliest first."""
 REASON_GANG_NOT_NEEDED = "the gang fits once the pods being deleted are gone"
 REASON_GANG_NO_FIT = (
-    "the gang does not fit even with every lower-priority pod a disruption budget allows to go gone"
+    "the gang does not fit even with every lower-priority pod gone that no disruption "
+    "budget protects"
 )
 
 
@@ -550,8 +553,11 @@ def gang_victims(
     ``plan`` places the gang on a snapshot (the gang policy, members already bound kept
     where they are). The lower priorities are tried lowest first: the gang is planned on
     the cluster without every evictable pod of priority up to the tier (and every pod being
-    deleted); at the first tier where it fits, the victims are those pods holding a GPU
-    the placement uses, with their gangs' other members torn down. Pods a
+    deleted). At the first tier where it fits, the tier's pods are given back a node at a
+    time, the costliest node first (highest priority, then sum of priorities, then most
+    pods; at most :data:`MAX_GANG_REPRIEVES` nodes, one solve each), while the gang still
+    fits; the victims are then the pods still gone that hold a GPU the placement uses,
+    with their gangs' other members torn down. Pods a
     PodDisruptionBudget protects (the victims' and those members', walked highest priority
     first) are kept and the tier planned again: the Eviction API would refuse them. The
     victims must leave room for the gang by themselves (it is planned again without only

@@ -14,9 +14,11 @@ while the extender is ready and, with HA, this replica leads:
 - an Event on each victim (reason :data:`EVENT_REASON`, as kube-scheduler's
   ``Preempted``; reporting controller :data:`CONTROLLER`), naming the pod it makes room
   for;
-- once the victims are gone (the watch saw them go: the watch pokes a pass at once,
-  :meth:`Preemptor.pod_gone`), the pod's GPUs are held for it and the pod is woken (``topoplace.io/requeue``, :class:`scheduler.kube.waker.PodWaker`): a
-  deletion moves pods that an in-tree plugin rejected, not one only topoplace refused.
+- once the victims are gone (the watch's deletion of the last one runs a pass at once,
+  :meth:`Preemptor.pod_gone`), the pod's GPUs are held for it and the pod is woken
+  (``topoplace.io/requeue``, :class:`scheduler.kube.waker.PodWaker`): a deletion moves
+  pods that an in-tree plugin rejected, not one only topoplace refused. A gang is planned
+  at once instead, its reservations held, and its members woken by the gang runtime.
 
 ``preemption.start: dry-run`` logs and counts what would be evicted; ``off`` does nothing.
 Metrics: ``topoplace_started_preemptions{outcome}``, and
