@@ -271,3 +271,24 @@ def test_the_gpus_of_another_preemptions_victims_stay_taken_for_a_gang() -> None
     assert gang_victims(snap, 1000, plan) == REASON_GANG_NOT_NEEDED
     got = gang_victims(snap, 1000, plan, held={going["metadata"]["uid"]})
     assert isinstance(got, GangChoice) and [v.pod for v in got.victims] == [f"{NS}/lo-b"]
+
+
+def test_a_failing_gang_policy_is_tried_and_backed_off_not_looped() -> None:
+    ext, clock = _setup()
+    c = asgi_client(ext)
+    for m in (_member(0), _member(1)):
+        _filter(c, m)
+
+    def broken_what_if_stub(*_: Any) -> Any:  # stands in for a policy that raises
+        raise RuntimeError("solver blew up")
+
+    ext.gangs.what_if = broken_what_if_stub  # type: ignore[method-assign]
+    with RecordedApiServer() as srv:
+        clock.t += GRACE_S
+        pre = _preemptor(srv, ext, [])
+        assert pre.tick() == [] and srv.requests == []
+        assert pre.tick() == []  # tried: not again before another refusal and its backoff
+    assert ext.stranded.get(KEY).tries == 1
+    (answer,) = c.get("/v1/inspect/preemptions").json()["recent"]
+    assert answer["reason"] == "the victim search failed (see the log)"
+    assert _sample(ext, "topoplace_started_preemptions_total", outcome="none") == 1

@@ -567,3 +567,22 @@ def test_a_poked_loop_ticks_before_its_interval_ends() -> None:
     finally:
         loop.stop(timeout=5)
     assert not loop.running
+
+
+def test_a_failing_victim_search_is_tried_and_backed_off_not_looped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from scheduler.server import started_preemption
+
+    def broken_search_stub(*_: Any) -> Any:  # stands in for a search that raises
+        raise RuntimeError("search blew up")
+
+    monkeypatch.setattr(started_preemption, "_search", broken_search_stub)
+    ext, clock, _ = _setup()
+    _filter(asgi_client(ext), _urgent())
+    with RecordedApiServer() as srv:
+        pre = _preemptor(srv, ext, [])
+        clock.t += GRACE_S
+        assert pre.tick() == [] and pre.tick() == [] and srv.requests == []
+    assert ext.stranded.get(f"{NS}/urgent").tries == 1
+    assert _sample(ext, "topoplace_started_preemptions_total", outcome="none") == 1

@@ -160,7 +160,13 @@ def start(
     ):
         ext.stranded.tried(key, now)
         return None
-    decision, chosen = _search(ext, snap, nodes, req, share)
+    try:
+        decision, chosen = _search(ext, snap, nodes, req, share)
+    except Exception:  # tried, backed off: a failing search must not run every pass
+        log.exception("victim search for %s failed", key)
+        ext.stranded.tried(key, now)
+        ext.metrics.child(ext.metrics.started_preemptions, "none").inc()
+        return None
     answer = {
         "pod": key,
         "by": BY,
@@ -292,7 +298,12 @@ def settle(ext: Extender, key: str, present: Collection[str] | None = None) -> s
     if gang:
         ext.stranded.settled(key)
         ext.metrics.child(ext.metrics.started_preemptions, WOKEN).inc()
-        planned = ext.gangs.plan_now(ext, gang, "after the preemption for it") if ext.gangs else ""
+        planned = ""
+        try:
+            if ext.gangs is not None:
+                planned = ext.gangs.plan_now(ext, gang, "after the preemption for it")
+        except Exception:  # its members stay parked; the gang runtime's poll wakes them
+            log.exception("planning gang %s after its preemption failed", gang)
         log.info(
             "preemption for gang %s: victims gone from %s, %s",
             gang,
@@ -380,12 +391,16 @@ def start_gang(
         return None
     gangs = ext.gangs
     assert gangs is not None  # _read_gang checked
-    choice = gang_victims(
-        snap,
-        req.priority,
-        lambda s: _placement(gangs.what_if(ext, s, req)),
-        ext.stranded.busy()[1],
-    )
+    try:
+        choice: GangChoice | str = gang_victims(
+            snap,
+            req.priority,
+            lambda s: _placement(gangs.what_if(ext, s, req)),
+            ext.stranded.busy()[1],
+        )
+    except Exception:  # the gang policy failed: tried, backed off, never a crash loop
+        log.exception("victim search for gang %s failed", gang)
+        choice = "the victim search failed (see the log)"
     answer: dict[str, Any] = {
         "pod": key,
         "gang": gang,
