@@ -292,3 +292,19 @@ def test_a_failing_gang_policy_is_tried_and_backed_off_not_looped() -> None:
     (answer,) = c.get("/v1/inspect/preemptions").json()["recent"]
     assert answer["reason"] == "the victim search failed (see the log)"
     assert _sample(ext, "topoplace_started_preemptions_total", outcome="none") == 1
+
+
+def test_within_a_node_only_the_pods_the_gang_needs_gone_are_victims() -> None:
+    # A DGX H100 with one-GPU pods of low priority on GPUs 0, 2, 4 and 6: a gang of two
+    # 3-GPU members on one node needs two of them gone. Planned with all four gone, its
+    # GPU sets would touch three; given back one at a time, two go.
+    fill = [_pod(f"one-{g}", 1, 10, node="a", gpu_indices=[g]) for g in (0, 2, 4, 6)]
+    ext, _ = _setup(fill, nodes=("a",))
+    gang = _pod("tp3-0", 3, 1000, gang="tp3", gang_size=2, annotations=ONE_NODE)
+    req = ext._request(gang, None)
+    ext.gangs._members[req.gang] = {req.key: req}
+    got = gang_victims(ext.cache.snapshot(), 1000, lambda s: ext.gangs.what_if(ext, s, req))
+    assert isinstance(got, GangChoice)
+    assert [v.pod for v in got.victims] == [f"{NS}/one-4", f"{NS}/one-6"]
+    held = sorted(g for a in got.placement.assignments for g in a.gpus)
+    assert held == [1, 3, 4, 5, 6, 7]  # the freed GPUs and the four free ones

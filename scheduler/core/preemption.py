@@ -125,7 +125,8 @@ REASON_OUTSIDE_GANG_PLAN = "not a node of the gang's placement"
 REASON_GANG_NO_LOWER = "no pod of lower priority in the cluster"
 MAX_GANG_REPRIEVES = 32
 """Nodes whose lower-priority pods a gang's victim search tries to give back, one gang
-solve each (:func:`gang_victims`), the costliest first."""
+solve each (:func:`gang_victims`), the costliest first; then as many pods at most on the
+nodes its placement uses."""
 REASON_GANG_NOT_NEEDED = "the gang fits once the pods being deleted are gone"
 REASON_GANG_NO_FIT = (
     "the gang does not fit even with every lower-priority pod gone that no disruption "
@@ -322,6 +323,13 @@ def _fits(
     return ""
 
 
+def _gang_gpus(p: PodInfo, gangs: Mapping[str, list[PodInfo]]) -> int:
+    """GPUs ``p``'s whole gang holds (0 for a pod alone): what evicting it costs, since
+    the rest of its gang is torn down with it."""
+    g = gang_key(p)
+    return sum(_held(m) for m in gangs.get(g, ())) if g else 0
+
+
 def _index(
     snap: ClusterSnapshot, nodes: Collection[str]
 ) -> tuple[dict[str, list[PodInfo]], dict[str, list[PodInfo]]]:
@@ -377,13 +385,9 @@ def _on_node(
     # Pods kube-scheduler evicts for something topoplace does not model stay victims.
     needed = {p.key for p in lower if p.uid in proposed and not _held(p)}
 
-    def gang_gpus(p: PodInfo) -> int:
-        g = gang_key(p)
-        return sum(_held(m) for m in gangs.get(g, ())) if g else 0
-
     ranked = sorted(
         lower,
-        key=lambda p: (-pod_priority(p), -gang_gpus(p), _held(p), _share_memory(p), p.key),
+        key=lambda p: (-pod_priority(p), -_gang_gpus(p, gangs), _held(p), _share_memory(p), p.key),
     )
     viol = violating(ranked, budgets)
     # Budget violators are given back first, then the rest, each in the same order.
@@ -556,8 +560,9 @@ def gang_victims(
     deleted). At the first tier where it fits, the tier's pods are given back a node at a
     time, the costliest node first (highest priority, then sum of priorities, then most
     pods; at most :data:`MAX_GANG_REPRIEVES` nodes, one solve each), while the gang still
-    fits; the victims are then the pods still gone that hold a GPU the placement uses,
-    with their gangs' other members torn down. Pods a
+    fits, then the pods left on the placement's nodes one at a time, the costliest to lose
+    first (at most as many again); the victims are then the pods still gone that hold a
+    GPU the placement uses, with their gangs' other members torn down. Pods a
     PodDisruptionBudget protects (the victims' and those members', walked highest priority
     first) are kept and the tier planned again: the Eviction API would refuse them. The
     victims must leave room for the gang by themselves (it is planned again without only
@@ -633,6 +638,20 @@ def _gang_tier(
     gone_keys = {p.key for p in pool}
     for n in order[:MAX_GANG_REPRIEVES]:
         back = gone_keys - {p.key for p in on[n]}
+        moved = plan(without(back))
+        if moved.ok:
+            gone_keys, trial = back, moved
+
+    # Then the pods left on the placement's nodes, one at a time, the costliest to lose
+    # first (as for a pod alone: higher priority, then gang members, the largest gang
+    # first, then the smallest pods): the gang's GPU sets were chosen with every one gone.
+    used = {a.node for a in trial.assignments}
+    left = sorted(
+        (p for p in pool if p.key in gone_keys and p.node in used),
+        key=lambda p: (-pod_priority(p), -_gang_gpus(p, gangs), _held(p), p.key),
+    )
+    for p in left[:MAX_GANG_REPRIEVES]:
+        back = gone_keys - {p.key}
         moved = plan(without(back))
         if moved.ok:
             gone_keys, trial = back, moved
