@@ -37,10 +37,11 @@ from scheduler.runtime.cache import ClusterCache
 from scheduler.runtime.gangs import GangRuntime
 from scheduler.runtime.stranded import GRACE_S, gang_record_key
 from scheduler.server.extender import Extender
+from tests.health.builders import Clock
 from tests.helpers import asgi_client
 from tests.kube.recorded import RecordedApiServer
 from tests.test_disruption import pdb
-from tests.test_started_preemption import Clock, _answers, _preemptor, _sample
+from tests.test_started_preemption import _answers, _preemptor, _sample
 
 NS = "default"
 GANG = f"{NS}/tp"
@@ -75,7 +76,7 @@ def _setup(
     extra = (
         {BUDGETS_EXTRA: {f"{NS}/{b['metadata']['name']}": b for b in budgets}} if budgets else None
     )
-    clock = Clock()
+    clock = Clock(100.0)
     cache = ClusterCache.from_objects(
         [make_node(n, 8, "h100") for n in nodes], fill, params, clock=clock, extra=extra
     )

@@ -31,6 +31,7 @@ from scheduler.runtime.cache import ClusterCache
 from scheduler.runtime.stranded import GIVE_UP_S, GRACE_S, MAX_PREEMPTIONS, StrandedPods
 from scheduler.server.extender import Extender
 from scheduler.server.started_preemption import REASON_NEVER
+from tests.health.builders import Clock
 from tests.helpers import asgi_client
 from tests.kube.recorded import RecordedApiServer, recorded
 from tests.sharing.builders import hami_bound, hami_node, share_pod
@@ -40,16 +41,6 @@ NODE = "infer-a"
 EVENTS = f"/apis/events.k8s.io/v1/namespaces/{NS}/events"
 # name -> (GPU, MiB): 14,000 MiB used on each GPU, four replicas of eight free.
 FILL = {"a0": (0, 2000), "b0": (0, 12000), "c1": (1, 8000), "d1": (1, 6000)}
-
-
-class Clock:
-    """The cache's clock, advanced by hand (stands in for time.monotonic)."""
-
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def _eviction(name: str) -> str:
@@ -77,7 +68,7 @@ def _setup(
         if p["metadata"]["name"] in keep:
             p["metadata"]["labels"] = {"keep": "yes"}
     extra = {BUDGETS_EXTRA: {f"{NS}/keep": _budget(*keep)}} if keep else None
-    clock = Clock()
+    clock = Clock(100.0)  # the cache's clock, advanced by hand
     cache = ClusterCache.from_objects(
         [hami_node(NODE, 2, split=4)], pods, params, clock=clock, extra=extra
     )
@@ -351,7 +342,7 @@ def test_a_pod_that_needs_nvlink_gets_a_ring_freed_where_kube_scheduler_counts_f
         p = make_pod(f"one-{g}", 1, node="v1", gpu_indices=[g])
         p["spec"]["priority"] = 10
         pods.append(p)
-    clock = Clock()
+    clock = Clock(100.0)  # the cache's clock, advanced by hand
     cache = ClusterCache.from_objects([dgx1("v1")], pods, SchedParams(), clock=clock)
     ext = Extender(cache)
     c = asgi_client(ext)
@@ -448,7 +439,7 @@ def test_the_verb_leaves_kube_schedulers_candidate_when_a_node_it_cannot_offer_c
             p = make_pod(f"{node}-{g}", 1, node=node, gpu_indices=[g])
             p["spec"]["priority"] = 10
             pods.append(p)
-    clock = Clock()
+    clock = Clock(100.0)  # the cache's clock, advanced by hand
     cache = ClusterCache.from_objects([dgx1("v1"), dgx1("v2")], pods, SchedParams(), clock=clock)
     ext = Extender(cache)
     c = asgi_client(ext)
@@ -586,3 +577,24 @@ def test_a_failing_victim_search_is_tried_and_backed_off_not_looped(
         assert pre.tick() == [] and pre.tick() == [] and srv.requests == []
     assert ext.stranded.get(f"{NS}/urgent").tries == 1
     assert _sample(ext, "topoplace_started_preemptions_total", outcome="none") == 1
+
+
+def test_busy_follows_the_preemptions_in_progress_only() -> None:
+    s = StrandedPods(limit=2)
+    s.refused("ns/p", ["n1"], 1.0)
+    assert s.busy() == (frozenset(), frozenset())
+    s.preempting("ns/p", "n1", ["u1"], 2.0)
+    s.preempting("gang:ns/g", "n9", ["x"], 2.0)  # no record: nothing starts
+    assert s.busy() == (frozenset({"n1"}), frozenset({"u1"}))
+    s.refused("ns/q", ["n2"], 3.0)  # refusals leave it as it is
+    s.tried("ns/q", 3.5)
+    assert s.busy() == (frozenset({"n1"}), frozenset({"u1"}))
+    s.refused("ns/r", ["n3"], 4.0)  # over the limit: the oldest, ns/p, goes
+    assert s.get("ns/p") is None and s.busy() == (frozenset(), frozenset())
+    s.preempting("ns/q", "a,b", ["u2", "u3"], 5.0)  # a gang's record: nodes comma-joined
+    assert s.busy() == (frozenset({"a", "b"}), frozenset({"u2", "u3"}))
+    s.settled("ns/q")
+    assert s.busy() == (frozenset(), frozenset())
+    s.preempting("ns/r", "n3", ["u4"], 6.0)
+    s.prune(lambda k: k != "ns/r")
+    assert s.busy() == (frozenset(), frozenset())

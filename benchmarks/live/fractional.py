@@ -228,11 +228,13 @@ class BindRecorder:
         return ""
 
 
-def policy_file(path: Path, preempt: bool = True) -> Path:
-    """The shipped policy with ``sharing.hami_lock: release`` (and ``preemption.start:
-    off`` unless ``preempt``), written to ``path``."""
+def policy_file(path: Path, preempt: bool = True, release_hami_lock: bool = True) -> Path:
+    """The shipped policy with ``sharing.hami_lock: release`` (unless not
+    ``release_hami_lock``) and ``preemption.start: off`` unless ``preempt``, written to
+    ``path``."""
     policy = yaml.safe_load((REPO / "config" / "policy.yaml").read_text())
-    policy.setdefault("sharing", {})["hami_lock"] = "release"
+    if release_hami_lock:
+        policy.setdefault("sharing", {})["hami_lock"] = "release"
     if not preempt:
         policy.setdefault("preemption", {})["start"] = "off"
     path.write_text(yaml.safe_dump(policy))

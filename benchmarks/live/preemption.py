@@ -608,6 +608,34 @@ def in_tree_share_candidates(snap: ClusterSnapshot, pod: Mapping[str, Any]) -> d
     return out
 
 
+def _in_process(sc: Scenario, policy: Path, gangs: bool = False) -> tuple[Any, BindRecorder]:
+    """topoplace's own extender over the scenario's nodes and filler pods (with its gang
+    runtime when ``gangs``), binding into a :class:`BindRecorder`: the offline replays that
+    run the extender's own verbs."""
+    from scheduler.cli.main import load_params
+    from scheduler.runtime.cache import ClusterCache
+    from scheduler.runtime.gangs import GangRuntime
+    from scheduler.server.extender import Extender
+
+    fill, extra = _offline_objects(sc)
+    binder = BindRecorder()
+    params = load_params(str(policy))
+    cache = ClusterCache.from_objects(sc.nodes, fill, params, extra=extra)
+    return Extender(cache, binder, gangs=GangRuntime() if gangs else None), binder
+
+
+def _bind(ext: Any, binder: BindRecorder, pod: Mapping[str, Any], node: str) -> tuple[str, dict]:
+    """Bind ``pod`` (with its UID) to ``node`` through the extender's ``bind`` verb: (the
+    node, the Binding's annotations); RuntimeError when the bind is refused."""
+    md = pod["metadata"]
+    body = {"PodName": md["name"], "PodNamespace": NAMESPACE, "PodUID": md["uid"], "Node": node}
+    binder.last = None
+    res = ext.bind(body)
+    if res.get("Error") or binder.last is None:
+        raise RuntimeError(f"offline bind of {md['name']} failed: {res.get('Error')}")
+    return binder.last
+
+
 def offline_shares(sc: Scenario, policy: Path) -> list[Step]:
     """The fractional scenario through topoplace's own extender in process: each arrival
     filtered on every node and bound where it fits; else its preemption answered for
@@ -617,23 +645,16 @@ def offline_shares(sc: Scenario, policy: Path) -> list[Step]:
     none, the preemption topoplace starts itself (``preemption.start: evict``,
     ``scheduler.server.started_preemption``): its victims removed, its hold taken, and the
     pod filtered again on every node (no nomination: kube-scheduler did not preempt)."""
-    from scheduler.cli.main import load_params
-    from scheduler.runtime.cache import ClusterCache
     from scheduler.server import started_preemption
-    from scheduler.server.extender import Extender
 
-    fill, extra = _offline_objects(sc)
-    binder = BindRecorder()
-    params = load_params(str(policy))
-    preempt = params.preemption.start
-    cache = ClusterCache.from_objects(sc.nodes, fill, params, extra=extra)
-    ext = Extender(cache, binder)
+    ext, binder = _in_process(sc, policy)
+    cache, preempt = ext.cache, ext.params.preemption.start
     names = sorted(n["metadata"]["name"] for n in sc.nodes)
     node_objs = {n["metadata"]["name"]: n for n in sc.nodes}
     steps = []
     for pod in sc.arrivals:
         q = json.loads(json.dumps(pod))
-        q["metadata"]["uid"] = uid = f"uid-{q['metadata']['name']}"
+        q["metadata"]["uid"] = f"uid-{q['metadata']['name']}"
         step = Step(q["metadata"]["name"], 1, "")
         fit = ext.filter({"Pod": q, "NodeNames": names}).get("NodeNames") or []
         if not fit:
@@ -668,13 +689,8 @@ def offline_shares(sc: Scenario, policy: Path) -> list[Step]:
             if not fit:
                 steps.append(step)
                 continue
-        body = {"PodName": step.pod, "PodNamespace": NAMESPACE, "PodUID": uid, "Node": fit[0]}
-        binder.last = None
-        res = ext.bind(body)
-        if res.get("Error") or binder.last is None:
-            raise RuntimeError(f"offline bind of {step.pod} failed: {res.get('Error')}")
-        step.node = binder.last[0]
-        step.gpu_set = _allocated_gpus(binder.last[1], node_objs[step.node])
+        step.node, annotations = _bind(ext, binder, q, fit[0])
+        step.gpu_set = _allocated_gpus(annotations, node_objs[step.node])
         steps.append(step)
     return steps
 
@@ -686,18 +702,11 @@ def offline_gangs(sc: Scenario, policy: Path) -> list[Step]:
     preempting for no member), its victims removed, the gang planned (``settle``), the
     rest of the victims' gangs torn down (the remediator's eviction comes after the victim
     is gone), and the members filtered and bound on their planned node."""
-    from scheduler.cli.main import load_params
-    from scheduler.runtime.cache import ClusterCache
-    from scheduler.runtime.gangs import GangRuntime
     from scheduler.runtime.stranded import gang_record_key
     from scheduler.server import started_preemption
-    from scheduler.server.extender import Extender
 
-    fill, extra = _offline_objects(sc)
-    binder = BindRecorder()
-    params = load_params(str(policy))
-    cache = ClusterCache.from_objects(sc.nodes, fill, params, extra=extra)
-    ext = Extender(cache, binder, gangs=GangRuntime())
+    ext, binder = _in_process(sc, policy, gangs=True)
+    cache = ext.cache
     names = sorted(n["metadata"]["name"] for n in sc.nodes)
     steps = []
     for unit in units(sc.arrivals):
@@ -709,7 +718,7 @@ def offline_gangs(sc: Scenario, policy: Path) -> list[Step]:
         gang = _gang(pods[0])
         step = Step(gang or pods[0]["metadata"]["name"], sum(_gpus(q) for q in pods), "")
         fits = [ext.filter({"Pod": q, "NodeNames": names}).get("NodeNames") or [] for q in pods]
-        if not all(fits) and params.preemption.start == "evict":
+        if not all(fits) and ext.params.preemption.start == "evict":
             key = gang_record_key(f"{NAMESPACE}/{gang}")
             chosen = started_preemption.start_gang(ext, key)
             if chosen is not None:
@@ -731,19 +740,9 @@ def offline_gangs(sc: Scenario, policy: Path) -> list[Step]:
             continue
         placed = []
         for q, fit in zip(pods, fits, strict=True):
-            name = q["metadata"]["name"]
-            body = {
-                "PodName": name,
-                "PodNamespace": NAMESPACE,
-                "PodUID": q["metadata"]["uid"],
-                "Node": fit[0],
-            }
-            binder.last = None
-            res = ext.bind(body)
-            if res.get("Error") or binder.last is None:
-                raise RuntimeError(f"offline bind of {name} failed: {res.get('Error')}")
-            rec = json.loads(binder.last[1][PLACEMENT_ANNOTATION])
-            placed.append((binder.last[0], list(rec.get("gpus") or [])))
+            node, annotations = _bind(ext, binder, q, fit[0])
+            rec = json.loads(annotations[PLACEMENT_ANNOTATION])
+            placed.append((node, list(rec.get("gpus") or [])))
         step.node = ",".join(sorted({n for n, _ in placed}))
         step.gpu_set = [g for _, gs in placed for g in gs]
         steps.append(step)
@@ -873,11 +872,7 @@ def _live_arm(sc: Scenario, args: argparse.Namespace, arm: str) -> tuple[list[St
 
 def _whole_policy(path: Path, start: bool) -> Path:
     """The shipped policy, with ``preemption.start: off`` unless ``start``."""
-    policy = yaml.safe_load((REPO / "config" / "policy.yaml").read_text())
-    if not start:
-        policy.setdefault("preemption", {})["start"] = "off"
-    path.write_text(yaml.safe_dump(policy))
-    return path
+    return policy_file(path, start, release_hami_lock=False)
 
 
 def _settle(api: Any, tp: Any, quiet: float) -> None:

@@ -169,10 +169,10 @@ CODE_NOT_ENOUGH_FREE = 7
 CODE_LINK_NOW = 8
 CODE_NODE_SELECTOR = 9
 CODE_NOT_CHOSEN = 10
+"""Feasible, but the engine chose another candidate (see :func:`narrow_to_choice`)."""
 ROOM_CODES = np.array([CODE_NOT_ENOUGH_FREE, CODE_LINK_NOW])
 """Codes of a node refused only because the GPUs the pod could use are taken (not for
 its hardware, health or labels): where preempting could help."""
-"""Feasible, but the engine chose another candidate (see :func:`narrow_to_choice`)."""
 CODE_REPLICA_NODE = BLOCKED_SHARED
 """A time-slicing / MPS replica node: no whole GPU to give (``scheduler.core.replicas``)."""
 

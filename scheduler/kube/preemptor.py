@@ -28,7 +28,6 @@ Metrics: ``topoplace_started_preemptions{outcome}``, and
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -36,7 +35,7 @@ from scheduler.core.preemption import lowest_priorities
 from scheduler.kube.client import ApiError, KubeApi
 from scheduler.kube.loop import Periodic
 from scheduler.kube.metrics import KubeMetrics
-from scheduler.kube.remediator import eviction_event
+from scheduler.kube.remediator import eviction_event, reporting_instance
 from scheduler.runtime.stranded import gang_of
 from scheduler.server import started_preemption
 
@@ -81,7 +80,7 @@ class Preemptor:
         self.metrics = metrics
         self.wake = wake
         self.may_act = may_act
-        self.instance = socket.gethostname()[:128] or "topoplace"
+        self.instance = reporting_instance()
         self._loop = Periodic(
             "kube-preempt",
             self.tick,

@@ -137,7 +137,7 @@ class Remediator:
         self.preemptions = preemptions
         """The extender's ``PreemptionLedger``: gangs broken by a preemption it answered
         (torn down here, see ``remediation.teardown_groups``); None: none."""
-        self.instance = socket.gethostname()[:128] or "topoplace"
+        self.instance = reporting_instance()
         """``reportingInstance`` of the Events (the pod's hostname)."""
         self.since: dict[str, float] = {}
         self._evicted: dict[str, float] = {}  # uid -> wall time
@@ -356,6 +356,12 @@ class Remediator:
                 self.replacements.labels(kind=kind).inc()
             self.metrics.replacement_seconds.labels(kind=kind).observe(max(0.0, wall - t))
             log.info("remediation: %s re-placed on %s (%s, %.1fs)", p.key, p.node, kind, wall - t)
+
+
+def reporting_instance() -> str:
+    """The ``reportingInstance`` of this replica's Events: its host name (as client-go's
+    recorder, at most 128 characters)."""
+    return socket.gethostname()[:128] or "topoplace"
 
 
 def eviction_event(

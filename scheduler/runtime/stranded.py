@@ -106,7 +106,8 @@ class StrandedPods:
         self._lock = threading.Lock()
         self._pods: OrderedDict[str, Stranded] = OrderedDict()
         self._busy: tuple[frozenset[str], frozenset[str]] | None = None
-        """:meth:`busy`, kept until a record changes (the watch asks at every deletion)."""
+        """:meth:`busy`, kept until a preemption starts or ends (the watch asks at every
+        pod deletion)."""
 
     def __len__(self) -> int:
         return len(self._pods)
@@ -120,7 +121,6 @@ class StrandedPods:
         (nothing is remembered when there are none: preempting helps nowhere)."""
         names = tuple(sorted(nodes))
         with self._lock:
-            self._busy = None
             old = self._pods.get(key)
             if not names:
                 if old is not None and not old.node:
@@ -129,7 +129,7 @@ class StrandedPods:
             if old is None:
                 self._pods[key] = Stranded(names, at)
                 while len(self._pods) > self.limit:
-                    self._pods.popitem(last=False)
+                    self._forgot(self._pods.popitem(last=False)[1])
             else:  # keeps its backoff and any preemption in progress, and the first
                 # refusal not tried yet: a pod refused again and again (a gang's members
                 # taking turns, each woken by the gang runtime) is still due GRACE_S after it
@@ -140,8 +140,7 @@ class StrandedPods:
         """Filter offered ``key`` a node: nothing more to do for it."""
         if self._pods:
             with self._lock:
-                self._busy = None
-                self._pods.pop(key, None)
+                self._forgot(self._pods.pop(key, None))
 
     def drop(self, key: str) -> None:
         """Forget ``key`` (bound, deleted, or not to be preempted for)."""
@@ -151,10 +150,9 @@ class StrandedPods:
         """Forget the pods ``pending`` says are no longer waiting (bound, deleted);
         returns their keys."""
         with self._lock:
-            self._busy = None
             gone = [k for k in self._pods if not pending(k)]
             for k in gone:
-                del self._pods[k]
+                self._forgot(self._pods.pop(k))
         return gone
 
     def due(self, now: float) -> list[str]:
@@ -176,6 +174,11 @@ class StrandedPods:
         """The pods with a preemption in progress, and their records."""
         with self._lock:
             return [(k, s) for k, s in self._pods.items() if s.node]
+
+    def _forgot(self, s: Stranded | None) -> None:
+        """A record is gone (lock held): :meth:`busy` is read again if it was in progress."""
+        if s is not None and s.node:
+            self._busy = None
 
     def busy(self) -> tuple[frozenset[str], frozenset[str]]:
         """(the nodes, the victim UIDs) of the preemptions in progress: another search

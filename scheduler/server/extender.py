@@ -962,29 +962,21 @@ class Extender:
             return passed
         snap = self.cache.snapshot()
         live = {p.uid for p in snap.pods.values() if p.uid and not being_deleted(p)}
+        started = self.stranded.get(gang_record_key(req.gang)) if req.gang else None
         if self.preemptions.waiting_for(
             req.key,
             live.__contains__,
             lambda node: not fits_on(snap, req, node, self.params, share),
         ):
+            waiting = "its last preemption still stands (victims going, or room on its node now)"
+        elif started is not None and started.node:
+            waiting = f"topoplace's preemption for its gang still going (victims on {started.node})"
+        else:
+            waiting = ""
+        if waiting:
             self.metrics.child(self.metrics.preemptions, "waiting").inc()
-            log.info(
-                "preemption for %s: its last preemption still stands (victims going, or "
-                "room on its node now); none more",
-                req.key,
-            )
+            log.info("preemption for %s: %s; none more", req.key, waiting)
             return {"NodeNameToMetaVictims": {}}
-        if req.gang:
-            started = self.stranded.get(gang_record_key(req.gang))
-            if started is not None and started.node:
-                self.metrics.child(self.metrics.preemptions, "waiting").inc()
-                log.info(
-                    "preemption for %s: topoplace's preemption for its gang still going "
-                    "(victims on %s); none more",
-                    req.key,
-                    started.node,
-                )
-                return {"NodeNameToMetaVictims": {}}
         proposed = {node: {v["UID"] for v in vs} for node, vs in victims.items()}
         within: frozenset[str] | None = None
         why = ""

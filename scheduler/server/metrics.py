@@ -115,10 +115,10 @@ class Metrics:
         )
         self.started_preemptions = Counter(
             "topoplace_started_preemptions",
-            "Preemptions topoplace started for pods kube-scheduler sees room for but whose "
-            "GPUs topoplace finds taken (started: victims evicted; none: nothing to preempt; "
-            "dry_run: only logged; woken: victims gone, the pod woken; gave_up: victims "
-            "still there after a minute)",
+            "Preemptions topoplace started for pods (and gangs) kube-scheduler sees room for "
+            "but whose GPUs topoplace finds taken (started: victims evicted; none: nothing to "
+            "preempt; dry_run: only logged; woken: victims gone, the pod woken or the gang "
+            "planned; gave_up: victims still there after a minute)",
             ["outcome"],
             registry=r,
         )

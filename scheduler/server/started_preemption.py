@@ -101,6 +101,29 @@ def candidates(
     return {n: () for _, n in ok[:cap]}
 
 
+def _never(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod says ``preemptionPolicy: Never``."""
+    spec = pod.get("spec")
+    return isinstance(spec, Mapping) and spec.get("preemptionPolicy") == "Never"
+
+
+def _tried(
+    ext: Extender,
+    key: str,
+    now: float,
+    outcome: str = "",
+    answer: dict[str, Any] | None = None,
+) -> None:
+    """An attempt for record ``key`` that starts nothing: its ``answer`` recorded (when
+    there is one), the record tried (it waits for another refusal and its backoff),
+    counted under ``outcome`` ("": not counted)."""
+    if answer is not None:
+        ext.preemptions.record(answer, (), key)
+    ext.stranded.tried(key, now)
+    if outcome:
+        ext.metrics.child(ext.metrics.started_preemptions, outcome).inc()
+
+
 def _read(
     ext: Extender, key: str
 ) -> tuple[Mapping[str, Any], PodRequest, ShareRequest | None] | str:
@@ -111,8 +134,7 @@ def _read(
     pod = ext.cache.pending(key)
     if pod is None or key in ext.cache.snapshot().pods:
         return "no longer pending"
-    spec = pod.get("spec")
-    if isinstance(spec, Mapping) and spec.get("preemptionPolicy") == "Never":
+    if _never(pod):
         return REASON_NEVER
     try:
         req = ext._request(pod, None)
@@ -150,22 +172,20 @@ def start(
         lowest = lowest_priorities(snap)
     nodes = candidates(rec.nodes, snap, lowest, req.priority, ext.stranded.busy()[0])
     if not nodes:  # nothing of lower priority there (or taken): no search, no record
-        ext.stranded.tried(key, now)
-        ext.metrics.child(ext.metrics.started_preemptions, "none").inc()
+        _tried(ext, key, now, "none")
         log.debug("no preemption for %s: no pod of lower priority on its nodes", key)
         return None
     live = {p.uid for p in snap.pods.values() if p.uid and not being_deleted(p)}
     if ext.preemptions.waiting_for(
         key, live.__contains__, lambda node: not fits_on(snap, req, node, ext.params, share)
     ):
-        ext.stranded.tried(key, now)
+        _tried(ext, key, now)
         return None
     try:
         decision, chosen = _search(ext, snap, nodes, req, share)
     except Exception:  # tried, backed off: a failing search must not run every pass
         log.exception("victim search for %s failed", key)
-        ext.stranded.tried(key, now)
-        ext.metrics.child(ext.metrics.started_preemptions, "none").inc()
+        _tried(ext, key, now, "none")
         return None
     answer = {
         "pod": key,
@@ -183,10 +203,8 @@ def start(
         else "every choice evicts against a PodDisruptionBudget",
     }
     if chosen is None or dry_run:
-        ext.preemptions.record(answer, (), key)
-        ext.stranded.tried(key, now)
+        _tried(ext, key, now, "none" if chosen is None else "dry_run", answer)
         if chosen is None:
-            ext.metrics.child(ext.metrics.started_preemptions, "none").inc()
             log.info(
                 "no preemption for %s: %s",
                 key,
@@ -195,7 +213,6 @@ def start(
                 or "no node was refused only for GPUs taken",
             )
         else:
-            ext.metrics.child(ext.metrics.started_preemptions, "dry_run").inc()
             log.warning(
                 "preemption (dry run) for %s would evict %s on %s",
                 key,
@@ -296,30 +313,18 @@ def settle(ext: Extender, key: str, present: Collection[str] | None = None) -> s
         return GAVE_UP
     gang = gang_of(key)
     if gang:
-        ext.stranded.settled(key)
-        ext.metrics.child(ext.metrics.started_preemptions, WOKEN).inc()
-        planned = ""
-        try:
-            if ext.gangs is not None:
-                planned = ext.gangs.plan_now(ext, gang, "after the preemption for it")
-        except Exception:  # its members stay parked; the gang runtime's poll wakes them
-            log.exception("planning gang %s after its preemption failed", gang)
-        log.info(
-            "preemption for gang %s: victims gone from %s, %s",
-            gang,
-            rec.node,
-            f"planned {planned}, members woken" if planned else "not planned yet",
-        )
-        return WOKEN
-    got = _read(ext, key)
-    if isinstance(got, str):
-        ext.stranded.drop(key)
-        return ""
-    pod, req, share = got
-    if share is not None:
-        held = hold_share(ext, pod, req, share, rec.node)
+        what = _plan_gang(ext, gang)
     else:
-        held = ext.hold_gpus(pod, req, rec.node)
+        got = _read(ext, key)
+        if isinstance(got, str):
+            ext.stranded.drop(key)
+            return ""
+        pod, req, share = got
+        if share is not None:
+            held = hold_share(ext, pod, req, share, rec.node)
+        else:
+            held = ext.hold_gpus(pod, req, rec.node)
+        what = "its GPUs held" if held else "its GPUs were taken meanwhile"
     ext.stranded.settled(key)
     ext.metrics.child(ext.metrics.started_preemptions, WOKEN).inc()
     if rec.preemptions >= MAX_PREEMPTIONS:
@@ -328,13 +333,19 @@ def settle(ext: Extender, key: str, present: Collection[str] | None = None) -> s
             key,
             rec.preemptions,
         )
-    log.info(
-        "preemption for %s: victims gone from %s%s",
-        key,
-        rec.node,
-        ", its GPUs held" if held else " (its GPUs were taken meanwhile)",
-    )
+    log.info("preemption for %s: victims gone from %s, %s", key, rec.node, what)
     return WOKEN
+
+
+def _plan_gang(ext: Extender, gang: str) -> str:
+    """Plan ``gang`` once its victims are gone (``GangRuntime.plan_now``: its GPUs
+    reserved, its members woken); what happened, for the log."""
+    try:
+        planned = ext.gangs.plan_now(ext, gang, "after the preemption for it") if ext.gangs else ""
+    except Exception:  # its members stay parked; the gang runtime's poll wakes them
+        log.exception("planning gang %s after its preemption failed", gang)
+        planned = ""
+    return f"planned {planned}, members woken" if planned else "not planned yet"
 
 
 def _read_gang(ext: Extender, gang: str) -> tuple[PodRequest, list[str]] | str:
@@ -351,8 +362,7 @@ def _read_gang(ext: Extender, gang: str) -> tuple[PodRequest, list[str]] | str:
         pod = ext.cache.pending(r.key)
         if pod is None:
             continue
-        spec = pod.get("spec")
-        if isinstance(spec, Mapping) and spec.get("preemptionPolicy") == "Never":
+        if _never(pod):
             return REASON_NEVER
         if is_share_pod(pod) or dra.uses_claims(pod) or is_replica_pod(ext, pod, r):
             return REASON_GANG_KIND
@@ -381,13 +391,12 @@ def start_gang(
     if lowest is None:
         lowest = lowest_priorities(snap)
     if not any(v < req.priority for v in lowest.values()):  # nothing lower: no solve
-        ext.stranded.tried(key, now)
-        ext.metrics.child(ext.metrics.started_preemptions, "none").inc()
+        _tried(ext, key, now, "none")
         log.debug("no preemption for gang %s: no pod of lower priority", gang)
         return None
     live = {p.uid for p in snap.pods.values() if p.uid and not being_deleted(p)}
     if any(ext.preemptions.waiting_for(m, live.__contains__, lambda _n: False) for m in members):
-        ext.stranded.tried(key, now)  # a member's own preemption (the verb's) still going
+        _tried(ext, key, now)  # a member's own preemption (the verb's) still going
         return None
     gangs = ext.gangs
     assert gangs is not None  # _read_gang checked
@@ -413,13 +422,10 @@ def start_gang(
         "reason": choice if isinstance(choice, str) else "",
     }
     if isinstance(choice, str) or dry_run:
-        ext.preemptions.record(answer, (), key)
-        ext.stranded.tried(key, now)
+        _tried(ext, key, now, "none" if isinstance(choice, str) else "dry_run", answer)
         if isinstance(choice, str):
-            ext.metrics.child(ext.metrics.started_preemptions, "none").inc()
             log.info("no preemption for gang %s: %s", gang, choice)
         else:
-            ext.metrics.child(ext.metrics.started_preemptions, "dry_run").inc()
             log.warning(
                 "preemption (dry run) for gang %s would evict %s",
                 gang,

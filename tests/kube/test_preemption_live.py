@@ -167,8 +167,9 @@ replicas free, so a 10,000 MiB pod passes kube-scheduler's count and fits no GPU
 def _fill_room(
     core: Any, namespace: str, topoplace: Topoplace, node: str, scheduler: str, label: str, pc: str
 ) -> None:
-    """Bind :data:`ROOM_FILL` on ``node`` (each pod labelled ``app: keep-<name>``) and wait
-    for topoplace to see their shares."""
+    """Make ``node`` a HAMi node of two T4s split four ways, bind :data:`ROOM_FILL` on it
+    (each pod labelled ``app: keep-<name>``) and wait for topoplace to see their shares."""
+    _as_hami_t4s(core, node, split=4)
     for name, (mem, gpu) in ROOM_FILL.items():
         pod = _hami_pod(name, mem, pc, scheduler, label, node, gpu)
         pod["metadata"]["labels"] = {"app": f"keep-{name}"}
@@ -230,6 +231,14 @@ def _pinned(
         PLACEMENT_ANNOTATION: orjson.dumps({"gpus": gpus, "node": node, "v": 1}).decode()
     }
     core.create_namespaced_pod(namespace, p)
+
+
+def _started_by_topoplace(topoplace: Topoplace, namespace: str, pod: str) -> dict[str, Any]:
+    """The one answer that named victims for ``pod``, asserted to be a preemption topoplace
+    started itself (kube-scheduler asked nothing)."""
+    mine = _named_victims(topoplace, namespace, pod)
+    assert [a["by"] for a in mine] == ["topoplace"], mine
+    return mine[0]
 
 
 def _named_victims(topoplace: Topoplace, namespace: str, *pods: str) -> list[dict[str, Any]]:
@@ -505,7 +514,6 @@ def test_a_hami_pod_kube_scheduler_sees_room_for_gets_its_victims_from_topoplace
     lo, hi = priorities[LOW], priorities[HIGH]
     with _nodes(core, namespace, run_id, "started-hami", 1) as (label, nodes):
         (node,) = nodes
-        _as_hami_t4s(core, node, split=4)
         _fill_room(core, namespace, topoplace, node, scheduler_name, label, lo)
         before = _uids(core, namespace)
         t0 = time.monotonic()
@@ -520,9 +528,8 @@ def test_a_hami_pod_kube_scheduler_sees_room_for_gets_its_victims_from_topoplace
         after = _uids(core, namespace)
         assert "b0" not in after
         assert all(after.get(n) == before[n] for n in ("a0", "c1", "d1")), after
-        mine = _named_victims(topoplace, namespace, "urgent-room")
-        assert [a["by"] for a in mine] == ["topoplace"], mine  # kube-scheduler asked nothing
-        assert [v["pod"] for v in mine[0]["chosen"]["victims"]] == [f"{namespace}/b0"]
+        mine = _started_by_topoplace(topoplace, namespace, "urgent-room")
+        assert [v["pod"] for v in mine["chosen"]["victims"]] == [f"{namespace}/b0"]
         events = client.EventsV1Api(core.api_client).list_namespaced_event(namespace).items
         (ev,) = [e for e in events if e.regarding.uid == before["b0"]]
         assert (ev.reason, ev.action, ev.reporting_controller) == (
@@ -600,9 +607,8 @@ def test_a_pod_that_needs_nvlink_gets_a_ring_kube_scheduler_cannot_see_freed_by_
         after = _uids(core, namespace)
         assert "one-4" not in after and "one-7" not in after
         assert all(after.get(n) == before[n] for n in ("one-1", "one-2")), after
-        mine = _named_victims(topoplace, namespace, "urgent-ring")
-        assert [a["by"] for a in mine] == ["topoplace"], mine
-        assert [v["pod"] for v in mine[0]["chosen"]["victims"]] == [
+        mine = _started_by_topoplace(topoplace, namespace, "urgent-ring")
+        assert [v["pod"] for v in mine["chosen"]["victims"]] == [
             f"{namespace}/one-4",
             f"{namespace}/one-7",
         ]
@@ -623,7 +629,6 @@ def test_a_started_preemption_spares_the_pod_a_budget_protects(
     lo, hi = priorities[LOW], priorities[HIGH]
     with _nodes(core, namespace, run_id, "started-pdb", 1) as (label, nodes):
         (node,) = nodes
-        _as_hami_t4s(core, node, split=4)
         _fill_room(core, namespace, topoplace, node, scheduler_name, label, lo)
         with _budget(core, namespace, topoplace, f"keep-b0-{run_id}", "keep-b0"):
             before = _uids(core, namespace)
@@ -636,9 +641,8 @@ def test_a_started_preemption_spares_the_pod_a_budget_protects(
             after = _uids(core, namespace)
             assert "c1" not in after and "d1" not in after
             assert all(after.get(n) == before[n] for n in ("a0", "b0")), after
-            mine = _named_victims(topoplace, namespace, "urgent-kept")
-            assert [a["by"] for a in mine] == ["topoplace"], mine
-            assert mine[0]["chosen"]["pdb_violations"] == 0
+            mine = _started_by_topoplace(topoplace, namespace, "urgent-kept")
+            assert mine["chosen"]["pdb_violations"] == 0
 
 
 def test_a_gang_that_must_share_a_node_gets_its_victims_from_topoplace(
