@@ -4,8 +4,8 @@
 ``benchmarks/gangsim/engine.py``, ``benchmarks/faults/engine.py`` at 16f44c8) produced on the
 small configurations below: per FGD run a digest of the integer per-event arrays and one of
 the fragmentation array, per gang run every gang's outcome (as a digest) and the run's
-summary, per failure run every metric. The FGD fragmentation figures were re-recorded in
-session 8, when they became sums with the same bits on every CPU
+summary, per failure run every metric. The FGD fragmentation figures were re-recorded
+when they became sums with the same bits on every CPU
 (``scheduler.core.sharing.weighted_sum``; through BLAS their last bits followed the
 processor's kernel); the integer figures and placements did not move.
 ``golden-cli/`` holds the ``results.csv`` of each scenario's command line on a tiny
