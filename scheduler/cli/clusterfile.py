@@ -7,6 +7,10 @@ are kept in ``extra["podgroups"]`` keyed ``namespace/name``, PodDisruptionBudget
 (ResourceSlice, ResourceClaim, DeviceClass) in ``extra`` as ``scheduler.core.dra.extra_of``
 keeps them.
 Other kinds are ignored.
+
+Also the policy file (:func:`load_policy`, :func:`load_params`) and an in-process extender
+over a cluster file (:func:`build_file_extender`), which ``serve --cluster``, ``demo`` and
+``explain`` share (here, below all three commands, so none imports another).
 """
 
 from __future__ import annotations
@@ -124,3 +128,29 @@ def load_policy(path: str | Path | None) -> Mapping[str, Any]:
     if not isinstance(obj, Mapping):
         raise ClusterFileError(f"{p}: a policy must be a mapping")
     return obj
+
+
+def load_params(path: str | None) -> Any:
+    """SchedParams from a policy file (the shipped default when None)."""
+    from scheduler.core.params import SchedParams
+
+    return SchedParams.from_config(load_policy(path))
+
+
+def build_file_extender(cluster: str | None, params: Any) -> tuple[Any, str]:
+    """An Extender over a cluster file (the demo cluster when ``cluster`` is None)."""
+    from scheduler.runtime.cache import ClusterCache
+    from scheduler.server.extender import Extender
+
+    path = cluster or str(demo_cluster_path())
+    nodes, pods, extra = load_cluster(path)
+    cache = ClusterCache.from_objects(nodes, pods, params, extra=extra)
+    gangs = None
+    try:
+        from scheduler.runtime.gangs import GangRuntime  # type: ignore[attr-defined]
+
+        gangs = GangRuntime()
+    except ImportError:
+        pass
+    what = "embedded demo cluster" if cluster is None else f"cluster file {path}"
+    return Extender(cache, gangs=gangs), what

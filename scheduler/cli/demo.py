@@ -345,7 +345,7 @@ def run_demo(
     open_browser: bool = True,
 ) -> int:
     """Run the demo; returns 0 when every scripted step behaved, 1 otherwise."""
-    from scheduler.cli.main import build_file_extender, load_params
+    from scheduler.cli.clusterfile import build_file_extender, load_params
     from scheduler.server.app import create_app
 
     logging.getLogger("httpx").setLevel(logging.WARNING)

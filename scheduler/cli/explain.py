@@ -95,8 +95,7 @@ def explain_offline(key: str, cluster: str, config: str | None) -> dict[str, Any
     """Explain ``key`` from a cluster file (see the module docstring)."""
     import numpy as np
 
-    from scheduler.cli.clusterfile import load_cluster
-    from scheduler.cli.main import load_params
+    from scheduler.cli.clusterfile import load_cluster, load_params
     from scheduler.core.explain import explain
     from scheduler.core.objects import object_key, request_from_pod
     from scheduler.core.snapshot import build_snapshot

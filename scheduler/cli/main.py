@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from scheduler import __version__
+from scheduler.cli.clusterfile import build_file_extender, load_params
 from scheduler.server.guard import (
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_PER_CLIENT,
@@ -44,6 +45,7 @@ _OPTIONAL_COMMANDS = (
     ("scheduler.cli.bench", "add_parser"),
     ("scheduler.cli.kubecmd", "add_snapshot_parser"),
     ("scheduler.cli.explain", "add_parser"),
+    ("scheduler.cli.rightsize", "add_parser"),
 )
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -227,34 +229,6 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         getattr(mod, fn)(sub)
     return parser
-
-
-def load_params(path: str | None) -> Any:
-    """SchedParams from a policy file (the shipped default when None)."""
-    from scheduler.cli.clusterfile import load_policy
-    from scheduler.core.params import SchedParams
-
-    return SchedParams.from_config(load_policy(path))
-
-
-def build_file_extender(cluster: str | None, params: Any) -> tuple[Any, str]:
-    """An Extender over a cluster file (the demo cluster when ``cluster`` is None)."""
-    from scheduler.cli.clusterfile import demo_cluster_path, load_cluster
-    from scheduler.runtime.cache import ClusterCache
-    from scheduler.server.extender import Extender
-
-    path = cluster or str(demo_cluster_path())
-    nodes, pods, extra = load_cluster(path)
-    cache = ClusterCache.from_objects(nodes, pods, params, extra=extra)
-    gangs = None
-    try:
-        from scheduler.runtime.gangs import GangRuntime  # type: ignore[attr-defined]
-
-        gangs = GangRuntime()
-    except ImportError:
-        pass
-    what = "embedded demo cluster" if cluster is None else f"cluster file {path}"
-    return Extender(cache, gangs=gangs), what
 
 
 def _tls_kwargs(args: argparse.Namespace) -> dict[str, Any]:

@@ -65,13 +65,13 @@ from scheduler.core.model import (
     indices_to_mask,
 )
 from scheduler.core.objects import ObjectError, gang_of, placement_of
+from scheduler.core.policies.registry import DEFAULT_GANG_POLICY, GangPolicy, get_policy
 from scheduler.core.quantity import QuantityError, parse_quantity_int
 from scheduler.core.schedule import Assignment, PlacementResult
 from scheduler.core.snapshot import ClusterSnapshot, with_pod
 
 if TYPE_CHECKING:
     from scheduler.core.params import SchedParams
-    from scheduler.core.policies.registry import GangPolicy
 
 PODGROUPS_KEY = "podgroups"
 """Key of ``ClusterSnapshot.extra`` holding PodGroup objects by ``namespace/name``."""
@@ -495,8 +495,6 @@ def plan_gangs(
     Each gang sees the reservations of the gangs planned before it; a refused gang holds
     nothing. Results come back in input order. ``snapshot`` is not changed.
     """
-    from scheduler.core.policies.registry import DEFAULT_GANG_POLICY, get_policy
-
     fn = get_policy(policy or DEFAULT_GANG_POLICY) if not callable(policy) else policy
     order = sorted(range(len(gangs)), key=lambda i: (-gangs[i].priority, i))
     results: dict[int, PlacementResult] = {}

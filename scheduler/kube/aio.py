@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from scheduler.kube.client import ApiError, ApiUnavailable, Timeouts, decode_status, json_object
+from scheduler.kube.apitypes import ApiError, ApiUnavailable, Timeouts, decode_status, json_object
 
 MAX_HEADER_BYTES = 64 * 1024
 MAX_BODY_BYTES = 16 * 1024 * 1024

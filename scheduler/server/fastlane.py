@@ -35,7 +35,7 @@ import logging
 import time
 from typing import Any
 
-from scheduler.server.guard import json_response
+from scheduler.server.responses import json_response
 
 log = logging.getLogger(__name__)
 

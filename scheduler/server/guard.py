@@ -39,8 +39,9 @@ import functools
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from http import HTTPStatus
 from typing import Any
+
+from scheduler.server.responses import json_response
 
 log = logging.getLogger(__name__)
 
@@ -112,29 +113,6 @@ extender, and trusting ``X-Forwarded-For`` from loopback would let any local cli
 another caller in the bind audit line. No ``server``/``date`` headers (nobody reads them)
 and no access log (the verbs log what matters, bind its audit line): work per request
 that kube-scheduler's requests do not need."""
-
-
-JSON_HEAD = b"content-type: application/json\r\ncontent-length: %d\r\n"
-_CLOSE_HEADER = b"connection: close\r\n"
-
-
-def status_line(status: int) -> bytes:
-    """``HTTP/1.1 <status> <phrase>\\r\\n``."""
-    try:
-        phrase = HTTPStatus(status).phrase
-    except ValueError:
-        phrase = ""
-    return f"HTTP/1.1 {status} {phrase}\r\n".encode()
-
-
-_STATUS = {s: status_line(s) for s in (200, 400, 405, 413, 500)}
-
-
-def json_response(status: int, body: bytes, keep_alive: bool) -> bytes:
-    """One HTTP/1.1 response with a JSON body, head and body in one buffer."""
-    head = _STATUS.get(status) or status_line(status)
-    close = b"" if keep_alive else _CLOSE_HEADER
-    return b"%s%s%s\r\n%s" % (head, JSON_HEAD % len(body), close, body)
 
 
 MAX_HEAD_BYTES = 64 * 1024

@@ -4,7 +4,9 @@ A gang policy is a pure function ``plan(snapshot, gang, params) -> PlacementResu
 places every member of ``gang`` (all or nothing) on ``snapshot`` and never changes it.
 Policies register themselves with the :func:`register` decorator when their module is
 imported; :func:`get_policy` imports the built-in modules on first use, so importing this
-module alone is cheap and free of import cycles.
+module alone is cheap and free of import cycles: it imports no policy and nothing of
+``scheduler.core.gang`` but types (planning several gangs, :func:`scheduler.core.gang.plan_gangs`,
+looks policies up here).
 
 Every registered policy must pass the same conformance tests (``tests/gang``): never
 double-book a GPU, all-or-nothing, no mutation of its inputs, deterministic, and respect of
@@ -19,7 +21,7 @@ Contracts:
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -122,15 +124,3 @@ def get_policy(name: str) -> GangPolicy:
         raise ValueError(
             f"unknown gang policy {name!r}; registered: {', '.join(sorted(GANG_POLICIES))}"
         ) from None
-
-
-def plan_gangs(
-    snapshot: ClusterSnapshot,
-    gangs: Sequence[GangRequest],
-    params: SchedParams,
-    policy: str | GangPolicy | None = None,
-) -> list[PlacementResult]:
-    """Plan several gangs jointly in priority order (see :func:`scheduler.core.gang.plan_gangs`)."""
-    from scheduler.core.gang import plan_gangs as _plan_gangs
-
-    return _plan_gangs(snapshot, gangs, params, policy)

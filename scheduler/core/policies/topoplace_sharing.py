@@ -57,7 +57,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler.core.policies.sharing_policies import (
+from scheduler.core.policies.sharing_base import (
     NO_GPU,
     SharingContext,
     SharingScores,
@@ -129,11 +129,25 @@ class TopoplaceSharePolicy:
         idx = ctx.candidates
         # Nodes in the same state (model, free share per device, free CPU) score the same:
         # score each distinct state once (most nodes are idle early on, full late).
-        rows = np.column_stack([view.model_ids[idx], view.cpu_free[idx], view.gpu_free[idx]])
+        width = view.gpu_free.shape[1]
+        cols = [view.model_ids[idx], view.cpu_free[idx], view.gpu_free[idx]]
+        dims = view.gpu_free_dims if task.gpu_dims else None
+        if dims is not None:
+            cols.append(dims[idx].reshape(len(idx), 2 * width))
+        rows = np.column_stack(cols)
         states, inverse = np.unique(rows, axis=0, return_inverse=True)
         inverse = inverse.reshape(-1)
+        state_dims = None
+        if dims is not None:
+            state_dims = states[:, 2 + width :].reshape(len(states), width, 2)
         delta, gpus = _state_delta(
-            frag, states[:, 2:], states[:, 1], states[:, 0], task, cpu_per_gpu_milli(frag)
+            frag,
+            states[:, 2 : 2 + width],
+            states[:, 1],
+            states[:, 0],
+            task,
+            cpu_per_gpu_milli(frag),
+            state_dims,
         )
         return SharingScores(idx, sigmoid_score(delta)[inverse], gpus[inverse])
 
@@ -145,16 +159,18 @@ def _state_delta(
     models: IntArray,
     task: SharingTask,
     rho: float,
+    dims: IntArray | None = None,
 ) -> tuple[FloatArray, IntArray]:
     """Per node state: the score input ``delta`` (rounded) and the device of a GPU-sharing
-    task (``NO_GPU`` for other tasks)."""
+    task (``NO_GPU`` for other tasks). ``dims``: per device free (compute, memory) per mille
+    when the task's share is sized in both (else one dimension, ``free``)."""
     g_before = free.sum(axis=1).astype(np.float64)
     c_before = cpu.astype(np.float64)
     strand = cpu_stranded(g_before, c_before, rho) - cpu_stranded(
         g_before - task.total_gpu_milli, c_before - task.cpu_milli, rho
     )
     if task.is_sharing:
-        per_dev = frag.delta_sharing(free, cpu, models, task)  # NaN: no room
+        per_dev = _sharing_drop(frag, free, cpu, models, task, dims)  # NaN: no room
         gpus = np.where(np.isnan(per_dev), -np.inf, per_dev).argmax(axis=1)
         frag_drop = per_dev[np.arange(len(free)), gpus]
         gpu_col: IntArray = gpus.astype(np.int64)
@@ -166,6 +182,33 @@ def _state_delta(
         gpu_col = np.full(len(free), NO_GPU, dtype=np.int64)
     delta: FloatArray = np.round(frag_drop + strand, DELTA_DECIMALS)
     return delta, gpu_col
+
+
+def _sharing_drop(
+    frag: FragmentationModel,
+    free: IntArray,
+    cpu: IntArray,
+    models: IntArray,
+    task: SharingTask,
+    dims: IntArray | None,
+) -> FloatArray:
+    """Per (node state, device): the drop of FGD's fragmentation (in two dimensions when
+    ``dims`` is given) plus the drop of the device's waste expected after the next request
+    (:class:`~scheduler.core.sharing.ExpectedWaste`); NaN where the task has no room."""
+    if dims is not None:
+        per_dev = frag.delta_sharing_2d(dims, cpu, models, task)
+        comp, mem = dims[:, :, 0], dims[:, :, 1]
+        tc, tm = task.gpu_dims if task.gpu_dims else (task.gpu_milli, task.gpu_milli)
+    else:
+        per_dev = frag.delta_sharing(free, cpu, models, task)
+        comp = mem = free
+        tc = tm = task.gpu_milli
+    room = ~np.isnan(per_dev)
+    ahead = frag.waste.ahead_of(comp, mem) - frag.waste.ahead_of(
+        np.where(room, comp - tc, comp), np.where(room, mem - tm, mem)
+    )
+    out: FloatArray = per_dev + ahead
+    return out
 
 
 def _multi_share_drop(
