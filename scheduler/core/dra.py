@@ -1018,9 +1018,18 @@ def held_device_ids(claims: Iterable[Mapping[str, Any]]) -> frozenset[DeviceId]:
     return frozenset(out)
 
 
-def allocation_status(node: str, claim: ClaimSpec, devices: Sequence[Device]) -> dict[str, Any]:
+def allocation_status(
+    node: str, claim: ClaimSpec, devices: Sequence[Device], timestamp: str = ""
+) -> dict[str, Any]:
     """``status.allocation`` for ``claim`` given ``devices`` in request order (the shape
-    kube-scheduler writes: results per device, ``nodeSelector`` on ``metadata.name``)."""
+    kube-scheduler writes: results per device, ``nodeSelector`` on ``metadata.name``, and
+    ``allocationTimestamp`` when ``timestamp`` (RFC 3339) is given).
+
+    A client that pre-allocates a claim must write ``allocationTimestamp``: from 1.36
+    (``DRADeviceBindingConditions`` on by default) kube-scheduler's PreBind sets it on a
+    pre-allocated claim that lacks it, in the same status update that adds the pod to
+    ``reservedFor``, and the API server refuses that update (``status.allocation`` is
+    immutable once set), on every retry. Servers before 1.34 drop the unknown field."""
     results = []
     it = iter(devices)
     for r in claim.requests:
@@ -1029,7 +1038,7 @@ def allocation_status(node: str, claim: ClaimSpec, devices: Sequence[Device]) ->
             results.append(
                 {"request": r.name, "driver": d.driver, "pool": d.pool, "device": d.name}
             )
-    return {
+    out: dict[str, Any] = {
         "devices": {"results": results},
         "nodeSelector": {
             "nodeSelectorTerms": [
@@ -1037,6 +1046,9 @@ def allocation_status(node: str, claim: ClaimSpec, devices: Sequence[Device]) ->
             ]
         },
     }
+    if timestamp:
+        out["allocationTimestamp"] = timestamp
+    return out
 
 
 DRA_KINDS = {"ResourceSlice": SLICES_KEY, "ResourceClaim": CLAIMS_KEY, "DeviceClass": CLASSES_KEY}
@@ -1451,10 +1463,12 @@ def allocated_claim(
     spec: ClaimSpec,
     devices: Sequence[Device],
     domain: str = "",
+    timestamp: str = "",
 ) -> dict[str, Any]:
     """``claim`` as topoplace writes it: the delete-protection finalizer, the
     :data:`ALLOCATED_BY` annotation (and :data:`CD_ANNOTATION` for a ComputeDomain pod) and
-    ``status.allocation`` (the input is not changed)."""
+    ``status.allocation`` with ``allocationTimestamp`` = ``timestamp`` (see
+    :func:`allocation_status`; the input is not changed)."""
     meta = dict(_map(claim.get("metadata")))
     fins = list(_seq(meta.get("finalizers")))
     if DELETE_PROTECTION not in fins:
@@ -1465,7 +1479,7 @@ def allocated_claim(
         ann[CD_ANNOTATION] = domain
     meta["annotations"] = ann
     status = dict(_map(claim.get("status")))
-    status["allocation"] = allocation_status(node, spec, devices)
+    status["allocation"] = allocation_status(node, spec, devices, timestamp)
     return {**claim, "metadata": meta, "status": status}
 
 
@@ -1592,3 +1606,179 @@ def cd_verdict(
     if cliques and clique not in cliques:
         return REASON_CD_CLIQUE
     return ""
+
+
+# ---- extended resources backed by DRA (nvidia.com/gpu on DRA nodes) -------------------------
+#
+# From 1.34 (beta and on by default in 1.36, feature DRAExtendedResource) a DeviceClass may
+# name an extended resource (``spec.extendedResourceName``; every class also has the
+# implicit name ``deviceclass.resource.kubernetes.io/<class>``). A pod asking that resource
+# on a node whose allocatable does not advertise it gets its devices through DRA:
+# kube-scheduler builds one "special" claim per pod in its Filter (one ExactCount request
+# per container and resource, named ``container-<i>-request-<j>``, sorted by name), runs
+# its allocator on it, and in PreBind creates the claim (``generateName
+# <pod>-extended-resources-``, annotation :data:`EXTENDED_CLAIM_ANNOTATION`, the pod as
+# controller owner) with the allocation, then records it in the pod's
+# ``status.extendedResourceClaimStatus`` (``resourceClaimName``, ``requestMappings``).
+# (pkg/scheduler/framework/plugins/dynamicresources/extendeddynamicresources.go, 1.36.)
+
+EXTENDED_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
+"""Annotation (``"true"``) of the claim kube-scheduler creates for a pod's extended
+resources backed by DRA."""
+IMPLICIT_RESOURCE_PREFIX = "deviceclass.resource.kubernetes.io/"
+"""Every DeviceClass ``c`` also backs the extended resource ``<prefix><c>``."""
+
+
+def extended_resource_classes(classes: Mapping[str, Any]) -> dict[str, str]:
+    """Extended resource name -> DeviceClass name, as kube-scheduler resolves them
+    (``extendedresourcecache``): each class's implicit name, and its
+    ``spec.extendedResourceName``; when several classes name one resource the newest
+    (``creationTimestamp``) wins, then the lower name."""
+    out: dict[str, str] = {}
+    won: dict[str, tuple[str, str]] = {}  # resource -> (creationTimestamp, class name)
+    for name in sorted(classes):
+        c = _map(classes[name])
+        out[IMPLICIT_RESOURCE_PREFIX + name] = name
+        res = _str(_map(c.get("spec")).get("extendedResourceName"))
+        if not res:
+            continue
+        created = _str(_map(c.get("metadata")).get("creationTimestamp"))
+        prev = won.get(res)
+        # RFC 3339 UTC stamps of one form compare as text; newer wins, ties the lower name
+        if prev is None or created > prev[0] or (created == prev[0] and name < prev[1]):
+            won[res] = (created, name)
+    for res, (_, name) in won.items():
+        out[res] = name
+    return out
+
+
+def _container_requests(container: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A container's requests, its limits where the API server would default them (an
+    extended resource's request equals its limit)."""
+    res = _map(container.get("resources"))
+    return {**_map(res.get("limits")), **_map(res.get("requests"))}
+
+
+def _container_count(container: Mapping[str, Any], resource: str) -> int:
+    v = _container_requests(container).get(resource)
+    if v is None:
+        return 0
+    try:
+        return max(0, quantity_int(v))
+    except (TypeError, ValueError):
+        return 0
+
+
+def pod_extended_resources(pod: Mapping[str, Any], mapped: Mapping[str, str]) -> dict[str, int]:
+    """The extended resources of ``pod`` some DeviceClass backs (``mapped``: see
+    :func:`extended_resource_classes`) -> the pod's effective count (the larger of the
+    containers' sum and the largest init container)."""
+    spec = _map(pod.get("spec"))
+    out: dict[str, int] = {}
+    for res in mapped:
+        total = sum(_container_count(_map(c), res) for c in _seq(spec.get("containers")))
+        init = max(
+            (_container_count(_map(c), res) for c in _seq(spec.get("initContainers"))), default=0
+        )
+        n = max(total, init)
+        if n > 0:
+            out[res] = n
+    return out
+
+
+def node_serves_by_dra(node: Mapping[str, Any], resource: str) -> bool:
+    """Whether a Node object gets ``resource`` through DRA: it does not advertise it in
+    ``status.allocatable`` (kube-scheduler's Filter: backed by a class and allocatable 0)."""
+    alloc = _map(_map(node.get("status")).get("allocatable"))
+    v = alloc.get(resource)
+    if v is None:
+        return True
+    try:
+        return quantity_int(v) == 0
+    except (TypeError, ValueError):
+        return True
+
+
+def _request_name(container: Mapping[str, Any], index: int, resource: str) -> str:
+    keys = sorted(_container_requests(container))
+    j = keys.index(resource) if resource in keys else 0
+    return f"container-{index}-request-{j}"
+
+
+def extended_claim_spec(pod: Mapping[str, Any], resources: Mapping[str, str]) -> ClaimSpec | None:
+    """The special claim kube-scheduler builds for ``pod`` on a node where ``resources``
+    (resource -> DeviceClass) come from DRA (``createRequestsAndMappings``), or None when
+    the pod asks none of them. Regular and sidecar containers get one request each; the
+    largest request of the other init containers, minus what later containers request,
+    one more; requests sorted by name."""
+    spec = _map(pod.get("spec"))
+    inits = [_map(c) for c in _seq(spec.get("initContainers"))]
+    containers = inits + [_map(c) for c in _seq(spec.get("containers"))]
+    requests: list[Request] = []
+    for res in sorted(resources):
+        cls = resources[res]
+        long_lived: dict[int, Request] = {}
+        for i, c in enumerate(containers):
+            if i < len(inits) and c.get("restartPolicy") != "Always":
+                continue
+            n = _container_count(c, res)
+            if n > 0:
+                long_lived[i] = Request(_request_name(c, i, res), cls, n)
+        best: Request | None = None
+        for i, c in enumerate(inits):
+            if c.get("restartPolicy") == "Always":
+                continue
+            n = _container_count(c, res)
+            if n <= 0:
+                continue
+            covered = 0
+            for j in sorted(long_lived):
+                if j >= i:
+                    covered += long_lived[j].count
+                    if covered >= n:
+                        break
+            if covered >= n:
+                continue
+            r = Request(_request_name(c, i, res), cls, n - covered)
+            if best is None or best.count < r.count:
+                best = r
+        if best is not None:
+            requests.append(best)
+        requests += [long_lived[i] for i in sorted(long_lived)]
+    if not requests:
+        return None
+    requests.sort(key=lambda r: r.name)
+    key = object_key(pod)
+    return ClaimSpec(f"{key}/<extended-resources>", tuple(requests))
+
+
+def extended_claim_of(
+    pod: Mapping[str, Any], claims: Mapping[str, Any]
+) -> Mapping[str, Any] | None:
+    """The special claim kube-scheduler created for ``pod`` (``findExtendedResourceClaim``:
+    annotated :data:`EXTENDED_CLAIM_ANNOTATION` ``"true"``, the pod its controller owner,
+    same name and UID), else the one the pod's ``status.extendedResourceClaimStatus``
+    names; None when there is none (yet)."""
+    m = _map(pod.get("metadata"))
+    ns = _str(m.get("namespace")) or "default"
+    name, uid = _str(m.get("name")), _str(m.get("uid"))
+    recorded = _str(
+        _map(_map(pod.get("status")).get("extendedResourceClaimStatus")).get("resourceClaimName")
+    )
+    if recorded:
+        c = claims.get(f"{ns}/{recorded}")
+        if isinstance(c, Mapping):
+            return c
+    for c in claims.values():
+        if not isinstance(c, Mapping):
+            continue
+        cm = _map(c.get("metadata"))
+        if _str(cm.get("namespace")) != ns:
+            continue
+        if _map(cm.get("annotations")).get(EXTENDED_CLAIM_ANNOTATION) != "true":
+            continue
+        for o in _seq(cm.get("ownerReferences")):
+            o = _map(o)
+            if o.get("controller") is True and o.get("name") == name and o.get("uid") == uid:
+                return c
+    return None

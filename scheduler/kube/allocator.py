@@ -11,8 +11,10 @@ choice to topoplace instead. kube-scheduler ignores a gated pod; :class:`GateAll
 2. holds them in the ledger at once (assumed holdings, under the cache lock, so topoplace
    never hands a device twice), then writes each claim: the delete-protection finalizer
    and the ``topoplace.io/allocated-by`` annotation, then ``status.allocation`` with the
-   node's ``nodeSelector`` (a client may pre-allocate; kube-scheduler then only filters
-   to that node and reserves);
+   node's ``nodeSelector`` and ``allocationTimestamp`` (a client may pre-allocate;
+   kube-scheduler then only filters to that node and reserves; from 1.36 it would add a
+   missing timestamp in its reservation, which the API server refuses: the allocation is
+   immutable);
 3. waits ``settle_s`` and re-lists every claim from the API (a consistent read): if
    another claim holds one of its devices (kube-scheduler allocating at the same moment
    from a view that did not have topoplace's write yet), topoplace's allocation yields:
@@ -44,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -120,6 +123,11 @@ class _Written:
         return self.gang or object_key(self.pods[0])
 
 
+def rfc3339(t: float) -> str:
+    """``t`` (epoch seconds) as the API's ``metav1.Time``: UTC, whole seconds, ``Z``."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
 def _ns_name(key: str) -> tuple[str, str]:
     ns, _, name = key.partition("/")
     return ns, name
@@ -136,6 +144,7 @@ class GateAllocator:
             (``DraRouter.likely_kube_picks``).
         settle_s: see :data:`SETTLE_S`.
         sleep: interruptible sleep (tests pass a recorder).
+        clock: wall-clock seconds for ``allocationTimestamp`` (tests pass a fixed one).
     """
 
     def __init__(
@@ -146,6 +155,7 @@ class GateAllocator:
         kube_picks: Callable[[], Iterable[dra.DeviceId]] = frozenset,
         settle_s: float = SETTLE_S,
         sleep: Callable[[float], Any] | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.cache = cache
         self.api = api
@@ -154,6 +164,7 @@ class GateAllocator:
         self.settle_s = settle_s
         self._stop = threading.Event()
         self._sleep = sleep or self._stop.wait
+        self._clock = clock
         self._thread: threading.Thread | None = None
 
     # ---- one pass -----------------------------------------------------------------------
@@ -462,7 +473,9 @@ class GateAllocator:
                 cur = self.api.get_claim(ns, name)
                 if dra.is_allocated(cur):
                     raise ApiError(409, "Conflict", "claim allocated meanwhile")
-                body = dra.allocated_claim(cur, pick.node, spec, devs, domain)
+                body = dra.allocated_claim(
+                    cur, pick.node, spec, devs, domain, rfc3339(self._clock())
+                )
                 meta_only = {**body, "status": cur.get("status") or {}}
                 updated = self.api.update_claim(meta_only)
                 updated["status"] = body["status"]
