@@ -47,6 +47,7 @@ from scheduler.core.health import NOW_KEY, RESOURCESLICES_KEY, devices_by_node, 
 from scheduler.core.linkclass import LINK_CLASSES, feasible_sizes
 from scheduler.core.model import (
     EMPTY_MAP,
+    GPU_RESOURCE,
     Health,
     NodeHealth,
     NodeInfo,
@@ -430,9 +431,26 @@ def _log_unmodeled(node: NodeInfo) -> None:
     )
 
 
+def gpus_by_dra(node: NodeInfo) -> bool:
+    """Whether ``node``'s GPUs are DRA devices: it has GPUs but its Node object (which it
+    must carry) does not advertise ``nvidia.com/gpu`` as allocatable (kube-scheduler then hands that resource out through
+    DRA, from a DeviceClass that names it: ``dra.extended_resource_classes``)."""
+    status = node.raw.get("status")
+    return (
+        node.gpu_capacity > 0
+        and not node.replicas
+        and not node.sharing
+        and isinstance(status, Mapping)
+        and bool(status)
+        and dra.node_serves_by_dra(node.raw, GPU_RESOURCE)
+    )
+
+
 def _pod_info(pod: Mapping[str, Any], node: NodeInfo, taken: int, assumed: bool = False) -> PodInfo:
-    """PodInfo for a pod bound to ``node``; GPU indices from its placement or inferred."""
-    n = pod_gpus(pod)
+    """PodInfo for a pod bound to ``node``; GPU indices from its placement or inferred.
+    On a node whose GPUs are DRA devices the pod holds none itself: its ``nvidia.com/gpu``
+    came through DRA, and the claim kube-scheduler allocated for it holds them."""
+    n = 0 if gpus_by_dra(node) else pod_gpus(pod)
     rec = placement_of(pod)
     known = (
         rec is not None
