@@ -1,0 +1,245 @@
+"""``topoplace rightsize replay``: the right-sizer on a recorded series, offline.
+
+Fixed interface (evaluations outside the project call exactly this)::
+
+    topoplace rightsize replay --series SERIES.csv [--policy FILE] --out DIR
+
+``SERIES.csv`` columns (header required, any order, extra columns ignored): ``timestamp``
+(seconds), ``workload``, ``pod``, ``container``, ``metric``, ``value``. ``metric`` is
+``gpu_memory_used_bytes`` (bytes) or ``gpu_utilization_ratio`` (0..1); the recommender also
+reads ``kv_cache_usage_ratio``, ``kv_cache_capacity_bytes``, ``requests_waiting``,
+``latency_seconds`` and ``oom_events`` (``scheduler.core.rightsize.METRICS``). Rows need not be
+sorted. Output: ``DIR/recommendations.csv`` (``timestamp, workload, pod, container,
+gpu_memory_limit_bytes, gpu_compute_ratio, mode``: each row the recommendation in force for
+that container from ``timestamp`` on, decided only from samples before it) and
+``DIR/summary.md`` (per workload: final size, mode, reason, changes, OOMs). Exit status 0, or
+2 with ``topoplace: error: FILE:LINE: ...`` for a bad file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from scheduler.core.rightsize import (
+    METRICS,
+    RATIO_METRICS,
+    GiB,
+    PolicySet,
+    RightsizeError,
+    Row,
+    Sample,
+    policies_from_dict,
+    replay,
+    workloads_summary,
+)
+
+COLUMNS = ("timestamp", "workload", "pod", "container", "metric", "value")
+OUT_COLUMNS = (
+    "timestamp",
+    "workload",
+    "pod",
+    "container",
+    "gpu_memory_limit_bytes",
+    "gpu_compute_ratio",
+    "mode",
+)
+
+
+class SeriesError(ValueError):
+    """A malformed series or policy file; the message starts with ``FILE:LINE:``."""
+
+
+def read_series(path: str | Path) -> list[Sample]:
+    """The samples of a series CSV, sorted by timestamp (stable: file order within one).
+
+    Raises:
+        SeriesError: missing file or column, unknown metric, non-numeric or out-of-range
+            value, with the file name and line number.
+    """
+    p = Path(path)
+    try:
+        fh = p.open(newline="", encoding="utf-8")
+    except OSError as exc:
+        raise SeriesError(f"{p}: cannot read: {exc.strerror}") from None
+    out: list[Sample] = []
+    with fh:
+        reader = csv.reader(fh)
+        header = next(reader, None)
+        if header is None:
+            raise SeriesError(f"{p}:1: empty file; expected a header {','.join(COLUMNS)}")
+        header = [h.strip() for h in header]
+        missing = [c for c in COLUMNS if c not in header]
+        if missing:
+            raise SeriesError(
+                f"{p}:1: missing column(s) {', '.join(missing)}; header is {','.join(header)}"
+            )
+        idx = [header.index(c) for c in COLUMNS]
+        known = set(METRICS)
+        for line, rec in enumerate(reader, start=2):
+            if not rec or all(not f.strip() for f in rec):
+                continue
+            if len(rec) < len(header):
+                raise SeriesError(f"{p}:{line}: {len(rec)} fields, the header has {len(header)}")
+            ts, wl, pod, ctr, metric, val = (rec[i].strip() for i in idx)
+            if metric not in known:
+                raise SeriesError(
+                    f"{p}:{line}: unknown metric {metric!r}; known: {', '.join(METRICS)}"
+                )
+            t = _number(ts, p, line, "timestamp")
+            v = _number(val, p, line, "value")
+            if v < 0 or (metric in RATIO_METRICS and v > 1):
+                bound = "0..1" if metric in RATIO_METRICS else ">= 0"
+                raise SeriesError(f"{p}:{line}: value {val!r} of {metric} is not {bound}")
+            if not wl:
+                raise SeriesError(f"{p}:{line}: empty workload")
+            out.append(Sample(t, wl, pod, ctr, metric, v))
+    out.sort(key=lambda s: s.timestamp)
+    return out
+
+
+def _number(text: str, p: Path, line: int, column: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise SeriesError(f"{p}:{line}: {column} {text!r} is not a number") from None
+    if not math.isfinite(x):
+        raise SeriesError(f"{p}:{line}: {column} {text!r} is not finite")
+    return x
+
+
+def load_policies(path: str | Path | None) -> PolicySet:
+    """The policy file (YAML: ``default``, ``namespaces``, ``workloads``), or the defaults.
+
+    Raises:
+        SeriesError: unreadable or malformed file.
+    """
+    if path is None:
+        return PolicySet()
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SeriesError(f"{path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise SeriesError(f"{path}: not YAML: {exc}") from None
+    try:
+        return policies_from_dict(data)
+    except RightsizeError as exc:
+        raise SeriesError(f"{path}: {exc}") from None
+
+
+def write_outputs(out: Path, rows: list[Row], summary: str) -> None:
+    """``recommendations.csv`` and ``summary.md`` in ``out`` (created if missing)."""
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "recommendations.csv").open("w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh, lineterminator="\n")
+        w.writerow(OUT_COLUMNS)
+        for r in rows:
+            w.writerow(
+                [
+                    f"{r.timestamp:g}",
+                    r.workload,
+                    r.pod,
+                    r.container,
+                    r.gpu_memory_limit_bytes,
+                    f"{r.gpu_compute_ratio:g}",
+                    r.mode,
+                ]
+            )
+    (out / "summary.md").write_text(summary, encoding="utf-8")
+
+
+def render_summary(series: str, rows: list[Row], rec: Any) -> str:
+    """Markdown: one line per workload with its final size, mode, changes, OOM raises and the
+    reason."""
+    changes: Counter[str] = Counter()
+    ooms: Counter[str] = Counter()
+    seen: dict[str, float] = {}
+    for r in rows:
+        if r.workload in seen and seen[r.workload] != r.timestamp:
+            changes[r.workload] += 1
+        seen[r.workload] = r.timestamp
+        if r.oom:
+            ooms[r.workload] += 1
+    lines = [
+        "# Right-sizing replay",
+        "",
+        f"Series: `{series}`; {len(rows)} recommendation rows; "
+        f"{len(rec.states)} workloads. Each row is in force from its timestamp, decided from "
+        "samples before it.",
+        "",
+        "| workload | GPU memory limit (GiB) | compute | mode | changes | OOM raises | why |",
+        "|---|---:|---:|---|---:|---:|---|",
+    ]
+    for r in workloads_summary(rec):
+        lines.append(
+            f"| {r.workload} | {r.gpu_memory_limit_bytes / GiB:.2f} | {r.gpu_compute_ratio:g} "
+            f"| {r.mode} | {changes[r.workload]} | {ooms[r.workload]} | {r.reason} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def run_replay(series: str, policy: str | None, out: str) -> int:
+    """The ``replay`` verb: read, replay, write. Raises :class:`SeriesError` on bad input."""
+    samples = read_series(series)
+    policies = load_policies(policy)
+    try:
+        rows, rec = replay(samples, policies)
+    except RightsizeError as exc:
+        raise SeriesError(f"{series}: {exc}") from None
+    write_outputs(Path(out), rows, render_summary(series, rows, rec))
+    print(
+        f"{len(rows)} rows for {len(rec.states)} workloads -> {Path(out) / 'recommendations.csv'}"
+    )
+    return 0
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    if args.rightsize_command != "replay":
+        args.rightsize_parser.print_help()
+        return 2
+    try:
+        return run_replay(args.series, args.policy, args.out)
+    except SeriesError as exc:
+        print(f"topoplace: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``rightsize`` with its ``replay`` verb."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "rightsize",
+        help="GPU share right-sizer (offline replay of recorded series)",
+        description=__doc__.split("Fixed interface")[0].strip() if __doc__ else None,
+    )
+    verbs = p.add_subparsers(dest="rightsize_command", metavar="VERB")
+    r = verbs.add_parser(
+        "replay",
+        help="recommendations from a recorded series (CSV)",
+        description="Replay SERIES.csv through the right-sizer; see docs/rightsizing.md.",
+    )
+    r.add_argument("--series", required=True, metavar="SERIES.csv", help="the recorded series")
+    r.add_argument("--policy", metavar="FILE", help="policy YAML (default: built-in defaults)")
+    r.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.set_defaults(func=_cmd, rightsize_parser=p, rightsize_command=None)
+    r.set_defaults(func=_cmd, rightsize_parser=p, rightsize_command="replay")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry (``python -m scheduler.cli.rightsize replay ...``)."""
+    parser = argparse.ArgumentParser(prog="topoplace")
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
