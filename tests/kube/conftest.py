@@ -1,23 +1,27 @@
 """Fixtures of the live integration suite (marker ``kube``).
 
-Runs only when ``KUBECONFIG`` is set **and** the suite was asked for (``-m kube`` or
-``TOPOPLACE_KUBE_TESTS=1``), and refuses an API server that is not on loopback unless
-``TOPOPLACE_KUBE_ALLOW_REMOTE=1``: the tests create Nodes.
+Runs only when asked for (``-m kube`` or ``TOPOPLACE_KUBE_TESTS=1``) and given a cluster:
 
-Expected: a control plane from ``../shared/controlplane/up.sh`` (etcd, kube-apiserver,
-kube-scheduler v1.28.7 with the extender profile). Knobs:
+* ``KUBE_BIN`` (a folder with ``etcd``, ``kube-apiserver``, ``kube-scheduler``) and no
+  ``KUBECONFIG``: the session brings up its own loopback control plane with the harness
+  (:mod:`benchmarks.cluster`: DRA served, ``DRADeviceTaints`` on) and tears it down at the
+  end. Its ports: ``TOPOPLACE_KUBE_API_PORT`` (16443), ``TOPOPLACE_KUBE_ETCD_PORT`` (23790),
+  ``TOPOPLACE_KUBE_ETCD_PEER_PORT`` (23800); its folder ``TOPOPLACE_KUBE_WORK`` (default a
+  new temporary one, removed after a green run, kept with its logs after a failure);
+* ``KUBECONFIG``: that cluster, as it is. An API server that is not on loopback is refused
+  unless ``TOPOPLACE_KUBE_ALLOW_REMOTE=1``: the tests create Nodes.
 
-* ``KUBE_BIN``: a folder with kube-scheduler; the suite then runs its own kube-scheduler
-  with the configuration topoplace ships (``config/deploy/scheduler-config.yaml``, profile
+Knobs:
+
+* ``KUBE_BIN``: with kube-scheduler there, the suite runs its own kube-scheduler with the
+  configuration topoplace ships (``config/deploy/scheduler-config.yaml``, profile
   ``topoplace``, port ``TOPOPLACE_KUBE_SCHED_PORT``, default 10269) and every test goes
-  through it (start up.sh with ``EXTENDER_URL=none``). ``TOPOPLACE_KUBE_SHIPPED=0`` opts out.
-  As shipped, kube-scheduler reaches topoplace over plain HTTP on loopback; the mTLS variant
-  (the component ``config/deploy/mtls``) is run end to end by ``test_mtls.py``, with its own
-  topoplace and kube-schedulers;
-* ``SCHEDULER_NAME`` (default ``topology-gpu``): the extender-backed profile of up.sh's
-  scheduler, used without ``KUBE_BIN``;
-* ``TOPOPLACE_KUBE_PORT`` (default 8888): where topoplace listens; must match the
-  control plane's ``EXTENDER_URL``.
+  through it. ``TOPOPLACE_KUBE_SHIPPED=0`` opts out (then a given cluster's scheduler
+  profile ``SCHEDULER_NAME``, default ``topology-gpu``, must call the extender). As
+  shipped, kube-scheduler reaches topoplace over plain HTTP on loopback; the mTLS variant
+  (the component ``config/deploy/mtls``) is run end to end by ``test_mtls.py``, with its
+  own topoplace and kube-schedulers;
+* ``TOPOPLACE_KUBE_PORT`` (default 8888): where topoplace listens.
 
 Every other port the suite opens is derived from these two unless set, so two suites with
 different ``TOPOPLACE_KUBE_PORT`` / ``TOPOPLACE_KUBE_SCHED_PORT`` can run on one host:
@@ -28,9 +32,7 @@ kube-schedulers at ``TOPOPLACE_KUBE_SCHED_PORT`` + 1 (DRA), + 2 and + 3 (mTLS), 
 
 Example::
 
-    W=/root/cp-x; bash ../shared/controlplane/up.sh $W
-    KUBECONFIG=$W/kubeconfig pytest tests/kube -m kube -q
-    bash ../shared/controlplane/down.sh $W
+    KUBE_BIN=$HOME/kube-bin-1.36 python -m pytest tests/kube -m kube -q
 """
 
 from __future__ import annotations
@@ -39,11 +41,13 @@ import contextlib
 import datetime
 import os
 import secrets
+import shutil
 import signal
 import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,18 +69,71 @@ def _wanted(config: pytest.Config) -> bool:
     )
 
 
+def _harness_wanted() -> bool:
+    """No ``KUBECONFIG`` but ``KUBE_BIN`` holds a control plane's binaries."""
+    kube_bin = os.environ.get("KUBE_BIN", "")
+    return (
+        not os.environ.get("KUBECONFIG")
+        and bool(kube_bin)
+        and all((Path(kube_bin) / b).is_file() for b in ("etcd", "kube-apiserver"))
+    )
+
+
+def _bring_up(config: pytest.Config) -> None:
+    """The session's own control plane (see the module docstring); its environment goes
+    into ``os.environ`` (``KUBECONFIG`` first) so the suite and its subprocesses use it."""
+    from benchmarks.cluster import Cluster, ClusterError, Ports
+
+    work = os.environ.get("TOPOPLACE_KUBE_WORK") or tempfile.mkdtemp(prefix="topoplace-kube-")
+    ports = Ports(
+        api=int(os.environ.get("TOPOPLACE_KUBE_API_PORT", "16443")),
+        etcd=int(os.environ.get("TOPOPLACE_KUBE_ETCD_PORT", "23790")),
+        etcd_peer=int(os.environ.get("TOPOPLACE_KUBE_ETCD_PEER_PORT", "23800")),
+    )
+    cluster = Cluster(
+        os.environ["KUBE_BIN"], work, ports=ports, dra=True, feature_gates=("DRADeviceTaints=true",)
+    )
+    try:
+        cluster.up()
+    except (ClusterError, ValueError) as exc:
+        raise pytest.UsageError(f"could not bring up the test cluster in {work}: {exc}") from exc
+    config.stash[_CLUSTER] = cluster
+    os.environ.update(cluster.env())
+
+
+_CLUSTER = pytest.StashKey[Any]()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     here = Path(__file__).resolve().parent
+    ours = [i for i in items if here in Path(str(i.fspath)).resolve().parents]
     skip = None
-    if not os.environ.get("KUBECONFIG"):
-        skip = pytest.mark.skip(reason="live Kubernetes suite: KUBECONFIG is not set")
-    elif not _wanted(config):
+    if not _wanted(config):
         skip = pytest.mark.skip(reason="live Kubernetes suite: run with -m kube")
-    for item in items:
-        if here in Path(str(item.fspath)).resolve().parents:
-            item.add_marker(pytest.mark.kube)
-            if skip is not None:
-                item.add_marker(skip)
+    elif not os.environ.get("KUBECONFIG") and not _harness_wanted():
+        skip = pytest.mark.skip(
+            reason="live Kubernetes suite: set KUBE_BIN (a folder with etcd, kube-apiserver "
+            "and kube-scheduler: the suite brings up its own cluster) or KUBECONFIG"
+        )
+    elif ours and _harness_wanted():
+        _bring_up(config)
+    for item in ours:
+        item.add_marker(pytest.mark.kube)
+        if skip is not None:
+            item.add_marker(skip)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop the session's own cluster; its folder goes unless a test failed (the logs)."""
+    cluster = session.config.stash.get(_CLUSTER, None)
+    if cluster is None:
+        return
+    del session.config.stash[_CLUSTER]
+    cluster.down()
+    if session.testsfailed or os.environ.get("TOPOPLACE_KUBE_WORK"):
+        print(f"\ntest cluster logs: {cluster.work}/logs", file=sys.stderr)
+    else:
+        shutil.rmtree(cluster.work, ignore_errors=True)
 
 
 # ---- API ----------------------------------------------------------------------------------
@@ -123,6 +180,31 @@ def shipped_scheduler_wanted() -> bool:
     )
 
 
+def queueing_hints_args(kube_bin: str | Path) -> tuple[str, ...]:
+    """kube-scheduler arguments that switch QueueingHints off, as in kube-scheduler <= 1.31
+    (a pod refused only by the extender then stays parked until the pod itself is updated,
+    the condition topoplace's gang wake-up must handle), where the binary's version lets
+    them (<= 1.33; GA and locked from 1.34, where the flag would stop it from starting).
+    ``TOPOPLACE_KUBE_QUEUEING_HINTS=1`` keeps them everywhere."""
+    from benchmarks.cluster.cluster import binary_version
+    from benchmarks.cluster.flags import parse_version, queueing_hints_off
+
+    if os.environ.get("TOPOPLACE_KUBE_QUEUEING_HINTS") == "1":
+        return ()
+    return queueing_hints_off(parse_version(binary_version(Path(kube_bin) / "kube-scheduler")))
+
+
+@pytest.fixture(scope="session")
+def kube_version(core: Any) -> tuple[int, int]:
+    """(major, minor) of the API server the suite runs against."""
+    from kubernetes import client
+
+    from benchmarks.cluster.flags import parse_version
+
+    info = client.VersionApi(core.api_client).get_code()
+    return parse_version(f"{info.major}.{info.minor}")
+
+
 @pytest.fixture(scope="session")
 def tls_dir(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
     """The run's own CA and key pairs (``topoplace certs``) when the suite runs the shipped
@@ -144,17 +226,14 @@ def shipped_scheduler(
     """kube-scheduler with ``config/deploy/scheduler-config.yaml`` (rendered for loopback:
     kubeconfig, no leader election, the extender on ``port``), started by this suite.
 
-    QueueingHints are switched off (``TOPOPLACE_KUBE_QUEUEING_HINTS=1`` keeps them), as in
-    kube-scheduler <= 1.31: a pod refused only by the extender then stays parked until the
-    pod itself is updated, which is the condition topoplace's gang wake-up must handle.
+    QueueingHints are switched off where the version still lets them be
+    (:func:`queueing_hints_args`).
     """
     if not shipped_scheduler_wanted():
         pytest.skip("needs KUBE_BIN with kube-scheduler (the shipped configuration is run)")
     from benchmarks.live.kubesched import KubeScheduler
 
-    extra: tuple[str, ...] = ()
-    if os.environ.get("TOPOPLACE_KUBE_QUEUEING_HINTS") != "1":
-        extra = ("--feature-gates", "SchedulerQueueingHints=false")
+    extra = queueing_hints_args(os.environ["KUBE_BIN"])
     ks = KubeScheduler(
         kubeconfig,
         f"http://127.0.0.1:{port}/scheduler",

@@ -1,11 +1,11 @@
 """DRA GPUs against a real API server and a real kube-scheduler (>= 1.32 with DRA on).
 
-Skips unless the server serves ``resource.k8s.io`` (``up.sh`` with ``DRA=1``) and
+Skips unless the server serves ``resource.k8s.io`` (the test cluster does) and
 ``KUBE_BIN`` holds kube-scheduler: this module runs its own kube-scheduler with the DRA
 variant of the shipped configuration (``config/deploy/dra/``: no ``managedResources``,
 profile renamed ``topoplace-dra``, feature gate ``DynamicResourceAllocation`` on 1.32/1.33),
-calling the suite's topoplace. Slices are published by ``../shared/controlplane/fake_dra.py``
-(the NVIDIA driver's shape); pods never run.
+calling the suite's topoplace. Slices are published by the test cluster's publisher
+(:func:`benchmarks.cluster.dra.publish`: the NVIDIA driver's shape); pods never run.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +29,6 @@ from scheduler.runtime.dra import DraRouter
 from tests.kube.conftest import NODE_LABEL, REPO, Topoplace, make_gpu_node
 from tests.kube.test_live import wait_for
 
-SHARED_CP = REPO / ".." / "shared" / "controlplane"
 VARIANT = REPO / "config" / "deploy" / "dra" / "scheduler-config-dra.yaml"
 PROFILE = "topoplace-dra"
 DRA_SCHED_PORT = int(
@@ -63,10 +60,8 @@ def dra_version(kube_api: Any) -> str:
     if v is None:
         pytest.skip(
             "the API server does not serve resource.k8s.io (DRA): start the control plane "
-            "with DRA=1 on Kubernetes >= 1.32 (../shared/controlplane/README.md)"
+            "with DRA on Kubernetes >= 1.32 (benchmarks.cluster does by default)"
         )
-    if not (SHARED_CP / "fake_dra.py").is_file():
-        pytest.skip(f"needs ../shared/controlplane/fake_dra.py ({SHARED_CP} is absent)")
     return v
 
 
@@ -119,7 +114,7 @@ class DraCluster:
         *,
         annotations: dict[str, str] | None = None,
         labels: dict[str, str] | None = None,
-        fake_dra_args: tuple[str, ...] = (),
+        pcie_root: bool = True,
     ) -> list[str]:
         names = [f"tp-dra-{self.run_id}-{self.tag}-{len(self.nodes) + i}" for i in range(count)]
         for n in names:
@@ -132,21 +127,15 @@ class DraCluster:
             )
             if annotations:
                 self.core.patch_node(n, {"metadata": {"annotations": annotations}})
-        out = subprocess.run(
-            [
-                sys.executable,
-                str(SHARED_CP / "fake_dra.py"),
-                "--kubeconfig",
-                self.kubeconfig,
-                "--nodes",
-                ",".join(names),
-                *fake_dra_args,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert out.returncode == 0, out.stderr[-2000:]
+        from benchmarks.cluster.dra import GpuShape, publish
+        from benchmarks.cluster.flags import parse_version
+        from benchmarks.live.kubeapi import Api
+
+        api = Api(self.kubeconfig)
+        try:
+            publish(api, parse_version(api.version()), names, shape=GpuShape(pcie_root=pcie_root))
+        finally:
+            api.close()
         self.nodes += names
         return names
 
@@ -421,8 +410,8 @@ def test_fragmented_pcie_node_four_gpus(
     from topology.shape import CATALOG
 
     pcie = {"topoplace.io/gpu-topology": "pcie-8gpu-2socket"}
-    (a,) = cluster.add_nodes(1, annotations=pcie, fake_dra_args=("--no-pcie-root",))
-    (b,) = cluster.add_nodes(1, annotations=pcie, fake_dra_args=("--no-pcie-root",))
+    (a,) = cluster.add_nodes(1, annotations=pcie, pcie_root=False)
+    (b,) = cluster.add_nodes(1, annotations=pcie, pcie_root=False)
     _wait_nodes(topoplace, [a, b], "pcie-8gpu-2socket")
     for n in (a, b):
         claims.create(f"one-{n[-1]}", 1)

@@ -35,7 +35,13 @@ import httpx
 import pytest
 import yaml
 
-from tests.kube.conftest import SHIPPED_SCHED_PORT, Topoplace, derived_port, make_gpu_node
+from tests.kube.conftest import (
+    SHIPPED_SCHED_PORT,
+    Topoplace,
+    derived_port,
+    make_gpu_node,
+    queueing_hints_args,
+)
 from tests.kube.test_live import (
     assert_no_double_booking,
     assert_rivals_wait,
@@ -120,7 +126,8 @@ class Replica:
             f"hostname {self.hostname} && exec {os.environ['KUBE_BIN']}/kube-scheduler "
             f"--config {self.config} --authentication-kubeconfig {self.kubeconfig} "
             f"--authorization-kubeconfig {self.kubeconfig} --bind-address 127.0.0.1 "
-            f"--secure-port {self.sched_port} --v 2 --feature-gates SchedulerQueueingHints=false"
+            f"--secure-port {self.sched_port} --v 2 "
+            + " ".join(queueing_hints_args(os.environ["KUBE_BIN"]))
         )
         with open(self.workdir / "kube-scheduler.log", "wb") as log:
             self.sched = subprocess.Popen(

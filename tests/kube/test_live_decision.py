@@ -33,14 +33,16 @@ from tests.kube.test_live import (
 
 RACE_RUNS = int(os.environ.get("TOPOPLACE_RACE_RUNS", "3"))
 NOMINATION_TTL_S = SchedParams().extender.nomination_ttl_seconds
-_VERSION = os.environ.get("KCP_K8S_VERSION", "")
-PARKS_EXTENDER_REFUSALS = _VERSION.startswith("v1.2") or _VERSION in ("v1.30", "v1.31")
-"""kube-scheduler before 1.32 keeps a pod refused only by an extender in its unschedulable
-queue through every cluster event (``podMatchesEvent`` needs a rejecting plugin), so only
-topoplace's wake brings it back; 1.32+ requeues it on any event of interest
-(``isPodWorthRequeuing``: no rejector plugins -> queue after backoff). On 1.32+ the test
-still forces the race and requires the whole gang; the wake itself is required only where
-it is the only way back (``KCP_K8S_VERSION`` from up.sh's env.sh)."""
+
+
+def parks_extender_refusals(version: tuple[int, int]) -> bool:
+    """kube-scheduler before 1.32 keeps a pod refused only by an extender in its
+    unschedulable queue through every cluster event (``podMatchesEvent`` needs a rejecting
+    plugin), so only topoplace's wake brings it back; 1.32+ requeues it on any event of
+    interest (``isPodWorthRequeuing``: no rejector plugins -> queue after backoff). On 1.32+
+    the test still forces the race and requires the whole gang; the wake itself is required
+    only where it is the only way back."""
+    return version < (1, 32)
 
 
 def _pod(name: str, gpus: int, scheduler: str, label: str, **kw: Any) -> dict[str, Any]:
@@ -135,6 +137,7 @@ def test_gang_member_refused_in_a_race_comes_back(
     scheduler_name: str,
     shipped_scheduler: Any,
     run_id: str,
+    kube_version: tuple[int, int],
 ) -> None:
     """The race of issue 11, forced. Member A is refused by topoplace alone (no in-tree
     plugin objects: kube-scheduler counts 8 free GPUs on both nodes, topoplace sees one GPU
@@ -177,7 +180,7 @@ def test_gang_member_refused_in_a_race_comes_back(
         assert {p.spec.node_name for p in got.values()} == set(nodes)
         assert len({placement(p)["plan"] for p in got.values()}) == 1
         assert_no_double_booking(list(got.values()))
-        if PARKS_EXTENDER_REFUSALS:
+        if parks_extender_refusals(kube_version):
             woken = core.read_namespaced_pod(a, namespace).metadata.annotations or {}
             assert WAKE_ANNOTATION in woken, "member A came back without being woken"
         delete_pods(core, namespace, [a, b])

@@ -30,6 +30,7 @@ from tests.kube.conftest import (
     SHIPPED_SCHED_PORT,
     Topoplace,
     derived_port,
+    queueing_hints_args,
     shipped_scheduler_wanted,
 )
 from tests.kube.test_live import (
@@ -103,7 +104,7 @@ def mtls_schedulers(
     tls = nocert["extenders"][0]["tlsConfig"]
     del tls["certFile"], tls["keyFile"]
     assert tls == {"caFile": str(pki / "ca.crt")}
-    gates = ("--feature-gates", "SchedulerQueueingHints=false")
+    gates = queueing_hints_args(os.environ["KUBE_BIN"])
     started = {
         name: KubeScheduler(
             kubeconfig,
