@@ -1782,3 +1782,38 @@ def extended_claim_of(
             if o.get("controller") is True and o.get("name") == name and o.get("uid") == uid:
                 return c
     return None
+
+
+def prepare_extended_pod(
+    pod: Mapping[str, Any],
+    inv: Inventory,
+    extra: Mapping[str, Any],
+    resources: Mapping[str, str],
+) -> ClaimPod:
+    """:func:`prepare_claim_pod` for a pod whose ``resources`` (resource -> DeviceClass)
+    come through DRA on the nodes it is planned on: its own claims, plus the special claim
+    kube-scheduler builds (:func:`extended_claim_spec`) while that claim is not allocated,
+    or the special claim's allocation (pinned node, held GPUs) once it is."""
+    base = prepare_claim_pod(pod, inv, extra)
+    classes = _map(extra.get(CLASSES_KEY))
+    made = extended_claim_of(pod, _map(extra.get(CLAIMS_KEY)))
+    if made is not None and is_allocated(made):
+        pins = set(base.pins)
+        holdings = {n: set(g) for n, g in base.holdings.items()}
+        node = allocation_node(made)
+        if node:
+            pins.add(node)
+        h = claim_holding(made, inv)
+        if h is not None:
+            holdings.setdefault(h[0], set()).update(h[1])
+        return ClaimPod(
+            frozenset(pins),
+            MappingProxyType({n: frozenset(g) for n, g in holdings.items()}),
+            base.complete,
+            base.pending,
+        )
+    spec = extended_claim_spec(pod, resources)
+    if spec is None:
+        return base
+    pending = list(base.pending.claims) if base.pending is not None else []
+    return replace(base, pending=compile_claims([*pending, spec], classes))

@@ -26,10 +26,17 @@ from types import MappingProxyType
 from typing import Any
 
 from scheduler.core import dra
-from scheduler.core.model import EMPTY_MAP, Health
+from scheduler.core.model import EMPTY_MAP, Health, PodRequest
 from scheduler.core.objects import meta, object_key
-from scheduler.core.schedule import REASON_CORDONED, REASON_UNKNOWN_NODE, FilterOutcome
-from scheduler.core.snapshot import ClusterSnapshot
+from scheduler.core.params import SchedParams
+from scheduler.core.schedule import (
+    REASON_CORDONED,
+    REASON_UNKNOWN_NODE,
+    FilterOutcome,
+    choose_gpus,
+    filter_nodes,
+)
+from scheduler.core.snapshot import ClusterSnapshot, gpus_by_dra
 from scheduler.runtime.cache import ClusterCache
 
 PICKS_TTL_S = 10.0
@@ -143,6 +150,101 @@ class DraRouter:
         # the last pod's plans, for prioritize: (what they were made from, the pod's claim
         # objects, name -> (plan, the node's held devices then))
         self._last_plans: tuple[tuple[Any, ...], tuple[Any, ...], dict[str, Any]] | None = None
+        self._mapped_memo: tuple[Any, Mapping[str, str]] | None = None
+
+    # ---- extended resources backed by DRA (nvidia.com/gpu on DRA nodes) -------------------
+
+    def _mapped(self, classes: Any) -> Mapping[str, str]:
+        """``dra.extended_resource_classes`` of ``classes``, made once per classes object."""
+        memo = self._mapped_memo
+        if memo is None or memo[0] is not classes:
+            memo = (classes, MappingProxyType(dra.extended_resource_classes(classes or {})))
+            self._mapped_memo = memo
+        return memo[1]
+
+    def extended_resources(self, pod: Mapping[str, Any]) -> Mapping[str, str]:
+        """The pod's extended resources a DeviceClass backs (resource -> class; empty for
+        most pods, and always in a cluster without such a DeviceClass)."""
+        classes = self.cache.snapshot().extra.get(dra.CLASSES_KEY)
+        if not classes:
+            return EMPTY_MAP
+        mapped = self._mapped(classes)
+        return {r: mapped[r] for r in dra.pod_extended_resources(pod, mapped)}
+
+    def split_by_dra(self, names: Sequence[str]) -> tuple[list[str], list[str]]:
+        """(nodes whose GPUs are DRA devices, the others) of ``names``, order kept."""
+        snap = self.cache.snapshot()
+        by_dra: list[str] = []
+        other: list[str] = []
+        for n in names:
+            node = snap.node(n)
+            (by_dra if node is not None and gpus_by_dra(node) else other).append(n)
+        return by_dra, other
+
+    def filter_extended(
+        self,
+        pod: Mapping[str, Any],
+        req: PodRequest,
+        names: Sequence[str],
+        extended: Mapping[str, str],
+        params: SchedParams,
+    ) -> FilterOutcome:
+        """Filter for a pod asking ``nvidia.com/gpu`` (``req.gpus`` > 0) that DRA backs
+        (``extended``): device-plugin nodes by the whole-GPU filter, DRA nodes by what
+        kube-scheduler's allocator would give its special claim there (:meth:`filter`;
+        the usual whole-GPU room counts too, from the ledger). Order kept."""
+        by_dra, other = self.split_by_dra(names)
+        snap = self.cache.snapshot()
+        parts = [filter_nodes(snap, req, other, params)] if other else []
+        if by_dra:
+            whole = filter_nodes(snap, req, by_dra, params)
+            ok = set(whole.feasible)
+            claims = self.filter(pod, [n for n in by_dra if n in ok], extended)
+            parts += [FilterOutcome((), whole.failed, whole.unresolvable), claims]
+        keep = {n for p in parts for n in p.feasible}
+        failed: dict[str, str] = {}
+        never: dict[str, str] = {}
+        for p in parts:
+            failed.update(p.failed)
+            never.update(p.unresolvable)
+        return FilterOutcome(
+            tuple(n for n in names if n in keep),
+            MappingProxyType(failed),
+            MappingProxyType(never),
+        )
+
+    def prioritize_extended(
+        self,
+        pod: Mapping[str, Any],
+        req: PodRequest,
+        names: Sequence[str],
+        extended: Mapping[str, str],
+        params: SchedParams,
+    ) -> list[tuple[str, int]]:
+        """Scores 0..10 for such a pod, every node on one scale (``dra.plan_scores``): a
+        DRA node by the set kube-scheduler's allocator would give it there, a
+        device-plugin node by the set topoplace hands out there (``choose_gpus``)."""
+        by_dra, _ = self.split_by_dra(names)
+        snap = self.cache.snapshot()
+        drap = {p.node: p for p in self.plans(pod, by_dra, extended=extended)}
+        plans = []
+        for n in names:
+            p = drap.get(n)
+            if p is None:
+                gs = choose_gpus(snap, req, n, params)
+                p = dra.PodPlan(n, dra.Prediction(True, True), gs.gpus, gs.error)
+            plans.append(p)
+        return list(zip(names, dra.plan_scores(plans, snap.node), strict=True))
+
+    def extended_gpus(self, pod: Mapping[str, Any], node: str) -> tuple[int, ...] | None:
+        """The GPUs the special claim of ``pod`` holds on ``node`` (None: no allocated
+        special claim there yet)."""
+        snap = self.cache.snapshot()
+        made = dra.extended_claim_of(pod, snap.extra.get(dra.CLAIMS_KEY) or EMPTY_MAP)
+        if made is None or not dra.is_allocated(made):
+            return None
+        held = dra.claim_holding(made, self.cache.dra_inventory(snap))
+        return held[1] if held is not None and held[0] == node else None
 
     def _held(self, snap: ClusterSnapshot) -> tuple[frozenset[Any], frozenset[Any]]:
         memo = self._memo
@@ -173,6 +275,7 @@ class DraRouter:
         pod: Mapping[str, Any],
         names: Sequence[str],
         also_held: frozenset[dra.DeviceId] = frozenset(),
+        extended: Mapping[str, str] | None = None,
     ) -> list[dra.PodPlan]:
         """One plan per name (unknown nodes, unhealthy and cordoned nodes refused);
         ``also_held``: devices to count as taken besides allocated claims.
@@ -184,7 +287,9 @@ class DraRouter:
         filter for the same pod, takes a node's plan again while they are the same (other
         pods bound, or claims allocated on other nodes, meanwhile) and the pod's claims,
         the classes, the inventory and the devices in flight are unchanged. (Health and
-        cordons are checked anew on every call.)"""
+        cordons are checked anew on every call.) ``extended``: the pod's extended resources
+        DRA hands out on these nodes (:meth:`extended_resources`), planned as the special
+        claim kube-scheduler makes for them (``dra.prepare_extended_pod``)."""
         snap = self.cache.snapshot()
         inv = self.cache.dra_inventory(snap)
         held, flying = self._held(snap)
@@ -193,6 +298,8 @@ class DraRouter:
         basis = (_pod_identity(pod), inv, snap.extra.get(dra.CLASSES_KEY), flying, complete)
         last = self._last_plans
         known: Mapping[str, tuple[dra.PodPlan, Any]] = EMPTY_MAP
+        if extended:
+            basis = (*basis[:4], (basis[4], tuple(sorted(extended.items()))))
         if not also_held and last is not None and _same_basis(last[0], basis, last[1], own):
             known = last[2]
         by_pool = self._by_pool(held)
@@ -247,7 +354,11 @@ class DraRouter:
                     plan = prev[0]
                 else:
                     if prep is None:
-                        prep = dra.prepare_claim_pod(pod, inv, snap.extra)
+                        prep = (
+                            dra.prepare_extended_pod(pod, inv, snap.extra, extended)
+                            if extended
+                            else dra.prepare_claim_pod(pod, inv, snap.extra)
+                        )
                     plan = dra.plan_prepared(prep, name, inv, busy, flying, candidates)
             out.append(plan)
             made[name] = (plan, busy)
@@ -255,10 +366,16 @@ class DraRouter:
             self._last_plans = (basis, tuple(own), made)
         return out
 
-    def filter(self, pod: Mapping[str, Any], names: Sequence[str]) -> FilterOutcome:
+    def filter(
+        self,
+        pod: Mapping[str, Any],
+        names: Sequence[str],
+        extended: Mapping[str, str] | None = None,
+    ) -> FilterOutcome:
         """Which of ``names`` the claim pod may use, and why not; remembers the feasible
-        nodes' predicted devices (:meth:`likely_kube_picks`)."""
-        plans = self.plans(pod, names)
+        nodes' predicted devices (:meth:`likely_kube_picks`). ``extended``: as for
+        :meth:`plans`."""
+        plans = self.plans(pod, names, extended=extended)
         feasible = tuple(p.node for p in plans if not p.verdict)
         failed = {p.node: p.verdict for p in plans if p.verdict and not p.never}
         never = {p.node: p.verdict for p in plans if p.verdict and p.never}
@@ -275,7 +392,7 @@ class DraRouter:
                 if not p.verdict and not dra.first_fit_stands(p.prediction, others)
             ]
             if redo:
-                for p in self.plans(pod, redo, others):
+                for p in self.plans(pod, redo, others, extended):
                     picks.update(d.id for c in p.prediction.devices for d in c)
         with self._lock:
             self._drop_picks(key)
