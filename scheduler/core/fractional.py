@@ -820,6 +820,31 @@ def task_milli(share: GpuShare, dev: GpuDevice) -> int:
     )
 
 
+def share_dims(share: GpuShare, dev: GpuDevice) -> tuple[int, int]:
+    """A share in two dimensions: (compute, memory) per mille of the device, rounded up,
+    at most 1000 each; a share of neither counts 1 per mille of memory (as
+    :func:`task_milli` counts it 1), so every share takes room."""
+    c = min(MILLI, _per_mille_up(share.milli, milli_capacity(dev)))
+    m = min(MILLI, _per_mille_up(share.memory_mib, dev.memory_mib))
+    return (c, m) if c or m else (0, 1)
+
+
+def free_dims_of(node: NodeInfo, dev: GpuDevice, used: tuple[int, int, int]) -> tuple[int, int]:
+    """A GPU's free (compute, memory) per mille of the device, rounded down; (0, 0) where
+    :func:`free_milli` is 0 for the GPU's state (held whole, unhealthy, memory unknown)."""
+    bit = 1 << dev.index
+    if not dev.healthy or dev.memory_mib <= 0 or not node.usable_mask & bit:
+        return 0, 0
+    mem, milli, tasks = used
+    if node.used_mask & bit and not tasks:
+        return 0, 0
+    cap = milli_capacity(dev)
+    return (
+        max(0, (cap - milli) * MILLI // cap),
+        max(0, (dev.memory_mib - mem) * MILLI // dev.memory_mib),
+    )
+
+
 def free_milli(node: NodeInfo, dev: GpuDevice, used: tuple[int, int, int]) -> int:
     """A GPU's free share as one number for FGD: ``min(free compute, free memory)`` per
     mille of the device; 0 for a GPU held whole, unhealthy or of unknown memory."""
@@ -866,7 +891,8 @@ def pod_shapes(
             if s.gpu >= len(devs):
                 continue
             milli = min(MILLI, task_milli(s, devs[s.gpu]))
-            out[p.key] = (p, devs, TaskShape(p.cpu_milli, milli, len(p.shares)))
+            dims = share_dims(s, devs[s.gpu])
+            out[p.key] = (p, devs, TaskShape(p.cpu_milli, milli, len(p.shares), dims=dims))
         elif p.gpus:
             hit = known.get(p.key)
             if hit is not None and hit[0] is p:
@@ -969,6 +995,9 @@ class Fit:
         free: the projected free share per GPU index (see :func:`decide`).
         need: the request's share there (per mille of a device).
         model: the device type.
+        free_dims: per GPU index, the free (compute, memory) per mille, clamped to the
+            exact fit like ``free``.
+        need_dims: the request's (compute, memory) per mille there.
     """
 
     node: NodeInfo
@@ -976,6 +1005,8 @@ class Fit:
     free: tuple[int, ...] = ()
     need: int = 0
     model: str = ""
+    free_dims: tuple[tuple[int, int], ...] = ()
+    need_dims: tuple[int, int] = (0, 0)
 
 
 def fit_form(req: ShareRequest, selection_policy: str) -> tuple[ShareRequest, str]:
@@ -1001,19 +1032,32 @@ def _fit(node: NodeInfo, req: ShareRequest, ask: ContainerAsk, selection_policy:
         return Fit(node, None)
     devs = node_devices(node)
     free = [0] * node.gpu_capacity
+    free_dims = [(0, 0)] * node.gpu_capacity
     need = 0
+    need_dims = (0, 0)
     for d in devs:
         u = usage_of(node, d.index)
         s = resolve(ask, d)
         m = min(MILLI, task_milli(s, d))
+        tc, tm = share_dims(s, d)
         f = free_milli(node, d, u)
+        fc, fm = free_dims_of(node, d, u)
         if device_fits(node, d, s, u, req):
             f = max(f, m)
+            fc, fm = max(fc, tc), max(fm, tm)
         else:
             f = min(f, m - 1)
+            if tc > 0:
+                fc = min(fc, tc - 1)
+            else:
+                fm = min(fm, tm - 1)
         free[d.index] = max(0, f)
-        need = max(need, m)
-    return Fit(node, got, tuple(free), need, devs[0].type if devs else "")
+        free_dims[d.index] = (max(0, fc), max(0, fm))
+        if m > need:
+            need, need_dims = m, (tc, tm)
+    return Fit(
+        node, got, tuple(free), need, devs[0].type if devs else "", tuple(free_dims), need_dims
+    )
 
 
 def node_fits(
@@ -1087,8 +1131,11 @@ def decide(
     k = len(fit_nodes)
     width = max(8, max(f.node.gpu_capacity for f in fit_nodes))
     gpu_free = np.zeros((k, width), dtype=np.int64)
+    gpu_free_dims = np.zeros((k, width, 2), dtype=np.int64)
     for i, f in enumerate(fit_nodes):
         gpu_free[i, : len(f.free)] = f.free
+        if f.free_dims:
+            gpu_free_dims[i, : len(f.free_dims)] = f.free_dims
     view = SharingClusterView(
         names=tuple(f.node.name for f in fit_nodes),
         models=tuple(f.model for f in fit_nodes),
@@ -1107,6 +1154,7 @@ def decide(
         affinity=np.zeros((k, width + 1), dtype=np.int64),
         version=np.zeros(k, dtype=np.int64),
         rank=np.arange(k, dtype=np.int64),
+        gpu_free_dims=gpu_free_dims,
     )
     frag = FragmentationModel.build(dist, view.model_names)
     if not simple:
@@ -1130,12 +1178,14 @@ def decide(
             out[f.node.name] = ShareDecision(f.node.name, got, int(scores[i]))
         return out
     # Nodes whose GPUs give the request the same share form one group (one policy call).
-    groups: dict[int, list[int]] = {}
+    groups: dict[tuple[int, tuple[int, int]], list[int]] = {}
     for i, f in enumerate(fit_nodes):
-        groups.setdefault(f.need, []).append(i)
-    for need, members in sorted(groups.items()):
+        groups.setdefault((f.need, f.need_dims), []).append(i)
+    for (need, need_dims), members in sorted(groups.items()):
         cand = np.array(members, dtype=np.int64)
-        task = SharingTask(name="", cpu_milli=req.cpu_milli, num_gpu=1, gpu_milli=need)
+        task = SharingTask(
+            name="", cpu_milli=req.cpu_milli, num_gpu=1, gpu_milli=need, gpu_dims=need_dims
+        )
         ctx = SharingContext(candidates=cand, frag=frag)
         result = policy.score(view, task, ctx)
         group = _ScoredGroup(view, task, policy, result, fit_nodes, req, selection_policy)

@@ -24,7 +24,12 @@ where ``F_n(m)`` is the free GPU milli on ``n`` that task ``m`` cannot use:
       use GPU capacity;
     * otherwise the free milli of the GPUs whose free amount is below ``m``'s per-GPU request
       (the "stranded" partial GPUs).
-Only CPU and GPU enter the measure (as in the paper and its artifact), not memory.
+Only CPU and GPU enter the measure (as in the paper and its artifact), not host memory. A share
+sized in GPU memory apart from its compute (HAMi ``gpumem`` with ``gpucores``) carries both
+(``SharingTask.gpu_dims``, ``TaskShape.dims``, ``SharingClusterView.gpu_free_dims``):
+``gpu_milli`` and ``gpu_free`` are then their one-number projection, which FGD and the
+feasibility masks read, and ``FragmentationModel.delta_sharing_2d`` / :class:`ExpectedWaste`
+measure both dimensions (topoplace-share).
 
 Purity contract: no I/O, no clock, no unseeded randomness, no mutation of arguments. The
 dataclasses are frozen. ``SharingClusterView`` wraps numpy arrays that the *caller* owns and may
@@ -94,6 +99,10 @@ class SharingTask:
         gpu_milli: Requested milli-GPU *per GPU* (1..1000); a GPU-sharing task has
             ``num_gpu == 1`` and ``gpu_milli < 1000``.
         gpu_spec: Allowed GPU models (empty: any model).
+        gpu_dims: For a share sized in GPU memory apart from its compute (HAMi
+            ``gpumem`` with ``gpucores``): its (compute, memory) per mille of the device, and
+            ``gpu_milli`` is their maximum (the one-dimensional projection). Empty: one
+            dimension, both equal ``gpu_milli`` (the openb traces).
     """
 
     name: str
@@ -102,6 +111,7 @@ class SharingTask:
     num_gpu: int = 0
     gpu_milli: int = 0
     gpu_spec: tuple[str, ...] = ()
+    gpu_dims: tuple[int, int] | tuple[()] = ()
 
     @property
     def needs_gpu(self) -> bool:
@@ -135,6 +145,7 @@ class SharingTask:
             gpu_milli=self.gpu_milli if self.needs_gpu else 0,
             num_gpu=self.num_gpu if self.needs_gpu else 0,
             gpu_spec="|".join(self.gpu_spec) if self.needs_gpu else "",
+            dims=self.gpu_dims if self.needs_gpu else (),
         )
 
 
@@ -291,16 +302,19 @@ def bind(node: SharingNode, task: SharingTask, gpus: Sequence[int]) -> SharingNo
 
 @dataclass(frozen=True, slots=True, order=True)
 class TaskShape:
-    """Resource shape of a task as seen by the fragmentation measure (memory is ignored).
+    """Resource shape of a task as seen by the fragmentation measure (host memory is ignored).
 
     ``gpu_spec`` is the constraint as written in the trace (``"A|B"``; ``""`` for none).
-    Field order is the artifact's tie-break order for equally popular shapes.
+    ``dims``: (compute, memory) per mille of the device for a share sized in both, with
+    ``gpu_milli`` their maximum; ``()`` for one dimension (the openb traces). Field order is
+    the artifact's tie-break order for equally popular shapes.
     """
 
     cpu_milli: int
     gpu_milli: int
     num_gpu: int
     gpu_spec: str = ""
+    dims: tuple[int, int] | tuple[()] = ()
 
     @property
     def needs_gpu(self) -> bool:
@@ -311,6 +325,11 @@ class TaskShape:
     def allowed_models(self) -> tuple[str, ...]:
         """The constraint as a tuple of model names."""
         return tuple(s for s in self.gpu_spec.split("|") if s)
+
+    @property
+    def compute_memory(self) -> tuple[int, int]:
+        """(compute, memory) per mille of a device: ``dims``, or ``gpu_milli`` twice."""
+        return self.dims if self.dims else (self.gpu_milli, self.gpu_milli)
 
 
 @dataclass(frozen=True, slots=True)
@@ -462,7 +481,10 @@ class SharingClusterView:
     milli-GPU and the rest of the row is 0 (padding never fits a GPU request and adds nothing to
     sums). ``affinity[i, 0]`` counts GPU-sharing tasks, ``affinity[i, k]`` tasks of ``k`` whole
     GPUs. ``version[i]`` changes whenever node ``i`` changes, so callers can cache per-node
-    results. ``rank[i]`` is the tie-break rank (lower wins).
+    results. ``rank[i]`` is the tie-break rank (lower wins). ``gpu_free_dims[i, g]``, when
+    given, is device ``g``'s free (compute, memory) per mille, for shares sized in GPU memory
+    apart from compute; ``gpu_free`` is then the projection ``min(compute, memory)``
+    (clamped to the exact fit by the caller). None: one dimension, ``gpu_free``.
 
     Ownership: the arrays belong to the caller (the simulator or the extender's cache) and may
     be updated in place *between* decisions; nothing in ``scheduler.core`` writes to them.
@@ -479,6 +501,7 @@ class SharingClusterView:
     affinity: IntArray
     version: IntArray
     rank: IntArray
+    gpu_free_dims: IntArray | None = None
     model_ids: IntArray = field(init=False)
     model_names: tuple[str, ...] = field(init=False)
 
@@ -593,6 +616,9 @@ class FragmentationModel:
     weights: FloatArray
     needs_gpu: BoolArray
     access: BoolArray  # (n_models, T)
+    dim_compute: IntArray  # (T,) per-GPU compute per mille (gpu_milli for one dimension)
+    dim_memory: IntArray  # (T,) per-GPU memory per mille (gpu_milli for one dimension)
+    waste: ExpectedWaste  # W of the single-GPU shapes (a memo filled on first use)
 
     @classmethod
     def build(cls, dist: TypicalDistribution, model_names: Sequence[str]) -> FragmentationModel:
@@ -602,15 +628,24 @@ class FragmentationModel:
             [[model_allowed(s.allowed_models, m) for s in shapes] for m in model_names],
             dtype=bool,
         ).reshape(len(model_names), len(shapes))
+        num_gpu = np.array([s.num_gpu for s in shapes], dtype=np.int64)
+        weights = np.array(dist.weights, dtype=np.float64)
+        needs_gpu = np.array([s.needs_gpu for s in shapes], dtype=bool)
+        dim_compute = np.array([s.compute_memory[0] for s in shapes], dtype=np.int64)
+        dim_memory = np.array([s.compute_memory[1] for s in shapes], dtype=np.int64)
+        single = needs_gpu & (num_gpu == 1)
         return cls(
             dist=dist,
             model_names=tuple(model_names),
             gpu_milli=np.array([s.gpu_milli for s in shapes], dtype=np.int64),
-            num_gpu=np.array([s.num_gpu for s in shapes], dtype=np.int64),
+            num_gpu=num_gpu,
             cpu_milli=np.array([s.cpu_milli for s in shapes], dtype=np.int64),
-            weights=np.array(dist.weights, dtype=np.float64),
-            needs_gpu=np.array([s.needs_gpu for s in shapes], dtype=bool),
+            weights=weights,
+            needs_gpu=needs_gpu,
             access=access,
+            dim_compute=dim_compute,
+            dim_memory=dim_memory,
+            waste=ExpectedWaste(dim_compute[single], dim_memory[single], weights[single]),
         )
 
     def per_shape(self, gpu_free: IntArray, cpu_free: IntArray, model_ids: IntArray) -> IntArray:
@@ -748,3 +783,141 @@ class FragmentationModel:
         )
         delta = weighted_sum(before[:, None, :] - after, self.weights)
         return np.where(gpu_free >= task.gpu_milli, delta, np.nan)
+
+    def delta_sharing_2d(
+        self,
+        free_dims: IntArray,
+        cpu_free: IntArray,
+        model_ids: IntArray,
+        task: SharingTask,
+    ) -> FloatArray:
+        """:meth:`delta_sharing` with each device's free share in two dimensions.
+
+        ``free_dims`` is ``(k, G, 2)``: free (compute, memory) per mille. A shape fits a device
+        when its compute and its memory both fit (``dim_compute`` / ``dim_memory``); the amount
+        a device strands is ``min(free compute, free memory)``, the share of it still free in
+        both. With compute equal to memory (one dimension) this is :meth:`delta_sharing`.
+        Returns ``(k, G)``; NaN where the task's ``gpu_dims`` do not fit.
+        """
+        c, mem = free_dims[:, :, 0], free_dims[:, :, 1]
+        amount = np.minimum(c, mem)
+        dc, dm = self.dim_compute, self.dim_memory
+        ge = (c[:, :, None] >= dc) & (mem[:, :, None] >= dm)  # (k, G, T)
+        usable = (amount[:, :, None] * ge).sum(axis=1)  # (k, T)
+        count = ge.sum(axis=1)
+        total = amount.sum(axis=1)
+        before = self._combine(total, usable, count, cpu_free, model_ids)  # (k, T)
+
+        tc, tm = task.gpu_dims if task.gpu_dims else (task.gpu_milli, task.gpu_milli)
+        nc, nm = c - tc, mem - tm  # (k, G) free of device g if chosen
+        new_amount = np.minimum(nc, nm)
+        ge_new = (nc[:, :, None] >= dc) & (nm[:, :, None] >= dm)
+        usable_after = (
+            usable[:, None, :]
+            - np.where(ge, amount[:, :, None], 0)
+            + np.where(ge_new, new_amount[:, :, None], 0)
+        )  # (k, G, T)
+        count_after = count[:, None, :] - ge + ge_new
+        k, g = c.shape
+        after = self._combine(
+            total[:, None] - amount + new_amount,
+            usable_after,
+            count_after,
+            np.broadcast_to((cpu_free - task.cpu_milli)[:, None], (k, g)),
+            np.broadcast_to(model_ids[:, None], (k, g)),
+        )
+        delta = weighted_sum(before[:, None, :] - after, self.weights)
+        return np.where((nc >= 0) & (nm >= 0), delta, np.nan)
+
+
+class ExpectedWaste:
+    """Expected free share a device strands when the target workload keeps arriving.
+
+    FGD asks whether the *next* request fits a device. A device that every typical request
+    still fits scores no fragmentation, however badly its free share will be filled: a share
+    alone on a GPU leaves room the next request fits, then stranded room once a second one
+    lands. ``W`` follows the requests past the next one. For a device with free
+    ``v = (compute, memory)`` per mille and the single-GPU typical shapes ``s`` with
+    popularity ``p_s``:
+
+        W(v) = sum_s p_s * (W(v - s)       if s fits v
+                            min(v)         otherwise)
+
+    that is, the next request lands on the device while it fits, and the device's free share
+    is stranded once one does not (FGD's per-device term is this first step, with ``W(v - s)``
+    taken as 0). :meth:`ahead` is the rest, ``sum over fitting s of p_s * W(v - s)``: the
+    waste expected *after* the next request, which FGD leaves out. Shapes of several GPUs and
+    CPU-only shapes do not land on one device and are left out of ``W``.
+
+    Values depend only on the shapes and weights given; they are computed on first use per
+    state and remembered (a memo: the answers never change, whatever the order of the
+    questions). Every state is visited once, each in O(T) for T shapes; the recursion is an
+    explicit stack (a shape takes at least 1 per mille, so every step lowers ``v``).
+    """
+
+    __slots__ = ("_shapes", "_waste", "_ahead")
+
+    def __init__(self, compute: IntArray, memory: IntArray, weights: FloatArray) -> None:
+        self._shapes = tuple(
+            (int(c), int(m), float(p))
+            for c, m, p in zip(compute.tolist(), memory.tolist(), weights.tolist(), strict=True)
+            if c + m > 0 and p > 0.0
+        )
+        self._waste: dict[tuple[int, int], float] = {}
+        self._ahead: dict[tuple[int, int], float] = {}
+
+    def waste(self, compute: int, memory: int) -> float:
+        """``W(v)`` of a device with free ``v = (compute, memory)`` per mille."""
+        memo = self._waste
+        top = (compute, memory)
+        hit = memo.get(top)
+        if hit is not None:
+            return hit
+        stack = [top]
+        while stack:
+            state = stack[-1]
+            if state in memo:
+                stack.pop()
+                continue
+            sc, sm = state
+            amount = float(min(sc, sm))
+            missing = False
+            total = 0.0
+            for dc, dm, p in self._shapes:
+                if sc >= dc and sm >= dm:
+                    v = memo.get((sc - dc, sm - dm))
+                    if v is None:
+                        stack.append((sc - dc, sm - dm))
+                        missing = True
+                    else:
+                        total += p * v
+                else:
+                    total += p * amount
+            if not missing:
+                memo[state] = total
+                stack.pop()
+        return memo[top]
+
+    def ahead(self, compute: int, memory: int) -> float:
+        """The waste expected after the next request: ``sum over fitting s of p_s W(v - s)``."""
+        key = (compute, memory)
+        hit = self._ahead.get(key)
+        if hit is not None:
+            return hit
+        if key == (MILLI, MILLI):
+            return 0.0
+        total = 0.0
+        for dc, dm, p in self._shapes:
+            if compute >= dc and memory >= dm:
+                total += p * self.waste(compute - dc, memory - dm)
+        self._ahead[key] = total
+        return total
+
+    def ahead_of(self, compute: IntArray, memory: IntArray) -> FloatArray:
+        """:meth:`ahead` per element of two integer arrays of one shape (each distinct state
+        computed once)."""
+        pairs = np.stack([compute.reshape(-1), memory.reshape(-1)], axis=1)
+        states, inverse = np.unique(pairs, axis=0, return_inverse=True)
+        values = np.array([self.ahead(int(c), int(m)) for c, m in states.tolist()])
+        out: FloatArray = values[inverse.reshape(-1)].reshape(compute.shape)
+        return out

@@ -74,22 +74,25 @@ def test_fractional_pods_get_node_gpu_and_hami_annotations() -> None:
         ann["hami.io/bind-time"].isdigit() and ann["hami.io/vgpu-time"] == ann["hami.io/bind-time"]
     )
     assert "topoplace.io/placement" not in ann
-    # FGD: a second 6000 MiB share on GPU 0 would strand 218 milli there (less than the
-    # typical 391-milli share fits), so it opens GPU 1; a third fills GPU 0 exactly.
+    # topoplace-share: the workload seen so far is 6000 MiB / 30 % shares only. A second one
+    # on GPU 0 leaves 3360 MiB no such share fits, but so would the GPU a fresh one opens
+    # (every GPU holding them ends that way), so it packs GPU 0 and GPU 1 stays idle; the
+    # 9360 MiB / 70 % share fits GPU 0 no more and opens GPU 1.
     _place(ext, share_pod("p1", mem=6000, cores=30))
     assert (
-        binder.calls[-1][2]["hami.io/vgpu-devices-allocated"] == "GPU-infer-a-01,NVIDIA,6000,30:;"
+        binder.calls[-1][2]["hami.io/vgpu-devices-allocated"] == "GPU-infer-a-00,NVIDIA,6000,30:;"
     )
     _place(ext, share_pod("p2", mem=9360, cores=70))
     assert (
-        binder.calls[-1][2]["hami.io/vgpu-devices-allocated"] == "GPU-infer-a-00,NVIDIA,9360,70:;"
+        binder.calls[-1][2]["hami.io/vgpu-devices-allocated"] == "GPU-infer-a-01,NVIDIA,9360,70:;"
     )
     led = describe_ledger(ext.cache.snapshot().node("infer-a"))  # type: ignore[arg-type]
-    assert (led[0]["memory_used_mib"], led[0]["compute_used_milli"], led[0]["tasks"]) == (
-        15360,
-        1000,
-        2,
-    )
+    assert [(g["memory_used_mib"], g["compute_used_milli"], g["tasks"]) for g in led] == [
+        (12000, 600, 2),
+        (9360, 700, 1),
+        (0, 0, 0),
+        (0, 0, 0),
+    ]
 
 
 def test_multi_container_and_multi_device_format() -> None:

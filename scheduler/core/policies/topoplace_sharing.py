@@ -1,4 +1,5 @@
-"""topoplace's own GPU-sharing policy: FGD's fragmentation drop plus CPU-stranded GPU.
+"""topoplace's own GPU-sharing policy: FGD's fragmentation drop, the waste expected after the
+next request, and CPU-stranded GPU, with shares measured in compute and GPU memory.
 
 Registered as ``topoplace-share`` in the sharing-policy registry, next to FGD and the other
 baselines of ``scheduler.core.policies.sharing_policies``; same contract (``score(view,
@@ -17,9 +18,27 @@ CPU can no longer feed is
 
     S_n = max(0, G - C / rho)          (milli-GPU)
 
-A placement is scored by the drop of both expected-waste estimates, in the same unit:
+Why FGD packs memory-sized shares poorly. FGD's measure asks whether the *next* request fits
+a device, in one number. A share alone on a GPU leaves room that every typical request still
+fits, so it scores no fragmentation, and opening a fresh GPU costs nothing, however badly that
+GPU will be filled later. On the openb traces most tasks are whole GPUs, which a fresh GPU
+alone fits, and that pressure packs the shares. A workload of shares only (48 HAMi pods of 10,
+20, 40 and 30 GiB with 25 % of the SMs each, on A100-80GB) has no such pressure, and FGD
+spreads it over 23 GPUs where 15 suffice. One number also hides the second dimension: a
+share's projection ``max(compute, memory)`` is too large in one and a device's
+``min(compute, memory)`` too small in the other.
 
-    delta = (F_n(M) before - after)  +  (S_n before - after)
+The measure. A GPU-sharing task's device ``d`` with free ``v = (compute, memory)`` per mille
+(``view.gpu_free_dims``; one dimension when absent) adds the drop of the waste the device is
+expected to strand *after* the next request, ``A(v) = sum over fitting s of p_s W(v - s)``
+(:class:`~scheduler.core.sharing.ExpectedWaste`: the typical requests keep landing on the
+device while they fit, and it strands ``min(compute, memory)`` free once one does not; FGD's
+per-device term is the first step of ``W``). An idle GPU strands nothing (``A = 0``): opening
+one costs the waste a GPU started with this share is expected to end with. FGD's own term is
+counted in both dimensions too (a shape fits a device when its compute and its memory both
+fit). A placement is scored by the drop of the three expected-waste estimates, in one unit:
+
+    delta = (F_n(M) before - after) + (A(v_d) before - after) + (S_n before - after)
 
 where ``F_n(M)`` is FGD's fragmentation against the same target workload (``ctx.frag``). The
 node score is FGD's ``int(100 * sigmoid(delta / 1000))`` and ties go to the lowest rank, as for
@@ -29,16 +48,18 @@ CPU-heavy tasks go to nodes with CPU to spare (T4 nodes with 52 cores per GPU) i
 eating the CPU that an 8-GPU node's GPUs will need; a node's last cores go to the tasks with
 the most GPU per core.
 
-GPU choice inside a node: the device with the largest *exact* fragmentation drop (lowest index
-on ties). FGD takes the first device with the best *quantised* score, which can pick a
-visibly worse device when two drops round to the same integer. (``S_n`` does not depend on the
-device.)
+GPU choice inside a node: the device with the largest *exact* drop of ``F_n(M) + A(v_d)``
+(to 1e-6; on equal drops the tightest fit, then the lowest index). FGD takes the first device
+with the best *quantised* score, which can pick a visibly worse device when two drops round to
+the same integer. (``S_n`` does not depend on the device.)
 
 Whole-GPU tasks take the lowest-indexed free devices, as with every other sharing policy.
 
 Pure and deterministic: reads the view, the task and ``ctx.frag``; no randomness of its own
-(the seeded tie order is ``view.rank``); never writes to its arguments. Cost per decision is
-FGD's plus O(candidates).
+(the seeded tie order is ``view.rank``); never writes to its arguments (``ctx.frag`` keeps a
+memo of ``W`` per device state, whose values depend on the workload alone). Cost per decision
+is FGD's plus O(candidates) plus, once per target workload, ``W`` of the device states met
+(O(T) each).
 
 Calling it (extender or simulator)::
 
@@ -171,7 +192,7 @@ def _state_delta(
     )
     if task.is_sharing:
         per_dev = _sharing_drop(frag, free, cpu, models, task, dims)  # NaN: no room
-        gpus = np.where(np.isnan(per_dev), -np.inf, per_dev).argmax(axis=1)
+        gpus = _best_device(per_dev, free - task.gpu_milli)
         frag_drop = per_dev[np.arange(len(free)), gpus]
         gpu_col: IntArray = gpus.astype(np.int64)
     else:
@@ -182,6 +203,18 @@ def _state_delta(
         gpu_col = np.full(len(free), NO_GPU, dtype=np.int64)
     delta: FloatArray = np.round(frag_drop + strand, DELTA_DECIMALS)
     return delta, gpu_col
+
+
+def _best_device(per_dev: FloatArray, left: IntArray) -> IntArray:
+    """Per row, the device with the largest drop (to ``DELTA_DECIMALS``; NaN: no room);
+    on equal drops the one with the least free share ``left`` after the placement (best
+    fit), then the lowest index."""
+    drop = np.where(np.isnan(per_dev), -np.inf, np.round(per_dev, DELTA_DECIMALS))
+    top = drop == drop.max(axis=1, keepdims=True)
+    width = per_dev.shape[1]
+    key = np.where(top, left * (width + 1) + np.arange(width), np.iinfo(np.int64).max)
+    out: IntArray = key.argmin(axis=1)
+    return out
 
 
 def _sharing_drop(
