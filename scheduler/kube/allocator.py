@@ -55,11 +55,17 @@ from scheduler.core import dra
 from scheduler.core.gang import GangSizeError, gang_request, plan_gangs
 from scheduler.core.model import Health, NodeInfo, PodInfo
 from scheduler.core.objects import ObjectError, object_key, request_from_pod
-from scheduler.core.schedule import Assignment, selector_matches
-from scheduler.core.snapshot import ClusterSnapshot, DoubleBookingError, build_snapshot, with_pod
+from scheduler.core.schedule import Assignment, place_pod, selector_matches
+from scheduler.core.snapshot import (
+    ClusterSnapshot,
+    DoubleBookingError,
+    build_snapshot,
+    gpus_by_dra,
+    with_pod,
+)
 from scheduler.kube.client import ApiError, ApiUnavailable
 from scheduler.runtime.cache import ClusterCache
-from scheduler.runtime.dra import all_claims, clique_reader
+from scheduler.runtime.dra import DraRouter, ExtendedPick, all_claims, clique_reader
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +113,7 @@ class ClaimApi:
     def remove_gate(
         self, pod: Mapping[str, Any], gate: str
     ) -> dict[str, Any]: ...  # pragma: no cover
+    def get_pod(self, ns: str, name: str) -> dict[str, Any]: ...  # pragma: no cover
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +152,8 @@ class GateAllocator:
         settle_s: see :data:`SETTLE_S`.
         sleep: interruptible sleep (tests pass a recorder).
         clock: wall-clock seconds for ``allocationTimestamp`` (tests pass a fixed one).
+        router: the extender's :class:`DraRouter`: gated pods whose ``nvidia.com/gpu`` DRA
+            backs are chosen for through it (None: such pods are released unchosen).
     """
 
     def __init__(
@@ -156,6 +165,7 @@ class GateAllocator:
         settle_s: float = SETTLE_S,
         sleep: Callable[[float], Any] | None = None,
         clock: Callable[[], float] = time.time,
+        router: DraRouter | None = None,
     ) -> None:
         self.cache = cache
         self.api = api
@@ -165,6 +175,7 @@ class GateAllocator:
         self._stop = threading.Event()
         self._sleep = sleep or self._stop.wait
         self._clock = clock
+        self.router = router
         self._thread: threading.Thread | None = None
 
     # ---- one pass -----------------------------------------------------------------------
@@ -172,7 +183,14 @@ class GateAllocator:
     def step(self) -> list[Outcome]:
         """One pass over the gated pods (gangs first, then single pods, by key): every
         allocation of the pass is written, then one settle and one list check them all."""
-        pods = sorted((p for p in self.pending() if dra.gated(p)), key=object_key)
+        pending = list(self.pending())
+        if self.router is not None:  # choices for pods that went away (deleted, bound)
+            live = {object_key(p) for p in pending}
+            for k in self.router.extended_keys():
+                pick = self.router.extended_pick(k)
+                if k not in live and pick is not None:
+                    self._drop_pick(k, pick)
+        pods = sorted((p for p in pending if dra.gated(p)), key=object_key)
         gangs: dict[str, list[Mapping[str, Any]]] = {}
         singles = []
         for p in pods:
@@ -235,6 +253,9 @@ class GateAllocator:
         claims, complete, domain = self._claims(pod)
         if not complete:
             return Outcome(key, WAITING, reason=dra.REASON_CLAIMS_UNKNOWN)
+        ext = self.router.extended_resources(pod) if self.router is not None else {}
+        if ext and not claims:
+            return self._single_extended(pod, ext)
         done = [c for c in claims if dra.is_allocated(c)]
         pins = {dra.allocation_node(c) for c in done}
         if len(pins) > 1:
@@ -263,6 +284,130 @@ class GateAllocator:
             pick.bottleneck,
         )
         return _Written((pod,), tuple(object_key(c) for c in claims))
+
+    # ---- nvidia.com/gpu backed by DRA ---------------------------------------------------
+
+    def _single_extended(
+        self, pod: Mapping[str, Any], ext: Mapping[str, str]
+    ) -> Outcome | _Written:
+        """Choose node and devices for a gated pod whose ``nvidia.com/gpu`` DRA backs.
+
+        kube-scheduler creates the pod's claim itself, in its PreBind (a claim made
+        beforehand would be deleted as stale), so nothing is written here: topoplace places
+        the pod with the whole-GPU engine (``place_pod``: the node and NVLink-best set a
+        device-plugin node would get) over the DRA nodes, holds the devices in the ledger,
+        remembers the choice in the router (its filter keeps the pod to that node) and
+        releases the gate; at bind, :meth:`reallocate` gives the special claim those
+        devices."""
+        assert self.router is not None
+        key = object_key(pod)
+        if self.router.extended_pick(key) is not None:
+            return _Written((pod,), ())  # chosen in an earlier pass; release again
+        params = self.cache.params
+        try:
+            req = request_from_pod(pod, params.fabric)
+        except ObjectError as exc:
+            return Outcome(key, WAITING, reason=f"invalid pod: {exc}")
+        spec = dra.extended_claim_spec(pod, ext)
+        if spec is None or req.gpus != dra.gpus_requested(spec):
+            return Outcome(key, WAITING, reason=dra.REASON_CLAIMS_UNSUPPORTED)
+        picks = frozenset(self.kube_picks())
+        selector = (pod.get("spec") or {}).get("nodeSelector") or {}
+        with self.cache.lock:
+            snap = self.cache.snapshot()
+            inv = self.cache.dra_inventory(snap)
+
+            def allows(name: str) -> bool:
+                n = snap.node(name)
+                return n is not None and gpus_by_dra(n) and selector_matches(n.labels, selector)
+
+            res = place_pod(self._dra_view(snap, inv, picks, allows), req, params)
+            if not res.ok or not res.assignments:
+                return Outcome(key, WAITING, reason=res.reason or dra.REASON_NO_DRA_NODE)
+            a = res.assignments[0]
+            classes = snap.extra.get(dra.CLASSES_KEY) or {}
+            cands = dra.whole_gpu_candidates(inv, a.node, [spec], classes, picks)
+            if cands is None:
+                return Outcome(key, WAITING, reason=dra.REASON_CLAIMS_UNSUPPORTED)
+            if any(g not in cands for g in a.gpus):
+                return Outcome(key, WAITING, reason="a chosen GPU has no device the class may take")
+            devs = tuple(cands[g] for g in a.gpus)
+            m = pod.get("metadata") or {}
+            hold = dra.holder_key(f"{key}/<extended-resources>")
+            stand_in = {
+                "metadata": {
+                    "namespace": m.get("namespace") or "default",
+                    "name": f"{m.get('name')}/<extended-resources>",
+                }
+            }
+            self.cache.assume(
+                PodInfo(
+                    key=hold,
+                    uid="",
+                    node=a.node,
+                    gpus=a.gpus,
+                    assumed=True,
+                    raw=dra.allocated_claim(stand_in, a.node, spec, devs),
+                )
+            )
+            self.router.pick_extended(key, ExtendedPick(a.node, devs, a.gpus, hold))
+        log.info("chose for %s on %s: GPUs %s", key, a.node, list(a.gpus))
+        return _Written((pod,), ())
+
+    def reallocate(self, key: str, node: str) -> str:
+        """At bind: give the special claim kube-scheduler made for pod ``key`` (in its
+        PreBind, by first fit) the devices topoplace chose (:meth:`_single_extended`).
+        The allocation is immutable once set, so it is removed (with ``reservedFor``) and
+        written again with the chosen devices and the same reservation, before the pod is
+        bound (nothing runs it yet). Returns "" (done, or nothing to do) or an error (the
+        bind fails; kube-scheduler deletes the claim and tries again)."""
+        if self.router is None:
+            return ""
+        pick = self.router.extended_pick(key)
+        if pick is None:
+            return ""
+        if pick.node != node:
+            log.warning("%s bound to %s, not %s as chosen: keeping first fit", key, node, pick.node)
+            self._drop_pick(key, pick)
+            return ""
+        ns, name = _ns_name(key)
+        try:
+            pod = self.api.get_pod(ns, name)
+            st = pod.get("status") or {}
+            claim_name = (st.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+            if not claim_name:
+                return "the pod records no claim for its extended resources"
+            cur = self.api.get_claim(ns, claim_name)
+            spec = dra.claim_spec(cur)
+            if dra.gpus_requested(spec) != len(pick.devices):
+                self._drop_pick(key, pick)
+                return ""
+            want = sorted(d.id for d in pick.devices)
+            if sorted(dra.allocated_ids(cur)) == want:
+                self._drop_pick(key, pick)
+                return ""  # the first fit was topoplace's choice
+            status = dict(cur.get("status") or {})
+            reserved = status.get("reservedFor") or []
+            cleared = {k: v for k, v in status.items() if k not in ("allocation", "reservedFor")}
+            cur = self.api.update_claim_status({**cur, "status": cleared})
+            (devs,) = dra.split_devices([spec], pick.devices)
+            alloc = dra.allocation_status(node, spec, devs, rfc3339(self._clock()))
+            done = self.api.update_claim_status(
+                {**cur, "status": {**cleared, "allocation": alloc, "reservedFor": reserved}}
+            )
+        except (ApiError, ApiUnavailable) as exc:
+            log.warning("re-allocating the claim of %s failed: %s", key, exc)
+            return f"re-allocating the pod's DRA claim failed: {exc}"
+        log.info("gave %s's claim %s on %s: %s", key, claim_name, node, [d.name for d in devs])
+        self._drop_pick(key, pick)
+        # the written claim holds the devices now, as its watch event will show
+        self.cache.apply_claim(dra.object_key(done), done)
+        return ""
+
+    def _drop_pick(self, key: str, pick: ExtendedPick) -> None:
+        assert self.router is not None
+        self.router.drop_extended(key)
+        self.cache.forget(pick.hold)
 
     # ---- gangs --------------------------------------------------------------------------
 

@@ -133,6 +133,12 @@ class ClaimWriter:
             "PUT", self._claim_path(m.get("namespace") or "default", m["name"], "status"), claim
         )
 
+    def get_pod(self, ns: str, name: str) -> dict[str, Any]:
+        """GET one pod (raw JSON; its status names the claim of its extended resources).
+        Raises ApiError."""
+        path = f"/api/v1/namespaces/{quote(ns, safe='')}/pods/{quote(name, safe='')}"
+        return self.api.request_json("GET", path)
+
     def remove_gate(self, pod: Mapping[str, Any], gate: str) -> dict[str, Any]:
         """Remove scheduling gate ``gate`` from a pod (JSON patch guarded by a test of the
         gate list, so a concurrent change fails with 422 instead of removing another gate)."""

@@ -22,6 +22,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
@@ -121,6 +122,28 @@ def _pod_identity(pod: Mapping[str, Any]) -> tuple[str, Any, Any]:
     return object_key(pod), m.get("uid"), m.get("resourceVersion")
 
 
+@dataclass(frozen=True, slots=True)
+class ExtendedPick:
+    """The devices topoplace chose for a gated pod whose ``nvidia.com/gpu`` DRA backs
+    (``scheduler.kube.allocator``): kube-scheduler is kept to ``node`` (filter) and, at
+    bind, the special claim it made is given ``devices`` instead of its first fit.
+
+    Attributes:
+        node: the node.
+        devices: the devices, in GPU order.
+        gpus: their GPU indices.
+        hold: the ledger key holding them meanwhile (an assumed holding).
+    """
+
+    node: str
+    devices: tuple[dra.Device, ...]
+    gpus: tuple[int, ...]
+    hold: str
+
+
+REASON_PICKED_ELSEWHERE = "topoplace allocated this pod's GPUs on another node"
+
+
 class DraRouter:
     """Filter / prioritize for claim pods over the cache's snapshot.
 
@@ -151,6 +174,7 @@ class DraRouter:
         # objects, name -> (plan, the node's held devices then))
         self._last_plans: tuple[tuple[Any, ...], tuple[Any, ...], dict[str, Any]] | None = None
         self._mapped_memo: tuple[Any, Mapping[str, str]] | None = None
+        self._extended_picks: dict[str, ExtendedPick] = {}
 
     # ---- extended resources backed by DRA (nvidia.com/gpu on DRA nodes) -------------------
 
@@ -170,6 +194,26 @@ class DraRouter:
             return EMPTY_MAP
         mapped = self._mapped(classes)
         return {r: mapped[r] for r in dra.pod_extended_resources(pod, mapped)}
+
+    def pick_extended(self, key: str, pick: ExtendedPick) -> None:
+        """Remember topoplace's choice for pod ``key`` (:class:`ExtendedPick`)."""
+        with self._lock:
+            self._extended_picks[key] = pick
+
+    def extended_pick(self, key: str) -> ExtendedPick | None:
+        """topoplace's choice for pod ``key``, if any."""
+        with self._lock:
+            return self._extended_picks.get(key)
+
+    def extended_keys(self) -> list[str]:
+        """The pods topoplace has chosen for (:meth:`pick_extended`), sorted."""
+        with self._lock:
+            return sorted(self._extended_picks)
+
+    def drop_extended(self, key: str) -> ExtendedPick | None:
+        """Forget the choice for pod ``key`` (returns it)."""
+        with self._lock:
+            return self._extended_picks.pop(key, None)
 
     def split_by_dra(self, names: Sequence[str]) -> tuple[list[str], list[str]]:
         """(nodes whose GPUs are DRA devices, the others) of ``names``, order kept."""
@@ -193,6 +237,11 @@ class DraRouter:
         (``extended``): device-plugin nodes by the whole-GPU filter, DRA nodes by what
         kube-scheduler's allocator would give its special claim there (:meth:`filter`;
         the usual whole-GPU room counts too, from the ledger). Order kept."""
+        picked = self.extended_pick(object_key(pod))
+        if picked is not None:  # topoplace chose for this gated pod: that node only
+            failed = {n: REASON_PICKED_ELSEWHERE for n in names if n != picked.node}
+            ok = tuple(n for n in names if n == picked.node)
+            return FilterOutcome(ok, MappingProxyType(failed), EMPTY_MAP)
         by_dra, other = self.split_by_dra(names)
         snap = self.cache.snapshot()
         parts = [filter_nodes(snap, req, other, params)] if other else []

@@ -13,13 +13,16 @@ from scheduler.core import dra
 from scheduler.core.objects import request_from_pod
 from scheduler.core.params import SchedParams
 from scheduler.core.snapshot import gpus_by_dra
+from scheduler.kube import allocator as al
 from scheduler.runtime.cache import ClusterCache
 from scheduler.runtime.dra import DraRouter
 from tests.dra import recorded
+from tests.dra.test_allocator import MockClaimApi
 
 PARAMS = SchedParams()
 SPECIAL = "default/er-three-extended-resources-pwvwt"
 IMPLICIT = "deviceclass.resource.kubernetes.io/gpu.nvidia.com"
+NOW = 1_796_601_600.0  # 2026-12-07T00:00:00Z
 
 
 def _pod() -> dict[str, Any]:
@@ -176,3 +179,144 @@ def test_bound_pod_holds_its_special_claims_gpus_once() -> None:
     assert snap.pods["default/er-three"].gpus == ()  # its claim holds them
     assert snap.pods["resourceclaim:" + SPECIAL].gpus == (0, 1, 2)
     assert snap.node("er-node-0").used_mask == 0b111  # type: ignore[union-attr]
+
+
+# ---- the gate: topoplace chooses, kube-scheduler's claim gets topoplace's devices at bind ----
+
+
+class PodClaimApi(MockClaimApi):
+    """The mock claim API with pods (``get_pod``)."""
+
+    def __init__(self, cache: ClusterCache, claims: dict, pods: dict) -> None:
+        super().__init__(cache, claims)
+        self.pods = pods
+
+    def get_pod(self, ns: str, name: str) -> dict:
+        return copy.deepcopy(self.pods[f"{ns}/{name}"])
+
+
+def _gated_er(gpus: int) -> dict[str, Any]:
+    pod = _pending(_pod())
+    pod["metadata"]["name"] = "er-gated"
+    pod["metadata"]["uid"] = "uid-er-gated"
+    pod["spec"]["initContainers"] = []
+    pod["spec"]["containers"] = [
+        {"name": "main", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}
+    ]
+    pod["spec"]["schedulingGates"] = [{"name": dra.ALLOCATE_GATE}]
+    return pod
+
+
+def _gated_setup(pod: dict) -> tuple[ClusterCache, PodClaimApi, DraRouter, al.GateAllocator]:
+    extra = recorded.extra_136()
+    extra[dra.CLAIMS_KEY].pop(SPECIAL)
+    nodes = recorded.items_136("nodes.json", "Node")
+    for n in nodes:
+        n["metadata"].setdefault("annotations", {})["topoplace.io/gpu-topology"] = "dgx1-v100"
+    cache = ClusterCache.from_objects(nodes, [], PARAMS, extra=extra)
+    api = PodClaimApi(cache, extra[dra.CLAIMS_KEY], {})
+    router = DraRouter(cache)
+    alloc = al.GateAllocator(
+        cache, api, lambda: [pod], settle_s=0.0, clock=lambda: NOW, router=router
+    )
+    return cache, api, router, alloc
+
+
+def _prebind(api: PodClaimApi, pod: dict, node: str, devices: list[str]) -> str:
+    """What kube-scheduler's PreBind leaves: the special claim (first fit), reserved for the
+    pod, and the pod's status naming it (the recorded claim's shape)."""
+    made = copy.deepcopy(recorded.load_136("claim.extended-resources.json"))
+    made["kind"] = "ResourceClaim"
+    made["metadata"]["name"] = "er-gated-extended-resources-abcde"
+    made["metadata"]["ownerReferences"][0].update(name="er-gated", uid="uid-er-gated")
+    made["spec"]["devices"]["requests"] = [
+        {
+            "name": "container-0-request-0",
+            "exactly": {
+                "allocationMode": "ExactCount",
+                "count": len(devices),
+                "deviceClassName": "gpu.nvidia.com",
+            },
+        }
+    ]
+    results = [
+        {"request": "container-0-request-0", "driver": "gpu.nvidia.com", "pool": node, "device": d}
+        for d in devices
+    ]
+    made["status"]["allocation"]["devices"]["results"] = results
+    made["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0][
+        "values"
+    ] = [node]
+    made["status"]["reservedFor"] = [
+        {"resource": "pods", "name": "er-gated", "uid": "uid-er-gated"}
+    ]
+    key = dra.object_key(made)
+    api.claims[key] = made
+    api.cache.apply_claim(key, copy.deepcopy(made))
+    bound = copy.deepcopy(pod)
+    bound["spec"].pop("schedulingGates", None)
+    bound["status"] = {
+        "extendedResourceClaimStatus": {
+            "resourceClaimName": made["metadata"]["name"],
+            "requestMappings": [
+                {
+                    "containerName": "main",
+                    "requestName": "container-0-request-0",
+                    "resourceName": "nvidia.com/gpu",
+                }
+            ],
+        }
+    }
+    api.pods["default/er-gated"] = bound
+    return key
+
+
+def test_gated_gpu_pod_gets_the_nvlink_pair_in_the_claim_kube_scheduler_made() -> None:
+    pod = _gated_er(2)
+    cache, api, router, alloc = _gated_setup(pod)
+    (out,) = alloc.step()
+    assert out.state == al.RELEASED, out
+    assert api.ungated == ["default/er-gated"]
+    pick = router.extended_pick("default/er-gated")
+    assert pick is not None and pick.node == "er-node-0"
+    # a DGX-1 pair joined by two NVLinks (50 GB/s), where first fit gives gpu-0, gpu-1 (25)
+    assert pick.gpus == (0, 3)
+    assert cache.snapshot().node("er-node-0").used_mask == 0b1001  # type: ignore[union-attr]
+    req = request_from_pod(pod, PARAMS.fabric)
+    names = ["er-node-0", "gpu-node-0", "gpu-node-1"]
+    ext = router.extended_resources(pod)
+    assert router.filter_extended(pod, req, names, ext, PARAMS).feasible == ("er-node-0",)
+    key = _prebind(api, pod, "er-node-0", ["gpu-0", "gpu-1"])
+    before = len(api.writes)
+    assert alloc.reallocate("default/er-gated", "er-node-0") == ""
+    assert api.writes[before:] == [("status", key), ("status", key)]
+    c = api.claims[key]
+    assert [d for _, _, d in dra.allocated_ids(c)] == ["gpu-0", "gpu-3"]
+    assert c["status"]["reservedFor"] == [
+        {"resource": "pods", "name": "er-gated", "uid": "uid-er-gated"}
+    ]
+    assert c["status"]["allocation"]["allocationTimestamp"] == "2026-12-07T00:00:00Z"
+    assert router.extended_pick("default/er-gated") is None
+    snap = cache.snapshot()
+    assert snap.pods[dra.holder_key(key)].gpus == (0, 3)
+    assert snap.node("er-node-0").used_mask == 0b1001  # type: ignore[union-attr]
+
+
+def test_reallocate_writes_nothing_when_first_fit_is_the_choice_or_the_node_differs() -> None:
+    pod = _gated_er(1)
+    cache, api, router, alloc = _gated_setup(pod)
+    (out,) = alloc.step()
+    assert out.state == al.RELEASED
+    pick = router.extended_pick("default/er-gated")
+    assert pick is not None and pick.gpus == (0,)
+    _prebind(api, pod, "er-node-0", ["gpu-0"])
+    before = len(api.writes)
+    assert alloc.reallocate("default/er-gated", "er-node-0") == ""
+    assert api.writes[before:] == []
+    # another pod, bound elsewhere than chosen: its claim is left as kube-scheduler made it
+    cache2, api2, router2, alloc2 = _gated_setup(pod)
+    alloc2.step()
+    _prebind(api2, pod, "er-node-0", ["gpu-0"])
+    n = len(api2.writes)
+    assert alloc2.reallocate("default/er-gated", "gpu-node-0") == ""
+    assert api2.writes[n:] == [] and router2.extended_pick("default/er-gated") is None
