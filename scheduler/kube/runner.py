@@ -581,8 +581,13 @@ def build_kube_runtime(
         version = next((k.version for k in watcher.kinds if is_dra_kind(k)), None)
         if opts.dra_allocate and version is not None and rt.allocator is None:
             rt.allocator = GateAllocator(
-                cache, ClaimWriter(api, version), watcher.pending_pods, ext.dra.likely_kube_picks
+                cache,
+                ClaimWriter(api, version),
+                watcher.pending_pods,
+                ext.dra.likely_kube_picks,
+                router=ext.dra,
             )
+            ext.dra.reallocate = rt.allocator.reallocate
             rt.allocator.start()
 
     def after_sync() -> None:

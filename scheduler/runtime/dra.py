@@ -175,6 +175,9 @@ class DraRouter:
         self._last_plans: tuple[tuple[Any, ...], tuple[Any, ...], dict[str, Any]] | None = None
         self._mapped_memo: tuple[Any, Mapping[str, str]] | None = None
         self._extended_picks: dict[str, ExtendedPick] = {}
+        self.reallocate: Callable[[str, str], str] | None = None
+        """Gives a chosen pod's special claim topoplace's devices at bind
+        (``GateAllocator.reallocate``, set where the allocator runs)."""
 
     # ---- extended resources backed by DRA (nvidia.com/gpu on DRA nodes) -------------------
 
@@ -204,6 +207,14 @@ class DraRouter:
         """topoplace's choice for pod ``key``, if any."""
         with self._lock:
             return self._extended_picks.get(key)
+
+    def before_bind(self, key: str, node: str) -> str:
+        """Called by bind before the Binding of pod ``key`` to ``node`` is written: for a
+        pod topoplace chose devices for, :attr:`reallocate` gives them to its claim.
+        Returns "" or an error (the bind then fails)."""
+        if self.reallocate is None or self.extended_pick(key) is None:
+            return ""
+        return self.reallocate(key, node)
 
     def extended_keys(self) -> list[str]:
         """The pods topoplace has chosen for (:meth:`pick_extended`), sorted."""
