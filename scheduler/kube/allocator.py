@@ -673,7 +673,7 @@ class GateAllocator:
     def _release(self, written: Sequence[_Written]) -> list[Outcome]:
         """Settle, check every written allocation against every claim (one consistent
         list), then remove the gates, or yield where a conflict shows."""
-        if self.settle_s > 0:
+        if self.settle_s > 0 and any(w.claims for w in written):  # nothing written: no race
             self._sleep(self.settle_s)
         try:
             fresh = self.api.list_claims()
