@@ -1,6 +1,6 @@
 """Binding pods through the API: the ``pods/binding`` subresource, with annotations.
 
-:class:`KubeBinder` implements :class:`scheduler.server.extender.Binder`. It POSTs the
+:class:`KubeBinder` implements :class:`scheduler.server.verbs.base.Binder`. It POSTs the
 same v1 ``Binding`` kube-scheduler's DefaultBinder sends
 (``../shared/fixtures/extender/binding_request.json``; from the event loop in protobuf, as
 it does, see ``scheduler/kube/protobuf.py``) plus ``metadata.annotations``
@@ -62,7 +62,7 @@ def binding_body(
 
 
 class KubeBinder:
-    """Writes bindings through the API server (:class:`~scheduler.server.extender.Binder`).
+    """Writes bindings through the API server (:class:`~scheduler.server.verbs.base.Binder`).
 
     Args:
         api: the API.

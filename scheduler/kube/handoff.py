@@ -1,7 +1,7 @@
 """Hand-off at bind for fractional backends: HAMi's node lock around the Binding.
 
 The decision itself travels in ``Binding.metadata.annotations`` (see
-``scheduler.server.fractional_verbs``): the API server copies them onto the pod in the
+``scheduler.server.verbs.share``): the API server copies them onto the pod in the
 same write that sets ``spec.nodeName``. HAMi's device plugin additionally expects the node
 lock HAMi's scheduler takes at bind (``pkg/util/nodelock``): the node annotation
 ``hami.io/mutex.lock = <RFC3339 time>,<namespace>,<pod>``, set with a conditional patch,

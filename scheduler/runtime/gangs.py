@@ -1,6 +1,6 @@
 """Gang scheduling in the extender: plan whole gangs, reserve them, hand out planned nodes.
 
-Implements the ``GangHandler`` protocol of :mod:`scheduler.server.extender` on top of the
+Implements the ``GangHandler`` protocol of :mod:`scheduler.server.verbs.base` on top of the
 pure core (:mod:`scheduler.core.gang`, :mod:`scheduler.core.policies`). Not pure: it keeps
 plans in the cache (``cache.plans``, guarded by ``cache.lock``) and reservation pseudo pods
 in the cache's snapshot.

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from scheduler.core import dra
 from scheduler.core.fractional import ShareError, ShareRequest, is_share_pod
@@ -56,9 +56,10 @@ from scheduler.core.remediation import being_deleted
 from scheduler.core.schedule import PlacementResult
 from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.runtime.stranded import GIVE_UP_S, MAX_PREEMPTIONS, gang_of
-
-if TYPE_CHECKING:  # pragma: no cover
-    from scheduler.server.extender import Extender
+from scheduler.server.verbs.base import Host
+from scheduler.server.verbs.replica import is_replica_pod
+from scheduler.server.verbs.share import hold_share, pod_share_request
+from scheduler.server.verbs.whole import hold_gpus
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ def _never(pod: Mapping[str, Any]) -> bool:
 
 
 def _tried(
-    ext: Extender,
+    ext: Host,
     key: str,
     now: float,
     outcome: str = "",
@@ -124,20 +125,16 @@ def _tried(
         ext.metrics.child(ext.metrics.started_preemptions, outcome).inc()
 
 
-def _read(
-    ext: Extender, key: str
-) -> tuple[Mapping[str, Any], PodRequest, ShareRequest | None] | str:
+def _read(ext: Host, key: str) -> tuple[Mapping[str, Any], PodRequest, ShareRequest | None] | str:
     """The pending pod, its request and its share (None: whole GPUs); or why it is not
     preempted for."""
-    from scheduler.server.fractional_verbs import is_replica_pod, pod_share_request
-
     pod = ext.cache.pending(key)
     if pod is None or key in ext.cache.snapshot().pods:
         return "no longer pending"
     if _never(pod):
         return REASON_NEVER
     try:
-        req = ext._request(pod, None)
+        req = ext.request(pod, None)
         share = pod_share_request(ext, pod) if is_share_pod(pod) else None
     except (ObjectError, ShareError) as exc:
         return f"invalid pod: {exc}"
@@ -149,7 +146,7 @@ def _read(
 
 
 def start(
-    ext: Extender, key: str, dry_run: bool = False, lowest: Mapping[str, int] | None = None
+    ext: Host, key: str, dry_run: bool = False, lowest: Mapping[str, int] | None = None
 ) -> NodeChoice | None:
     """Choose victims for the stranded pod ``key`` (module docstring); records the answer
     and, unless ``dry_run`` (then it only logs and counts), marks the preemption in
@@ -231,7 +228,7 @@ def start(
 
 
 def _started(
-    ext: Extender,
+    ext: Host,
     snap: ClusterSnapshot,
     key: str,
     answer: dict[str, Any],
@@ -250,7 +247,7 @@ def _started(
 
 
 def _search(
-    ext: Extender,
+    ext: Host,
     snap: ClusterSnapshot,
     nodes: Mapping[str, tuple[()]],
     req: PodRequest,
@@ -263,7 +260,7 @@ def _search(
 
 
 def cheaper_elsewhere(
-    ext: Extender,
+    ext: Host,
     snap: ClusterSnapshot,
     req: PodRequest,
     share: ShareRequest | None,
@@ -290,14 +287,12 @@ def cheaper_elsewhere(
     return alt
 
 
-def settle(ext: Extender, key: str, present: Collection[str] | None = None) -> str:
+def settle(ext: Host, key: str, present: Collection[str] | None = None) -> str:
     """Check ``key``'s preemption in progress: :data:`WOKEN` when its victims are gone
     (the pod's GPUs or shares on the node are held for it now, when they still fit: the
     caller wakes it), :data:`GAVE_UP` when they are still there after ``GIVE_UP_S``, ""
     while they go. ``present``: the UIDs of the cache's pods (read here when not given;
     a caller settling several shares one)."""
-    from scheduler.server.fractional_verbs import hold_share
-
     rec = ext.stranded.get(key)
     if rec is None or not rec.node:
         return ""
@@ -323,7 +318,7 @@ def settle(ext: Extender, key: str, present: Collection[str] | None = None) -> s
         if share is not None:
             held = hold_share(ext, pod, req, share, rec.node)
         else:
-            held = ext.hold_gpus(pod, req, rec.node)
+            held = hold_gpus(ext, pod, req, rec.node)
         what = "its GPUs held" if held else "its GPUs were taken meanwhile"
     ext.stranded.settled(key)
     ext.metrics.child(ext.metrics.started_preemptions, WOKEN).inc()
@@ -337,7 +332,7 @@ def settle(ext: Extender, key: str, present: Collection[str] | None = None) -> s
     return WOKEN
 
 
-def _plan_gang(ext: Extender, gang: str) -> str:
+def _plan_gang(ext: Host, gang: str) -> str:
     """Plan ``gang`` once its victims are gone (``GangRuntime.plan_now``: its GPUs
     reserved, its members woken); what happened, for the log."""
     try:
@@ -348,11 +343,9 @@ def _plan_gang(ext: Extender, gang: str) -> str:
     return f"planned {planned}, members woken" if planned else "not planned yet"
 
 
-def _read_gang(ext: Extender, gang: str) -> tuple[PodRequest, list[str]] | str:
+def _read_gang(ext: Host, gang: str) -> tuple[PodRequest, list[str]] | str:
     """A pending member's request and every pending member's key, or why the gang is not
     preempted for."""
-    from scheduler.server.fractional_verbs import is_replica_pod
-
     if ext.gangs is None:
         return "no gang runtime"
     pending = ext.gangs.pending_members(ext, gang)
@@ -370,7 +363,7 @@ def _read_gang(ext: Extender, gang: str) -> tuple[PodRequest, list[str]] | str:
 
 
 def start_gang(
-    ext: Extender, key: str, dry_run: bool = False, lowest: Mapping[str, int] | None = None
+    ext: Host, key: str, dry_run: bool = False, lowest: Mapping[str, int] | None = None
 ) -> GangChoice | None:
     """:func:`start` for the refused gang of record ``key`` (``stranded.gang_record_key``):
     the victims of ``core.preemption.gang_victims``, recorded under the key (``"gang"`` in

@@ -1,6 +1,6 @@
-"""filter / prioritize / bind for fractional (GPU-sharing) pods: a branch of their own.
+"""The verbs of fractional (GPU-sharing) pods: HAMi and gpushare shares.
 
-The whole-GPU hot path (``Extender.filter_json``) only pays :func:`is_share_pod` (a few dict
+The whole-GPU hot path only pays :func:`scheduler.core.fractional.is_share_pod` (a few dict
 lookups) to send a pod here; everything below runs for fractional pods alone.
 
 * filter: every named node gets a verdict (unknown, broken, no backend for the request's
@@ -9,18 +9,24 @@ lookups) to send a pod here; everything below runs for fractional pods alone.
   (:func:`scheduler.core.fractional.decide`). With ``extender.decide_in_filter`` only the
   winner is returned and its shares are nominated (held for the bind), exactly as for
   whole GPUs.
-* prioritize: the same decision's score, 0..10.
+* score: the same decision's score, 0..10.
 * bind: the nominated shares (or a fresh decision on the bound node), assumed under the
   cache lock, then the Binding carries the backend's hand-off annotations (HAMi's
   ``hami.io/*``, gpushare's ``ALIYUN_COM_GPU_MEM_*``), which the API server copies onto the
   pod in the same write that sets ``spec.nodeName``.
+* preempt: victims that leave the pod a device with its memory and compute (a share
+  request); a fractional gang member, or a pod whose share cannot be read, gets
+  kube-scheduler's victims back.
+* explain: no placement summary (the decision records hold the policy's choice,
+  :func:`share_explanation`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from scheduler.core.fractional import (
     BACKEND_GPUSHARE,
@@ -36,33 +42,30 @@ from scheduler.core.fractional import (
     hami_annotations,
     node_verdict,
     pod_shapes,
+    resolve,
     shapes_distribution,
     share_request,
     task_milli,
 )
 from scheduler.core.model import PodInfo, PodRequest
-from scheduler.core.objects import ObjectError, bound_pod, meta, pod_resource, replica_request
+from scheduler.core.objects import bound_pod, pod_resource
 from scheduler.core.quantity import cpu_milli, quantity_int
-from scheduler.core.replicas import ReplicaVerdicts, opts_in
-from scheduler.core.replicas import choose as choose_replica_node
-from scheduler.core.replicas import node_reason as replica_reason
-from scheduler.core.schedule import (
-    REASON_NOT_CHOSEN,
-    REASON_UNKNOWN_NODE,
-    FilterOutcome,
-    selector_matches,
-    verdict_reason,
-)
-from scheduler.core.snapshot import BLOCKED_SHARED, ClusterSnapshot
+from scheduler.core.schedule import REASON_NOT_CHOSEN, REASON_UNKNOWN_NODE, verdict_reason
+from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.server import wire
+from scheduler.server.verbs.base import (
+    BindWrite,
+    Host,
+    PodKind,
+    PreemptAsk,
+    hold_on,
+    nominate_winner,
+    precheck,
+    sharing_reply,
+)
 
-if TYPE_CHECKING:
-    from scheduler.server.extender import Extender
 
-REASON_NODE_SELECTOR = "node does not match the pod's nodeSelector"
-
-
-def pod_share_request(ext: Extender, pod: Mapping[str, Any]) -> ShareRequest:
+def pod_share_request(ext: Host, pod: Mapping[str, Any]) -> ShareRequest:
     """The pod's share request (ShareError if malformed)."""
     req = share_request(pod, pod_resource(pod, "cpu", cpu_milli), ext.params.sharing)
     if req is None:  # pragma: no cover - callers checked is_share_pod
@@ -70,7 +73,7 @@ def pod_share_request(ext: Extender, pod: Mapping[str, Any]) -> ShareRequest:
     return req
 
 
-def _distribution(ext: Extender, snap: ClusterSnapshot, req: ShareRequest) -> Any:
+def _distribution(ext: Host, snap: ClusterSnapshot, req: ShareRequest) -> Any:
     """FGD's target workload: the pods holding GPUs and shares now, plus this request
     (memoized per pod set: it changes only when pods come and go)."""
     memo = ext.share_dist
@@ -81,8 +84,6 @@ def _distribution(ext: Extender, snap: ClusterSnapshot, req: ShareRequest) -> An
     shapes = []
     for n in snap.nodes:
         if n.sharing == req.form and n.devices:
-            from scheduler.core.fractional import resolve
-
             d = n.devices[0]
             shapes.append(TaskShape(req.cpu_milli, min(1000, task_milli(resolve(ask, d), d)), 1))
             break
@@ -93,41 +94,15 @@ def _distribution(ext: Extender, snap: ClusterSnapshot, req: ShareRequest) -> An
     return dist
 
 
-def _precheck(
-    snap: ClusterSnapshot,
-    pod_req: PodRequest,
-    name: str,
-    failed: dict[str, str],
-    unres: dict[str, str],
-    shared_ok: bool = False,
-) -> int | None:
-    """The row of node ``name`` when it passes the checks every sharing pod shares (known,
-    not blocked, matches the pod's nodeSelector), else None with its reason recorded in
-    ``failed`` / ``unres``. ``shared_ok``: a node blocked only for GPU sharing
-    (``BLOCKED_SHARED``) passes (replica nodes are such nodes)."""
-    i = snap.index.get(name)
-    if i is None:
-        failed[name] = REASON_UNKNOWN_NODE
-        return None
-    code = int(snap.arrays.blocked[i])
-    if code and not (shared_ok and code == BLOCKED_SHARED):
-        unres[name] = verdict_reason(snap, code, i)
-        return None
-    if not selector_matches(snap.nodes[i].labels, pod_req.node_selector):
-        unres[name] = REASON_NODE_SELECTOR
-        return None
-    return i
-
-
 def _decisions(
-    ext: Extender, snap: ClusterSnapshot, pod_req: PodRequest, req: ShareRequest, names: list[str]
+    ext: Host, snap: ClusterSnapshot, pod_req: PodRequest, req: ShareRequest, names: list[str]
 ) -> tuple[dict[str, ShareDecision], dict[str, str], dict[str, str]]:
     """(decisions of the nodes that fit, failed, unresolvable) over ``names``."""
     failed: dict[str, str] = {}
     unres: dict[str, str] = {}
     cands = []
     for name in names:
-        i = _precheck(snap, pod_req, name, failed, unres)
+        i = precheck(snap, pod_req, name, failed, unres)
         if i is None:
             continue
         node = snap.nodes[i]
@@ -152,7 +127,7 @@ def _decisions(
 
 
 def share_filter(
-    ext: Extender,
+    ext: Host,
     pod: Mapping[str, Any],
     pod_req: PodRequest,
     names: list[str],
@@ -166,78 +141,27 @@ def share_filter(
         return wire.filter_result(None, None, {}, {}, f"invalid pod: {exc}")
     ext.cache.remember_pending(pod)
     with ext.cache.lock:
-        snap = ext._decision_snapshot(pod_req)
+        snap = ext.decision_snapshot(pod_req)
         got, failed, unres = _decisions(ext, snap, pod_req, req, names)
         feasible = [n for n in names if n in got]
         best = best_decision(got)
         if best is not None:
-            feasible = _nominate(ext, pod, pod_req, best.node, feasible, failed, shares=best.shares)
+            feasible = nominate_winner(
+                ext, pod, pod_req, best.node, feasible, failed, shares=best.shares
+            )
     _record_share(ext, "filter", pod_req, got, failed, unres)
-    return _filter_reply(ext, feasible, failed, unres, items)
-
-
-def _nominate(
-    ext: Extender,
-    pod: Mapping[str, Any],
-    pod_req: PodRequest,
-    node: str,
-    feasible: list[str],
-    failed: dict[str, str],
-    **hold: Any,
-) -> list[str]:
-    """With ``extender.decide_in_filter`` (and the pod ours): hold filter's winner ``node``
-    for the pod's bind (``hold``: its shares or replicas); once held, the other feasible
-    nodes fail as not chosen (in ``failed``) and only ``node`` is returned, else
-    ``feasible`` as it was."""
-    if not (ext.params.extender.decide_in_filter and ext._ours(pod)):
-        return feasible
-    if not hold_on(ext, pod, pod_req, node, **hold):
-        return feasible
-    for n in feasible:
-        if n != node:
-            failed[n] = REASON_NOT_CHOSEN
-    return [node]
-
-
-def hold_on(
-    ext: Extender, pod: Mapping[str, Any], pod_req: PodRequest, node: str, **hold: Any
-) -> bool:
-    """Nominate ``pod`` on ``node`` with ``hold`` (its shares or replicas) for
-    ``extender.nomination_ttl_seconds``; False when they are taken."""
-    info = PodInfo(
-        key=pod_req.key,
-        uid=str(meta(pod).get("uid") or ""),
-        node=node,
-        gpus=(),
-        cpu_milli=pod_resource(pod, "cpu", cpu_milli),
-        memory_bytes=pod_resource(pod, "memory", quantity_int),
-        assumed=True,
-        raw=pod,
-        **hold,
-    )
-    return ext.cache.nominate(info, ext.params.extender.nomination_ttl_seconds)
+    return sharing_reply(ext, feasible, failed, unres, items)
 
 
 def hold_share(
-    ext: Extender, pod: Mapping[str, Any], pod_req: PodRequest, req: ShareRequest, node: str
+    ext: Host, pod: Mapping[str, Any], pod_req: PodRequest, req: ShareRequest, node: str
 ) -> bool:
     """Hold for ``pod`` the shares its filter would choose on ``node`` now (a nomination,
     as filter's; its own earlier one released first); False when none fit there."""
     with ext.cache.lock:
-        snap = ext._decision_snapshot(pod_req)
+        snap = ext.decision_snapshot(pod_req)
         got, _, _ = _decisions(ext, snap, pod_req, req, [node])
         return node in got and hold_on(ext, pod, pod_req, node, shares=got[node].shares)
-
-
-def _filter_reply(
-    ext: Extender,
-    feasible: list[str],
-    failed: dict[str, str],
-    unres: dict[str, str],
-    items: list[Mapping[str, Any]] | None,
-) -> dict[str, Any]:
-    """Count the filter's outcome and answer it (``Extender.filter_reply``)."""
-    return ext.filter_reply(FilterOutcome(tuple(feasible), failed, unres), items)
 
 
 def share_explanation(
@@ -289,7 +213,7 @@ def share_explanation(
 
 
 def _record_share(
-    ext: Extender,
+    ext: Host,
     verb: str,
     pod_req: PodRequest,
     got: Mapping[str, ShareDecision],
@@ -303,7 +227,7 @@ def _record_share(
 
 
 def share_prioritize(
-    ext: Extender, pod: Mapping[str, Any], pod_req: PodRequest, names: list[str]
+    ext: Host, pod: Mapping[str, Any], pod_req: PodRequest, names: list[str]
 ) -> list[dict[str, Any]]:
     """``HostPriorityList`` for a fractional pod: the sharing policy's score / 10."""
     try:
@@ -326,20 +250,18 @@ def _containers(req: ShareRequest, shares: tuple[Any, ...]) -> list[list[Any]]:
 
 
 def share_bind_start(
-    ext: Extender,
+    ext: Host,
     key: str,
     pod: Mapping[str, Any],
     pod_req: PodRequest,
     node: str,
     pod_uid: str,
     clock: Any = time.time,
-) -> Any:
+) -> BindWrite | str:
     """Start binding a fractional pod: its shares held under the cache lock (the
     nominated ones, or a fresh decision on ``node``); returns the error, or the
-    extender's ``_BindWrite`` whose annotations are the node backend's hand-off (the
+    ``BindWrite`` whose annotations are the node backend's hand-off (the
     extender writes it through its binder and calls ``_bind_end``)."""
-    from scheduler.server.extender import _BindWrite
-
     try:
         req = pod_share_request(ext, pod)
     except ShareError as exc:
@@ -392,118 +314,45 @@ def share_bind_start(
     choice = ext.cache.assume_for_bind(key, node, choose)
     if isinstance(choice, str):
         return choice
-    return _BindWrite(key, pod, dict(handoff), pod_req, node, ())
+    return BindWrite(key, pod, dict(handoff), pod_req, node, ())
 
 
-# ---- time-slicing / MPS replicas (scheduler.core.replicas) ---------------------------------
+class Shares(PodKind):
+    """Pods asking for a share of a GPU (HAMi, gpushare): ``is_share_pod``."""
+
+    name = "share"
+
+    def filter(
+        self,
+        ext: Host,
+        pod: Mapping[str, Any],
+        req: PodRequest,
+        names: list[str],
+        items: list[Mapping[str, Any]] | None,
+    ) -> dict[str, Any]:
+        """See :func:`share_filter`."""
+        return share_filter(ext, pod, req, names, items)
+
+    def score(
+        self, ext: Host, pod: Mapping[str, Any], req: PodRequest, names: list[str]
+    ) -> list[dict[str, Any]]:
+        """See :func:`share_prioritize`."""
+        return share_prioritize(ext, pod, req, names)
+
+    def bind(
+        self, ext: Host, key: str, pod: Mapping[str, Any], req: PodRequest, node: str, uid: str
+    ) -> BindWrite | str:
+        """See :func:`share_bind_start`."""
+        return share_bind_start(ext, key, pod, req, node, uid)
+
+    def preempt(self, ext: Host, pod: Mapping[str, Any], req: PodRequest) -> PreemptAsk | None:
+        """Victims that leave room for the pod's share; None for a gang member or a share
+        that cannot be read."""
+        if req.gang:
+            return None
+        with contextlib.suppress(ShareError):
+            return PreemptAsk(share=pod_share_request(ext, pod))
+        return None
 
 
-def is_replica_pod(ext: Extender, pod: Mapping[str, Any], pod_req: PodRequest) -> bool:
-    """Whether the pod takes GPU replicas (``sharing.replicas: opt-in``, not a gang member,
-    and it opts in: :func:`scheduler.core.replicas.opts_in`). Cheap: a few dict lookups."""
-    return ext.params.sharing.replicas == "opt-in" and not pod_req.gang and opts_in(pod)
-
-
-def _replica_verdicts(
-    snap: ClusterSnapshot, pod_req: PodRequest, replicas: int, names: list[str], key: str
-) -> ReplicaVerdicts:
-    """Verdicts of a replica pod over ``names`` (its own held replicas count as free)."""
-    failed: dict[str, str] = {}
-    unres: dict[str, str] = {}
-    cands: list[tuple[str, int, float]] = []
-    own = snap.pods.get(key)
-    for name in names:
-        i = _precheck(snap, pod_req, name, failed, unres, shared_ok=True)
-        if i is None:
-            continue
-        node = snap.nodes[i]
-        held = own.replicas if own is not None and own.node == name else 0
-        never, why = replica_reason(node, replicas, pod_req.min_link, held)
-        if why:
-            (unres if never else failed)[name] = why
-            continue
-        cands.append((name, node.replicas_free + held, node.health.risk))
-    choice, scores = choose_replica_node(cands, replicas)
-    feasible = tuple(n for n in names if n in scores)
-    return ReplicaVerdicts(feasible, failed, unres, choice, scores)
-
-
-def _replica_count(pod: Mapping[str, Any]) -> int | str:
-    try:
-        return replica_request(pod)
-    except ObjectError as exc:
-        return f"invalid pod: {exc}"
-
-
-def replica_filter(
-    ext: Extender,
-    pod: Mapping[str, Any],
-    pod_req: PodRequest,
-    names: list[str],
-    items: list[Mapping[str, Any]] | None,
-) -> dict[str, Any]:
-    """``ExtenderFilterResult`` for a pod that takes GPU replicas."""
-    n = _replica_count(pod)
-    if isinstance(n, str):
-        ext.metrics.filter_errors.labels(reason="invalid pod").inc()
-        return wire.filter_result(None, None, {}, {}, n)
-    if n <= 0:  # asks for no replica: nothing for topoplace to decide
-        return wire.filter_result(names if items is None else None, items, {}, {})
-    ext.cache.remember_pending(pod)
-    with ext.cache.lock:
-        snap = ext._decision_snapshot(pod_req)
-        v = _replica_verdicts(snap, pod_req, n, names, pod_req.key)
-        feasible = list(v.feasible)
-        failed = dict(v.failed)
-        if v.choice:
-            feasible = _nominate(ext, pod, pod_req, v.choice, feasible, failed, replicas=n)
-    return _filter_reply(ext, feasible, failed, dict(v.unresolvable), items)
-
-
-def replica_prioritize(
-    ext: Extender, pod: Mapping[str, Any], pod_req: PodRequest, names: list[str]
-) -> list[dict[str, Any]]:
-    """``HostPriorityList`` for a replica pod: 10 for the choice, else 9 x the share of
-    the node's free replicas the pod takes, 0 where it does not fit."""
-    n = _replica_count(pod)
-    if isinstance(n, str) or n <= 0:
-        return [{"Host": name, "Score": 0} for name in names]
-    v = _replica_verdicts(ext.cache.snapshot(), pod_req, n, names, pod_req.key)
-    return [{"Host": name, "Score": v.scores.get(name, 0)} for name in names]
-
-
-def replica_bind_start(
-    ext: Extender, key: str, pod: Mapping[str, Any], pod_req: PodRequest, node: str, uid: str
-) -> Any:
-    """Start binding a replica pod: its replicas held on ``node`` under the cache lock (the
-    nominated hold, or a fresh check); returns the error, or the extender's ``_BindWrite``
-    with no hand-off annotation (the kubelet picks the device)."""
-    from scheduler.server.extender import _BindWrite
-
-    n = _replica_count(pod)
-    if isinstance(n, str):
-        return n
-    cpu = pod_resource(pod, "cpu", cpu_milli)
-    memory = pod_resource(pod, "memory", quantity_int)
-
-    def choose(s: ClusterSnapshot, _nominated: tuple[int, ...] | None) -> PodInfo | str:
-        v = _replica_verdicts(s, pod_req, n, [node], key)
-        if node not in v.scores:
-            return v.failed.get(node) or v.unresolvable.get(node) or REASON_UNKNOWN_NODE
-        return PodInfo(
-            key=key,
-            uid=uid,
-            node=node,
-            gpus=(),
-            cpu_milli=cpu,
-            memory_bytes=memory,
-            gang=pod_req.gang,
-            assumed=True,
-            raw=bound_pod(pod, node),
-            replicas=n,
-        )
-
-    choice = ext.cache.assume_for_bind(key, node, choose)
-    if isinstance(choice, str):
-        return choice
-    return _BindWrite(key, pod, {}, pod_req, node, ())
+SHARES = Shares()
