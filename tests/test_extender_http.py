@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 from dataclasses import replace
+from typing import Any
 
 import httpx
 import orjson
@@ -255,6 +257,57 @@ def test_preempt_passes_victims_through(client, args_file: str) -> None:
     r = client.post("/scheduler/preempt", content=orjson.dumps(fixture(args_file)))
     assert r.status_code == 200
     assert r.json() == fixture("preempt_result.json")
+
+
+def _with_victims(key: str, victims: Any) -> dict[str, Any]:
+    """The preempt fixture with its ``key`` map (``NodeNameToMetaVictims`` or
+    ``NodeNameToVictims``) replaced by ``victims``, the other map dropped."""
+    args = fixture("preempt_args.json")
+    args.pop("NodeNameToVictims", None)
+    args.pop("NodeNameToMetaVictims", None)
+    args[key] = victims
+    return args
+
+
+@pytest.mark.parametrize(
+    ("key", "victims", "needle"),
+    [
+        ("NodeNameToMetaVictims", {"dgx-h100-04": {"Pods": 5}}, "Pods must be a list"),
+        ("NodeNameToMetaVictims", {"dgx-h100-04": {"Pods": True}}, "Pods must be a list"),
+        ("NodeNameToMetaVictims", {"dgx-h100-04": {"Pods": 0}}, "Pods must be a list"),
+        ("NodeNameToMetaVictims", {"dgx-h100-04": {"Pods": {"UID": "u"}}}, "Pods must be a list"),
+        ("NodeNameToVictims", {"dgx-h100-04": {"Pods": 7}}, "Pods must be a list"),
+        ("NodeNameToVictims", {"dgx-h100-04": {"Pods": [{"metadata": [1]}]}}, "metadata"),
+        ("NodeNameToMetaVictims", {"dgx-h100-04": {"Pods": [{"UID": {"a": 1}}]}}, "UID"),
+        ("NodeNameToMetaVictims", [{"Pods": []}], "victims map must be an object"),
+        ("NodeNameToVictims", "dgx-h100-04", "victims map must be an object"),
+        ("NodeNameToMetaVictims", {"dgx-h100-04": [1]}, "victims entry must be an object"),
+    ],
+)
+def test_preempt_malformed_victims_is_a_clear_400(
+    client, caplog, key: str, victims: Any, needle: str
+) -> None:
+    """Victims that are not lists of objects (issue #38): 400 with the reason, as every
+    other malformed body, never a 200 over a traceback."""
+    with caplog.at_level(logging.ERROR, logger="scheduler.server.app"):
+        r = client.post("/scheduler/preempt", content=orjson.dumps(_with_victims(key, victims)))
+    assert r.status_code == 400
+    assert needle in r.json()["error"]
+    assert not [rec for rec in caplog.records if rec.exc_info], "a traceback was logged"
+
+
+def test_preempt_null_pods_is_an_empty_list() -> None:
+    """``Pods: null`` is what Go sends for a nil slice: answered as ``Pods: []`` is (each
+    on a fresh extender: an answer is remembered), not refused."""
+    answers = []
+    for pods in (None, []):
+        args = _with_victims("NodeNameToMetaVictims", {"dgx-h100-04": {"Pods": pods}})
+        c = asgi_client(Extender(fixture_cache(with_reasons())))
+        r = c.post("/scheduler/preempt", content=orjson.dumps(args))
+        assert r.status_code == 200
+        answers.append(r.json())
+    assert answers[0] == answers[1]
+    assert set(answers[0]["NodeNameToMetaVictims"]) <= {"dgx-h100-04"}
 
 
 def test_captured_kube_scheduler_bodies() -> None:

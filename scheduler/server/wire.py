@@ -839,7 +839,11 @@ def preemption_args(
     Full victims (``NodeNameToVictims``) are reduced to their UIDs, keeping their order.
 
     Raises:
-        WireError: malformed payload.
+        WireError: malformed payload: no Pod object, a victims map or entry that is not an
+            object, an entry's ``Pods`` that is not a list (null is an empty list, as Go
+            sends a nil slice), a victim that is not an object, a full victim's
+            ``metadata`` that is not an object, a UID that is not a string, or a
+            ``NumPDBViolations`` that is not an integer.
     """
     f = fold(obj)
     pod = f.get("pod")
@@ -858,15 +862,25 @@ def preemption_args(
             if not isinstance(v, Mapping):
                 raise WireError("victims entry must be an object")
             fv = fold(v)
+            pods = fv.get("pods")
+            if pods is None:
+                pods = []
+            if not isinstance(pods, list):
+                raise WireError("victims entry's Pods must be a list or null")
             uids = []
-            for p in fv.get("pods") or []:
+            for p in pods:
                 if not isinstance(p, Mapping):
                     raise WireError("victim pod must be an object")
                 if is_meta:
-                    uid = fold(p).get("uid", "")
+                    uid = fold(p).get("uid")
                 else:
-                    uid = (p.get("metadata") or {}).get("uid", "")
-                uids.append({"UID": str(uid)})
+                    md = p.get("metadata")
+                    if md is not None and not isinstance(md, Mapping):
+                        raise WireError("victim pod's metadata must be an object")
+                    uid = (md or {}).get("uid")
+                if uid is not None and not isinstance(uid, str):
+                    raise WireError("victim pod's UID must be a string")
+                uids.append({"UID": uid or ""})
             victims[str(node)] = uids
             n = fv.get("numpdbviolations", 0) or 0
             if not isinstance(n, int):
