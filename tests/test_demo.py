@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [A-Z]+ \S+: ", re.MULTILINE)
+"""A line of the CLI's log format (``%(asctime)s %(levelname)s %(name)s: %(message)s``)."""
 
 
 def _demo(*flags: str) -> subprocess.CompletedProcess[str]:
@@ -53,6 +57,32 @@ def test_demo_table_prints() -> None:
     out = _demo()
     assert "placed on" in out.stdout and "16 GPUs in one pod: pending" in out.stdout
     assert "every step behaved" in out.stdout
+
+
+def test_demo_prints_the_story_and_no_log_line() -> None:
+    """On a terminal stdout and stderr interleave: with both on one pipe, the demo's output
+    is its story alone (the extender's bind audit lines and INFO logs are held back)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "scheduler.cli.main", "demo"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    assert "every step behaved" in out
+    assert not LOG_LINE.findall(out), LOG_LINE.findall(out)[:3]
+    assert "topoplace.bind" not in out and '"event":"bind"' not in out
+
+
+def test_demo_verbose_logs_to_stderr_only() -> None:
+    """``--verbose`` shows what the extender does, on stderr: one bind audit line per pod
+    bound; stdout keeps the story alone."""
+    out = _demo("--verbose")
+    assert "every step behaved" in out.stdout and not LOG_LINE.findall(out.stdout)
+    binds = [line for line in out.stderr.splitlines() if "INFO topoplace.bind: " in line]
+    bound = sum(1 for line in out.stdout.splitlines() if line.strip().startswith("placed on"))
+    assert bound > 0 and len(binds) >= bound
 
 
 def test_demo_captions_come_from_the_decisions() -> None:

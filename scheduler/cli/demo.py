@@ -15,6 +15,7 @@ written in advance except what each step expects (placed or pending), and the de
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import socket
@@ -22,7 +23,7 @@ import threading
 import time
 import webbrowser
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -337,14 +338,45 @@ def _occupancy(node: str, gpus: list[int], before: Mapping[str, list[int]]) -> d
     }
 
 
+QUIET_LOGGERS = ("topoplace", "scheduler")
+"""The extender's loggers (the bind audit line is ``topoplace.bind``): held at WARNING while
+the demo tells its story, unless ``--verbose``."""
+
+
+@contextlib.contextmanager
+def _quiet_logs(quiet: bool) -> Iterator[None]:
+    """While in the block, with ``quiet``, the extender's loggers pass only warnings and
+    errors (the story is all the demo prints); their levels are restored after."""
+    loggers = [logging.getLogger(n) for n in QUIET_LOGGERS] if quiet else []
+    before = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, before, strict=True):
+            lg.setLevel(level)
+
+
 def run_demo(
     cluster: str | None = None,
     as_json: bool = False,
     ui: bool = False,
     port: int | None = None,
     open_browser: bool = True,
+    verbose: bool = False,
 ) -> int:
-    """Run the demo; returns 0 when every scripted step behaved, 1 otherwise."""
+    """Run the demo; returns 0 when every scripted step behaved, 1 otherwise. Prints the
+    story of each step and nothing else: the in-process extender logs (to stderr, as
+    ``--log-level`` says) only with ``verbose``, else only its warnings and errors."""
+    with _quiet_logs(not verbose):
+        return _play(cluster, as_json, ui, port, open_browser)
+
+
+def _play(
+    cluster: str | None, as_json: bool, ui: bool, port: int | None, open_browser: bool
+) -> int:
+    """:func:`run_demo`'s body."""
     from scheduler.cli.clusterfile import build_file_extender, load_params
     from scheduler.server.app import create_app
 

@@ -214,6 +214,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--no-browser", action="store_true", help="with --ui: print the URL, open nothing"
     )
+    demo.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also log what the in-process extender does (to stderr, at --log-level); "
+        "otherwise only its warnings and errors",
+    )
     demo.set_defaults(func=cmd_demo)
 
     from scheduler.cli.certs import add_parser as add_certs_parser
@@ -521,6 +527,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         ui=args.ui,
         port=args.port,
         open_browser=not args.no_browser,
+        verbose=args.verbose,
     )
 
 
