@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from scheduler.core.objects import placement_value
@@ -494,3 +495,54 @@ def claim_pod(
         },
         "status": {"phase": "Pending"},
     }
+
+
+DRA_FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "kube" / "dra-1.33"
+"""Recorded DRA objects of a real cluster (NVIDIA's DRA driver on kube 1.33)."""
+
+
+def node_slices(names: Sequence[str]) -> list[dict[str, Any]]:
+    """One recorded 8-GPU ``gpu.nvidia.com`` ResourceSlice (``DRA_FIXTURES``) per node,
+    renamed to it, in a pool of its own named after it (devices as recorded)."""
+    import copy
+    import json
+
+    path = DRA_FIXTURES / "resourceslices.v1beta1.json"
+    recorded = json.loads(path.read_text())["items"][0]
+    out = []
+    for name in names:
+        s = copy.deepcopy(recorded)
+        s["metadata"]["name"] = f"{name}-gpu.nvidia.com"
+        s["spec"]["nodeName"] = name
+        s["spec"]["pool"]["name"] = name  # a pool per node, as the driver publishes
+        out.append(s)
+    return out
+
+
+def hami_node(
+    name: str, gpus: int = 8, product: str = "h100", split: int = 10, **kw: Any
+) -> dict[str, Any]:
+    """A node running HAMi's device plugin: ``nvidia.com/gpu`` advertised as ``gpus *
+    split`` replicas, and the register annotation (:func:`hami_register`)."""
+    from scheduler.core.fractional import HAMI_REGISTER
+
+    gpu_type, memory_mib = PRODUCTS[product][0], PRODUCTS[product][1]
+    ann = {HAMI_REGISTER: hami_register(name, gpus, memory_mib, gpu_type, split)}
+    node = make_node(name, gpus, product, annotations=ann, **kw)
+    for k in ("capacity", "allocatable"):
+        node["status"][k]["nvidia.com/gpu"] = str(gpus * split)
+    return node
+
+
+def hami_pod(
+    name: str, mem_mib: int, cores: int, *, namespace: str = "infer", node: str | None = None
+) -> dict[str, Any]:
+    """A HAMi fractional pod: one GPU share of ``mem_mib`` MiB and ``cores`` % of the
+    cores, as container limits (``nvidia.com/gpu``, ``gpumem``, ``gpucores``)."""
+    pod = make_pod(name, 0, namespace=namespace, node=node, cpu="2", memory="8Gi")
+    pod["spec"]["containers"][0]["resources"]["limits"] = {
+        "nvidia.com/gpu": "1",
+        "nvidia.com/gpumem": str(mem_mib),
+        "nvidia.com/gpucores": str(cores),
+    }
+    return pod

@@ -5,12 +5,12 @@ Every scenario of ``topoplace bench`` (``fgd-openb``, ``faults``, ``gangs``) bui
 independent runs (workload x policy x seed, and the scenario's other axes) and hands it to
 an :class:`Executor`::
 
-    topoplace bench --scenario fgd-openb --out out/fgd               # all CPUs (os.cpu_count())
-    topoplace bench --scenario fgd-openb --out out/fgd --workers 1   # inline, in this process
-    topoplace bench --scenario gangs --out out/gangs --ray local     # a new local Ray instance
-    topoplace bench --scenario faults --out out/f --ray auto         # join the running cluster
-    topoplace bench --scenario faults --out out/f --ray head:6379    # ... or name its head
-    topoplace bench --scenario faults --out out/f --ray ray://head:10001   # Ray Client
+    topoplace bench fgd-openb --out out/fgd               # all CPUs (os.cpu_count())
+    topoplace bench fgd-openb --out out/fgd --workers 1   # inline, in this process
+    topoplace bench gangs --out out/gangs --ray local     # a new local Ray instance
+    topoplace bench faults --out out/f --ray auto         # join the running cluster
+    topoplace bench faults --out out/f --ray head:6379    # ... or name its head
+    topoplace bench faults --out out/f --ray ray://head:10001   # Ray Client
 
 Contract (what scenarios and their callers may assume):
 

@@ -7,7 +7,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from benchmarks.health_refresh import node_slices
+from benchmarks.clusters import node_slices
 from benchmarks.live import dra as live_dra
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "kube" / "dra-1.33"

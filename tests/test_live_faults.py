@@ -18,7 +18,7 @@ import pytest
 from benchmarks.engine.health import EPOCH0, GpuFault, Outage, SignalHealth
 from benchmarks.engine.jobs import Job, Run
 from benchmarks.engine.loop import Engine, Hook
-from benchmarks.faults.metrics import FaultStats
+from benchmarks.engine.scenarios.faults.metrics import FaultStats
 from benchmarks.live import faults as lf
 from benchmarks.live.scenariofile import FirstPlacements
 from scheduler.core.health import HealthParams

@@ -88,16 +88,19 @@ def test_the_offline_run_writes_its_table(tmp_path: Path) -> None:
     assert "| arrivals placed | 4 |" in text and "offline topoplace" in text
 
 
-def test_the_latency_benchmark_runs_and_agrees_with_the_core(capsys) -> None:
-    from benchmarks.preemption_latency import main as latency
+def test_the_latency_benchmark_runs_and_agrees_with_the_core(tmp_path) -> None:  # noqa: ANN001
+    from benchmarks.micro.preemption_latency import add_arguments, run
+    from benchmarks.registry import common_parser
 
-    assert latency(["--nodes", "12", "--runs", "1"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
-    verb = next(r for r in lines if r.startswith("| 12 | 48 |"))
-    assert verb.startswith("| 12 | 48 | 12 |") and verb.endswith("| dgx-00001 |")
+    parser = common_parser("t")
+    add_arguments(parser)
+    figures = run(parser.parse_args(["--nodes", "12", "--runs", "1", "--out", str(tmp_path)]))
+    rows = {r[0]: r for r in figures.rows}
+    assert rows["preempt verb"][1:4] == (12, 48, 12) and rows["preempt verb"][-1] == "dgx-00001"
+    assert rows["select_victims"][-1] == "dgx-00001"
     # the started preemption's search chooses the same node as the verb
-    started = lines[-1].split(" | ")
-    assert started[0] == "| 12" and started[1] == "12" and started[4] == "dgx-00001"
+    assert rows["started preemption"][1] == 12 and rows["started preemption"][3] == 12
+    assert rows["started preemption"][-1] == "dgx-00001"
 
 
 def test_budgets_protect_pods_offline_and_leave_the_seeds_scenario_as_it_was() -> None:

@@ -16,12 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import sweep
+from benchmarks import registry, sweep
+from benchmarks.engine.locality import POLLUX_DIR
 from benchmarks.engine.scenario import parse_seeds
-from benchmarks.faults import run as faults_run
-from benchmarks.gangsim import run as gangsim_run
-from benchmarks.gangsim.locality import POLLUX_DIR
-from benchmarks.gangsim.workload import HELIOS_SUMMARY
+from benchmarks.engine.scenarios.gangs.workload import HELIOS_SUMMARY
 from scheduler.cli import bench
 from tests.engine.golden import csv_without
 from tests.sim.synthetic import tiny_openb
@@ -68,18 +66,15 @@ def test_order_must_be_a_permutation() -> None:
 
 
 def test_executor_from_flags(monkeypatch: pytest.MonkeyPatch) -> None:
-    parser = argparse.ArgumentParser(prog="topoplace")
-    bench.add_parser(parser.add_subparsers(dest="command"))
+    parser = registry.common_parser("topoplace bench faults")
 
     def ex(*flags: str) -> sweep.Executor:
-        return sweep.from_args(
-            parser.parse_args(["bench", "--scenario", "faults", "--out", "x", *flags])
-        )
+        return sweep.from_args(parser.parse_args(["--out", "x", *flags]))
 
     default = ex()
     assert isinstance(default, sweep.LocalExecutor) and default.workers == (os.cpu_count() or 1)
     assert ex("--workers", "1").describe() == "1 process (inline)"
-    assert ex("--jobs", "3").describe() == "3 local processes"  # the old spelling
+    assert ex("--workers", "3").describe() == "3 local processes"
     with pytest.raises(sweep.SweepError, match="at least 1"):
         ex("--workers", "0")
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
@@ -92,7 +87,7 @@ def test_bench_reports_a_missing_ray_as_a_usage_error(
 ) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)
     args = ["--days", "0.1", "--seeds", "1", "--multipliers", "1", "--ray", "local"]
-    assert faults_run.main([*args, "--out", str(tmp_path)]) == 2
+    assert registry.main(["faults", *args, "--out", str(tmp_path)]) == 2
     assert "pip install 'topoplace[ray]'" in capsys.readouterr().out
 
 
@@ -104,7 +99,7 @@ def _fgd(out: Path, flags: list[str]) -> dict[str, str]:
     parser = argparse.ArgumentParser(prog="topoplace")
     bench.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(
-        ["bench", "--scenario", "fgd-openb", "--data", str(tiny_openb(out.parent)),
+        ["bench", "fgd-openb", "--data", str(tiny_openb(out.parent)),
          "--workloads", "tiny", "--policies", "fgd,bestfit", "--seeds", "42,43",
          "--expected", str(out.parent / "absent"), "--out", str(out), "--quiet", *flags]
     )  # fmt: skip
@@ -118,7 +113,7 @@ def _faults(out: Path, flags: list[str]) -> dict[str, str]:
     """faults: 2 health policies x 2 seeds, half a day at 20x the failure rates."""
     args = ["--days", "0.5", "--seeds", "1,2", "--multipliers", "20",
             "--policies", "topoplace", "ready-only", "--out", str(out), *flags]  # fmt: skip
-    assert faults_run.main(args) == 0
+    assert registry.main(["faults", *args]) == 0
     text = (out / "results.csv").read_text()
     assert text.count("\n") == 5
     return {"results.csv": text, "results.json": (out / "results.json").read_text()}
@@ -130,7 +125,7 @@ def _gangs(out: Path, flags: list[str]) -> dict[str, str]:
         pytest.skip("../shared/data (helios, pollux-placement-throughput) is not present")
     args = ["--clusters", "nvl72", "--nvl72-racks", "2", "--policies", "topoplace,first-fit",
             "--seeds", "1", "--jobs", "15", "--quiet", "--out", str(out), *flags]  # fmt: skip
-    assert gangsim_run.main(args) == 0
+    assert registry.main(["gangs", *args]) == 0
     text = csv_without(out / "results.csv", "wall_s")
     assert text.count("\n") == 5
     return {"results.csv": text}

@@ -1,8 +1,8 @@
 """The one offline engine: every offline benchmark is a scenario of one event loop.
 
 Like kube-scheduler's ``scheduler_perf`` (one runner, many workloads), the FGD reproduction
-(``benchmarks/sim``), the gang scenario (``benchmarks/gangsim``), the failure injection
-(``benchmarks/faults``) and any scenario file (``benchmarks/scenarios``) run on:
+(:mod:`.scenarios.fgd`), the gang scenario (:mod:`.scenarios.gangs`), the failure injection
+(:mod:`.scenarios.faults`) and any scenario file (``benchmarks/scenarios/*.yaml``) run on:
 
 * :mod:`.loop`: the discrete-event loop: arrivals, departures, faults (node and GPU failure
   and repair) and health signals, ordered by (time, kind, sequence); a queue served after
@@ -16,9 +16,12 @@ Like kube-scheduler's ``scheduler_perf`` (one runner, many workloads), the FGD r
 * :mod:`.health`: faults rendered as the signals a cluster publishes, assessed by a health
   policy (``topoplace``, ``kube-default``, ``ready-only``).
 * :mod:`.scenario`, :mod:`.sources`: scenario files (format: ``benchmarks/scenarios/README.md``)
-  and what their node, arrival and fault sources produce.
+  and what their node, arrival and fault sources produce; :mod:`.openb` (the Alibaba trace
+  reader), :mod:`.artifact` (the FGD artifact's seeded order and ranking) and :mod:`.gorand`
+  (Go's math/rand) are sources too. Generators of a scenario package (Helios gangs, Llama 3
+  faults) are registered by name (``sources.GENERATORS``): the engine imports none of them.
 * :mod:`.run`: one run in any process, a sweep through :mod:`benchmarks.sweep`, reports by
-  name (:mod:`.report` is the generic ``placement`` one); ``topoplace bench --scenario-file``.
+  name (:mod:`.report` is the generic ``placement`` one); ``topoplace bench FILE``.
 * :mod:`.replay`: a scenario file as Node objects and timed Pod objects for a live replay.
 
 Scenario-specific behaviour is configuration, not code: the FGD artifact's Go-compatible

@@ -4,7 +4,7 @@
 queue) from its materialised inputs, attaches its report's hooks, replays the jobs and
 faults and returns the report's per-run result. :func:`run_scenarios` does that for every
 run of one or more scenarios through :mod:`benchmarks.sweep` (results in input order), and
-:func:`main_files` is ``topoplace bench --scenario-file``: load files, run, write the
+:func:`main_files` is ``topoplace bench FILE...``: load files, run, write the
 report of their kind.
 
 Reports are registered by name (``report:`` in a scenario file). A report provides
@@ -35,9 +35,9 @@ from benchmarks.engine.sources import Inputs, materialize, sharing_node
 
 REPORTS: dict[str, str] = {
     "placement": "benchmarks.engine.report",
-    "fgd": "benchmarks.sim.fgd_repro",
-    "gangs": "benchmarks.gangsim.run",
-    "faults": "benchmarks.faults.run",
+    "fgd": "benchmarks.engine.scenarios.fgd.run",
+    "gangs": "benchmarks.engine.scenarios.gangs.run",
+    "faults": "benchmarks.engine.scenarios.faults.run",
 }
 """Report name -> module whose ``REPORT`` implements it."""
 
@@ -109,7 +109,7 @@ def build(run: Scenario, inputs: Inputs, hooks: Sequence[Hook]) -> Engine:
     stretch = None
     health = None
     if is_sharing(run.pod_policy):
-        from benchmarks.sim.artifact import node_rank
+        from benchmarks.engine.artifact import node_rank
         from scheduler.core.policies.sharing_policies import get_sharing_policy
         from scheduler.core.sharing import typical_tasks
 
@@ -156,7 +156,7 @@ def build(run: Scenario, inputs: Inputs, hooks: Sequence[Hook]) -> Engine:
 def pollux_stretch(params: Any) -> Callable[[Any, Any], tuple[float, object]]:
     """Gang run times stretched by the Pollux-calibrated locality model (the profile of the
     placement is what the model saw)."""
-    from benchmarks.gangsim.locality import model, profile
+    from benchmarks.engine.locality import model, profile
 
     m = model()
     fabric = params.fabric
@@ -213,7 +213,7 @@ def main_files(
     command: str = "",
     quiet: bool = False,
 ) -> int:
-    """``topoplace bench --scenario-file FILE...``: run the files' runs, write their report.
+    """``topoplace bench FILE...``: run the files' runs, write their report.
 
     Returns:
         A process exit code (2 for unreadable or malformed files).

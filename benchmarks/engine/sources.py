@@ -10,8 +10,9 @@ read files cache what they read per process (runs of a sweep share a worker).
 from __future__ import annotations
 
 import functools
+import importlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,10 @@ from typing import Any
 import yaml
 
 from benchmarks.clusters import dgx_h100_nodes, make_node, nvl72_racks
+from benchmarks.engine.gorand import GoRand
 from benchmarks.engine.health import GpuFault, Outage
 from benchmarks.engine.jobs import PRODUCT_LABEL, Job, job_from_task
 from benchmarks.engine.scenario import Scenario, ScenarioError
-from benchmarks.sim.gorand import GoRand
 from scheduler.core.objects import node_gpus
 from scheduler.core.params import SchedParams
 from scheduler.core.quantity import cpu_milli, quantity_int
@@ -108,7 +109,7 @@ def _fabric(
 
 @functools.lru_cache(maxsize=8)
 def _openb_nodes(path: str | None, node_file: str | None) -> tuple[SharingNode, ...]:
-    from benchmarks.sim import openb
+    from benchmarks.engine import openb
 
     return tuple(openb.load_nodes(path, node_file or openb.NODE_FILE))
 
@@ -235,7 +236,7 @@ def _repeated(args: Mapping[str, Any], gang: bool, start: int) -> list[Job]:
 
 @functools.lru_cache(maxsize=16)
 def _openb_tasks(path: str | None, workload: str) -> tuple[SharingTask, ...]:
-    from benchmarks.sim import openb
+    from benchmarks.engine import openb
 
     return tuple(openb.load_tasks(workload, path))
 
@@ -248,7 +249,7 @@ def _openb_arrivals(
     time, with the trace's deletion times as departures when ``departures: true``) or
     ``file`` (file order); ``whole_gpu: true`` keeps whole-GPU pods only, ``fit: true`` stops
     before the requested GPUs would exceed the cluster's."""
-    from benchmarks.sim import artifact, openb
+    from benchmarks.engine import artifact, openb
 
     bad = set(args) - {"path", "workload", "order", "tune", "whole_gpu", "fit", "departures"}
     if bad:
@@ -286,25 +287,41 @@ def _openb_arrivals(
     return out
 
 
+GENERATORS: dict[str, str] = {
+    "helios-gangs": "benchmarks.engine.scenarios.gangs.workload:arrivals",
+    "llama3-gangs": "benchmarks.engine.scenarios.faults.scenario:arrivals",
+    "llama3": "benchmarks.engine.scenarios.faults.scenario:fault_source",
+}
+"""Generator name -> ``module:function`` of a scenario package, imported when a scenario
+names it (the engine imports no scenario module itself). An arrivals generator is called
+``f(params, run, nodes, inputs) -> list[Job]``, a fault generator ``f(params, run, nodes,
+inputs) -> (outages, gpu_faults)``; either may record what its report needs in
+``inputs.info``."""
+
+
+def generator(name: str) -> Callable[..., Any]:
+    """The generator function registered as ``name``.
+
+    Raises:
+        ScenarioError: no generator of that name.
+    """
+    target = GENERATORS.get(name)
+    if target is None:
+        raise ScenarioError(f"unknown generator {name!r}; known: {', '.join(sorted(GENERATORS))}")
+    module, _, func = target.partition(":")
+    fn: Callable[..., Any] = getattr(importlib.import_module(module), func)
+    return fn
+
+
 def _generated_arrivals(
     args: Mapping[str, Any], run: Scenario, nodes: Sequence[Mapping[str, Any]], inp: Inputs
 ) -> list[Job]:
-    kind = args["generator"]
+    kind = str(args["generator"])
+    if kind == "llama3":
+        raise ScenarioError("arrivals: llama3 is a fault generator; arrivals use llama3-gangs")
     params = {k: v for k, v in args.items() if k != "generator"}
-    if kind == "helios-gangs":
-        from benchmarks.gangsim.workload import WorkloadSpec, cluster_spec, generate
-
-        cl = cluster_spec(str(params.pop("cluster")), params.pop("units", None))
-        inp.info["cluster"] = cl
-        inp.info["workload_spec"] = WorkloadSpec(**params)
-        return generate(cl, inp.info["workload_spec"], run.seed)
-    if kind == "llama3-gangs":
-        from benchmarks.faults.scenario import knobs, workload
-
-        sc = knobs(params, run)
-        inp.info["faults_knobs"] = sc
-        return workload(sc, run.seed, nodes)
-    raise ScenarioError(f"arrivals: unknown generator {kind!r}; known: helios-gangs, llama3-gangs")
+    jobs: list[Job] = generator(kind)(params, run, nodes, inp)
+    return jobs
 
 
 def _arrival_source(
@@ -339,11 +356,9 @@ def _fault_source(
         a["xid_times"] = tuple(a.pop("xids", ()) or ())
         return [], [GpuFault(**a)]
     if kind == "generator" and args["generator"] == "llama3":
-        from benchmarks.faults.scenario import faults, knobs
-
-        sc = knobs({k: v for k, v in args.items() if k != "generator"}, run)
-        inp.info["faults_knobs"] = sc
-        return faults(sc, list(nodes), run.seed)
+        params = {k: v for k, v in args.items() if k != "generator"}
+        out: tuple[list[Outage], list[GpuFault]] = generator("llama3")(params, run, nodes, inp)
+        return out
     raise ScenarioError(f"faults: unknown source {kind!r}; known: outage, gpu, generator: llama3")
 
 

@@ -1,0 +1,1 @@
+"""Import aliases of modules moved under ``benchmarks.engine`` (see each module)."""

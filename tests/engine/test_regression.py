@@ -1,7 +1,7 @@
 """The one engine reproduces the three event loops it replaced, bit for bit.
 
-``golden.json`` holds what the pre-engine loops (``benchmarks/sim/engine.py``,
-``benchmarks/gangsim/engine.py``, ``benchmarks/faults/engine.py`` at 16f44c8) produced on the
+``golden.json`` holds what the pre-engine loops (``benchmarks/engine/scenarios/fgd/engine.py``,
+``benchmarks/engine/scenarios/gangs/engine.py``, ``benchmarks/engine/scenarios/faults/engine.py`` at 16f44c8) produced on the
 small configurations below: per FGD run a digest of the integer per-event arrays and one of
 the fragmentation array, per gang run every gang's outcome (as a digest) and the run's
 summary, per failure run every metric. The FGD fragmentation figures were re-recorded
@@ -25,16 +25,15 @@ from typing import Any
 import numpy as np
 import pytest
 
+from benchmarks import registry
+from benchmarks.engine.locality import POLLUX_DIR, LocalityModel, ModelFit
 from benchmarks.engine.run import build, run_one
 from benchmarks.engine.scenario import Scenario
-from benchmarks.engine.sources import materialize
-from benchmarks.faults import run as faults_run
-from benchmarks.faults.run import faults_scenario
-from benchmarks.faults.scenario import Scenario as Knobs
-from benchmarks.gangsim import run as gangsim_run
-from benchmarks.gangsim.locality import POLLUX_DIR, LocalityModel, ModelFit
-from benchmarks.gangsim.metrics import RunResult, summarize
-from benchmarks.gangsim.workload import (
+from benchmarks.engine.scenarios.faults.run import faults_scenario
+from benchmarks.engine.scenarios.faults.scenario import Scenario as Knobs
+from benchmarks.engine.scenarios.fgd.metrics import Recorder, SimResult
+from benchmarks.engine.scenarios.gangs.metrics import RunResult, summarize
+from benchmarks.engine.scenarios.gangs.workload import (
     HELIOS_SUMMARY,
     ClusterSpec,
     HeliosStats,
@@ -42,7 +41,7 @@ from benchmarks.gangsim.workload import (
     cluster_spec,
     generate,
 )
-from benchmarks.sim.metrics import Recorder, SimResult
+from benchmarks.engine.sources import materialize
 from scheduler.cli import bench
 from scheduler.core.params import GangParams, SchedParams
 from tests.engine.golden import GOLDEN_CLI, csv_without
@@ -238,7 +237,7 @@ def test_fgd_command_line_output_is_the_old_one(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser(prog="topoplace")
     bench.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(
-        ["bench", "--scenario", "fgd-openb", "--data", str(tiny_openb(tmp_path)),
+        ["bench", "fgd-openb", "--data", str(tiny_openb(tmp_path)),
          "--workloads", "tiny", "--policies", ",".join(SHARING), "--seeds", "42,43",
          "--expected", str(tmp_path / "absent"), "--out", str(tmp_path / "out"), "--quiet",
          "--workers", "1"]
@@ -250,7 +249,7 @@ def test_fgd_command_line_output_is_the_old_one(tmp_path: Path) -> None:
 def test_faults_command_line_output_is_the_old_one(tmp_path: Path) -> None:
     args = ["--days", "0.5", "--seeds", "1,2", "--multipliers", "20", "--policies",
             "topoplace", "ready-only", "kube-default", "--out", str(tmp_path), "--workers", "1"]  # fmt: skip
-    assert faults_run.main(args) == 0
+    assert registry.main(["faults", *args]) == 0
     assert csv_without(tmp_path / "results.csv", None) == _golden_csv("faults")
 
 
@@ -262,5 +261,5 @@ def test_gangs_command_line_output_is_the_old_one(tmp_path: Path) -> None:
     args = ["--clusters", "nvl72", "--nvl72-racks", "2", "--policies", "topoplace,first-fit",
             "--seeds", "1", "--jobs", "15", "--quiet", "--out", str(tmp_path), "--workers", "1",
             "--check"]  # fmt: skip
-    assert gangsim_run.main(args) == 0
+    assert registry.main(["gangs", *args]) == 0
     assert csv_without(tmp_path / "results.csv", "wall_s") == _golden_csv("gangs")

@@ -1,5 +1,5 @@
 """Scenario files: the committed ones are the benchmarks' own configurations, any file runs
-through ``topoplace bench --scenario-file`` with the outputs of the command lines, the
+through ``topoplace bench FILE`` with the outputs of the command lines, the
 loader rejects what it does not know, and a file replays live as Node and Pod objects."""
 
 from __future__ import annotations
@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 import yaml
 
+from benchmarks.engine.locality import POLLUX_DIR
+from benchmarks.engine.openb import PAPER_WORKLOADS
 from benchmarks.engine.replay import GPU_MILLI_ANNOTATION, objects
 from benchmarks.engine.run import run_one
 from benchmarks.engine.scenario import Scenario, ScenarioError, from_mapping, load
-from benchmarks.faults.run import faults_scenario
-from benchmarks.faults.scenario import Scenario as Knobs
-from benchmarks.gangsim.locality import POLLUX_DIR
-from benchmarks.gangsim.run import DEFAULT_POLICIES as GANG_POLICIES
-from benchmarks.gangsim.run import gang_scenario
-from benchmarks.gangsim.workload import HELIOS_SUMMARY, WorkloadSpec
-from benchmarks.sim.fgd_repro import fgd_scenario
-from benchmarks.sim.openb import PAPER_WORKLOADS
+from benchmarks.engine.scenarios.faults.run import faults_scenario
+from benchmarks.engine.scenarios.faults.scenario import Scenario as Knobs
+from benchmarks.engine.scenarios.fgd.run import fgd_scenario
+from benchmarks.engine.scenarios.gangs.run import DEFAULT_POLICIES as GANG_POLICIES
+from benchmarks.engine.scenarios.gangs.run import gang_scenario
+from benchmarks.engine.scenarios.gangs.workload import HELIOS_SUMMARY, WorkloadSpec
 from scheduler.cli import bench
 from scheduler.core.policies.sharing_policies import SHARING_POLICIES
 from tests.engine.golden import GOLDEN_CLI, csv_without
@@ -81,8 +81,7 @@ def test_a_small_fgd_file_gives_the_command_line_output(tmp_path: Path) -> None:
     baselines = [p for p in SHARING_POLICIES if not p.startswith("topoplace")]
     doc["sweep"] = {"workload": ["tiny"], "pod_policy": baselines, "seed": "42,43"}
     f = _write(tmp_path / "fgd.yaml", doc)
-    assert _bench("--scenario-file", str(f), "--out", str(tmp_path / "out"), "--workers", "1",
-                  "--quiet") == 0  # fmt: skip
+    assert _bench(str(f), "--out", str(tmp_path / "out"), "--workers", "1", "--quiet") == 0  # fmt: skip
     got = csv_without(tmp_path / "out" / "results.csv", "seconds")
     assert got == csv_without(GOLDEN_CLI / "fgd.csv", "")
     assert (tmp_path / "out" / "report.md").is_file()
@@ -94,7 +93,7 @@ def test_a_small_faults_file_gives_the_command_line_output(tmp_path: Path) -> No
     doc["sweep"] = {"fault_rate": [20], "seed": "1-2",
                     "health": ["topoplace", "ready-only", "kube-default"]}  # fmt: skip
     f = _write(tmp_path / "faults.yaml", doc)
-    assert _bench("--scenario-file", str(f), "--out", str(tmp_path), "--workers", "1") == 0
+    assert _bench(str(f), "--out", str(tmp_path), "--workers", "1") == 0
     assert csv_without(tmp_path / "results.csv", "") == csv_without(GOLDEN_CLI / "faults.csv", "")
 
 
@@ -106,7 +105,7 @@ def test_a_small_gang_file_gives_the_command_line_output(tmp_path: Path) -> None
     doc["sweep"] = {"queue": ["best-effort-fifo", "strict-fifo"], "seed": 1,
                     "gang_policy": ["topoplace", "first-fit"]}  # fmt: skip
     f = _write(tmp_path / "gangs.yaml", doc)
-    assert _bench("--scenario-file", str(f), "--out", str(tmp_path), "--quiet") == 0
+    assert _bench(str(f), "--out", str(tmp_path), "--quiet") == 0
     assert csv_without(tmp_path / "results.csv", "wall_s") == csv_without(
         GOLDEN_CLI / "gangs.csv", ""
     )
@@ -200,12 +199,14 @@ def test_gangs_and_fractions_replay_with_their_annotations(tmp_path: Path) -> No
     assert live.pods[0].duration == 60.0
 
 
-def test_file_reports_that_write_files_need_an_output_directory(
+def test_the_runner_refuses_what_a_scenario_file_sets_itself(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert _bench("--scenario-file", str(FILES / "fgd-openb.yaml")) == 2  # before any run
-    assert "give --out" in capsys.readouterr().err
-    assert _bench("--scenario", "faults") == 2  # a named scenario needs --out too
+    with pytest.raises(SystemExit) as exc:  # before any run
+        _bench(str(FILES / "fgd-openb.yaml"), "--seeds", "1-2")
+    assert exc.value.code == 2 and "sets its own seeds" in capsys.readouterr().err
+    assert _bench("no-such-benchmark") == 2
+    assert "unknown benchmark 'no-such-benchmark'" in capsys.readouterr().err
 
 
 def test_one_allowed_gpu_model_is_a_selector_on_snapshots(tmp_path: Path) -> None:

@@ -1,11 +1,11 @@
 """The gang benchmark runs end to end on a small fleet (the real figures come from
-``python -m benchmarks.gang_solver``)."""
+``topoplace bench gang-solver``)."""
 
 from __future__ import annotations
 
 import io
 
-from benchmarks.gang_solver import dgx_fleet, fmt_levels, run
+from benchmarks.micro.gang_solver import dgx_fleet, fmt_levels, run
 
 
 def test_fleet_is_deterministic_and_partly_used() -> None:

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = r"""
 import json, sys
 from dataclasses import replace
-from benchmarks.gang_solver import dgx_fleet
+from benchmarks.micro.gang_solver import dgx_fleet
 from scheduler.core.gang import simple_gang
 from scheduler.core.params import SchedParams
 from scheduler.core.policies.registry import get_policy
@@ -57,7 +57,7 @@ def _run(limit: float, fleet: int = 600, sizes: str = "24,70") -> list[dict]:
 
 
 def _in_process(limit: float) -> list[dict]:
-    from benchmarks.gang_solver import dgx_fleet
+    from benchmarks.micro.gang_solver import dgx_fleet
     from scheduler.core.gang import simple_gang
     from scheduler.core.policies.registry import get_policy
     from scheduler.core.snapshot import build_snapshot

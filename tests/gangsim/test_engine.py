@@ -12,11 +12,11 @@ import pytest
 
 from benchmarks.engine.jobs import Job, Run
 from benchmarks.engine.ledger import SnapshotLedger
+from benchmarks.engine.locality import LocalityModel, ModelFit, profile
 from benchmarks.engine.loop import Engine, InvariantError
 from benchmarks.engine.placers import SnapshotPlacement, hold, placer_named
-from benchmarks.gangsim.locality import LocalityModel, ModelFit, profile
-from benchmarks.gangsim.metrics import GangStats, RunResult, summarize
-from benchmarks.gangsim.workload import ClusterSpec, cluster_spec
+from benchmarks.engine.scenarios.gangs.metrics import GangStats, RunResult, summarize
+from benchmarks.engine.scenarios.gangs.workload import ClusterSpec, cluster_spec
 from scheduler.core.model import PodInfo
 from scheduler.core.params import GangParams, SchedParams
 from scheduler.core.schedule import Assignment

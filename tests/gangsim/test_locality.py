@@ -8,7 +8,7 @@ import statistics
 import pytest
 
 from benchmarks.clusters import nvl72_racks
-from benchmarks.gangsim.locality import (
+from benchmarks.engine.locality import (
     POLLUX_DIR,
     LocalityModel,
     ModelFit,

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from benchmarks.gangsim.workload import (
+from benchmarks.engine.scenarios.gangs.workload import (
     HELIOS_SUMMARY,
     HeliosStats,
     WorkloadSpec,

@@ -4,9 +4,10 @@ whose failure was already published."""
 from __future__ import annotations
 
 from benchmarks.engine.run import run_one
-from benchmarks.faults.metrics import Metrics, summarize
-from benchmarks.faults.run import faults_scenario, main
-from benchmarks.faults.scenario import Scenario, llama3_rates
+from benchmarks.engine.scenarios.faults.metrics import Metrics, summarize
+from benchmarks.engine.scenarios.faults.run import faults_scenario
+from benchmarks.engine.scenarios.faults.scenario import Scenario, llama3_rates
+from benchmarks.registry import main as bench
 
 SMALL = Scenario(days=2.0, racks=1, dgx_nodes=16, rate_multiplier=40.0, flap_share=0.1)
 
@@ -37,8 +38,8 @@ def test_topoplace_never_places_on_signalled_failures_and_baseline_does() -> Non
     assert again == top  # deterministic for a seed
 
 
-def test_run_prints_a_table_with_conditions(capsys) -> None:  # noqa: ANN001
-    assert main(["--days", "0.5", "--seeds", "1", "--multipliers", "20", "--policies",
-                 "topoplace", "kube-default"]) == 0  # fmt: skip
+def test_run_prints_a_table_with_conditions(capsys, tmp_path) -> None:  # noqa: ANN001
+    assert bench(["faults", "--days", "0.5", "--seeds", "1", "--multipliers", "20",
+                  "--policies", "topoplace", "kube-default", "--out", str(tmp_path)]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "arXiv:2407.21783" in out and "| topoplace |" in out and "| kube-default |" in out

@@ -14,16 +14,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks import registry
+from benchmarks.engine import openb
+from benchmarks.engine.artifact import fgd_arrivals, node_rank
+from benchmarks.engine.gorand import GoRand
 from benchmarks.engine.jobs import Job, job_from_task
 from benchmarks.engine.ledger import SharingLedger
 from benchmarks.engine.loop import Engine
 from benchmarks.engine.placers import SharingPlacement
 from benchmarks.engine.run import run_one
-from benchmarks.sim import fgd_repro, openb
-from benchmarks.sim.artifact import fgd_arrivals, node_rank
-from benchmarks.sim.gorand import GoRand
-from benchmarks.sim.metrics import Recorder, SimResult, alloc_curve, discrete_curve, summarize
-from benchmarks.sim.report import curve_matches, load_published, write_report
+from benchmarks.engine.scenarios.fgd import run as fgd_repro
+from benchmarks.engine.scenarios.fgd.metrics import (
+    Recorder,
+    SimResult,
+    alloc_curve,
+    discrete_curve,
+    summarize,
+)
+from benchmarks.engine.scenarios.fgd.report import curve_matches, load_published, write_report
 from scheduler.cli import bench
 from scheduler.core.policies.sharing_policies import SharingContext, get_sharing_policy
 from scheduler.core.sharing import (
@@ -264,7 +272,7 @@ def test_bench_cli_runs_the_scenario(tmp_path: Path) -> None:
     bench.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(
         [
-            "bench", "--scenario", "fgd-openb", "--workloads", "gpushare40",
+            "bench", "fgd-openb", "--workloads", "gpushare40",
             "--policies", "bestfit", "--seeds", "42", "--out", str(tmp_path), "--quiet",
         ]
     )  # fmt: skip
@@ -283,8 +291,8 @@ def test_cli_argument_parsing() -> None:
     assert fgd_repro.parse_names(None, ("a",)) == ("a",)
     with pytest.raises(ValueError):
         fgd_repro.parse_seeds(",")
-    assert fgd_repro.main(["--workloads", "nope", "--out", "/nonexistent/x", "--quiet"]) == 2
-    assert "fgd-openb" in bench.SCENARIOS
+    assert registry.main(["fgd-openb", "--workloads", "nope", "--out", "/tmp/x", "--quiet"]) == 2
+    assert "fgd-openb" in registry.BENCHMARKS
 
 
 def test_report_without_published_numbers(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from benchmarks.sim.gorand import GoRand
+from benchmarks.engine.gorand import GoRand
 from scheduler.core.policies.sharing_policies import (
     NO_GPU,
     SHARING_POLICIES,

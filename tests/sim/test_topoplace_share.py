@@ -3,7 +3,7 @@
 Checks its formula on hand-built openb-shaped nodes (where it departs from FGD), that it is
 deterministic and pure, that random sequences of arrivals and departures placed by it never
 overcommit a GPU's share or a node's CPU or memory (hypothesis), and that the registered name
-runs through ``topoplace bench --scenario fgd-openb`` on a tiny trace.
+runs through ``topoplace bench fgd-openb`` on a tiny trace.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.engine.gorand import GoRand
 from benchmarks.engine.jobs import job_from_task
 from benchmarks.engine.ledger import SharingLedger
 from benchmarks.engine.loop import Engine
 from benchmarks.engine.placers import SharingPlacement
-from benchmarks.sim.gorand import GoRand
-from benchmarks.sim.metrics import Recorder
-from benchmarks.sim.policy_compare import compare
+from benchmarks.engine.scenarios.fgd.metrics import Recorder
+from benchmarks.engine.scenarios.fgd.policy_compare import compare
 from scheduler.cli import bench
 from scheduler.core.fractional import best_decision, decide, share_request, workload_distribution
 from scheduler.core.model import PodInfo, PodRequest
@@ -303,9 +303,10 @@ def test_bench_cli_runs_it_on_a_tiny_trace(tmp_path: Path) -> None:
     out = tmp_path / "out"
     args = parser.parse_args(
         [
-            "bench", "--scenario", "fgd-openb", "--workloads", "tiny",
+            "bench", "fgd-openb", "--workloads", "tiny",
             "--policies", f"{POLICY_NAME},fgd", "--seeds", "42,43", "--data", str(data),
             "--expected", str(tmp_path / "none"), "--out", str(out), "--quiet", "--workers", "1",
+            "--compare", "fgd", POLICY_NAME,
         ]
     )  # fmt: skip
     assert args.func(args) == 0
@@ -324,6 +325,7 @@ def test_bench_cli_runs_it_on_a_tiny_trace(tmp_path: Path) -> None:
     }
     assert f"| tiny | {mean['fgd']:.2f} | {mean[POLICY_NAME]:.2f} |" in table
     assert f"| tiny | {POLICY_NAME} | " in table  # the per-seed run-time table
+    assert (out / "compare.md").read_text() == table + "\n"  # --compare wrote the same
 
 
 # --------------------------------------------------------------------------- live path

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.ui_render import browser_missing, chromium, wait_drawn
+from benchmarks.micro.ui_render import browser_missing, chromium, wait_drawn
 from scheduler.cli.demo import ServerThread
 from tests.ui.helpers import GANG, bind_gang, demo_app, node_names
 
