@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -398,12 +399,11 @@ class Cluster:
             ],
         )
         auth = {"Authorization": f"Bearer {pki.token}"}
+        ca = ssl.create_default_context(cafile=str(pki.ca))
         timings["kube-apiserver"] = self._wait(
             "kube-apiserver",
             lambda: (
-                httpx.get(
-                    f"{self.server}/readyz", headers=auth, verify=str(pki.ca), timeout=2
-                ).text.strip()
+                httpx.get(f"{self.server}/readyz", headers=auth, verify=ca, timeout=2).text.strip()
                 == "ok"
             ),
         )

@@ -22,10 +22,14 @@ is lifted by :meth:`benchmarks.live.kubeapi.Api.create_ready_node`.
 from __future__ import annotations
 
 import datetime
+import logging
+import threading
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from benchmarks.clusters import PRODUCTS, hami_register, make_node
+
+log = logging.getLogger(__name__)
 
 Sharing = Literal["device-plugin", "hami", "dra"]
 SHARINGS: tuple[str, ...] = ("device-plugin", "hami", "dra")
@@ -143,3 +147,70 @@ def create_nodes(api: Any, nodes: Iterable[Mapping[str, Any]], workers: int = 8)
     objs = [dict(n) for n in nodes]
     api.create_nodes(objs, workers=workers)
     return [n["metadata"]["name"] for n in objs]
+
+
+STRATEGIC_MERGE = "application/strategic-merge-patch+json"
+
+
+def heartbeat_patch(now: str) -> dict[str, Any]:
+    """The status patch a kubelet's periodic node status update amounts to here: the
+    ``Ready`` condition's ``lastHeartbeatTime`` moved to ``now``, its status, reason and
+    transition time untouched (a strategic merge patch merges conditions by ``type``)."""
+    return {"status": {"conditions": [{"type": "Ready", "lastHeartbeatTime": now}]}}
+
+
+class Heartbeat:
+    """A kubelet's node status heartbeat for ``names``, every ``interval`` seconds, in a
+    daemon thread (:meth:`start` / :meth:`stop`; also a context manager).
+
+    Nothing heartbeats on this plane, so a fake node's ``lastHeartbeatTime`` ages from its
+    creation, and topoplace grades a Ready node whose heartbeat is older than
+    ``heartbeat_stale_seconds`` (360 s) as degraded, as it should for a real node whose
+    kubelet stopped posting status (kubelets post at least every 5 minutes). Nodes that
+    must look alive for longer need this. Only the heartbeat time is written: a condition a
+    test set (Ready False, say) stays as it is. A node that is gone is skipped.
+    """
+
+    def __init__(self, api: Any, names: Iterable[str], interval: float = 60.0) -> None:
+        self.api = api
+        self.names = list(names)
+        self.interval = interval
+        self.beats = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def beat(self) -> None:
+        """One heartbeat for every node now."""
+        body = heartbeat_patch(now_rfc3339())
+        for n in self.names:
+            self.api.call(
+                "PATCH", f"/api/v1/nodes/{n}/status", body, content_type=STRATEGIC_MERGE, ok=(404,)
+            )
+        self.beats += 1
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.beat()
+            except Exception as exc:  # the next tick tries again
+                log.warning("node heartbeat failed: %s", exc)
+
+    def start(self) -> Heartbeat:
+        """Start the thread (the first beat after ``interval``)."""
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="node-heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the thread; idempotent."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+            self._thread = None
+
+    def __enter__(self) -> Heartbeat:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

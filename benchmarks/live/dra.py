@@ -1,10 +1,10 @@
 """DRA claim pods through the real kube-scheduler, with topoplace and without, and offline.
 
-Opt-in: needs the control-plane binaries (``--kube-bin``, Kubernetes >= 1.32 with DRA) and
-``../shared/controlplane`` (``up.sh`` with ``DRA=1``, ``fake_dra.py``). One loopback
-control plane; ``--nodes`` fake 8-GPU nodes that advertise no ``nvidia.com/gpu`` and
-publish their GPUs as one ResourceSlice each (``fake_dra.py``: the NVIDIA driver's layout,
-a pool per node). Then, per arm and run, ``--pods`` pods, each with its own ResourceClaim
+Opt-in: needs the control-plane binaries (``--kube-bin``, Kubernetes >= 1.32). One
+loopback control plane (the test cluster, :mod:`benchmarks.cluster`, DRA served);
+``--nodes`` fake 8-GPU nodes that advertise no ``nvidia.com/gpu`` and publish their GPUs
+as one ResourceSlice each (:func:`benchmarks.cluster.dra.publish`: the NVIDIA driver's
+layout, a pool per node). Then, per arm and run, ``--pods`` pods, each with its own ResourceClaim
 of 1, 2, 4 or 8 GPUs in turn (class ``gpu.nvidia.com``), created as a backlog before the
 arm's kube-scheduler starts (names that sort in arrival order), as ``benchmarks.live.run``
 does:
@@ -16,8 +16,8 @@ does:
 * ``default``: kube-scheduler alone (its default plugins, DynamicResources included),
   ``percentageOfNodesToScore: 100``, client qps 500 / burst 1000.
 
-Both with the ``DynamicResourceAllocation`` feature gate (beta, off by default, in 1.32 and
-1.33). Each pod's node and devices are read from its claim's allocation.
+Both with the feature gates the version needs for DRA (``DynamicResourceAllocation``,
+beta and off by default in 1.32 and 1.33; none from 1.34). Each pod's node and devices are read from its claim's allocation.
 
 **Offline**: the same pods in the same order, on the same Node and ResourceSlice objects,
 through topoplace's own router (``scheduler.runtime.dra.DraRouter``): each pod goes to the
@@ -32,7 +32,7 @@ and topoplace's server-side filter and prioritize means (its ``/metrics``), in
 Run::
 
     python -m benchmarks.live.dra --nodes 200 --pods 200 --runs 2 \\
-        --kube-bin $HOME/kube-bin-1.33 --controlplane ../shared/controlplane --out out/live-dra
+        --kube-bin $HOME/kube-bin-1.33 --out out/live-dra
 """
 
 from __future__ import annotations
@@ -41,15 +41,14 @@ import argparse
 import contextlib
 import copy
 import csv
-import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cluster.dra import publish
 from benchmarks.clusters import claim_pod, resource_claim
 from benchmarks.live.kubeapi import Api, ApiError
 from benchmarks.live.kubesched import KubeScheduler, Topoplace, render_default_config
@@ -71,7 +70,6 @@ VARIANT = REPO / "config" / "deploy" / "dra" / "scheduler-config-dra.yaml"
 CLASS = "gpu.nvidia.com"
 NAMESPACE = "livebench-dra"
 SIZES = (1, 2, 4, 8)
-GATES = ("--feature-gates", "DynamicResourceAllocation=true")
 ARMS = {"topoplace": "topoplace", "default": "livebench-dra-default"}
 """Each arm's schedulerName: the shipped profile's (topoplace binds only its profiles' pods),
 and a profile of the default arm's own."""
@@ -83,7 +81,7 @@ def dra_version(api: Api) -> str:
     for v in ("v1", "v1beta2", "v1beta1"):
         if v in served:
             return v
-    raise RuntimeError("the API server serves no resource.k8s.io version (start it with DRA=1)")
+    raise RuntimeError("the API server serves no resource.k8s.io version (DRA needs >= 1.32)")
 
 
 def node_objects(count: int, run: str) -> list[dict[str, Any]]:
@@ -212,7 +210,8 @@ def run_arm(
     else:
         cfg = render_default_config(kc, ARMS[arm], percentage_of_nodes_to_score=100)
         url, port, how = "", args.default_sched_port, {"config": cfg}
-    ks = KubeScheduler(kc, url, logs, port=port, kube_bin=args.kube_bin, extra_args=GATES, **how)
+    gates = args.scheduler_gates
+    ks = KubeScheduler(kc, url, logs, port=port, kube_bin=args.kube_bin, extra_args=gates, **how)
     try:
         create_backlog(api, version, work, ARMS[arm])
         ks.start()
@@ -256,31 +255,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    lacking = missing(args, ("up.sh", "fake_dra.py"))
+    lacking = missing(args)
     if lacking:
         print(lacking, file=sys.stderr)
         return 2
-    cp = Path(args.controlplane)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     arms = [a for a in args.arms.split(",") if a]
-    os.environ["DRA"] = "1"
-    work_dir, plane, kc, api = up_plane(args, "livebench-dra-")
+    work_dir, plane, kc, api = up_plane(args, "livebench-dra-", dra=True)
+    assert plane.cluster is not None
+    args.scheduler_gates = plane.cluster.flags.scheduler_args()
     rows: list[dict[str, Any]] = []
     try:
         version = dra_version(api)
         nodes = node_objects(args.nodes, "dra")
         api.create_nodes(nodes)
-        names = ",".join(n["metadata"]["name"] for n in nodes)
-        fake = subprocess.run(
-            [sys.executable, str(cp / "fake_dra.py"), "--kubeconfig", kc, "--nodes", names],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-        if fake.returncode != 0:
-            raise RuntimeError(f"fake_dra.py failed: {fake.stderr[-2000:]}")
+        names = [n["metadata"]["name"] for n in nodes]
+        publish(api, plane.cluster.version, names)
         api.ensure_namespace(NAMESPACE)
         slices = api.get(f"/apis/resource.k8s.io/{version}/resourceslices").get("items", [])
         classes = api.get(f"/apis/resource.k8s.io/{version}/deviceclasses").get("items", [])
@@ -349,7 +340,7 @@ def write(
         "# Live DRA claim pods",
         "",
         f"Conditions: {args.nodes} fake 8-GPU nodes, one ResourceSlice each ({version}, "
-        f"`fake_dra.py`); {args.pods} pods, one claim each of {'/'.join(map(str, SIZES))} "
+        f"`benchmarks.cluster.dra`); {args.pods} pods, one claim each of {'/'.join(map(str, SIZES))} "
         f"GPUs in turn, a backlog created before each arm's kube-scheduler starts; "
         f"{args.runs} run(s), arms alternating; topoplace from {source_of(args.topoplace_src)}; "
         "pods/s from the first bind to the last (binds seen by listing every 0.2 s).",

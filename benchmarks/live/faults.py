@@ -4,8 +4,8 @@
     python -m benchmarks.live.faults --scenario-file benchmarks/scenarios/faults.yaml \\
         --until 1d --time-scale 120 --out out/live-faults-big
 
-What runs, on the loopback control plane of ``../shared/controlplane`` (Kubernetes >= 1.32
-with ``DRA=1`` and the ``DRADeviceTaints`` gate, which this module sets):
+What runs, on the loopback test cluster (:mod:`benchmarks.cluster`; Kubernetes >= 1.32 with
+DRA served and the ``DRADeviceTaints`` gate, which this module asks for):
 
 * **Nodes and their signals.** The file's Node objects, and one ResourceSlice per node
   (driver ``gpu.nvidia.com``, devices ``gpu-<i>``). The ground truth (outages, GPU faults,
@@ -59,7 +59,6 @@ import argparse
 import heapq
 import json
 import math
-import os
 import queue
 import sys
 import threading
@@ -867,12 +866,10 @@ def live_run(rp: Replay, args: argparse.Namespace, index: int, health: str) -> L
     from benchmarks.live.kubesched import KubeScheduler, Topoplace
     from benchmarks.live.standalone import down_plane, up_plane, verb_ms
 
-    os.environ["DRA"] = "1"
-    gates = [g for g in os.environ.get("FEATURE_GATES", "").split(",") if g]
-    if not any(g.startswith("DRADeviceTaints=") for g in gates):
-        os.environ["FEATURE_GATES"] = ",".join([*gates, "DRADeviceTaints=true"])
     out = Path(args.out)
-    work_dir, plane, kc, api = up_plane(args, "livebench-faults-")
+    work_dir, plane, kc, api = up_plane(
+        args, "livebench-faults-", dra=True, feature_gates=("DRADeviceTaints=true",)
+    )
     run_id = f"{health}-r{index}"
     tp = ks = None
     stop = threading.Event()
@@ -1025,7 +1022,7 @@ def render(
     ]
     if lives:
         lines += [
-            f"Live: Kubernetes control plane of `../shared/controlplane` (`{args.kube_bin}`, DRA, "
+            f"Live: the test cluster of `benchmarks.cluster` (`{args.kube_bin}`, DRA, "
             f"`DRADeviceTaints`), kube-scheduler with the shipped configuration and topoplace as its "
             f"extender (the shipped policy), {args.time_scale:g} trace seconds per live second "
             f"(`TOPOPLACE_HEALTH_CLOCK`, health refresh every {REFRESH_TRACE_S:g} trace s); "

@@ -1,7 +1,7 @@
 """Fractional GPUs (HAMi) through the real kube-scheduler, against topoplace's engine offline.
 
-Opt-in: needs the control-plane binaries (``--kube-bin``) and ``../shared/controlplane``,
-and the Alibaba openb trace (``../shared/data/alibaba-gpu-v2023``). One loopback control
+Opt-in: needs the control-plane binaries (``--kube-bin``: etcd, kube-apiserver,
+kube-scheduler; the test cluster of :mod:`benchmarks.cluster` runs them) and the Alibaba openb trace (``../shared/data/alibaba-gpu-v2023``). One loopback control
 plane; the trace's GPU nodes (``--nodes`` takes an even sample of them) as fake nodes
 running HAMi's device plugin: each carries HAMi's ``hami.io/node-nvidia-register`` (its
 GPUs with their memory, split 10 ways) and advertises ``nvidia.com/gpu`` as GPUs x 10

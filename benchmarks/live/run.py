@@ -3,9 +3,8 @@ as extender, through default-scheduler alone (its own kube-scheduler process, wi
 same API client limits and ``percentageOfNodesToScore: 100``, and optionally the adaptive
 default), and through the offline engine.
 
-Steps: start a loopback control plane (``../shared/controlplane/up.sh`` with
-``EXTENDER_URL=none``) and stop the kube-scheduler it starts (by its pid file: every arm
-runs its own), create the scenario's nodes (parallel raw REST), measure the bind floor
+Steps: start a loopback control plane (the test cluster, :mod:`benchmarks.cluster`: etcd
+and kube-apiserver from ``--kube-bin``, no kube-scheduler: every arm runs its own), create the scenario's nodes (parallel raw REST), measure the bind floor
 (``POST pods/<name>/binding`` with no scheduler running), replay the sequence offline on
 the very Node objects the API server holds, then per run and arm:
 
@@ -23,7 +22,7 @@ the very Node objects the API server holds, then per run and arm:
 * stop the arm's processes and delete the pods.
 
 Arms alternate their order from one run to the next. Everything started is stopped by pid;
-the plane is removed (``down.sh --purge``) unless ``--keep-work``.
+the plane's folder is removed unless ``--keep-work``.
 
 Example (small; the acceptance scale is ``--nodes 500 --big 100 --small 2000``)::
 
@@ -66,6 +65,7 @@ import heapq
 import math
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
@@ -81,6 +81,8 @@ from typing import Any
 
 import yaml
 
+from benchmarks.cluster import Cluster, Ports
+from benchmarks.cluster.cluster import recorded_pid, stop_recorded
 from benchmarks.engine.scenario import ScenarioError
 from benchmarks.live.kubeapi import Api, parallel
 from benchmarks.live.kubesched import (
@@ -125,7 +127,6 @@ from benchmarks.live.scenario import (
 )
 from benchmarks.live.scenariofile import FileReplay, engine_offline, load_file, merged_policy
 
-CONTROLPLANE = REPO.parent / "shared" / "controlplane"
 ARMS = ("topoplace", "default", "default-adaptive")
 DEFAULT_ARMS: dict[str, tuple[str, int | None]] = {
     # arm -> (profile name, percentageOfNodesToScore); a plain default profile under its
@@ -151,83 +152,65 @@ def log(msg: str) -> None:
 
 @dataclass
 class Plane:
-    """A loopback control plane started by ``up.sh`` (stopped by ``down.sh``, by pid)."""
+    """A loopback control plane of the test cluster (:class:`benchmarks.cluster.Cluster`:
+    etcd and kube-apiserver, no kube-scheduler: every arm runs its own), stopped by pid."""
 
     work: Path
     kube_bin: Path
     api_port: int
     etcd_port: int
     etcd_peer_port: int
-    sched_port: int
-    scripts: Path = CONTROLPLANE
+    dra: bool = False
+    """Serve ``resource.k8s.io`` (the gates and runtime config 1.32/1.33 need; on by
+    default from 1.34)."""
+    feature_gates: tuple[str, ...] = ()
     kubeconfig: str = ""
+    cluster: Cluster | None = None
 
     @classmethod
-    def from_args(cls, work: Path, args: argparse.Namespace) -> Plane:
-        """A plane in ``work`` with the binaries, scripts and ports of a runner's flags."""
+    def from_args(
+        cls,
+        work: Path,
+        args: argparse.Namespace,
+        *,
+        dra: bool = False,
+        feature_gates: Sequence[str] = (),
+    ) -> Plane:
+        """A plane in ``work`` with the binaries and ports of a runner's flags."""
         return cls(
             work,
             Path(args.kube_bin),
             args.api_port,
             args.etcd_port,
             args.etcd_peer_port,
-            args.sched_port,
-            scripts=Path(args.controlplane),
+            dra=dra,
+            feature_gates=tuple(feature_gates),
         )
 
     def up(self) -> str:
-        env = {
-            **os.environ,
-            "KUBE_BIN": str(self.kube_bin),
-            "EXTENDER_URL": "none",
-            "API_PORT": str(self.api_port),
-            "ETCD_PORT": str(self.etcd_port),
-            "ETCD_PEER_PORT": str(self.etcd_peer_port),
-            "SCHED_PORT": str(self.sched_port),
-        }
-        self.work.mkdir(parents=True, exist_ok=True)
-        with open(self.work / "up.log", "wb") as err:
-            out = subprocess.run(
-                ["bash", str(self.scripts / "up.sh"), str(self.work)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                check=False,
-            )
-        if out.returncode != 0:
-            raise RuntimeError(f"up.sh failed (rc {out.returncode}); see {self.work}/up.log")
-        self.kubeconfig = out.stdout.decode().strip().splitlines()[-1]
+        """Start it; the kubeconfig path (logs in ``work/logs``)."""
+        self.cluster = Cluster(
+            self.kube_bin,
+            self.work,
+            ports=Ports(api=self.api_port, etcd=self.etcd_port, etcd_peer=self.etcd_peer_port),
+            dra=self.dra,
+            feature_gates=self.feature_gates,
+        )
+        self.kubeconfig = self.cluster.up()
         return self.kubeconfig
 
     def pid(self, name: str) -> int | None:
-        """The pid up.sh recorded for ``name`` (``etcd``, ``kube-apiserver``,
-        ``kube-scheduler``), if that process still runs that program."""
-        try:
-            pid = int((self.work / "pids" / f"{name}.pid").read_text().strip())
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-        except (OSError, ValueError):
-            return None
-        return pid if name.encode() in cmdline and str(self.work).encode() in cmdline else None
-
-    def stop_scheduler(self, timeout: float = 15.0) -> bool:
-        """Stop the kube-scheduler up.sh started (by its pid file): each arm runs its own.
-        True if it was running."""
-        pid = self.pid("kube-scheduler")
-        if pid is None:
-            return False
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.pid("kube-scheduler") is not None:
-            time.sleep(0.2)
-        if self.pid("kube-scheduler") is not None:
-            os.kill(pid, signal.SIGKILL)
-        return True
+        """The pid of ``name`` (``etcd``, ``kube-apiserver``) if it still runs."""
+        return recorded_pid(self.work.resolve(), name)
 
     def down(self, purge: bool) -> None:
-        cmd = ["bash", str(self.scripts / "down.sh"), str(self.work)]
+        """Stop what it started (by pid); with ``purge`` also remove its folder."""
+        if self.cluster is not None:
+            self.cluster.down()
+        else:
+            stop_recorded(self.work.resolve())
         if purge:
-            cmd.append("--purge")
-        subprocess.run(cmd, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            shutil.rmtree(self.work, ignore_errors=True)
 
 
 # ---- one arm --------------------------------------------------------------------------------
@@ -1455,13 +1438,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     g = p.add_argument_group("control plane")
     g.add_argument("--kubeconfig", default=None, help="use this running plane (no up/down)")
     g.add_argument("--kube-bin", default=str(DEFAULT_KUBE_BIN))
-    g.add_argument("--controlplane", default=str(CONTROLPLANE), help="up.sh / down.sh dir")
     g.add_argument("--work", default=None, help="plane work dir (default /tmp/livebench-*)")
     g.add_argument("--keep-work", action="store_true", help="keep the work dir and logs")
     g.add_argument("--api-port", type=int, default=17443)
     g.add_argument("--etcd-port", type=int, default=24790)
     g.add_argument("--etcd-peer-port", type=int, default=24800)
-    g.add_argument("--sched-port", type=int, default=11259, help="up.sh's (stopped at once)")
     g.add_argument("--topoplace-sched-port", type=int, default=11260, help="shipped config's")
     g.add_argument(
         "--default-sched-port",
@@ -1624,8 +1605,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         kc = plane.up() if own_plane else args.kubeconfig
         if own_plane:
             log(f"control plane up in {time.monotonic() - t:.1f}s ({work})")
-            if plane.stop_scheduler():
-                log("stopped up.sh's kube-scheduler (each arm runs its own)")
             if args.pin_cpus:
                 control, extender = args.pin_cpus
                 for name in ("etcd", "kube-apiserver"):
@@ -1755,7 +1734,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{CLIENT_QPS} / burst {CLIENT_BURST}; `default`: percentageOfNodesToScore 100; "
             "`default-adaptive`: unset (adaptive); copies: scheduler-config-<arm>.yaml",
             "processes": "only the arm's own scheduler processes run during an arm (started "
-            "before it, stopped after it); up.sh's kube-scheduler is stopped",
+            "before it, stopped after it); the plane runs no kube-scheduler of its own",
             "CPU pinning": (
                 f"etcd, kube-apiserver and every arm's kube-scheduler (GOMAXPROCS "
                 f"{len(args.pin_cpus[0])}) confined to CPUs {sorted(args.pin_cpus[0])}; "

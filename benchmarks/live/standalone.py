@@ -23,43 +23,48 @@ from benchmarks.live.metrics import histogram_ms, parse_prometheus
 from benchmarks.live.run import Plane
 
 REPO = Path(__file__).resolve().parents[2]
-CONTROLPLANE = REPO.parent / "shared" / "controlplane"
 
 
 def add_plane_args(ap: argparse.ArgumentParser) -> None:
-    """``--kube-bin``, ``--controlplane``, ``--topoplace-src``, ``--timeout``, ``--out``
-    and the ports of the control plane, both kube-schedulers and the extender."""
-    ap.add_argument("--kube-bin", default=os.environ.get("KUBE_BIN", ""))
-    ap.add_argument("--controlplane", default=str(CONTROLPLANE))
+    """``--kube-bin``, ``--topoplace-src``, ``--timeout``, ``--out`` and the ports of the
+    control plane, both kube-schedulers and the extender."""
+    ap.add_argument(
+        "--kube-bin",
+        default=os.environ.get("KUBE_BIN", ""),
+        help="folder with etcd, kube-apiserver and kube-scheduler (default $KUBE_BIN)",
+    )
     ap.add_argument("--topoplace-src", default=None, help="another checkout (an A/B)")
     ap.add_argument("--timeout", type=float, default=600.0, help="cap per arm, seconds")
     ap.add_argument("--out", required=True)
     ap.add_argument("--api-port", type=int, default=26443)
     ap.add_argument("--etcd-port", type=int, default=22379)
     ap.add_argument("--etcd-peer-port", type=int, default=22380)
-    ap.add_argument("--sched-port", type=int, default=21259)
     ap.add_argument("--topoplace-sched-port", type=int, default=21269)
     ap.add_argument("--default-sched-port", type=int, default=21279)
     ap.add_argument("--extender-port", type=int, default=28888)
 
 
-def missing(args: argparse.Namespace, scripts: Sequence[str] = ("up.sh",)) -> str:
-    """What the run lacks to start (the binaries, the control-plane scripts), or ""."""
-    if not args.kube_bin or not (Path(args.kube_bin) / "kube-scheduler").is_file():
-        return "needs --kube-bin (or KUBE_BIN) with kube-apiserver and kube-scheduler"
-    cp = Path(args.controlplane)
-    if not all((cp / s).is_file() for s in scripts):
-        return f"needs ../shared/controlplane ({cp}: {', '.join(scripts)})"
+BINARIES = ("etcd", "kube-apiserver", "kube-scheduler")
+
+
+def missing(args: argparse.Namespace) -> str:
+    """What the run lacks to start (the binaries), or ""."""
+    kb = Path(args.kube_bin) if args.kube_bin else None
+    lacking = [b for b in BINARIES if kb is None or not (kb / b).is_file()]
+    if lacking:
+        return f"needs --kube-bin (or KUBE_BIN) with {', '.join(lacking)}"
     return ""
 
 
-def up_plane(args: argparse.Namespace, prefix: str) -> tuple[Path, Plane, str, Api]:
-    """A fresh control plane in a new work folder, up.sh's kube-scheduler stopped (each
-    arm runs its own): (work folder, plane, kubeconfig, API client)."""
+def up_plane(
+    args: argparse.Namespace, prefix: str, *, dra: bool = False, feature_gates: Sequence[str] = ()
+) -> tuple[Path, Plane, str, Api]:
+    """A fresh control plane (the test cluster) in a new work folder, without a
+    kube-scheduler (each arm runs its own), DRA served when ``dra``: (work folder, plane,
+    kubeconfig, API client)."""
     work_dir = Path(tempfile.mkdtemp(prefix=prefix))
-    plane = Plane.from_args(work_dir, args)
+    plane = Plane.from_args(work_dir, args, dra=dra, feature_gates=feature_gates)
     kc = plane.up()
-    plane.stop_scheduler()
     return work_dir, plane, kc, Api(kc)
 
 

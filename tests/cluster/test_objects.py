@@ -150,3 +150,24 @@ def test_fabric_and_bad_arguments() -> None:
         gpu_node("x", sharing="mig")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         gpu_node("x", gpus=-1)
+
+
+def test_heartbeat_patch_touches_only_the_ready_heartbeat() -> None:
+    from benchmarks.cluster.nodes import heartbeat_patch
+
+    assert heartbeat_patch("2026-12-07T00:00:00Z") == {
+        "status": {"conditions": [{"type": "Ready", "lastHeartbeatTime": "2026-12-07T00:00:00Z"}]}
+    }
+
+
+def test_a_node_is_degraded_once_its_heartbeat_is_older_than_topoplace_allows() -> None:
+    """Why the suite's nodes heartbeat: the same node, 361 s later, is degraded."""
+    node = gpu_node("x", now="2026-12-07T00:00:00Z")
+    t0 = 1796601600.0  # 2026-12-07T00:00:00Z
+    params = HealthParams()
+    assert (
+        assess_node(node, 8, 8, params, now=t0 + params.heartbeat_stale_seconds - 1).state.name
+        == "HEALTHY"
+    )
+    late = assess_node(node, 8, 8, params, now=t0 + params.heartbeat_stale_seconds + 1)
+    assert (late.state.name, late.reasons) == ("DEGRADED", ("node heartbeat stale",))

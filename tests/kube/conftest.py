@@ -250,7 +250,7 @@ def shipped_scheduler(
 @pytest.fixture(scope="session")
 def scheduler_name(request: pytest.FixtureRequest) -> str:
     """The profile the suite's pods name: the shipped configuration's (``topoplace``) when
-    this suite runs its own kube-scheduler, else ``$SCHEDULER_NAME`` (up.sh's profile)."""
+    this suite runs its own kube-scheduler, else ``$SCHEDULER_NAME`` (a given cluster's)."""
     if shipped_scheduler_wanted():
         return str(request.getfixturevalue("shipped_scheduler").profiles[0])
     return os.environ.get("SCHEDULER_NAME", "topology-gpu")
@@ -329,14 +329,24 @@ def make_gpu_node(
 
 
 @pytest.fixture(scope="session")
-def gpu_nodes(core: Any, run_id: str) -> Iterator[list[str]]:
-    """Four 8-GPU nodes on two leaves, labelled ``topoplace-it=<run id>``; deleted after."""
+def gpu_nodes(core: Any, run_id: str, kubeconfig: str) -> Iterator[list[str]]:
+    """Four 8-GPU nodes on two leaves, labelled ``topoplace-it=<run id>``; deleted after.
+
+    They heartbeat like a kubelet (:class:`benchmarks.cluster.nodes.Heartbeat`) for the
+    whole session: the suite uses them for longer than topoplace lets a Ready node go
+    without a heartbeat before it grades it degraded (``heartbeat_stale_seconds``)."""
+    from benchmarks.cluster.nodes import Heartbeat
+    from benchmarks.live.kubeapi import Api
+
     names = [f"tp-it-{run_id}-{i}" for i in range(4)]
     for i, n in enumerate(names):
         make_gpu_node(
             core, n, run_id, labels={"network.topology.nvidia.com/leaf": f"leaf-{i // 2}"}
         )
-    yield names
+    api = Api(kubeconfig)
+    with Heartbeat(api, names, interval=float(os.environ.get("TOPOPLACE_KUBE_HEARTBEAT_S", "60"))):
+        yield names
+    api.close()
     for n in names:
         with contextlib.suppress(Exception):
             core.delete_node(n)
@@ -428,7 +438,7 @@ class Topoplace:
             env={
                 **os.environ,
                 # bind acts only for these profiles: the shipped one, its DRA variant's
-                # (tests/kube/test_dra.py) and up.sh's
+                # (tests/kube/test_dra.py) and a given cluster's ($SCHEDULER_NAME)
                 "TOPOPLACE_SCHEDULER_NAMES": ",".join(
                     self.scheduler_names
                     or sorted(

@@ -52,7 +52,7 @@ from tests.kube.test_live import (  # noqa: F401 (clean: autouse)
 pytestmark = pytest.mark.skipif(
     not shipped_scheduler_wanted(),
     reason="needs KUBE_BIN with kube-scheduler: the suite runs the shipped configuration, "
-    "whose preemptVerb sends preemptions to topoplace (up.sh's configuration has none)",
+    "whose preemptVerb sends preemptions to topoplace",
 )
 
 LOW, MID, HIGH = 10, 500, 1000
