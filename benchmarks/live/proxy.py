@@ -1,0 +1,180 @@
+"""A loopback TCP proxy that can drop or delay connections (the chaos runner puts it between
+kube-scheduler and topoplace).
+
+:class:`FaultProxy` listens on ``127.0.0.1:<listen>`` and forwards every connection to
+``127.0.0.1:<target>``, on an asyncio loop in a thread of its own. Its mode changes at any
+time from any thread:
+
+* ``pass``: bytes flow both ways unchanged;
+* ``drop``: connections open when the mode is set are cut (RST by ``SO_LINGER`` 0) and new
+  ones are accepted and cut at once, so the client sees a reset, as with a dead peer;
+* ``delay``: every chunk from the client waits ``delay`` seconds before it is forwarded
+  (a slow network; longer than kube-scheduler's ``httpTimeout`` it times the call out).
+
+Counters (``accepted``, ``dropped``, ``delayed``) say what it did. Loopback only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+import threading
+from types import TracebackType
+from typing import Self
+
+MODES = ("pass", "drop", "delay")
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Close with RST (SO_LINGER 0) instead of FIN."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.close()
+
+
+class FaultProxy:
+    """``127.0.0.1:listen`` -> ``127.0.0.1:target`` with a settable fault mode (see the
+    module docstring); a context manager (:meth:`start` / :meth:`stop`)."""
+
+    def __init__(self, listen: int, target: int) -> None:
+        self.listen = listen
+        self.target = target
+        self.mode = "pass"
+        self.delay = 0.0
+        self.accepted = 0
+        self.dropped = 0
+        self.delayed = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._open: set[asyncio.StreamWriter] = set()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    # ---- control (any thread) -----------------------------------------------------------
+
+    def set_mode(self, mode: str, delay: float = 0.0) -> None:
+        """Switch to ``mode`` (one of :data:`MODES`); ``drop`` also cuts the open
+        connections.
+
+        Raises:
+            ValueError: an unknown mode.
+        """
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+        self.mode, self.delay = mode, max(0.0, delay)
+        if mode == "drop" and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._cut_all)
+
+    def start(self) -> FaultProxy:
+        """Listen (raises OSError when the port is taken) and serve in a daemon thread."""
+        self._thread = threading.Thread(target=self._run, name="fault-proxy", daemon=True)
+        self._thread.start()
+        self._ready.wait(10)
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def stop(self) -> None:
+        """Stop listening, cut every connection and join the thread; idempotent."""
+        loop = self._loop
+        if loop is not None and loop.is_running():
+            loop.call_soon_threadsafe(self._shutdown)
+        if self._thread is not None:
+            self._thread.join(10)
+        self._thread = None
+
+    # ---- the loop -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            self._server = loop.run_until_complete(
+                asyncio.start_server(self._handle, "127.0.0.1", self.listen, reuse_address=True)
+            )
+        except OSError as exc:
+            self._error = exc
+            self._ready.set()
+            loop.close()
+            return
+        self._ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    def _shutdown(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        self._cut_all()
+        assert self._loop is not None
+        self._loop.call_later(0.1, self._loop.stop)
+
+    def _cut_all(self) -> None:
+        for w in list(self._open):
+            self.dropped += 1
+            _reset(w)
+        self._open.clear()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        if self.mode == "drop":
+            self.dropped += 1
+            _reset(writer)
+            return
+        try:
+            up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target)
+        except OSError:
+            _reset(writer)
+            return
+        self._open.update((writer, up_w))
+        try:
+            await asyncio.gather(
+                self._pipe(reader, up_w, upstream=True),
+                self._pipe(up_r, writer, upstream=False),
+            )
+        finally:
+            for w in (writer, up_w):
+                self._open.discard(w)
+                with contextlib.suppress(Exception):
+                    w.close()
+
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, upstream: bool
+    ) -> None:
+        try:
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    break
+                if upstream and self.mode == "delay" and self.delay > 0:
+                    self.delayed += 1
+                    await asyncio.sleep(self.delay)
+                if self.mode == "drop":
+                    break
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                if writer.can_write_eof():
+                    writer.write_eof()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
