@@ -840,3 +840,154 @@ def test_a_failed_node_evicts_the_gang_whose_claims_it_holds_and_nothing_else(
             seen = [ln for ln in text.splitlines() if ln.startswith("topoplace_remediation")]
             raise AssertionError(f"{exc}; {seen}; {topoplace.log_tail(20)}") from None
         assert not gone("pod-2")
+
+
+# ---- (5) nvidia.com/gpu backed by DRA (DRAExtendedResource, 1.34+, on by default in 1.36) ------
+
+
+@pytest.fixture
+def er_class(kube_api: Any, dra_version: str, run_id: str) -> Iterator[str]:
+    """A DeviceClass of the GPU driver naming ``nvidia.com/gpu`` (``extendedResourceName``),
+    deleted after the test: on nodes that do not advertise ``nvidia.com/gpu`` that resource
+    then comes through DRA. Skips where the server does not keep the field (< 1.34, or the
+    feature off)."""
+    name = f"er-{run_id}.nvidia.com"
+    path = f"/apis/resource.k8s.io/{dra_version}/deviceclasses"
+    body = {
+        "apiVersion": f"resource.k8s.io/{dra_version}",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {
+            "selectors": [{"cel": {"expression": f"device.driver == '{CLASS}'"}}],
+            "extendedResourceName": "nvidia.com/gpu",
+        },
+    }
+    made = kube_api.request_json("POST", path, body)
+    try:
+        if (made.get("spec") or {}).get("extendedResourceName") != "nvidia.com/gpu":
+            pytest.skip("the API server drops DeviceClass.spec.extendedResourceName")
+        yield name
+    finally:
+        with contextlib.suppress(Exception):
+            kube_api.request_json("DELETE", f"{path}/{name}")
+
+
+def _gpu_pod(
+    core: Any, ns: str, name: str, gpus: int, profile: str, selector: dict, gated: bool = False
+) -> None:
+    """A pod asking ``nvidia.com/gpu: gpus`` (gated with ``topoplace.io/allocate``)."""
+    gates = {"schedulingGates": [{"name": dra.ALLOCATE_GATE}]} if gated else {}
+    core.create_namespaced_pod(
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {
+                "schedulerName": profile,
+                "nodeSelector": selector,
+                "terminationGracePeriodSeconds": 0,
+                **gates,
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.k8s.io/pause:3.9",
+                        "resources": {
+                            "requests": {"cpu": "1", "memory": "1Gi"},
+                            "limits": {"nvidia.com/gpu": str(gpus)},
+                        },
+                    }
+                ],
+            },
+        },
+    )
+
+
+def test_gpu_requests_backed_by_dra_bind_and_count_once(
+    topoplace: Topoplace,
+    scheduler_name: str,
+    cluster: DraCluster,
+    er_class: str,
+    claims: Claims,
+    run_id: str,
+    namespace: str,
+) -> None:
+    """Plain ``nvidia.com/gpu`` pods on DRA nodes, through the shipped configuration: an
+    8-GPU pod fills one node, a 2-GPU pod goes to the other; both bind (kube-scheduler's
+    special claims hold the devices) and topoplace counts each GPU once."""
+    nodes = cluster.add_nodes(2, annotations=DGX1)
+    _wait_nodes(topoplace, nodes, "dgx1-v100")
+    sel = {NODE_LABEL: run_id, "topoplace-dra": cluster.tag}
+    claims.pods += ["er-eight", "er-two"]
+    _gpu_pod(claims.core, namespace, "er-eight", 8, scheduler_name, sel)
+    wait_for(lambda: claims.node_of("er-eight"), 30, "the 8-GPU pod bound")
+    _gpu_pod(claims.core, namespace, "er-two", 2, scheduler_name, sel)
+    wait_for(lambda: claims.node_of("er-two"), 30, "the 2-GPU pod bound")
+    eight, two = claims.node_of("er-eight"), claims.node_of("er-two")
+    assert eight != two and {eight, two} == set(nodes)
+    pod = claims.core.read_namespaced_pod("er-two", namespace)
+    made = pod.status.extended_resource_claim_status.resource_claim_name
+    node, devices = claims.devices(made)
+    assert node == two and len(devices) == 2
+
+    def counted() -> bool:
+        used = {n["name"]: n for n in tp_nodes(topoplace) if n["name"] in nodes}
+        return used[eight]["free_gpus"] == 0 and used[two]["free_gpus"] == 6
+
+    wait_for(counted, 20, "topoplace to count 8 + 2 GPUs once")
+
+
+def _gpu_set(claims: Claims, namespace: str, pod: str) -> tuple[str, tuple[int, ...]]:
+    """(node, GPU indices) a bound pod holds: from topoplace's placement record on a
+    device-plugin node, from its special claim on a DRA node."""
+    p = claims.core.read_namespaced_pod(pod, namespace)
+    st = p.status.extended_resource_claim_status
+    if st is not None and st.resource_claim_name:
+        node, devices = claims.devices(st.resource_claim_name)
+        return node, _index(devices)
+    rec = json.loads((p.metadata.annotations or {})["topoplace.io/placement"])
+    return p.spec.node_name, tuple(sorted(rec["gpus"]))
+
+
+def test_same_pods_same_nodes_and_gpus_with_the_device_plugin_or_dra(
+    topoplace: Topoplace,
+    scheduler_name: str,
+    cluster: DraCluster,
+    er_class: str,
+    claims: Claims,
+    core: Any,
+    run_id: str,
+    namespace: str,
+) -> None:
+    """Two DGX-1 nodes with the device plugin, two publishing their GPUs through DRA: the
+    same ``nvidia.com/gpu`` pods (2, 1, 4, 1 GPUs; on the DRA side gated with
+    ``topoplace.io/allocate``) land on the same node of their pair with the same GPUs."""
+    dp = [f"tp-dp-{run_id}-{cluster.tag}-{i}"[:63] for i in range(2)]
+    for n in dp:
+        make_gpu_node(core, n, run_id, gpus=8, labels={"topoplace-dp": cluster.tag})
+        core.patch_node(n, {"metadata": {"annotations": DGX1}})
+    try:
+        dra_nodes = cluster.add_nodes(2, annotations=DGX1)
+        _wait_nodes(topoplace, dra_nodes, "dgx1-v100")
+        _wait_nodes(topoplace, dp, "dgx1-v100")
+        got: dict[str, list[tuple[int, tuple[int, ...]]]] = {"dp": [], "dra": []}
+        for i, gpus in enumerate((2, 1, 4, 1)):
+            for side, nodes, label in (
+                ("dp", dp, {"topoplace-dp": cluster.tag}),
+                ("dra", dra_nodes, {"topoplace-dra": cluster.tag}),
+            ):
+                name = f"same-{side}-{i}"
+                claims.pods.append(name)
+                body_sel = {NODE_LABEL: run_id, **label}
+                gated = side == "dra"
+                _gpu_pod(core, namespace, name, gpus, scheduler_name, body_sel, gated=gated)
+                wait_for(lambda n=name: claims.node_of(n), 40, f"{name} bound")
+                node, held = _gpu_set(claims, namespace, name)
+                got[side].append((sorted(nodes).index(node), held))
+        print(f"\ndevice plugin: {got['dp']}\nDRA (gated):   {got['dra']}")
+        assert got["dp"] == got["dra"]
+        assert all(len(g) == n for (_, g), n in zip(got["dp"], (2, 1, 4, 1), strict=True))
+    finally:
+        for n in dp:
+            with contextlib.suppress(Exception):
+                core.delete_node(n)

@@ -6,7 +6,9 @@ In order, first match wins:
 2. GPU replicas (time-slicing / MPS, opted in) -> ``replica.REPLICAS``;
 3. no GPU by count but DRA claims (``core.dra.uses_claims``) -> ``claim.CLAIMS``;
 4. a gang member, when the extender has a gang handler -> ``gang.GANG``;
-5. anything else: whole GPUs, or none -> ``whole.WHOLE``.
+5. GPUs by count that a DeviceClass backs with DRA (``DraRouter.extended_resources``) ->
+   ``extended.EXTENDED``;
+6. anything else: whole GPUs, or none -> ``whole.WHOLE``.
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ from scheduler.core.fractional import is_share_pod
 from scheduler.core.model import PodRequest
 from scheduler.server.verbs.base import Host, PodKind
 from scheduler.server.verbs.claim import CLAIMS
+from scheduler.server.verbs.extended import EXTENDED
 from scheduler.server.verbs.gang import GANG
 from scheduler.server.verbs.replica import REPLICAS, is_replica_pod
 from scheduler.server.verbs.share import SHARES
 from scheduler.server.verbs.whole import WHOLE
 
-KINDS: tuple[PodKind, ...] = (SHARES, REPLICAS, CLAIMS, GANG, WHOLE)
+KINDS: tuple[PodKind, ...] = (SHARES, REPLICAS, CLAIMS, GANG, EXTENDED, WHOLE)
 """Every kind, in the order :func:`kind_of` tries them."""
 
 
@@ -39,4 +42,6 @@ def kind_of(ext: Host, pod: Mapping[str, Any], req: PodRequest) -> PodKind:
         return CLAIMS
     if ext.gangs is not None and req.gang:
         return GANG
+    if req.gpus > 0 and ext.dra.extended_resources(pod):
+        return EXTENDED
     return WHOLE
