@@ -70,6 +70,8 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data"
 GPU_BYTES = 80 * GiB
 MAX_TENANTS = 8
+MAX_CHANGES = Params().max_changes_per_day
+WARMUP = {"genai": 6 * 3600, "azure": 600}
 
 # Azure LLM servers (stated assumptions).
 REPLICAS = 4
@@ -295,13 +297,9 @@ def vpa_recipe(pods: dict[str, Pod]) -> Limits:
                 interval_peak = v
                 h.add(v, t)
             if limit is not None and v > limit:
-                bump = max(v * 1.2, v + 100 * 2**20)
-                h.add(bump, t)
-                limit = (
-                    max(limit, bump)
-                    if h.percentile(0.9) * 1.15 < bump
-                    else h.percentile(0.9) * 1.15
-                )
+                # the OOM sample enters the histogram; the restarted pod gets the new target
+                h.add(max(v * 1.2, v + 100 * 2**20), t)
+                limit = h.percentile(0.9) * 1.15
         out[k] = lim
     return out
 
@@ -459,6 +457,27 @@ def validation(samples: list[Sample], warmup_s: float) -> list[str]:
     ]
 
 
+def late_peaks(samples: list[Sample], warmup_s: float) -> list[str]:
+    """Why the 1.8x goal is hard on this input: how far peaks after the warm-up go beyond
+    those before it, and what max-so-far x1.1 gives (computed, not quoted)."""
+    pods = pods_of(samples)
+    worst = (0.0, 0.0, 0.0)
+    for p in pods.values():
+        pre = [v for t, v in zip(p.t, p.used, strict=True) if t < p.t[0] + warmup_s]
+        post = [v for t, v in zip(p.t, p.used, strict=True) if t >= p.t[0] + warmup_s]
+        if pre and post and max(pre) > 0:
+            worst = max(worst, (max(post) / max(pre), max(pre), max(post)))
+    x11 = score(pods, max_so_far(1.1)(pods), warmup_s)
+    return [
+        f"- The goal is 0 OOM at 1.8x or less. The hindsight static maximum itself reserves "
+        f"{score(pods, hindsight(pods), warmup_s).ratio:.2f}x; after the warm-up, peaks reach up to "
+        f"{worst[0]:.2f}x the largest peak of a pod's first {warmup_s / 3600:g} hours "
+        f"({worst[1] / GiB:.1f} -> {worst[2] / GiB:.1f} GiB); max-so-far x1.1 has {x11.ooms} OOM "
+        f"samples at {x11.ratio:.2f}x. Zero OOM at 1.8x would need limits within about 1.1x of "
+        "peaks not yet seen: topoplace keeps zero OOM and reserves more.",
+    ]
+
+
 def render(
     results: dict[str, dict[str, Score]], conditions: dict[str, str], extra: list[str], command: str
 ) -> tuple[str, list[list[str]]]:
@@ -480,6 +499,8 @@ def render(
             "guard_breaches",
             "changes_per_pod_day",
             "max_changes_any_24h",
+            "warmup_s",
+            "command",
         ]
     ]
     for name, res in results.items():
@@ -505,6 +526,8 @@ def render(
                     gb,
                     f"{s.changes_per_day:.3f}",
                     str(s.max_changes_24h),
+                    str(WARMUP[name]),
+                    command,
                 ]
             )
         md.append("")
@@ -535,7 +558,7 @@ def run(args: argparse.Namespace) -> int:
     if args.only in (None, "genai"):
         g = genai_series(args.data)
         npods = len({s.pod for s in g})
-        results["genai"] = evaluate("genai", g, 6 * 3600, PolicySet())
+        results["genai"] = evaluate("genai", g, WARMUP["genai"], PolicySet())
         conditions["genai"] = (
             f"Alibaba GenAI 2026, shared half: {npods} pods with GPU series, one workload each, "
             "one sample / 57 s for 22.8 h; scored after 6 h from each pod's first sample; default policy."
@@ -547,11 +570,25 @@ def run(args: argparse.Namespace) -> int:
             "reserved / used pooled over all scored samples (2.117x, 1.954x: the issue truncates)."
         ]
         extra += validation(g, 6 * 3600)
+        extra += [
+            "",
+            "## Reading the GenAI table",
+            "",
+            *late_peaks(g, 6 * 3600),
+            "- GPUs needed is the busiest instant: with limits above 40 GiB no two of these pods "
+            "share an 80 GiB GPU, so GPU count follows the limits only once they fall under half "
+            "a GPU.",
+            "- The recommender's parameters are VPA's (15 % margin, 24 h horizon and half-life, "
+            "x1.2 OOM bump, confidence from history length), the exponent log2(1.15) (the "
+            "short-history widening equals the margin at one day) and the 4-a-day budget. The "
+            "exponent was chosen after seeing this half: an exponent giving +8 % at one day "
+            "reserved 2.07x with 5 OOM samples here; the held-out half is the fair test.",
+        ]
         extra.append("")
     if args.only in (None, "azure"):
         a = azure_series(args.data)
-        guard = PolicySet(Policy(guard=Guard(REQUESTS_WAITING, 0.0)))
-        results["azure"] = evaluate("azure", a, 600, guard)
+        guard = PolicySet(Policy(guard=Guard(REQUESTS_WAITING, 0.0), model_weights_bytes=WEIGHTS))
+        results["azure"] = evaluate("azure", a, WARMUP["azure"], guard)
         conditions["azure"] = (
             f"Azure LLM inference 2023 (code, conv), each dealt round-robin to {REPLICAS} Llama-3-8B bf16 "
             f"servers (weights {WEIGHTS / GiB:.2f} GiB + {OVERHEAD / GiB:.1f} GiB overhead + 128 KiB per token in flight; "

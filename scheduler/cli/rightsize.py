@@ -162,12 +162,14 @@ def render_summary(series: str, rows: list[Row], rec: Any) -> str:
     changes: Counter[str] = Counter()
     ooms: Counter[str] = Counter()
     seen: dict[str, float] = {}
+    oom_at: dict[str, float] = {}
     for r in rows:
         if r.workload in seen and seen[r.workload] != r.timestamp:
             changes[r.workload] += 1
         seen[r.workload] = r.timestamp
-        if r.oom:
+        if r.oom and oom_at.get(r.workload) != r.timestamp:
             ooms[r.workload] += 1
+            oom_at[r.workload] = r.timestamp
     lines = [
         "# Right-sizing replay",
         "",

@@ -15,8 +15,13 @@ recommender and changed where GPUs differ:
   percentile of them; the VPA-style decaying histogram is kept for compute, where a percentile
   is the right statistic (an SM share that is briefly too small slows, it does not fail).
 * **Confidence from history length** (VPA: ``min(days of history, samples / 1440)``) widens the
-  margin while the history is short: ``limit = peak x (1 + margin) x (1 + 1/c)^e``. With the
-  defaults the total headroom is 38 % after 6 hours, 24 % after a day and 17 % after a week.
+  margin while the history is short: ``limit = peak x (1 + margin) x (1 + 1/c)^e``, with
+  ``e = log2(1.15)`` so that the extra factor equals the margin itself at one day. The total
+  headroom is 59 % after 6 hours, 32 % after a day and 18 % after a week.
+* **Known weights are not uncertain.** When a policy states the model's weights
+  (``model_weights``), they are resident and exact: the short-history widening covers only
+  the peak above them (activations, KV cache, allocator caches), the margin the whole peak:
+  ``(1 + margin) x (weights + (peak - weights) x (1 + 1/c)^e)``.
 * **OOM bump at once.** Usage at or above the limit in force, or a recorded CUDA OOM /
   OOMKilled (metric ``oom_events``), raises the estimate to ``1.2 x`` the usage at the OOM
   (VPA's ratio) and the new limit is in force from the next instant, even if the change budget
@@ -27,10 +32,10 @@ recommender and changed where GPUs differ:
 * **Policies** (:class:`Policy`) clamp every recommendation: min/max memory, max tenants per
   GPU, allowed modes, and a latency guard: while the workload's latency or queue metric is
   above its objective nothing shrinks.
-* **Hysteresis.** A limit grows when a peak comes within half the margin of it, shrinks only
-  when the target is below ``(1 - 2 x margin)`` of it, and changes at most
-  ``max_changes_per_day`` times in any 24 h (a shrink needs two changes of budget left, so a
-  growth after it is always possible).
+* **Hysteresis.** A limit grows when the peak eats into the margin, shrinks only when the
+  target is below ``(1 - margin)`` of it, and changes at most ``max_changes_per_day`` times in
+  any 24 h (a shrink needs two changes of budget left, so a growth after it is always
+  possible); compute and mode ride along (alone only while the latency guard is breached).
 * **The sharing mode** (:func:`choose_mode`) follows from the measured compute, the memory
   limit, the guard and what the nodes offer (MIG profiles), with a one-line reason.
 
@@ -71,6 +76,10 @@ METRICS: tuple[str, ...] = (
 """Metrics a series may carry. The replay's fixed interface needs only the first two; the
 others come from the Prometheus reader (vLLM, guards) or from recorded OOMs."""
 RATIO_METRICS = frozenset({UTILIZATION, KV_USAGE})
+COMPUTE_STEP = 0.25
+"""While the latency guard is breached, a compute share alone changes (a pod recreated) when
+the estimate is a quarter of the SMs above it; otherwise compute and mode ride along with
+memory changes."""
 
 EXCLUSIVE = "exclusive"
 MEMORY_SHARE = "memory-share"
@@ -118,7 +127,8 @@ class Params:
     Attributes:
         margin: safety margin on the memory peak and the compute percentile (VPA's 0.15).
         confidence_exponent: ``e`` in ``(1 + 1/c)^e``: the extra headroom while the history is
-            short (c in days); 0.113 gives +20 % at 6 h, +8 % at 1 day, +1.5 % at a week.
+            short (c in days); ``log2(1.15)``: the extra factor is the margin itself at one day
+            (+38 % at 6 h, +15 % at 1 day, +2.7 % at a week).
         horizon_s: how long a memory peak (or an OOM) counts: 24 h, VPA's memory interval.
         half_life_s: half-life of the compute histogram's weights (VPA's 24 h).
         compute_percentile: compute estimate (VPA's target CPU percentile, 0.9, raised to 0.95
@@ -129,7 +139,7 @@ class Params:
     """
 
     margin: float = 0.15
-    confidence_exponent: float = 0.2016
+    confidence_exponent: float = 0.2016  # log2(1.15)
     horizon_s: float = 86_400.0
     half_life_s: float = 86_400.0
     compute_percentile: float = 0.95
@@ -159,8 +169,9 @@ class Policy:
         guard: the latency guard, or None.
         gpu_memory_bytes: memory of the GPUs the workload runs on.
         mig_profiles: MIG profiles the nodes offer (name, memory bytes, SM share); empty: none.
-        model_weights_bytes: for preallocating servers without a KV capacity metric: the
-            non-KV memory (weights, activations, CUDA context), so the KV pool is the rest.
+        model_weights_bytes: the model's weights, resident and known: the short-history
+            widening applies only above them (never above the lowest use seen); for preallocating servers
+            without a KV capacity metric, the non-KV memory, so the KV pool is the rest.
     """
 
     min_memory_bytes: int = 1 * GiB
@@ -408,6 +419,7 @@ class WorkloadState:
         self.last_t = 0.0
         self.memory_samples = 0
         self.mem_peak = _Window(params.horizon_s)
+        self.mem_floor = _Window(params.horizon_s)  # of negated values: the minimum
         self.oom_floor = _Window(params.horizon_s)
         self.kv_peak = _Window(params.horizon_s)
         self.last_memory = 0.0
@@ -460,6 +472,7 @@ class Recommender:
             st.memory_samples += 1
             st.last_memory = s.value
             st.mem_peak.add(s.timestamp, s.value)
+            st.mem_floor.add(s.timestamp, -s.value)
             limit = st.current.gpu_memory_limit_bytes if st.current else None
             # A preallocating server's used memory is its pool, not its need: no OOM from it.
             if limit is not None and s.value >= limit and not st.kv_peak.q:
@@ -528,8 +541,23 @@ class Recommender:
                 memory = peak * headroom
                 why.append("preallocating server without KV capacity: sized from used memory")
         else:
+            # Model weights the team states are resident and known: the headroom covers the
+            # rest (activations, KV cache, allocator caches), never below the lowest use seen.
+            floor = 0.0
             memory = peak * headroom
-            why.append(f"peak {peak / GiB:.1f} GiB x {headroom:.2f} ({c:.2f} days of history)")
+            if policy.model_weights_bytes:
+                floor = min(float(policy.model_weights_bytes), -st.mem_floor.max(now))
+            if floor:
+                # the margin covers the whole peak, the short-history widening only its part
+                # above the weights
+                widen = headroom / (1 + p.margin)
+                memory = (1 + p.margin) * (floor + (peak - floor) * widen)
+                why.append(
+                    f"(weights {floor / GiB:.1f} GiB + (peak {peak / GiB:.1f} GiB - weights)"
+                    f" x {widen:.2f}) x {1 + p.margin:.2f} ({c:.2f} days of history)"
+                )
+            else:
+                why.append(f"peak {peak / GiB:.1f} GiB x {headroom:.2f} ({c:.2f} days of history)")
         oom = st.oom_floor.max(now)
         if oom > memory:
             memory = oom
@@ -557,11 +585,14 @@ class Recommender:
         """The new recommendation in force from ``now``, or None when the one in force stays.
 
         Hysteresis: the first recommendation is made at the first decision after a memory
-        sample; an OOM changes it at once; otherwise memory grows when a peak comes within half
-        the margin of the limit, shrinks when the target is under ``1 - 2 x margin`` of it (never
-        while the guard is breached, and only with two changes of budget left), and compute
-        moves by 0.1 or more under the same budget; at most ``max_changes_per_day`` changes in
-        any 24 h except OOM raises.
+        sample; an OOM raises it at once (even with no budget left: the OOM restarted the
+        container anyway); otherwise memory grows when the peak eats into the margin
+        (``peak x (1 + margin) > limit``) and shrinks when the target is under
+        ``(1 - margin)`` of the limit (never while the guard is breached, and only with two
+        changes of budget left, so a growth after it stays possible). Compute and mode ride
+        along with those changes; alone they change only while the guard is breached (to an
+        exclusive GPU, or compute up by :data:`COMPUTE_STEP`). At most
+        ``max_changes_per_day`` changes in any 24 h, OOM raises aside.
         """
         st = self.states.get(workload)
         if st is None:
@@ -592,18 +623,14 @@ class Recommender:
                 and not guard
                 and tgt.gpu_memory_limit_bytes < cur.gpu_memory_limit_bytes * (1 - m)
             )
-            compute_up = tgt.gpu_compute_ratio >= cur.gpu_compute_ratio + 0.1
-            compute_down = (
-                left >= 2 and not guard and tgt.gpu_compute_ratio <= cur.gpu_compute_ratio - 0.1
-            )
-            mode_to_exclusive = guard and tgt.mode == EXCLUSIVE and cur.mode != EXCLUSIVE
-            if grow or shrink or compute_up or compute_down or mode_to_exclusive:
-                keep_mem = not (grow or shrink) and (
-                    tgt.gpu_memory_limit_bytes < cur.gpu_memory_limit_bytes and (guard or left < 2)
-                )
+            # Compute and mode move a pod on their own only for the latency guard: a compute
+            # shortfall slows a tenant (the guard measures it), it does not fail it.
+            to_exclusive = guard and tgt.mode == EXCLUSIVE and cur.mode != EXCLUSIVE
+            compute_up = guard and tgt.gpu_compute_ratio >= cur.gpu_compute_ratio + COMPUTE_STEP
+            if grow or shrink:
                 new = tgt
-                if keep_mem:
-                    new = replace(tgt, gpu_memory_limit_bytes=cur.gpu_memory_limit_bytes)
+            elif to_exclusive or compute_up:
+                new = replace(tgt, gpu_memory_limit_bytes=cur.gpu_memory_limit_bytes)
         st.oom_pending = False
         if new is None:
             return None
@@ -626,8 +653,9 @@ def choose_mode(
 
     Preference, first allowed wins:
 
-    * one tenant per GPU allowed, the memory over half the GPU, a compute percentile of 0.7 or
-      more, or the guard breached: **exclusive** (co-location would hurt or cannot fit twice);
+    * one tenant per GPU allowed, the memory over 90 % of the GPU (nothing useful fits beside
+      it), a compute percentile of 0.7 or more, or the guard breached: **exclusive**
+      (co-location would hurt or cannot fit);
     * MIG profiles offered and one fits memory and compute: the smallest such **MIG** profile
       when compute is steady (p95 >= 0.3) or a guard is set (hardware isolation of SMs and
       memory bandwidth);
@@ -645,8 +673,8 @@ def choose_mode(
         order.append((EXCLUSIVE, "policy allows one tenant per GPU"))
     if guard_breached:
         order.append((EXCLUSIVE, "latency guard breached: no co-location"))
-    if frac > 0.5:
-        order.append((EXCLUSIVE, f"needs {frac:.0%} of the GPU's memory"))
+    if frac > 0.9:
+        order.append((EXCLUSIVE, f"needs {frac:.0%} of the GPU's memory: nothing fits beside it"))
     if util_p >= 0.7:
         order.append((EXCLUSIVE, f"compute p95 {util_p:.0%}: busy enough to need the GPU alone"))
     if "mig" in allowed and policy.mig_profiles and (util_p >= 0.3 or policy.guard is not None):

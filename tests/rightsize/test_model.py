@@ -180,7 +180,8 @@ def test_guard_blocks_shrink() -> None:
         ("low compute: memory-isolated share", Policy(), 10, 0.1, False, "memory-share"),
         ("medium compute: MPS", Policy(), 10, 0.5, False, "mps"),
         ("busy: exclusive", Policy(), 10, 0.8, False, "exclusive"),
-        ("more than half the memory: exclusive", Policy(), 50, 0.1, False, "exclusive"),
+        ("more than 90 % of the memory: exclusive", Policy(), 73, 0.1, False, "exclusive"),
+        ("half the memory still shares", Policy(), 50, 0.1, False, "memory-share"),
         ("guard breached: exclusive", Policy(), 10, 0.1, True, "exclusive"),
         ("one tenant per GPU", Policy(max_tenants_per_gpu=1), 10, 0.1, False, "exclusive"),
         (
@@ -313,3 +314,23 @@ def test_no_look_ahead() -> None:
     head_b = [r for r in b if r.timestamp <= cut]
     assert head_a == head_b and len(head_a) > 1
     assert a != b  # the change after the cut does show
+
+
+def test_stated_weights_take_no_headroom() -> None:
+    s = flat("llm", 0, 1440, 20 * GiB) + [
+        Sample(1440 * 60.0, "llm", "llm-0", "main", MEMORY, 22 * GiB)
+    ]
+    plain, _ = replay(s)
+    known, rec = replay(s, PolicySet(Policy(model_weights_bytes=16 * GiB)))
+    tgt = rec.target("llm", 1441 * 60.0)
+    assert tgt is not None
+    c = min(1441 * 60 / 86_400, 1441 / 1440)
+    widen = headroom(c) / 1.15
+    assert tgt.gpu_memory_limit_bytes == ceil_mib(1.15 * (16 * GiB + (22 - 16) * GiB * widen))
+    assert known[0].gpu_memory_limit_bytes < plain[0].gpu_memory_limit_bytes
+    # weights above the lowest use seen are not trusted: the floor is the lowest use
+    _, rec = replay(s, PolicySet(Policy(model_weights_bytes=30 * GiB)))
+    tgt = rec.target("llm", 1441 * 60.0)
+    assert tgt is not None
+    assert tgt.gpu_memory_limit_bytes == ceil_mib(1.15 * (20 * GiB + (22 - 20) * GiB * widen))
+    assert not any(r.oom for r in known)
