@@ -285,24 +285,29 @@ def machine() -> dict[str, str]:
 
 
 def results_text(b: Benchmark, figures: Figures, command: str, env: Mapping[str, str]) -> str:
-    """The Markdown of ``benchmarks/results/<name>.md``: what it measures, the command, the
-    conditions (the figures' and the machine's), the table."""
+    """The Markdown of ``benchmarks/results/<name>.md``, in the folder's format: what it
+    measures, the command, the conditions (the figures' and the machine's), the table, its
+    notes, the link to the CSV."""
     cond = {**figures.conditions, **env}
     lines = [
         f"# {b.name}",
         "",
         f"{b.description[:1].upper()}{b.description[1:]}.",
         "",
-        f"Command: `{command}`",
+        "Command:",
+        "",
+        "```bash",
+        command,
+        "```",
         "",
         "Conditions: " + "; ".join(f"{k}: {v}" for k, v in cond.items()) + ".",
         "",
-        f"{figures.title}",
+        f"{figures.title}:",
         "",
         figures.markdown(),
         "",
     ]
-    lines += [*figures.notes, ""] if figures.notes else []
+    lines += [*(f"- {n}" for n in figures.notes), ""] if figures.notes else []
     lines.append(f"The numbers: [{b.name}.csv]({b.name}.csv).")
     return "\n".join(lines) + "\n"
 
@@ -362,9 +367,24 @@ def run(name: str, argv: Sequence[str], *, results_dir: Path = RESULTS_DIR) -> i
     (args.out / "figures.csv").write_text(result.csv_text())
     print(text)
     if args.write_results:
-        command = " ".join(["topoplace bench", name, *argv]).replace(" --write-results", "")
+        command = " ".join(["topoplace bench", name, *_reproducing(argv)])
         print(f"wrote {write_results(b, result, command, results_dir)}")
     return 0
+
+
+def _reproducing(argv: Sequence[str]) -> list[str]:
+    """``argv`` without what does not change the figures (``--out DIR``, ``--quiet``,
+    ``--write-results``)."""
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--out":
+            skip = True
+        elif not a.startswith(("--out=", "--quiet", "--write-results")):
+            out.append(a)
+    return out
 
 
 def _run_files(files: Sequence[str], argv: Sequence[str]) -> int:

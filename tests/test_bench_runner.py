@@ -78,7 +78,8 @@ def test_a_micro_benchmark_writes_its_results_file(tmp_path: Path) -> None:
     with (results / "pod-path.csv").open() as f:
         rows = {r["stage"]: r for r in csv.DictReader(f)}
     stages = ["watch ADDED", "filter", "bind", "watch MODIFIED", "all stages (sum of means)",
-              "  of which: decision record", "  of which: why line"]  # fmt: skip
+              "  of which: decision record", "  of which: why line",
+              "explain the record (on request)"]  # fmt: skip
     assert list(rows) == stages
     for stage in ("watch ADDED", "filter", "bind", "watch MODIFIED"):
         assert 0 <= float(rows[stage]["median ms"]) <= float(rows[stage]["p99 ms"]) < 1000
@@ -86,7 +87,8 @@ def test_a_micro_benchmark_writes_its_results_file(tmp_path: Path) -> None:
     assert float(rows["filter"]["median ms"]) > 0  # filter does the placing: never free
     md = (results / "pod-path.md").read_text()
     assert md.startswith("# pod-path\n")
-    assert "Command: `topoplace bench pod-path --nodes 20 --pods 30 --runs 2" in md
+    assert "```bash\ntopoplace bench pod-path --nodes 20 --pods 30 --runs 2\n```" in md
     for condition in ("nodes: 20", "pods per run: 30", "runs: 2", "machine: ", "commit: "):
         assert condition in md
     assert "| stage | median ms | p99 ms | run means ms |" in md
+    assert md.endswith("The numbers: [pod-path.csv](pod-path.csv).\n")

@@ -15,8 +15,10 @@ Two parts of those stages are also timed on their own, over each pod's real deci
 (the one bind explains): ``decision record`` (``DecisionLog.record`` of the filter decision
 into a fresh ring, as filter does) and ``why line`` (``scheduler.core.explain.summarize``,
 the one-line why bind writes into the placement record). They are inside ``filter`` and
-``bind``, not added to them; timed with ``time.perf_counter`` (too short for the process
-clock), the stages with ``time.process_time``.
+``bind``, not added to them. A third figure is the explanation of that record, computed
+only when asked (``DecisionLog.explained``: the inspect API, ``topoplace explain``). These
+three are timed with ``time.perf_counter`` (too short for the process clock), the stages
+with ``time.process_time``.
 
 Figures, per stage: median and p99 CPU ms per pod over the pods of all runs, and the mean
 of each run. ``topoplace bench pod-path [--nodes 500] [--pods 2000] [--background 0]
@@ -51,8 +53,9 @@ from scheduler.server.metrics import Metrics
 
 STAGES = ("watch ADDED", "filter", "bind", "watch MODIFIED")
 """The pod's stages, in order; their sum is the pod's CPU."""
-PARTS = ("decision record", "why line")
-"""Parts of filter and bind timed apart (see the module docstring)."""
+PARTS = ("decision record", "why line", "explain")
+"""Parts of filter and bind, and the on-request explanation, timed apart (see the module
+docstring)."""
 
 
 class StubBinderNoApi:
@@ -154,8 +157,11 @@ def one_run(nodes: int, pods: int, background: int, seed: int) -> dict[str, list
             t7 = time.perf_counter()
             summarize(rec.snap, rec.req, rec.pos, params, rec.verb, chosen=node, basis=rec.basis)
             t8 = time.perf_counter()
+            ext.decisions.explained(rec)
+            t9 = time.perf_counter()
             out["decision record"].append(t7 - t6)
             out["why line"].append(t8 - t7)
+            out["explain"].append(t9 - t8)
 
     asyncio.run(main())
     return out
@@ -180,6 +186,8 @@ def run(args: argparse.Namespace) -> Figures:
         if stage in STAGES:
             total = [t + m for t, m in zip(total, means, strict=True)]
         label = stage if stage in STAGES else f"  of which: {stage}"
+        if stage == "explain":
+            label = "explain the record (on request)"
         rows.append((label, statistics.median(xs), p99(xs), ", ".join(f"{m:.3f}" for m in means)))
     rows.insert(
         len(STAGES), ("all stages (sum of means)", "", "", ", ".join(f"{t:.3f}" for t in total))
@@ -190,5 +198,5 @@ def run(args: argparse.Namespace) -> Figures:
         rows,
         {"nodes": args.nodes, "pods per run": args.pods, "bound pods before": args.background,
          "runs": n_runs, "pod": "1 GPU", "python": platform.python_version()},
-        ("Stages: process CPU time; the two parts: wall time (perf_counter) of the part alone.",),
+        ("Stages: process CPU time; the parts and the explanation: wall time (perf_counter).",),
     )  # fmt: skip
