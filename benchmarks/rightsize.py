@@ -594,7 +594,8 @@ def run(args: argparse.Namespace) -> int:
             f"servers (weights {WEIGHTS / GiB:.2f} GiB + {OVERHEAD / GiB:.1f} GiB overhead + 128 KiB per token in flight; "
             f"batch <= {MAX_BATCH}, prefill {PREFILL_TOK_S:.0f} tok/s, {TPOT_S * 1000:.0f} ms per output token); "
             f"one sample / {SAMPLE_S} s (the scrape's max) for the ~1 h trace; scored after 10 min; "
-            "topoplace with a guard requests_waiting <= 0. Changes per day are extrapolated from under an hour."
+            "topoplace with a guard requests_waiting <= 0 and the policy stating the weights (model_weights). "
+            "Changes per day are extrapolated from under an hour."
         )
     md, rows = render(results, conditions, extra, "python -m benchmarks.rightsize")
     print(md)

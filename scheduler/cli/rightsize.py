@@ -135,6 +135,11 @@ def load_policies(path: str | Path | None) -> PolicySet:
         raise SeriesError(f"{path}: {exc}") from None
 
 
+def _timestamp(t: float) -> str:
+    """Seconds as written: whole seconds without a fraction, others exactly (``repr``)."""
+    return str(int(t)) if t.is_integer() else repr(t)
+
+
 def write_outputs(out: Path, rows: list[Row], summary: str) -> None:
     """``recommendations.csv`` and ``summary.md`` in ``out`` (created if missing)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -144,7 +149,7 @@ def write_outputs(out: Path, rows: list[Row], summary: str) -> None:
         for r in rows:
             w.writerow(
                 [
-                    f"{r.timestamp:g}",
+                    _timestamp(r.timestamp),
                     r.workload,
                     r.pod,
                     r.container,

@@ -28,7 +28,7 @@ recommender and changed where GPUs differ:
   is spent (the OOM already restarted the container).
 * **Preallocating servers** (vLLM: metric ``kv_cache_usage_ratio`` present) hold a flat
   used-memory series whatever they serve, so they are sized from their KV-cache use instead:
-  ``non-KV memory + KV pool x peak KV use x margin``.
+  ``non-KV memory + KV pool x peak KV use x headroom``.
 * **Policies** (:class:`Policy`) clamp every recommendation: min/max memory, max tenants per
   GPU, allowed modes, and a latency guard: while the workload's latency or queue metric is
   above its objective nothing shrinks.

@@ -120,3 +120,16 @@ def test_bad_policy_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixtu
     )
     assert rc == 2
     assert "unknown mode(s) ['warp']" in capsys.readouterr().err
+
+
+def test_timestamps_are_written_exactly(tmp_path: Path) -> None:
+    t0 = 1_662_858_720.0
+    lines = [HEADER.strip()]
+    lines += [f"{t0 + 57 * i},w,p,c,gpu_memory_used_bytes,{GiB}" for i in range(3)]
+    lines.append(f"{t0 + 171.25},w,p,c,gpu_memory_used_bytes,{GiB}")
+    series = write(tmp_path, "\n".join(lines) + "\n")
+    assert main(["rightsize", "replay", "--series", str(series), "--out", str(tmp_path / "o")]) == 0
+    with (tmp_path / "o" / "recommendations.csv").open() as fh:
+        stamps = [r["timestamp"] for r in csv.DictReader(fh)]
+    assert stamps[0] == "1662858777"  # in force from the second sample
+    assert set(stamps) <= {"1662858777", "1662858834", "1662858891.25"}
