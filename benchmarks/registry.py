@@ -229,6 +229,7 @@ def common_parser(prog: str) -> argparse.ArgumentParser:
     g.add_argument("--out", type=Path, help="raw output directory (default out/<name>/)")
     g.add_argument("--runs", type=int, help="repetitions (default: the benchmark's)")
     g.add_argument("--seeds", help="seeds, e.g. 1-5 or 1,3 (default: the benchmark's)")
+    g.add_argument("--seed", dest="seeds", help=argparse.SUPPRESS)  # one seed: the same
     g.add_argument("--kube-bin", type=Path, help="Kubernetes binaries (live benchmarks)")
     g.add_argument("--write-results", action="store_true",
                    help="replace benchmarks/results/<name>.md/.csv with these figures")  # fmt: skip

@@ -111,7 +111,7 @@ def test_background_loops_time_every_case(tmp_path: Path) -> None:
 
 
 def test_health_refresh_with_slices(tmp_path: Path) -> None:
-    fig = figures("background-cpu", tmp_path, "--loops", "refresh", "--nodes", "12",
+    fig = figures("background-cpu", tmp_path, "--kind", "health", "--nodes", "12",
                   "--runs", "2", "--slices")  # fmt: skip
     first = rows(fig)[0]
     assert first["detail"] == "with DRA slices" and first["median ms"] > 0

@@ -2,7 +2,7 @@
 
 In kube mode three loops run beside the verbs, each holding the GIL while it runs, so their
 cost is taken from filter and bind and grows with the cluster. One table, a row per loop,
-cluster size and case (CPU ms, ``time.process_time``; ``--loops`` selects):
+cluster size and case (CPU ms, ``time.process_time``; ``--kind`` selects the loops):
 
 **health refresh** (``ClusterCache.refresh_nodes``, every ``health_refresh_interval_s``,
 30 s: heartbeats age, settle times and failure memories expire without any event). A cache
@@ -35,7 +35,7 @@ states: every node healthy (the usual case), one node failed (NVSentinel's fatal
 condition: a gang member and its 15 mates are due), and 1 % of the nodes failed;
 ``--runs`` checks per case (default 20), every pod seen failing long enough to be due.
 
-``topoplace bench background-cpu [--loops refresh parked remediation] [--nodes 500 5000]
+``topoplace bench background-cpu [--kind health parked remediation] [--nodes 500 5000]
 [--parked 100 2000] [--polls 20] [--slices] [--runs N]``.
 """
 
@@ -54,7 +54,7 @@ from benchmarks.micro.pod_path import StubBinderNoApi
 from benchmarks.registry import Figures
 from benchmarks.stats import p99
 
-LOOPS = ("refresh", "parked", "remediation")
+LOOPS = ("health", "parked", "remediation")
 
 UPDATES = 50
 """Node updates timed per health-refresh case (a label added to a node, as a watch event
@@ -209,7 +209,8 @@ def failed(nodes: list[dict[str, Any]], which: list[int]) -> list[dict[str, Any]
 def add_arguments(ap: Any) -> None:
     """Loops, sizes, parked pods, polls, slices (the runner's ``--runs``: health refreshes
     after the first, default 10, and remediation checks per case, default 20)."""
-    ap.add_argument("--loops", nargs="+", choices=LOOPS, default=list(LOOPS))
+    ap.add_argument("--kind", nargs="+", choices=LOOPS, default=list(LOOPS),
+                    help="the loops timed (default all)")  # fmt: skip
     ap.add_argument("--nodes", type=int, nargs="+", default=[500, 5000])
     ap.add_argument("--parked", type=int, nargs="+", default=[100, 2000],
                     help="parked poll: refused pods waiting")  # fmt: skip
@@ -225,7 +226,7 @@ def run(args: argparse.Namespace) -> Figures:
     from scheduler.core.snapshot import build_snapshot
 
     rows: list[tuple[Any, ...]] = []
-    if "refresh" in args.loops:
+    if "health" in args.kind:
         runs = args.runs or 10
         for n in args.nodes:
             first, times, changed, updates = refresh_case(n, runs, args.slices)
@@ -235,7 +236,7 @@ def run(args: argparse.Namespace) -> Figures:
                          p99(times), f"nodes changed by the last: {changed}"))  # fmt: skip
             rows.append(("health refresh", n, "one node update (watch)",
                          statistics.median(updates), p99(updates), f"{len(updates)} updates"))  # fmt: skip
-    if "parked" in args.loops:
+    if "parked" in args.kind:
         for n in args.nodes:
             for k in args.parked:
                 r = parked_case(n, k, args.polls)
@@ -244,7 +245,7 @@ def run(args: argparse.Namespace) -> Figures:
                     rows.append(("parked poll", n, f"{r['parked']} parked, {case}",
                                  statistics.median(t), p99(t),
                                  f"woken over the freed polls: {r['woken']}"))  # fmt: skip
-    if "remediation" in args.loops:
+    if "remediation" in args.kind:
         runs = args.runs or 20
         params = load_params(None)
         rp = params.remediation

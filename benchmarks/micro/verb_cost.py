@@ -56,7 +56,7 @@ The API objects come from :class:`ListOnlyApiNoServer` (a stand-in for the API s
 serves discovery and the initial lists from memory). Figures: median and p99 CPU ms of one
 event (``--events`` per kind), the nodes whose health the last event changed, and the burst.
 
-``topoplace bench verb-cost [--nodes 500] [--pods 200] [--held 0.4] [--runs 3]``;
+``topoplace bench verb-cost [--nodes 500 ...] [--pods 200] [--held 0.4] [--runs 3]``;
 ``topoplace bench verb-cost --kind slices [--nodes 500 5000] [--events 40] [--burst 20]``.
 """
 
@@ -232,23 +232,24 @@ def one_run(kind: str, nodes: int, pods: int, held: float, seed: int) -> dict[st
 
 
 def verbs(args: argparse.Namespace) -> Figures:
-    """Per pod kind: filter, prioritize and both, median and p99 CPU ms per pod."""
+    """Per node count and pod kind: filter, prioritize and both, median and p99 CPU ms per
+    pod."""
     runs_n = args.runs or 3
-    nodes = args.nodes[0]
     kinds = args.pods_of or list(KINDS)
     rows: list[tuple[Any, ...]] = []
-    for kind in kinds:
+    for nodes, kind in ((n, k) for n in args.nodes for k in kinds):
         runs = [one_run(kind, nodes, args.pods, args.held, seed) for seed in range(runs_n)]
         f = [x for r in runs for x in r["filter"]]
         p = [x for r in runs for x in r["prioritize"]]
         both = [a + b for a, b in zip(f, p, strict=True)]
         offered = statistics.median(x for r in runs for x in r["offered"])
         kept = statistics.median(x for r in runs for x in r["kept"])
-        rows.append((kind, statistics.median(f), p99(f), statistics.median(p), p99(p),
+        rows.append((nodes, kind, statistics.median(f), p99(f), statistics.median(p), p99(p),
                      statistics.median(both), p99(both), offered, kept))  # fmt: skip
     return Figures(
         "filter + prioritize CPU ms per pod, per pod kind (in process)",
         (
+            "nodes",
             "pod kind",
             "filter median",
             "filter p99",
@@ -261,7 +262,7 @@ def verbs(args: argparse.Namespace) -> Figures:
         ),  # fmt: skip
         rows,
         {
-            "nodes": f"{nodes} DGX H100 (HAMi: 8 x H100, 10 shares each)",
+            "nodes": "DGX H100 (HAMi: 8 x H100, 10 shares each)",
             "holding 4 GPUs": f"{args.held:.0%}",
             "pods per run": args.pods,
             "runs": runs_n,
@@ -450,7 +451,7 @@ def add_arguments(ap: Any) -> None:
     """Both kinds' flags (the runner adds ``--runs``, default 3)."""
     ap.add_argument("--kind", choices=("verbs", "slices"), default="verbs")
     ap.add_argument("--nodes", type=int, nargs="+", default=None,
-                    help="nodes (verbs: one count, default 500; slices: default 500 5000)")  # fmt: skip
+                    help="node counts (verbs: default 500; slices: default 500 5000)")  # fmt: skip
     ap.add_argument("--pods", type=int, default=200, help="verbs: pods per kind and run")
     ap.add_argument("--pods-of", nargs="+", choices=KINDS, metavar="KIND",
                     help=f"verbs: only these pod kinds ({', '.join(KINDS)})")  # fmt: skip
