@@ -2,7 +2,8 @@
 driven by the Azure LLM inference trace.
 
 Run: ``python -m benchmarks.rightsize [--data ../shared/data] [--out benchmarks/results]
-[--only genai|azure]``. Writes ``rightsize.md`` and ``rightsize.csv`` in ``--out``.
+[--only genai|azure]`` (or through the runner, ``topoplace bench rightsize``, whose ``--out``
+defaults to ``out/rightsize``). Writes ``rightsize.md`` and ``rightsize.csv`` in ``--out``.
 
 Inputs, turned into the replay's series format (``scheduler.cli.rightsize``):
 
@@ -51,6 +52,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from scheduler.core.rightsize import (
     EXCLUSIVE,
@@ -535,22 +537,19 @@ def render(
     return "\n".join(md) + "\n", csv_rows
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The benchmark's options."""
+def add_arguments(parser: Any) -> None:
+    """The benchmark's own flags (a parser or an argument group). ``--out`` is the runner's
+    common flag (``topoplace bench rightsize --out DIR``) or, standalone, added by
+    :func:`main` with ``benchmarks/results`` as default."""
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shared data folder")
     parser.add_argument(
-        "--out",
-        type=Path,
-        default=REPO / "benchmarks" / "results",
-        help="where rightsize.md/.csv go",
-    )
-    parser.add_argument(
-        "--only", choices=("genai", "azure"), help="one input only (no files written)"
+        "--only", choices=("genai", "azure"), help="one input only (printed, no files written)"
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    """Evaluate, print the table, write ``rightsize.md`` / ``rightsize.csv`` (full runs only)."""
+    """Evaluate, print the table, write ``rightsize.md`` / ``rightsize.csv`` into ``args.out``
+    (full runs only). Returns the exit status."""
     t0 = time.perf_counter()
     results: dict[str, dict[str, Score]] = {}
     conditions: dict[str, str] = {}
@@ -612,6 +611,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m benchmarks.rightsize``."""
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.rightsize", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=REPO / "benchmarks" / "results",
+        help="where rightsize.md and rightsize.csv go (default: benchmarks/results)",
     )
     add_arguments(p)
     return run(p.parse_args(argv))

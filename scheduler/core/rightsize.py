@@ -50,6 +50,7 @@ import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import groupby
 from typing import Any
 
 from scheduler.core.quantity import parse_quantity_int
@@ -725,21 +726,28 @@ def replay(
     policies: PolicySet | None = None,
     params: Params | None = None,
 ) -> tuple[list[Row], Recommender]:
-    """Replay a series: at every distinct timestamp ``t`` the recommender first decides (from
-    the samples before ``t``), then takes the samples at ``t``. A recommendation decided at
-    ``t`` is written for every (pod, container) of its workload seen before ``t``, and is in
-    force from ``t`` on; a pod first seen later gets the one in force at its first sample.
+    """Replay a series: at every distinct timestamp ``t``, each workload with samples at ``t``
+    is decided first, from the samples before ``t``; then the samples at ``t`` are taken. A
+    recommendation decided at ``t`` is written for every (pod, container) of its workload seen
+    so far and is in force from ``t`` on; a pod first seen at ``t`` gets the one in force then
+    (as admission would give it), from its own samples nothing.
 
     Samples must be sorted by timestamp (stable within a timestamp). Returns the rows in time
-    order (then workload, pod, container) and the recommender with its final state.
+    order (then workload, pod, container) and the recommender with its final state. Cost:
+    one decision per workload and instant it has samples at.
     """
     rec = Recommender(policies, params)
     rows: list[Row] = []
-    batch: list[Sample] = []
     written: dict[str, set[tuple[str, str]]] = {}
-
-    def flush(t: float) -> None:
-        for wl in sorted(rec.states):
+    last_t: float | None = None
+    for t, group in groupby(samples, key=lambda x: x.timestamp):
+        if last_t is not None and t < last_t:
+            raise RightsizeError(f"samples out of order at t={t}")
+        last_t = t
+        batch = list(group)
+        for s in batch:  # the pod exists at t (not its values): it gets what is in force
+            rec.state(s.workload).pods.setdefault((s.pod, s.container), None)
+        for wl in sorted({s.workload for s in batch}):
             r = rec.decide(wl, t)
             cur = rec.current(wl)
             if cur is None:
@@ -762,20 +770,8 @@ def replay(
                         cur.oom and r is not None,
                     )
                 )
-
-    last_t: float | None = None
-    for s in samples:
-        if last_t is None or s.timestamp != last_t:
-            if last_t is not None and s.timestamp < last_t:
-                raise RightsizeError(f"samples out of order at t={s.timestamp}")
-            for b in batch:
-                rec.observe(b)
-            batch = []
-            flush(s.timestamp)
-            last_t = s.timestamp
-        batch.append(s)
-    for b in batch:
-        rec.observe(b)
+        for s in batch:
+            rec.observe(s)
     return rows, rec
 
 

@@ -54,3 +54,15 @@ def test_azure_servers_memory_model() -> None:
     # at most 16 requests in flight, none over 15,050 tokens (context + generated, conv trace)
     assert 0 < max(mem) - weights <= 16 * 15_050 * 128 * 1024
     assert len({x.pod for x in s}) == 8
+
+
+def test_flags_fit_the_runner_s_common_parser() -> None:
+    import argparse
+
+    from benchmarks.rightsize import add_arguments
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--out")  # the runner's common flag
+    add_arguments(p.add_argument_group("rightsize flags"))
+    args = p.parse_args(["--only", "azure", "--out", "x"])
+    assert (args.only, args.out) == ("azure", "x")

@@ -334,3 +334,15 @@ def test_stated_weights_take_no_headroom() -> None:
     assert tgt is not None
     assert tgt.gpu_memory_limit_bytes == ceil_mib(1.15 * (20 * GiB + (22 - 20) * GiB * widen))
     assert not any(r.oom for r in known)
+
+
+def test_a_new_pod_gets_the_recommendation_in_force_at_its_first_sample() -> None:
+    s = flat("w", 0, 120, 10 * GiB)
+    s += [Sample(60.0 * i, "w", "w-new", "main", MEMORY, 50 * GiB) for i in range(100, 102)]
+    rows, _ = replay(sort(s))
+    first_new = next(r for r in rows if r.pod == "w-new")
+    in_force = [r for r in rows if r.pod == "w-0" and r.timestamp <= 6000][-1]
+    assert first_new.timestamp == 6000  # its first sample, decided without it
+    assert first_new.gpu_memory_limit_bytes == in_force.gpu_memory_limit_bytes
+    oom = [r for r in rows if r.timestamp == 6060]
+    assert {r.pod for r in oom} == {"w-0", "w-new"} and all(r.oom for r in oom)
