@@ -70,6 +70,11 @@ class Recorded:
         g = GaugeMetricFamily("DCGM_FI_DEV_GPU_UTIL", "percent", labels=dcgm)
         g.add_metric(["1", "GPU-1", "trainer-1", "ml", "main"], 50)
         yield g
+        ksm = ["namespace", "pod", "uid", "owner_kind", "owner_name", "owner_is_controller"]
+        g = GaugeMetricFamily("kube_pod_owner", "owner", labels=ksm)
+        g.add_metric(["ml", "trainer-1", "u1", "Job", "nightly-train", "true"], 1)
+        g.add_metric(["ml", SD_POD, "u2", "ReplicaSet", "sd-7d9f8b6c5d", "true"], 1)
+        yield g
 
 
 class Vllm:
@@ -205,12 +210,17 @@ def test_reader_maps_every_source_to_samples(prometheus: tuple[str, float]) -> N
     assert ooms and ooms == full, (sd_mem, ooms)  # used reached HAMi's limit exactly there
     assert set(by[("ml/old", MEMORY)]) == {5 * GiB}  # pre-2.9 names
     assert set(by[("ml/old", UTILIZATION)]) == {0.4}
-    assert set(by[("ml/trainer", MEMORY)]) == {20 * GiB}  # DCGM MiB -> bytes
-    assert set(by[("ml/trainer", UTILIZATION)]) == {0.5}
+    # the owner from kube-state-metrics (a Job), DCGM's MiB as bytes
+    assert set(by[("ml/nightly-train", MEMORY)]) == {20 * GiB}
+    assert set(by[("ml/nightly-train", UTILIZATION)]) == {0.5}
     assert set(by[("serve/llm", KV_USAGE)]) == {0.3}
     assert set(by[("serve/llm", REQUESTS_WAITING)]) == {2.0}
     rows, rec = replay(samples)
-    assert {r.workload for r in rows} == {"ml/sd", "ml/old", "ml/trainer"}  # llm: no memory series
+    assert {r.workload for r in rows} == {
+        "ml/sd",
+        "ml/old",
+        "ml/nightly-train",
+    }  # llm: no memory series
     assert any(r.oom for r in rows if r.workload == "ml/sd")
 
 
