@@ -560,7 +560,8 @@ def run(args: argparse.Namespace) -> int:
         results["genai"] = evaluate("genai", g, WARMUP["genai"], PolicySet())
         conditions["genai"] = (
             f"Alibaba GenAI 2026, shared half: {npods} pods with GPU series, one workload each, "
-            "one sample / 57 s for 22.8 h; scored after 6 h from each pod's first sample; default policy."
+            "one sample / 57 s for 22.8 h; scored after 6 h from each pod's first sample; default policy. "
+            "Guard breaches n/a: this half holds no latency or queue series."
         )
         extra += ["## Validation against the issue's figures (GenAI)", ""]
         extra += [
