@@ -8,7 +8,7 @@ runs one::
     topoplace bench NAME [--out DIR] [--runs N] [--seeds 1-5] [--workers N | --ray ADDR]
                          [--kube-bin DIR] [--write-results] [--quiet] [NAME's own flags]
 
-Common flags (every benchmark takes them; one that has no use for a flag says so):
+Common flags (a benchmark that has no use for one refuses it: ``Benchmark.uses``):
 
 * ``--out DIR``: raw output (default ``out/<name>/``, git-ignored);
 * ``--runs N``: repetitions (micro benchmarks: timed passes; live: runs);
@@ -115,6 +115,9 @@ class Benchmark:
             only when the benchmark runs or its help is asked for; for a live benchmark the
             module whose ``main(argv)`` runs it (:func:`run_live` translates the flags).
         seed_flag: a live benchmark's own flag for one seed (``--seed``), "" if it has none.
+        uses: the common flags among ``runs seeds workers ray kube_bin`` it takes (space
+            separated; live: ``runs kube_bin``, and ``seeds`` with a ``seed_flag``); the
+            others are refused rather than ignored.
     """
 
     name: str
@@ -122,6 +125,13 @@ class Benchmark:
     description: str
     module: str
     seed_flag: str = ""
+    uses: str = ""
+
+    def takes(self) -> frozenset[str]:
+        """The common flags (dest names) this benchmark takes, :attr:`uses` or its kind's."""
+        if self.kind == "live":
+            return frozenset({"runs", "kube_bin", *(["seeds"] if self.seed_flag else [])})
+        return frozenset(self.uses.split())
 
     @property
     def results_file(self) -> Path:
@@ -134,31 +144,44 @@ BENCHMARKS: dict[str, Benchmark] = {
     b.name: b
     for b in (
         _B("fgd-openb", "offline", "FGD (ATC '23) sharing policies on the Alibaba openb traces: "
-           "GPU allocation and fragmentation vs the paper", "benchmarks.engine.scenarios.fgd.run"),
+           "GPU allocation and fragmentation vs the paper", "benchmarks.engine.scenarios.fgd.run",
+           uses="seeds workers ray"),
         _B("gangs", "offline", "gang placement on NVL72 / DGX H100: CP-SAT vs KAI, Kueue, "
-           "first-fit (wait, locality, utilisation)", "benchmarks.engine.scenarios.gangs.run"),
+           "first-fit (wait, locality, utilisation)", "benchmarks.engine.scenarios.gangs.run",
+           uses="seeds workers ray"),
         _B("faults", "offline", "failure injection at Llama 3 rates: topoplace health vs "
-           "Ready-only baselines (goodput, re-placement)", "benchmarks.engine.scenarios.faults.run"),
+           "Ready-only baselines (goodput, re-placement)", "benchmarks.engine.scenarios.faults.run",
+           uses="seeds workers ray"),
         _B("pod-path", "micro", "CPU per pod of the extender's path, stage by stage (watch, "
-           "filter, bind, decision record, why line), in process", "benchmarks.micro.pod_path"),
+           "filter, bind, decision record, why line), in process", "benchmarks.micro.pod_path",
+           uses="runs"),
         _B("extender-latency", "micro", "filter/prioritize latency over loopback HTTP vs a "
-           "parse-only floor; --kind plumbing: server CPU per pod", "benchmarks.micro.extender_latency"),
+           "parse-only floor; --kind plumbing: server CPU per pod", "benchmarks.micro.extender_latency",
+           uses="runs"),
         _B("gang-solver", "micro", "gang plan time and quality on 500-10,000 nodes: CP-SAT vs "
-           "the baselines", "benchmarks.micro.gang_solver"),
+           "the baselines", "benchmarks.micro.gang_solver",
+           uses="runs seeds"),
         _B("topology", "micro", "GPU-set table build time and lookup latency per node shape",
-           "benchmarks.micro.topology"),
+           "benchmarks.micro.topology",
+           uses="seeds"),
         _B("verb-cost", "micro", "filter+prioritize CPU per pod kind (whole GPU, gang member, "
-           "HAMi share, DRA claim); --kind slices: ResourceSlice events", "benchmarks.micro.verb_cost"),
+           "HAMi share, DRA claim); --kind slices: ResourceSlice events", "benchmarks.micro.verb_cost",
+           uses="runs"),
         _B("preemption-latency", "micro", "time of one preempt answer and of a started "
-           "preemption's victim search", "benchmarks.micro.preemption_latency"),
+           "preemption's victim search", "benchmarks.micro.preemption_latency",
+           uses="runs"),
         _B("sharing-latency", "micro", "per-pod decision time of the GPU-sharing policies at "
-           "the openb cluster size", "benchmarks.micro.sharing_latency"),
+           "the openb cluster size", "benchmarks.micro.sharing_latency",
+           uses="seeds"),
         _B("background-cpu", "micro", "CPU of the periodic loops: health refresh, parked-pod "
-           "poll, remediation check", "benchmarks.micro.background_cpu"),
+           "poll, remediation check", "benchmarks.micro.background_cpu",
+           uses="runs"),
         _B("memory", "micro", "server RSS after many distinct pods; /healthz latency under "
-           "gang planning and a 50 MB body", "benchmarks.micro.memory"),
+           "gang planning and a 50 MB body", "benchmarks.micro.memory",
+           uses=""),
         _B("ui-render", "micro", "cluster view render time in headless Chromium",
-           "benchmarks.micro.ui_render"),
+           "benchmarks.micro.ui_render",
+           uses="runs"),
         _B("live-mix", "live", "the mix (or openb) replayed through a real kube-scheduler: "
            "placement vs the offline engine, verb latency", "benchmarks.live.run", "--seed"),
         _B("live-dra", "live", "DRA claim pods through a real kube-scheduler and API server: "
@@ -350,6 +373,7 @@ def run(name: str, argv: Sequence[str], *, results_dir: Path = RESULTS_DIR) -> i
     if add is not None:
         add(p.add_argument_group(f"{name} flags"))
     args = p.parse_args(list(argv))
+    _refuse_unused(p, b, args)
     args.out = args.out or Path("out") / name
     args.out.mkdir(parents=True, exist_ok=True)
     fn: Callable[[argparse.Namespace], Figures | int] = getattr(mod, "bench", None) or mod.run
@@ -371,6 +395,19 @@ def run(name: str, argv: Sequence[str], *, results_dir: Path = RESULTS_DIR) -> i
         command = " ".join(["topoplace bench", name, *_reproducing(argv)])
         print(f"wrote {write_results(b, result, command, results_dir)}")
     return 0
+
+
+COMMON = ("runs", "seeds", "workers", "ray", "kube_bin")
+"""Common flags a benchmark may or may not take (``--out``, ``--quiet`` and
+``--write-results`` apply to all)."""
+
+
+def _refuse_unused(p: argparse.ArgumentParser, b: Benchmark, args: argparse.Namespace) -> None:
+    """``p.error`` (exit 2) for a common flag ``b`` does not take."""
+    unused = [f for f in COMMON if getattr(args, f, None) is not None and f not in b.takes()]
+    if unused:
+        flags = ", ".join("--" + f.replace("_", "-") for f in unused)
+        p.error(f"{b.name} does not take {flags}")
 
 
 def _reproducing(argv: Sequence[str]) -> list[str]:

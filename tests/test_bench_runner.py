@@ -45,6 +45,16 @@ def test_list_names_every_benchmark_and_its_results_file(
         assert key in listed and listed[key].split()[1] == "offline"
 
 
+def test_a_common_flag_a_benchmark_does_not_take_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        registry.main(["gangs", "--runs", "3", "--out", "/nonexistent"])
+    assert exc.value.code == 2 and "gangs does not take --runs" in capsys.readouterr().err
+    assert registry.BENCHMARKS["live-dra"].takes() == {"runs", "kube_bin"}
+    assert "seeds" in registry.BENCHMARKS["live-mix"].takes()  # translated to its --seed
+
+
 def test_a_live_benchmark_needs_the_kubernetes_binaries() -> None:
     with pytest.raises(SystemExit) as exc:
         registry.main(["live-dra", "--out", "/nonexistent"])
