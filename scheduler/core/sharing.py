@@ -855,7 +855,7 @@ class ExpectedWaste:
     explicit stack (a shape takes at least 1 per mille, so every step lowers ``v``).
     """
 
-    __slots__ = ("_shapes", "_waste", "_ahead")
+    __slots__ = ("_shapes", "_waste", "_ahead", "_table")
 
     def __init__(self, compute: IntArray, memory: IntArray, weights: FloatArray) -> None:
         self._shapes = tuple(
@@ -865,6 +865,7 @@ class ExpectedWaste:
         )
         self._waste: dict[tuple[int, int], float] = {}
         self._ahead: dict[tuple[int, int], float] = {}
+        self._table: FloatArray | None = None
 
     def waste(self, compute: int, memory: int) -> float:
         """``W(v)`` of a device with free ``v = (compute, memory)`` per mille."""
@@ -914,10 +915,18 @@ class ExpectedWaste:
         return total
 
     def ahead_of(self, compute: IntArray, memory: IntArray) -> FloatArray:
-        """:meth:`ahead` per element of two integer arrays of one shape (each distinct state
-        computed once)."""
-        pairs = np.stack([compute.reshape(-1), memory.reshape(-1)], axis=1)
-        states, inverse = np.unique(pairs, axis=0, return_inverse=True)
-        values = np.array([self.ahead(int(c), int(m)) for c, m in states.tolist()])
+        """:meth:`ahead` per element of two integer arrays of one shape, each in
+        ``0..MILLI``. One dimension (``memory`` is ``compute``, the same array) reads a table
+        of every state, built on first use; else each distinct state is computed once."""
+        if memory is compute:
+            table = self._table
+            if table is None:
+                table = np.array([self.ahead(v, v) for v in range(MILLI + 1)])
+                self._table = table
+            one: FloatArray = table[compute]
+            return one
+        key = compute.astype(np.int64) * (MILLI + 1) + memory
+        states, inverse = np.unique(key.reshape(-1), return_inverse=True)
+        values = np.array([self.ahead(*divmod(int(k), MILLI + 1)) for k in states.tolist()])
         out: FloatArray = values[inverse.reshape(-1)].reshape(compute.shape)
         return out

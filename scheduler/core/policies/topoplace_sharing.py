@@ -155,9 +155,7 @@ class TopoplaceSharePolicy:
         dims = view.gpu_free_dims if task.gpu_dims else None
         if dims is not None:
             cols.append(dims[idx].reshape(len(idx), 2 * width))
-        rows = np.column_stack(cols)
-        states, inverse = np.unique(rows, axis=0, return_inverse=True)
-        inverse = inverse.reshape(-1)
+        states, inverse = _distinct_rows(np.column_stack(cols).astype(np.int64, copy=False))
         state_dims = None
         if dims is not None:
             state_dims = states[:, 2 + width :].reshape(len(states), width, 2)
@@ -171,6 +169,17 @@ class TopoplaceSharePolicy:
             state_dims,
         )
         return SharingScores(idx, sigmoid_score(delta)[inverse], gpus[inverse])
+
+
+def _distinct_rows(rows: IntArray) -> tuple[IntArray, IntArray]:
+    """(the distinct rows, each row's index among them). Rows compare as their bytes (one
+    sort of fixed-size byte strings: several times cheaper than ``np.unique(axis=0)``); the
+    order of the distinct rows is not numeric, and nothing depends on it (every row is
+    scored on its own)."""
+    rows = np.ascontiguousarray(rows)
+    keys = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    return rows[first], inverse.reshape(-1)
 
 
 def _state_delta(
@@ -205,15 +214,16 @@ def _state_delta(
     return delta, gpu_col
 
 
+_NO_FIT = np.iinfo(np.int64).max
+
+
 def _best_device(per_dev: FloatArray, left: IntArray) -> IntArray:
     """Per row, the device with the largest drop (to ``DELTA_DECIMALS``; NaN: no room);
     on equal drops the one with the least free share ``left`` after the placement (best
     fit), then the lowest index."""
     drop = np.where(np.isnan(per_dev), -np.inf, np.round(per_dev, DELTA_DECIMALS))
     top = drop == drop.max(axis=1, keepdims=True)
-    width = per_dev.shape[1]
-    key = np.where(top, left * (width + 1) + np.arange(width), np.iinfo(np.int64).max)
-    out: IntArray = key.argmin(axis=1)
+    out: IntArray = np.where(top, left, _NO_FIT).argmin(axis=1)  # first of equals: lowest
     return out
 
 
@@ -237,9 +247,9 @@ def _sharing_drop(
         comp = mem = free
         tc = tm = task.gpu_milli
     room = ~np.isnan(per_dev)
-    ahead = frag.waste.ahead_of(comp, mem) - frag.waste.ahead_of(
-        np.where(room, comp - tc, comp), np.where(room, mem - tm, mem)
-    )
+    comp_after = np.where(room, comp - tc, comp)
+    mem_after = comp_after if mem is comp else np.where(room, mem - tm, mem)
+    ahead = frag.waste.ahead_of(comp, mem) - frag.waste.ahead_of(comp_after, mem_after)
     out: FloatArray = per_dev + ahead
     return out
 
