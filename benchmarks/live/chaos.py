@@ -1,0 +1,1132 @@
+"""Chaos through the real control plane: a seeded stream of work while a seeded schedule of
+faults hurts every component, with invariants checked from the API server all along.
+
+    python -m benchmarks.live.chaos --kube-bin ~/kube-bin-1.36 --seed 1 --duration 600 \\
+        --out out/live-chaos
+
+What runs, on loopback (ports: :class:`Ports`):
+
+* **The plane**: the project's test cluster (:class:`benchmarks.cluster.Cluster`: etcd,
+  kube-apiserver, DRA served); kube-scheduler with the configuration topoplace ships
+  (:class:`benchmarks.live.kubesched.KubeScheduler`), its extender URL pointing at a
+  :class:`benchmarks.live.proxy.FaultProxy` in front of ``topoplace serve`` (the shipped
+  policy with ``sharing.hami_lock: release``: no HAMi device plugin here).
+* **Nodes**: ``--nodes`` 8-GPU H100 nodes on two leaves (pool ``work``), ``--hami-nodes``
+  HAMi nodes (pool ``hami``: whole-GPU pods and shares mix there), and one probe node
+  (pool ``probe``, never faulted, used only to time recovery). A kubelet-like heartbeat.
+* **Work** (:class:`Workload`, seeded): every ``--arrival`` seconds on average a job:
+  a whole-GPU pod of 1, 2, 4 or 8 GPUs; a gang of 2-4 members (4 or 8 GPUs each), half of
+  them with ``topoplace.io/topology-required: leaf``; or a HAMi share (memory and cores).
+  Three PriorityClasses (low, mid, high; high preempts). A job runs ``--lifetime`` seconds
+  (seeded spread) after its last member binds, then the runner deletes its pods (the job
+  ends). A job some of whose pods disappeared (preempted, evicted by remediation) or sit
+  on a deleted node is ended the same way (the job controller and pod GC). At most
+  ``--max-pending`` pods wait at once; arrivals wait while more do.
+* **Faults** (:func:`fault_schedule`, seeded, one at a time, ``--gap`` seconds apart):
+  ``tp-kill`` (SIGKILL topoplace, restart), ``tp-stop`` (SIGSTOP longer than the
+  extender's ``httpTimeout``, SIGCONT), ``ks-kill`` (SIGKILL kube-scheduler, restart),
+  ``api-kill`` (SIGKILL kube-apiserver, restart), ``etcd-compact`` (``etcdctl compact`` at
+  the current revision: watches resumed from before it get 410 Gone and relist),
+  ``proxy-drop`` (the kube-scheduler -> topoplace connections reset for a few seconds),
+  ``proxy-delay`` (held longer than ``httpTimeout``), ``node-notready`` (a work node's
+  Ready condition False for a while), ``gpu-fault`` (NVSentinel's ``GpuXidError`` condition
+  on a work node for a while), ``node-delete`` (a work node deleted, re-created later).
+* **Recovery** of a fault: seconds from its end (the component answers again, the condition
+  is lifted) until a fresh 1-GPU probe pod on the probe node is bound.
+* **Invariants** (:mod:`benchmarks.live.invariants`): the API server is read every
+  ``--poll`` seconds and each read checked; a violation is counted once per (kind,
+  subject).
+* **Settle**: after the last fault no more work arrives; running jobs still end. Every
+  pending pod must then be bound within ``--settle`` seconds (the bound stated in the
+  table; every job created fits the empty cluster), and topoplace's ledger
+  (``GET /v1/inspect/placements``, bound entries) must equal the one rebuilt from the API
+  server (:func:`benchmarks.live.invariants.rebuilt_ledger`) within 15 s of that.
+
+Output (``--out``): ``summary.md``, ``summary.csv``, ``faults.csv`` (every fault with its
+times), ``violations.txt``, the plane's and topoplace's logs; ``--results`` also writes the
+table to ``benchmarks/results/live-chaos.md`` and ``.csv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import io
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from benchmarks.cluster.cluster import Cluster, Ports, apiserver_args, recorded_pid
+from benchmarks.cluster.nodes import Heartbeat, gpu_node, now_rfc3339
+from benchmarks.live.invariants import (
+    KINDS,
+    ApiState,
+    Violation,
+    check,
+    ledger_diff,
+    live_bound,
+    read_state,
+    rebuilt_ledger,
+    topoplace_ledger,
+)
+from benchmarks.live.kubeapi import Api
+from benchmarks.live.kubesched import REPO, KubeScheduler, Topoplace
+from benchmarks.live.proxy import FaultProxy
+
+NAMESPACE = "chaos"
+PROFILE = "topoplace"
+POOL_LABEL = "topoplace-chaos"
+STRATEGIC_MERGE = "application/strategic-merge-patch+json"
+HTTP_TIMEOUT = 5.0
+"""The shipped extender ``httpTimeout`` (config/deploy/scheduler-config.yaml)."""
+FAULT_KINDS = (
+    "tp-kill",
+    "tp-stop",
+    "ks-kill",
+    "api-kill",
+    "etcd-compact",
+    "proxy-drop",
+    "proxy-delay",
+    "node-notready",
+    "gpu-fault",
+    "node-delete",
+)
+POD_KINDS = ("whole", "gang", "gang-topology", "share")
+PRIORITIES = {"low": 0, "mid": 100, "high": 1000}
+
+
+@dataclass(frozen=True, slots=True)
+class ChaosPorts:
+    """Loopback ports of one chaos run (apiserver, etcd, kube-scheduler, topoplace, proxy)."""
+
+    api: int = 19443
+    etcd: int = 26790
+    etcd_peer: int = 26800
+    scheduler: int = 13259
+    topoplace: int = 6888
+    proxy: int = 6890
+
+
+def log(msg: str) -> None:
+    """A progress line on stderr."""
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---- the seeded stream of work ----------------------------------------------------------------
+
+
+@dataclass
+class Job:
+    """One job of the stream: its pods (created together) and its life.
+
+    Attributes:
+        name: job name (pod names are ``<name>`` or ``<name>-<i>``).
+        kind: one of :data:`POD_KINDS`.
+        pods: the Pod objects to create.
+        lifetime: seconds it runs once every pod is bound.
+        created / bound / ended: monotonic times (0: not yet).
+        why_ended: ``done``, ``lost`` (a pod vanished or its node did), ``settle``.
+    """
+
+    name: str
+    kind: str
+    pods: list[dict[str, Any]]
+    lifetime: float
+    created: float = 0.0
+    bound: float = 0.0
+    ended: float = 0.0
+    why_ended: str = ""
+
+    @property
+    def names(self) -> list[str]:
+        return [p["metadata"]["name"] for p in self.pods]
+
+
+def _pod(
+    name: str,
+    limits: Mapping[str, str],
+    priority: str,
+    pools: Sequence[str],
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A pod of the shipped profile, grace 0 (no kubelet confirms a deletion), on ``pools``:
+    a ``nodeSelector`` for one pool, a required node affinity for several (only whole-GPU
+    pods ask for several: topoplace plans gangs with the members' ``nodeSelector`` but not
+    their node affinity, see the report in benchmarks/results/live-chaos.md)."""
+    spec: dict[str, Any] = {
+        "schedulerName": PROFILE,
+        "priorityClassName": f"chaos-{priority}",
+        "terminationGracePeriodSeconds": 0,
+        "containers": [
+            {
+                "name": "main",
+                "image": "registry.k8s.io/pause:3.9",
+                "resources": {
+                    "requests": {"cpu": "100m", "memory": "128Mi"},
+                    "limits": dict(limits),
+                },
+            }
+        ],
+    }
+    if len(pools) == 1:
+        spec["nodeSelector"] = {POOL_LABEL: pools[0]}
+    else:
+        term = {"matchExpressions": [{"key": POOL_LABEL, "operator": "In", "values": list(pools)}]}
+        spec["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
+            }
+        }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE, "annotations": dict(annotations or {})},
+        "spec": spec,
+    }
+
+
+class Workload:
+    """The seeded stream of jobs (see the module docstring). Deterministic: the same seed
+    gives the same jobs in the same order, whatever happens to them."""
+
+    def __init__(self, seed: int, lifetime: float = 40.0) -> None:
+        self.rng = random.Random(seed)
+        self.lifetime = lifetime
+        self.count = 0
+
+    def next(self) -> Job:
+        """The next job."""
+        r = self.rng
+        self.count += 1
+        name = f"j{self.count:05d}"
+        prio = r.choices(list(PRIORITIES), weights=(6, 3, 1))[0]
+        life = self.lifetime * r.uniform(0.5, 1.5)
+        kind = r.choices(POD_KINDS, weights=(5, 2, 1, 3))[0]
+        if kind == "whole":
+            gpus = r.choice((1, 1, 2, 4, 8))
+            pods = [_pod(name, {"nvidia.com/gpu": str(gpus)}, prio, ("work", "hami"))]
+        elif kind == "share":
+            mem = r.choice((10000, 20000, 40000))
+            cores = r.choice((10, 25, 50))
+            limits = {
+                "nvidia.com/gpu": "1",
+                "nvidia.com/gpumem": str(mem),
+                "nvidia.com/gpucores": str(cores),
+            }
+            pods = [_pod(name, limits, prio, ("hami",))]
+        else:
+            size = r.choice((2, 2, 3, 4))
+            gpus = r.choice((4, 8))
+            ann = {"topoplace.io/gang": name, "topoplace.io/gang-size": str(size)}
+            if kind == "gang-topology":
+                ann["topoplace.io/topology-required"] = "leaf"
+            pods = [
+                _pod(f"{name}-{i}", {"nvidia.com/gpu": str(gpus)}, prio, ("work",), ann)
+                for i in range(size)
+            ]
+        return Job(name, kind, pods, life)
+
+
+def probe_pod(i: int) -> dict[str, Any]:
+    """The ``i``-th recovery probe: 1 GPU on the probe node, high priority."""
+    return _pod(f"probe-{i:04d}", {"nvidia.com/gpu": "1"}, "high", ("probe",))
+
+
+def fault_schedule(seed: int, kinds: Sequence[str], count: int) -> list[str]:
+    """``count`` fault kinds drawn from ``kinds``, seeded: every kind in turn in a shuffled
+    round, round after round (each kind equally often, order random)."""
+    rng = random.Random(seed * 7919 + 1)
+    out: list[str] = []
+    while len(out) < count:
+        rnd = list(kinds)
+        rng.shuffle(rnd)
+        out += rnd
+    return out[:count]
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank quantile (nan when empty)."""
+    if not values:
+        return math.nan
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+
+# ---- the plane and its faults ----------------------------------------------------------------
+
+
+@dataclass
+class FaultRecord:
+    """One injected fault: kind, target, monotonic start and end, recovery seconds (nan:
+    the probe did not bind within its timeout)."""
+
+    kind: str
+    target: str
+    start: float
+    end: float
+    recovery: float = math.nan
+    note: str = ""
+
+
+def policy_file(work: Path) -> Path:
+    """The shipped policy with ``sharing.hami_lock: release`` (no HAMi device plugin here
+    releases the node lock)."""
+    policy = yaml.safe_load((REPO / "config" / "policy.yaml").read_text())
+    policy.setdefault("sharing", {})["hami_lock"] = "release"
+    path = work / "policy.yaml"
+    path.write_text(yaml.safe_dump(policy))
+    return path
+
+
+def _keep_log(path: Path) -> None:
+    """Move a process's log aside (``<name>.<n>.log``) before it is started again (the
+    process classes open their log anew at each start)."""
+    n = 1
+    while (kept := path.with_name(f"{path.stem}.{n}{path.suffix}")).exists():
+        n += 1
+    with contextlib.suppress(OSError):
+        path.rename(kept)
+
+
+class Plane:
+    """The processes of a run and the faults done to them (each fault method returns when
+    the fault is over: the component answers again, or the condition is lifted)."""
+
+    def __init__(self, kube_bin: Path, work: Path, ports: ChaosPorts, rng: random.Random) -> None:
+        self.kube_bin = kube_bin
+        self.work = work
+        self.ports = ports
+        self.rng = rng
+        self.cluster = Cluster(
+            kube_bin,
+            work / "plane",
+            ports=Ports(api=ports.api, etcd=ports.etcd, etcd_peer=ports.etcd_peer),
+            dra=True,
+            feature_gates=("DRADeviceTaints=true",),
+        )
+        self.api: Api | None = None
+        self.ks: KubeScheduler | None = None
+        self.tp: Topoplace | None = None
+        self.proxy = FaultProxy(ports.proxy, ports.topoplace)
+        self.heartbeat: Heartbeat | None = None
+        self.work_nodes: list[str] = []
+        self.deleted: dict[str, dict[str, Any]] = {}
+        self._api_proc: subprocess.Popen[bytes] | None = None
+
+    # ---- up and down ----------------------------------------------------------------------
+
+    def up(self, nodes: int, hami_nodes: int) -> None:
+        """Plane, nodes, PriorityClasses, namespace, proxy, topoplace, kube-scheduler."""
+        self.cluster.up()
+        kc = self.cluster.kubeconfig
+        self.api = Api(kc, timeout=10.0)
+        objs = [
+            gpu_node(
+                f"chaos-w{i}",
+                leaf=f"leaf-{i // 2}",
+                spine="spine-0",
+                labels={POOL_LABEL: "work"},
+            )
+            for i in range(nodes)
+        ]
+        objs += [
+            gpu_node(f"chaos-h{i}", sharing="hami", labels={POOL_LABEL: "hami"})
+            for i in range(hami_nodes)
+        ]
+        objs.append(gpu_node("chaos-probe", leaf="leaf-probe", labels={POOL_LABEL: "probe"}))
+        self.node_objs = {o["metadata"]["name"]: o for o in objs}
+        self.api.create_nodes(objs)
+        self.work_nodes = [
+            o["metadata"]["name"] for o in objs if o["metadata"]["name"] != "chaos-probe"
+        ]
+        self.heartbeat = Heartbeat(self.api, list(self.node_objs), interval=20.0).start()
+        for cls, v in PRIORITIES.items():
+            self.api.call(
+                "POST",
+                "/apis/scheduling.k8s.io/v1/priorityclasses",
+                {
+                    "apiVersion": "scheduling.k8s.io/v1",
+                    "kind": "PriorityClass",
+                    "metadata": {"name": f"chaos-{cls}"},
+                    "value": v,
+                    "preemptionPolicy": "PreemptLowerPriority" if cls == "high" else "Never",
+                },
+                ok=(409,),
+            )
+        self.api.ensure_namespace(NAMESPACE)
+        self.proxy.start()
+        self.tp = Topoplace(
+            kc,
+            self.work / "topoplace",
+            port=self.ports.topoplace,
+            policy=policy_file(self.work),
+            env={"TOPOPLACE_SCHEDULER_NAMES": PROFILE},
+        )
+        self.tp.start()
+        self.ks = KubeScheduler(
+            kc,
+            f"http://127.0.0.1:{self.ports.proxy}/scheduler",
+            self.work / "kube-scheduler",
+            port=self.ports.scheduler,
+            kube_bin=self.kube_bin,
+            extra_args=tuple(self.cluster.flags.scheduler_args()),
+        )
+        self.ks.start()
+
+    def down(self) -> None:
+        """Stop everything this run started (by pid); idempotent."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        for stop in (
+            (self.ks.stop if self.ks else None),
+            (self.tp.stop if self.tp else None),
+            self.proxy.stop,
+        ):
+            if stop is not None:
+                with contextlib.suppress(Exception):
+                    stop()
+        if self.tp is not None and self.tp.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.tp.proc.pid, signal.SIGCONT)
+        if self._api_proc is not None and self._api_proc.poll() is None:
+            self._api_proc.kill()
+        if self.api is not None:
+            self.api.close()
+        self.cluster.down()
+
+    # ---- readiness probes -------------------------------------------------------------------
+
+    def api_ready(self) -> bool:
+        """kube-apiserver answers ``/readyz`` ok."""
+        assert self.cluster.pki is not None
+        ca = ssl.create_default_context(cafile=str(self.cluster.pki.ca))
+        try:
+            r = httpx.get(
+                f"{self.cluster.server}/readyz",
+                headers={"Authorization": f"Bearer {self.cluster.pki.token}"},
+                verify=ca,
+                timeout=2,
+            )
+        except httpx.HTTPError:
+            return False
+        return r.text.strip() == "ok"
+
+    def _wait(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if ready():
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"{what} did not come back within {timeout:.0f}s")
+
+    # ---- faults -----------------------------------------------------------------------------
+
+    def inject(self, kind: str) -> tuple[str, str]:
+        """Do fault ``kind`` and return (target, note) once it is over."""
+        return getattr(self, "_" + kind.replace("-", "_"))()  # type: ignore[no-any-return]
+
+    def _tp_kill(self) -> tuple[str, str]:
+        assert self.tp is not None and self.tp.proc is not None
+        self.tp.proc.send_signal(signal.SIGKILL)
+        self.tp.proc.wait(30)
+        time.sleep(self.rng.uniform(0.5, 3.0))
+        _keep_log(self.tp.log_file)
+        took = self.tp.start()
+        return "topoplace", f"ready {took:.1f}s after start"
+
+    def _tp_stop(self) -> tuple[str, str]:
+        assert self.tp is not None and self.tp.proc is not None
+        hold = HTTP_TIMEOUT + self.rng.uniform(1.0, 4.0)
+        self.tp.proc.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(hold)
+        finally:
+            self.tp.proc.send_signal(signal.SIGCONT)
+        return "topoplace", f"stopped {hold:.1f}s"
+
+    def _ks_kill(self) -> tuple[str, str]:
+        assert self.ks is not None and self.ks.proc is not None
+        self.ks.proc.send_signal(signal.SIGKILL)
+        self.ks.proc.wait(30)
+        time.sleep(self.rng.uniform(0.5, 3.0))
+        _keep_log(self.ks.log_file)
+        took = self.ks.start()
+        return "kube-scheduler", f"healthy {took:.1f}s after start"
+
+    def _api_kill(self) -> tuple[str, str]:
+        pid = recorded_pid(self.cluster.work, "kube-apiserver")
+        if pid is None:
+            raise RuntimeError("kube-apiserver is not running")
+        os.kill(pid, signal.SIGKILL)
+        if self._api_proc is not None:
+            self._api_proc.wait(30)
+        self._wait(lambda: recorded_pid(self.cluster.work, "kube-apiserver") is None, 30, "kill")
+        time.sleep(self.rng.uniform(0.5, 3.0))
+        assert self.cluster.pki is not None
+        argv = [
+            str(self.kube_bin / "kube-apiserver"),
+            *apiserver_args(
+                self.cluster.work, self.cluster.pki, self.cluster.ports, self.cluster.flags
+            ),
+        ]
+        t0 = time.monotonic()
+        with open(self.cluster.work / "logs" / "kube-apiserver.log", "ab") as out:
+            self._api_proc = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=self.cluster.work,
+            )
+        (self.cluster.work / "pids" / "kube-apiserver.pid").write_text(f"{self._api_proc.pid}\n")
+        self._wait(self.api_ready, 120, "kube-apiserver")
+        return "kube-apiserver", f"ready {time.monotonic() - t0:.1f}s after start"
+
+    def _etcd_compact(self) -> tuple[str, str]:
+        ep = f"--endpoints=http://127.0.0.1:{self.ports.etcd}"
+        ctl = str(self.kube_bin / "etcdctl")
+        out = subprocess.run(
+            [ctl, ep, "endpoint", "status", "--write-out=json"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+            env={**os.environ, "ETCDCTL_API": "3"},
+        ).stdout
+        rev = int(json.loads(out)[0]["Status"]["header"]["revision"])
+        subprocess.run(
+            [ctl, ep, "compact", str(rev)],
+            capture_output=True,
+            timeout=30,
+            check=True,
+            env={**os.environ, "ETCDCTL_API": "3"},
+        )
+        return "etcd", f"compacted at revision {rev}"
+
+    def _proxy_drop(self) -> tuple[str, str]:
+        hold = self.rng.uniform(2.0, 6.0)
+        self.proxy.set_mode("drop")
+        time.sleep(hold)
+        self.proxy.set_mode("pass")
+        return "proxy", f"dropped {hold:.1f}s"
+
+    def _proxy_delay(self) -> tuple[str, str]:
+        hold = self.rng.uniform(4.0, 8.0)
+        delay = HTTP_TIMEOUT + 1.0
+        self.proxy.set_mode("delay", delay)
+        time.sleep(hold)
+        self.proxy.set_mode("pass")
+        return "proxy", f"delayed {delay:.0f}s per chunk for {hold:.1f}s"
+
+    def _live_work_node(self) -> str:
+        names = [n for n in self.work_nodes if n not in self.deleted]
+        return self.rng.choice(names)
+
+    def _conditions(self, node: str, ready: bool, xid: bool) -> None:
+        assert self.api is not None
+        now = now_rfc3339()
+        conds = [
+            {
+                "type": "Ready",
+                "status": "True" if ready else "False",
+                "reason": "KubeletReady" if ready else "KubeletNotReady",
+                "message": "chaos",
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": now,
+            },
+            {
+                "type": "GpuXidError",
+                "status": "True" if xid else "False",
+                "reason": "GpuXidErrorIsNotHealthy" if xid else "GpuXidErrorIsHealthy",
+                "message": "ErrorCode:79 GPU has fallen off the bus" if xid else "",
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": now,
+            },
+        ]
+        self.api.call(
+            "PATCH",
+            f"/api/v1/nodes/{node}/status",
+            {"status": {"conditions": conds}},
+            content_type=STRATEGIC_MERGE,
+        )
+
+    def _node_notready(self) -> tuple[str, str]:
+        node = self._live_work_node()
+        hold = self.rng.uniform(5.0, 12.0)
+        self._conditions(node, ready=False, xid=False)
+        time.sleep(hold)
+        self._conditions(node, ready=True, xid=False)
+        return node, f"NotReady {hold:.1f}s"
+
+    def _gpu_fault(self) -> tuple[str, str]:
+        node = self._live_work_node()
+        hold = self.rng.uniform(5.0, 12.0)
+        self._conditions(node, ready=True, xid=True)
+        time.sleep(hold)
+        self._conditions(node, ready=True, xid=False)
+        return node, f"GpuXidError {hold:.1f}s"
+
+    def _node_delete(self) -> tuple[str, str]:
+        assert self.api is not None
+        node = self._live_work_node()
+        self.deleted[node] = self.node_objs[node]
+        self.api.call("DELETE", f"/api/v1/nodes/{node}", ok=(404,))
+        hold = self.rng.uniform(4.0, 10.0)
+        time.sleep(hold)
+        obj = json.loads(json.dumps(self.node_objs[node]))
+        obj["metadata"].pop("resourceVersion", None)
+        self.api.create_ready_node(obj)
+        self.deleted.pop(node, None)
+        return node, f"deleted {hold:.1f}s"
+
+
+# ---- the invariant poller -----------------------------------------------------------------------
+
+
+class Poller:
+    """Reads the API server every ``interval`` seconds in a thread, checks each read, keeps
+    the latest read and every violation (first seen, per (kind, subject))."""
+
+    def __init__(self, api: Api, dra_version: str, interval: float, grace: float) -> None:
+        self.api = api
+        self.dra_version = dra_version
+        self.interval = interval
+        self.grace = grace
+        self.latest: ApiState | None = None
+        self.latest_at = 0.0
+        self.reads = 0
+        self.read_errors = 0
+        self.violations: dict[tuple[str, str], tuple[float, Violation]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="chaos-poller", daemon=True)
+        self._lock = threading.Lock()
+
+    def start(self) -> Poller:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def read(self) -> ApiState:
+        """One read now (raises when the API server does not answer)."""
+        return read_state(self.api, NAMESPACE, POOL_LABEL, self.dra_version)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                state = self.read()
+            except Exception:  # the API server is down (a fault): the next read tries again
+                self.read_errors += 1
+                continue
+            self.reads += 1
+            now = time.monotonic()
+            found = check(state, (PROFILE,), self.grace)
+            with self._lock:
+                self.latest, self.latest_at = state, now
+                for v in found:
+                    if v.key() not in self.violations:
+                        self.violations[v.key()] = (now, v)
+                        log(f"VIOLATION {v.kind} {v.subject}: {v.detail}")
+
+    def snapshot(self) -> ApiState | None:
+        with self._lock:
+            return self.latest
+
+
+# ---- the run ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    """What one run measured."""
+
+    seed: int
+    duration: float
+    faults: list[FaultRecord] = field(default_factory=list)
+    created: Counter[str] = field(default_factory=Counter)
+    bound: Counter[str] = field(default_factory=Counter)
+    lost: Counter[str] = field(default_factory=Counter)
+    violations: list[tuple[float, Violation]] = field(default_factory=list)
+    reads: int = 0
+    read_errors: int = 0
+    settle_bound: float = 0.0
+    settle_s: float = math.nan
+    pending_after_settle: list[str] = field(default_factory=list)
+    ledger_diff: list[str] = field(default_factory=list)
+    ledger_checked: bool = False
+    probes_unbound: int = 0
+
+
+class Driver:
+    """The job controller: arrivals, completions, lost jobs; and the fault thread."""
+
+    def __init__(self, plane: Plane, poller: Poller, args: argparse.Namespace) -> None:
+        self.plane = plane
+        self.api = plane.api
+        self.poller = poller
+        self.args = args
+        self.work = Workload(args.seed, args.lifetime)
+        self.rng = random.Random(args.seed * 31 + 5)
+        self.jobs: dict[str, Job] = {}
+        self.result = Result(args.seed, args.duration, settle_bound=args.settle)
+        self.stop_faults = threading.Event()
+        self.faults_done = threading.Event()
+        self._probes = 0
+
+    # ---- API calls that tolerate a dead API server ---------------------------------------------
+
+    def _try(self, fn: Callable[[], Any]) -> bool:
+        try:
+            fn()
+            return True
+        except Exception:
+            return False
+
+    def _delete_job(self, job: Job, why: str) -> None:
+        assert self.api is not None
+        ok = all(
+            [self._try(lambda n=n: self.api.delete_pod(NAMESPACE, n)) for n in job.names]  # type: ignore[union-attr]
+        )
+        if ok:
+            job.ended, job.why_ended = time.monotonic(), why
+            if why == "lost":
+                self.result.lost[job.kind] += 1
+
+    # ---- arrivals and completions -------------------------------------------------------------
+
+    def tick(self, state: ApiState, arrivals: bool, next_arrival: float) -> float:
+        """One pass of the job controller over ``state``; the next arrival time."""
+        now = time.monotonic()
+        pods = {p["metadata"]["name"]: p for p in state.pods}
+        nodes = {n["metadata"]["name"] for n in state.nodes}
+        pending = 0
+        for job in self.jobs.values():
+            if job.ended:
+                continue
+            if now - job.created < 3.0:  # its pods may not be in this read yet
+                pending += len(job.pods)
+                continue
+            got = [pods.get(n) for n in job.names]
+            gone = any(p is None for p in got) or any(
+                (node := live_bound(p)) and node not in nodes for p in got if p is not None
+            )
+            if gone:
+                self._delete_job(job, "lost")
+                continue
+            unbound = [p for p in got if p is not None and not live_bound(p)]
+            pending += len(unbound)
+            if not unbound and not job.bound:
+                job.bound = now
+                self.result.bound[job.kind] += 1
+            if job.bound and now - job.bound > job.lifetime:
+                self._delete_job(job, "done")
+        if arrivals and now >= next_arrival and pending < self.args.max_pending:
+            job = self.work.next()
+            created = 0
+            for p in job.pods:
+                created += self._try(lambda p=p: self.api.create_pod(NAMESPACE, p))  # type: ignore[union-attr]
+            if created:
+                job.created = now
+                self.jobs[job.name] = job
+                self.result.created[job.kind] += 1
+                if created < len(job.pods):  # partly created (API fault): end it as lost
+                    self._delete_job(job, "lost")
+            next_arrival = now + self.rng.expovariate(1.0 / self.args.arrival)
+        return next_arrival
+
+    # ---- faults --------------------------------------------------------------------------------
+
+    def _probe(self, end: float) -> float:
+        """Seconds from ``end`` until a fresh probe pod is bound (nan after the timeout)."""
+        assert self.api is not None
+        self._probes += 1
+        pod = probe_pod(self._probes)
+        name = pod["metadata"]["name"]
+        deadline = time.monotonic() + self.args.probe_timeout
+        created = False
+        got = math.nan
+        while time.monotonic() < deadline:
+            if not created:
+                created = self._try(lambda: self.api.create_pod(NAMESPACE, pod))  # type: ignore[union-attr]
+            if created:
+                try:
+                    p = self.api.get(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+                    if live_bound(p):
+                        got = time.monotonic() - end
+                        break
+                except Exception:
+                    pass
+            time.sleep(0.1)
+        for _ in range(50):
+            if self._try(lambda: self.api.delete_pod(NAMESPACE, name)):  # type: ignore[union-attr]
+                break
+            time.sleep(0.5)
+        if math.isnan(got):
+            self.result.probes_unbound += 1
+        return got
+
+    def fault_loop(self, kinds: Sequence[str]) -> None:
+        """Inject ``kinds`` in order, ``--gap`` apart, each followed by its recovery probe,
+        until done or stopped."""
+        try:
+            for kind in kinds:
+                if self.stop_faults.wait(self.rng.uniform(0.5, 1.5) * self.args.gap):
+                    break
+                start = time.monotonic()
+                try:
+                    target, note = self.plane.inject(kind)
+                except Exception as exc:
+                    log(f"fault {kind} failed: {exc!r}")
+                    target, note = "", f"failed: {exc!r}"[:200]
+                end = time.monotonic()
+                rec = FaultRecord(kind, target, start, end, note=note)
+                rec.recovery = self._probe(end)
+                self.result.faults.append(rec)
+                log(
+                    f"fault {len(self.result.faults)} {kind} {target} ({note}): recovered in {rec.recovery:.2f}s"
+                )
+        finally:
+            self.faults_done.set()
+
+    # ---- the whole run -------------------------------------------------------------------------
+
+    def run(self) -> Result:
+        args = self.args
+        kinds = fault_schedule(args.seed, args.faults, args.fault_count)
+        t0 = time.monotonic()
+        faults = threading.Thread(
+            target=self.fault_loop, args=(kinds,), name="chaos-faults", daemon=True
+        )
+        faults.start()
+        next_arrival = t0
+        while time.monotonic() - t0 < args.duration and not self.faults_done.is_set():
+            state = self.poller.snapshot()
+            if state is not None:
+                next_arrival = self.tick(state, True, next_arrival)
+            time.sleep(0.25)
+        self.stop_faults.set()
+        log("waiting for the fault in progress to end")
+        faults.join(600)
+        self.settle()
+        self.result.reads, self.result.read_errors = self.poller.reads, self.poller.read_errors
+        self.result.violations = sorted(self.poller.violations.values(), key=lambda tv: tv[0])
+        return self.result
+
+    def settle(self) -> None:
+        """No more arrivals: every pending pod bound within ``--settle`` s, then the
+        ledgers compared (see the module docstring)."""
+        assert self.plane.tp is not None
+        t0 = time.monotonic()
+        pending: list[str] = []
+        while time.monotonic() - t0 < self.args.settle:
+            try:
+                state = self.poller.read()
+            except Exception:
+                time.sleep(0.5)
+                continue
+            self.tick(state, False, math.inf)
+            pending = sorted(
+                p["metadata"]["name"]
+                for p in state.pods
+                if not live_bound(p) and not (p["metadata"].get("deletionTimestamp"))
+            )
+            if not pending:
+                self.result.settle_s = time.monotonic() - t0
+                break
+            time.sleep(0.5)
+        self.result.pending_after_settle = pending
+        log(f"settle: {len(pending)} pending after {time.monotonic() - t0:.1f}s")
+        # the ledgers: no job ends while they are compared
+        deadline = time.monotonic() + 15
+        diff: list[str] = ["not compared"]
+        while time.monotonic() < deadline:
+            try:
+                state = self.poller.read()
+                served = self.plane.tp.get("/v1/inspect/placements")
+                state2 = self.poller.read()
+            except Exception as exc:
+                diff = [f"read failed: {exc!r}"]
+                time.sleep(0.5)
+                continue
+            if [p["metadata"].get("resourceVersion") for p in state.pods] != [
+                p["metadata"].get("resourceVersion") for p in state2.pods
+            ]:
+                time.sleep(0.3)
+                continue
+            diff = ledger_diff(topoplace_ledger(served), rebuilt_ledger(state))
+            if not diff:
+                break
+            time.sleep(0.5)
+        self.result.ledger_checked = True
+        self.result.ledger_diff = diff
+
+
+def dra_version(api: Api) -> str:
+    """The ``resource.k8s.io`` version served (preferred), or ""."""
+    try:
+        g = api.get("/apis/resource.k8s.io")
+    except Exception:
+        return ""
+    return str((g.get("preferredVersion") or {}).get("version") or "")
+
+
+# ---- output ---------------------------------------------------------------------------------------
+
+
+COLUMNS = ("seed", "measure", "kind", "value", "p50_s", "p99_s")
+
+
+def rows(r: Result) -> list[tuple[Any, ...]]:
+    """The table: faults by kind with recovery p50/p99, pods by kind, violations by kind,
+    settle and ledger rows."""
+    out: list[tuple[Any, ...]] = []
+    by_kind: dict[str, list[float]] = defaultdict(list)
+    counts: Counter[str] = Counter()
+    for f in r.faults:
+        counts[f.kind] += 1
+        if not math.isnan(f.recovery):
+            by_kind[f.kind].append(f.recovery)
+    for k in FAULT_KINDS:
+        if counts[k]:
+            rec = by_kind[k]
+            out.append(
+                (
+                    r.seed,
+                    "faults",
+                    k,
+                    counts[k],
+                    round(quantile(rec, 0.5), 2),
+                    round(quantile(rec, 0.99), 2),
+                )
+            )
+    allrec = [x for v in by_kind.values() for x in v]
+    out.append(
+        (
+            r.seed,
+            "faults",
+            "all",
+            len(r.faults),
+            round(quantile(allrec, 0.5), 2),
+            round(quantile(allrec, 0.99), 2),
+        )
+    )
+    for k in POD_KINDS:
+        out.append((r.seed, "jobs created", k, r.created[k], "", ""))
+        out.append((r.seed, "jobs bound", k, r.bound[k], "", ""))
+        out.append((r.seed, "jobs lost", k, r.lost[k], "", ""))
+    c = Counter(v.kind for _, v in r.violations)
+    for k in KINDS:
+        out.append((r.seed, "violations", k, c.get(k, 0), "", ""))
+    out.append((r.seed, "probes unbound", "", r.probes_unbound, "", ""))
+    out.append(
+        (
+            r.seed,
+            "pending after settle",
+            f"bound {r.settle_bound:.0f}s",
+            len(r.pending_after_settle),
+            "",
+            "",
+        )
+    )
+    out.append(
+        (
+            r.seed,
+            "settle time",
+            "",
+            round(r.settle_s, 2) if not math.isnan(r.settle_s) else "nan",
+            "",
+            "",
+        )
+    )
+    out.append((r.seed, "ledger differences", "", len(r.ledger_diff), "", ""))
+    out.append((r.seed, "API reads (failed)", "", f"{r.reads} ({r.read_errors})", "", ""))
+    return out
+
+
+def markdown(table: Sequence[tuple[Any, ...]]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in table]
+    return "\n".join(lines)
+
+
+def csv_text(table: Sequence[tuple[Any, ...]]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(COLUMNS)
+    w.writerows(table)
+    return buf.getvalue()
+
+
+def write(out: Path, r: Result, args: argparse.Namespace, version: str, command: str) -> str:
+    """summary.md / summary.csv / faults.csv / violations.txt in ``out``; the Markdown."""
+    table = rows(r)
+    conditions = (
+        f"Kubernetes {version} (the project's test cluster, DRA served), kube-scheduler with "
+        f"the shipped configuration through a fault proxy, topoplace with the shipped policy "
+        f"(hami_lock: release); {args.nodes} 8-GPU work nodes on {max(1, args.nodes // 2)} "
+        f"leaves, {args.hami_nodes} HAMi nodes, one probe node; seed {r.seed}; "
+        f"{len(r.faults)} faults over {args.duration:.0f}s at most (gap ~{args.gap:.0f}s), "
+        f"arrivals every {args.arrival:.1f}s on average, lifetime ~{args.lifetime:.0f}s, "
+        f"at most {args.max_pending} pods pending; invariants read every {args.poll}s; "
+        f"gang grace {args.gang_grace:.0f}s past the plan TTL; settle bound {args.settle:.0f}s; "
+        f"{os.cpu_count()} cores shared with other work."
+    )
+    md = "\n".join(
+        [
+            "# live-chaos",
+            "",
+            "Faults injected through the real control plane while a seeded stream of work "
+            "runs; invariants checked from the API server (benchmarks/live/chaos.py).",
+            "",
+            "Command:",
+            "",
+            "```bash",
+            command,
+            "```",
+            "",
+            f"Conditions: {conditions}",
+            "",
+            markdown(table),
+            "",
+            "Recovery: seconds from a fault's end (component answering again, condition "
+            "lifted) until a fresh 1-GPU probe pod on the never-faulted probe node is bound. "
+            "Jobs lost: ended by the runner because a pod vanished (preempted, evicted) or its "
+            "node was deleted. Violations: distinct (kind, subject) pairs seen in any read.",
+            "",
+        ]
+    )
+    (out / "summary.md").write_text(md)
+    (out / "summary.csv").write_text(csv_text(table))
+    with open(out / "faults.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(("kind", "target", "start_s", "end_s", "recovery_s", "note"))
+        for x in r.faults:
+            w.writerow(
+                (x.kind, x.target, round(x.start, 3), round(x.end, 3), round(x.recovery, 3), x.note)
+            )
+    (out / "violations.txt").write_text(
+        "".join(f"{t:.1f} {v.kind} {v.subject}: {v.detail}\n" for t, v in r.violations)
+        + "".join(f"ledger: {d}\n" for d in r.ledger_diff)
+        + "".join(f"pending after settle: {p}\n" for p in r.pending_after_settle)
+    )
+    return md
+
+
+# ---- command line ------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.live.chaos", description=__doc__.split("\n")[0]
+    )
+    p.add_argument(
+        "--kube-bin",
+        type=Path,
+        default=Path(os.environ.get("KUBE_BIN") or Path.home() / "kube-bin"),
+    )
+    p.add_argument("--out", type=Path, default=Path("out/live-chaos"))
+    p.add_argument("--runs", type=int, default=1, help="accepted for the runner; one run per seed")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--duration", type=float, default=600.0, help="seconds of faults and work at most"
+    )
+    p.add_argument("--fault-count", type=int, default=1000, help="faults at most")
+    p.add_argument(
+        "--faults", type=lambda s: [k for k in s.split(",") if k], default=list(FAULT_KINDS)
+    )
+    p.add_argument("--gap", type=float, default=4.0, help="mean seconds between faults")
+    p.add_argument("--arrival", type=float, default=1.5, help="mean seconds between jobs")
+    p.add_argument("--lifetime", type=float, default=30.0, help="mean seconds a job runs")
+    p.add_argument("--max-pending", type=int, default=12)
+    p.add_argument("--nodes", type=int, default=4)
+    p.add_argument("--hami-nodes", type=int, default=2)
+    p.add_argument("--poll", type=float, default=0.5)
+    p.add_argument("--gang-grace", type=float, default=30.0)
+    p.add_argument("--settle", type=float, default=120.0)
+    p.add_argument("--probe-timeout", type=float, default=120.0)
+    p.add_argument("--keep", action="store_true", help="keep the plane's work folder")
+    p.add_argument(
+        "--results", action="store_true", help="also write benchmarks/results/live-chaos.md/.csv"
+    )
+    for f in fields(ChaosPorts):
+        p.add_argument(f"--{f.name.replace('_', '-')}-port", type=int, default=f.default)
+    args = p.parse_args(argv)
+    bad = [k for k in args.faults if k not in FAULT_KINDS]
+    if bad:
+        p.error(f"unknown fault kinds {bad}; known: {', '.join(FAULT_KINDS)}")
+    return args
+
+
+def ports_of(args: argparse.Namespace) -> ChaosPorts:
+    """The ports the ``--<name>-port`` flags name."""
+    return ChaosPorts(**{f.name: getattr(args, f"{f.name}_port") for f in fields(ChaosPorts)})
+
+
+def run(args: argparse.Namespace) -> tuple[Result, str]:
+    """One seeded chaos run (see the module docstring): (result, Kubernetes version)."""
+    ports = ports_of(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="topoplace-chaos-"))
+    plane = Plane(Path(args.kube_bin), work, ports, random.Random(args.seed * 131 + 17))
+    poller: Poller | None = None
+    try:
+        plane.up(args.nodes, args.hami_nodes)
+        assert plane.api is not None
+        version = plane.api.version()
+        poller = Poller(plane.api, dra_version(plane.api), args.poll, args.gang_grace).start()
+        log(f"plane up ({version}) in {work}; {len(plane.node_objs)} nodes")
+        result = Driver(plane, poller, args).run()
+        return result, version
+    finally:
+        if poller is not None:
+            poller.stop()
+        plane.down()
+        for src in (work / "plane" / "logs", work / "topoplace", work / "kube-scheduler"):
+            if src.is_dir():
+                shutil.copytree(src, out / "logs" / src.name, dirs_exist_ok=True)
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    for b in ("etcd", "etcdctl", "kube-apiserver", "kube-scheduler"):
+        if not os.access(Path(args.kube_bin) / b, os.X_OK):
+            print(f"{args.kube_bin} lacks {b}", file=sys.stderr)
+            return 2
+    command = "python -m benchmarks.live.chaos " + " ".join(sys.argv[1:] if argv is None else argv)
+    result, version = run(args)
+    md = write(Path(args.out), result, args, version, command)
+    print(md)
+    if args.results:
+        res = REPO / "benchmarks" / "results"
+        shutil.copy(Path(args.out) / "summary.md", res / "live-chaos.md")
+        shutil.copy(Path(args.out) / "summary.csv", res / "live-chaos.csv")
+    bad = result.violations or result.pending_after_settle or result.ledger_diff
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
