@@ -200,11 +200,18 @@ def gang_pod(
 
     ``key`` picks the membership convention: ``topoplace`` (``topoplace.io/gang`` +
     ``gang-size``), ``coscheduling`` (label ``scheduling.x-k8s.io/pod-group``), ``volcano``
-    (annotation ``scheduling.k8s.io/group-name``) or ``kai`` (label ``pod-group-name``).
+    (annotation ``scheduling.k8s.io/group-name``), ``kai`` (label ``pod-group-name``),
+    ``kubernetes`` (``spec.schedulingGroup.podGroupName``, Kubernetes' own PodGroup, 1.36) or
+    ``grove`` (label ``grove.io/podgang``).
     """
     ann = dict(annotations or {})
     lab = dict(labels or {})
-    if key == "topoplace":
+    in_spec = key == "kubernetes"
+    if in_spec:
+        pass
+    elif key == "grove":
+        lab["grove.io/podgang"] = gang
+    elif key == "topoplace":
         ann["topoplace.io/gang"] = gang
     elif key == "coscheduling":
         lab["scheduling.x-k8s.io/pod-group"] = gang
@@ -222,7 +229,7 @@ def gang_pod(
         ann["topoplace.io/topology-preferred"] = preferred
     if role:
         ann["topoplace.io/role"] = role
-    return make_pod(
+    pod = make_pod(
         name,
         gpus,
         namespace=namespace,
@@ -233,3 +240,6 @@ def gang_pod(
         node=node,
         gpu_indices=gpu_indices,
     )
+    if in_spec:
+        pod["spec"]["schedulingGroup"] = {"podGroupName": gang}
+    return pod

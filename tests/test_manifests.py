@@ -1649,8 +1649,14 @@ def test_rbac_grants_what_the_scheduler_and_sidecar_need(
     for verb in ("get", "list", "watch"):
         assert grants.allows(verb, "", "nodes", "")
         assert grants.allows(verb, "", "pods", anywhere)
-        for group in ("scheduling.x-k8s.io", "scheduling.volcano.sh", "scheduling.run.ai"):
+        for group in (
+            "scheduling.x-k8s.io",
+            "scheduling.volcano.sh",
+            "scheduling.run.ai",
+            "scheduling.k8s.io",
+        ):
             assert grants.allows(verb, group, "podgroups", anywhere), group
+        assert grants.allows(verb, "scheduler.grove.io", "podgangs", anywhere)
     assert grants.allows("create", "", "events", anywhere)
     assert grants.allows("create", "events.k8s.io", "events", anywhere)
     assert grants.allows("patch", "", "pods/status", anywhere)

@@ -71,7 +71,7 @@ def parse_cluster(
             nodes.append(dict(obj))
         elif kind == "Pod":
             pods.append(dict(obj))
-        elif kind == "PodGroup":
+        elif kind in ("PodGroup", "PodGang"):  # gang APIs, Grove's PodGang
             groups[object_key(obj)] = dict(obj)
         elif kind == "PodDisruptionBudget":
             budgets[object_key(obj)] = dict(obj)

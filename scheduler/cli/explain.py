@@ -151,7 +151,7 @@ def _share_offline(pod: Any, snap: Any, params: Any, bound_to: str | None) -> di
 
 def _gang_offline(snap: Any, req: Any, pods: list[Any], params: Any) -> dict[str, Any]:
     """Plan the pending members of ``req``'s gang in the file, as the extender would."""
-    from scheduler.core.gang import GangSizeError, gang_request, gang_size
+    from scheduler.core.gang import GangSizeError, gang_request, gang_size, group_topology
     from scheduler.core.objects import ObjectError, request_from_pod
     from scheduler.core.policies.registry import DEFAULT_GANG_POLICY, GANG_POLICIES, get_policy
     from scheduler.server.decisions import info_summary
@@ -170,7 +170,11 @@ def _gang_offline(snap: Any, req: Any, pods: list[Any], params: Any) -> dict[str
         params.placement_policy if params.placement_policy in GANG_POLICIES else DEFAULT_GANG_POLICY
     )
     try:
-        greq = gang_request(members, gang_size(req, snap, members))
+        greq = gang_request(
+            members,
+            gang_size(req, snap, members),
+            declared_topology=group_topology(req, snap, params.fabric),
+        )
     except GangSizeError as exc:
         return {"pod": req.key, "verb": "offline", "gang": req.gang, "summary": exc.reason}
     result = get_policy(name)(snap, greq, params)

@@ -64,7 +64,7 @@ from scheduler.core.model import (
     frozen_map,
     indices_to_mask,
 )
-from scheduler.core.objects import ObjectError, gang_of, placement_of
+from scheduler.core.objects import ObjectError, gang_of, map_level, placement_of
 from scheduler.core.policies.registry import DEFAULT_GANG_POLICY, GangPolicy, get_policy
 from scheduler.core.quantity import QuantityError, parse_quantity_int
 from scheduler.core.schedule import Assignment, PlacementResult
@@ -72,6 +72,7 @@ from scheduler.core.snapshot import ClusterSnapshot, with_pod
 
 if TYPE_CHECKING:
     from scheduler.core.params import SchedParams
+    from topology.fabric import Fabric
 
 PODGROUPS_KEY = "podgroups"
 """Key of ``ClusterSnapshot.extra`` holding PodGroup objects by ``namespace/name``."""
@@ -252,6 +253,7 @@ def gang_request(
     size: int = 0,
     fixed: Sequence[Assignment] = (),
     fixed_roles: Mapping[str, str] | None = None,
+    declared_topology: TopologyConstraint | None = None,
 ) -> GangRequest:
     """The gang of ``members`` (all of one gang), completed to its declared ``size``.
 
@@ -264,6 +266,8 @@ def gang_request(
         fixed_roles: pod key -> role of fixed members (so their count is taken from the
             right role when completing to ``size``); fixed members of unknown role are
             taken from the first member's role.
+        declared_topology: the constraint the gang's group object declares
+            (:func:`group_topology`), used when no member's annotations declare one.
 
     Raises:
         GangSizeError: the members declare different sizes, or ``size`` is above
@@ -295,7 +299,7 @@ def gang_request(
     return GangRequest(
         key=gang,
         roles=roles,
-        topology=topo or TopologyConstraint(),
+        topology=topo or declared_topology or TopologyConstraint(),
         priority=max(m.priority for m in ordered),
         fixed=tuple(sorted(fixed, key=lambda a: a.pod)),
         member_size=member_size,
@@ -356,21 +360,101 @@ def simple_gang(
     )
 
 
+def _count(v: Any) -> int:
+    """A whole number in ``0 .. PODGROUP_SIZE_MAX``, else 0 (bounded cost)."""
+    try:
+        return parse_quantity_int(v, high=PODGROUP_SIZE_MAX, whole=True)
+    except QuantityError:
+        return 0
+
+
+GROVE_PODGANG_MAX_GROUPS = 1024
+"""Most ``spec.podgroups`` entries of a Grove PodGang read; a longer list declares no size."""
+
+
 def podgroup_min_member(obj: Mapping[str, Any]) -> int:
-    """minMember of a PodGroup object (scheduler-plugins, KAI) or minAvailable (Volcano);
-    0 when absent, unreadable, or not a whole number in ``0 .. PODGROUP_SIZE_MAX``
-    (bounded cost: see ``scheduler.core.quantity``)."""
+    """The gang size a group object declares; 0 when absent, unreadable, or not a whole
+    number in ``0 .. PODGROUP_SIZE_MAX`` (bounded cost: see ``scheduler.core.quantity``).
+
+    Read, by the object's shape:
+
+    * scheduler-plugins and KAI PodGroups: ``spec.minMember``; Volcano: ``spec.minAvailable``;
+    * Kubernetes' own PodGroup (``scheduling.k8s.io/v1alpha2``, 1.36+):
+      ``spec.schedulingPolicy.gang.minCount`` (a ``basic`` policy declares no gang: 0);
+    * Grove's PodGang (``scheduler.grove.io/v1alpha1``): the sum of ``minReplicas`` over
+      ``spec.podgroups`` (each PodClique's guaranteed part; pods beyond it are best effort).
+    """
     spec = obj.get("spec") if isinstance(obj, Mapping) else None
     if not isinstance(spec, Mapping):
         return 0
     for key in ("minMember", "minAvailable"):
         v = spec.get(key)
         if v is not None:
-            try:
-                return parse_quantity_int(v, high=PODGROUP_SIZE_MAX, whole=True)
-            except QuantityError:
+            return _count(v)
+    policy = spec.get("schedulingPolicy")
+    if isinstance(policy, Mapping):
+        gang = policy.get("gang")
+        return _count(gang.get("minCount")) if isinstance(gang, Mapping) else 0
+    groups = spec.get("podgroups")
+    if isinstance(groups, list) and len(groups) <= GROVE_PODGANG_MAX_GROUPS:
+        total = 0
+        for g in groups:
+            if not isinstance(g, Mapping) or g.get("minReplicas") is None:
                 return 0
+            n = _count(g.get("minReplicas"))
+            if n <= 0:
+                return 0
+            total += n
+        return total if total <= PODGROUP_SIZE_MAX else 0
     return 0
+
+
+def podgroup_topology(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """(required, preferred) topology keys a group object declares, ``("", "")`` if none.
+
+    Kubernetes' PodGroup: the first ``spec.schedulingConstraints.topology[].key`` (a node
+    label key every member must share a value of: required). Grove's PodGang:
+    ``spec.topologyConstraint.packConstraint.required`` / ``.preferred``. The keys are node
+    label keys (``kubernetes.io/hostname``, Topograph's, ``nvidia.com/gpu.clique``); the
+    caller maps them to fabric levels (:func:`scheduler.core.objects.map_level`).
+    """
+    spec = obj.get("spec") if isinstance(obj, Mapping) else None
+    if not isinstance(spec, Mapping):
+        return "", ""
+    cons = spec.get("schedulingConstraints")
+    if isinstance(cons, Mapping) and isinstance(cons.get("topology"), list):
+        for t in cons["topology"][:16]:
+            if isinstance(t, Mapping) and isinstance(t.get("key"), str) and t["key"]:
+                return t["key"], ""
+    tc = spec.get("topologyConstraint")
+    pack = tc.get("packConstraint") if isinstance(tc, Mapping) else None
+    if isinstance(pack, Mapping):
+        req, pref = pack.get("required"), pack.get("preferred")
+        return (req if isinstance(req, str) else ""), (pref if isinstance(pref, str) else "")
+    return "", ""
+
+
+def group_topology(
+    req: PodRequest, snapshot: ClusterSnapshot, fabric: Fabric
+) -> TopologyConstraint | None:
+    """The topology constraint of ``req``'s gang declared on its group object (Kubernetes
+    PodGroup or Grove PodGang in ``extra["podgroups"]``), or None when the object is not
+    there or declares none. A key that names no level of ``fabric`` is ignored (the pods'
+    own annotations, read strictly, still apply)."""
+    groups = snapshot.extra.get(PODGROUPS_KEY) if snapshot.extra else None
+    obj = groups.get(req.gang) if isinstance(groups, Mapping) and req.gang else None
+    if not isinstance(obj, Mapping):
+        return None
+    required, preferred = podgroup_topology(obj)
+    levels = []
+    for key in (required, preferred):
+        try:
+            levels.append(map_level(key, fabric) if key else "")
+        except ObjectError:
+            levels.append("")
+    if not any(levels):
+        return None
+    return TopologyConstraint(required=levels[0], preferred=levels[1])
 
 
 def _podgroup_size(req: PodRequest, snapshot: ClusterSnapshot) -> int:
@@ -749,6 +833,7 @@ def recovery_request(
     bound: Sequence[PodRequest],
     size: int = 0,
     fixed: Sequence[Assignment] | None = None,
+    declared_topology: TopologyConstraint | None = None,
 ) -> GangRequest | None:
     """The gang to plan again after a restart when its recorded plan cannot be replayed.
 
@@ -763,6 +848,8 @@ def recovery_request(
         bound: requests of the gang's bound members (their pod objects), at least one.
         size: declared gang size (0 = the recorded table's size).
         fixed: members holding resources now (default: ``plan.members``).
+        declared_topology: the constraint the gang's group object declares
+            (:func:`group_topology`), used when no bound member's annotations declare one.
 
     Returns:
         The request, or None when no member is left to place (or ``bound`` is empty, or
@@ -802,7 +889,7 @@ def recovery_request(
     return GangRequest(
         key=plan.gang,
         roles=tuple(roles),
-        topology=topo or TopologyConstraint(),
+        topology=topo or declared_topology or TopologyConstraint(),
         priority=max(r.priority for r in reqs),
         fixed=tuple(sorted(fixed, key=lambda a: a.pod)),
     )

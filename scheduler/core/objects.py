@@ -56,13 +56,16 @@ GANG_ROLE_ANNOTATION = "topoplace.io/role"
 TOPOLOGY_REQUIRED = "topoplace.io/topology-required"
 TOPOLOGY_PREFERRED = "topoplace.io/topology-preferred"
 
-# (kind of key, key) in order of precedence for gang membership.
+# (kind of key, key) in order of precedence for gang membership. ("spec", ...) is a field of
+# the pod's spec: Kubernetes' own PodGroup (scheduling.k8s.io/v1alpha2, 1.36+).
 GANG_KEYS: tuple[tuple[str, str], ...] = (
     ("annotation", GANG_ANNOTATION),
+    ("spec", "schedulingGroup.podGroupName"),
     ("label", "scheduling.x-k8s.io/pod-group"),
     ("annotation", "scheduling.k8s.io/group-name"),
     ("annotation", "pod-group-name"),
     ("label", "pod-group-name"),
+    ("label", "grove.io/podgang"),
 )
 REQUIRED_TOPOLOGY_KEYS = (
     TOPOLOGY_REQUIRED,
@@ -530,13 +533,22 @@ def pod_terminated(pod: Mapping[str, Any]) -> bool:
     return _lmap(_lmap(pod).get("status")).get("phase") in ("Succeeded", "Failed")
 
 
-def _gang_key(m: Mapping[str, Any]) -> str:
-    """The gang key ``namespace/group`` of a pod's metadata ("" if none); lenient."""
+def _gang_key(m: Mapping[str, Any], spec: Any = None) -> str:
+    """The gang key ``namespace/group`` of a pod's metadata and spec ("" if none); lenient.
+
+    The first of :data:`GANG_KEYS` the pod carries names the group: a PodGroup of
+    scheduler-plugins, Volcano, KAI or Kubernetes itself (``spec.schedulingGroup``), or a
+    Grove PodGang (label ``grove.io/podgang``). The group object, when watched, is found in
+    ``snapshot.extra["podgroups"]`` under the same key.
+    """
     labels = _lmap(m.get("labels"))
     annotations = _lmap(m.get("annotations"))
     ns = _lstr(m.get("namespace")) or "default"
     for kind, key in GANG_KEYS:
-        v = _lstr((annotations if kind == "annotation" else labels).get(key))
+        if kind == "spec":
+            v = _lstr(_lmap(_lmap(spec).get("schedulingGroup")).get("podGroupName"))
+        else:
+            v = _lstr((annotations if kind == "annotation" else labels).get(key))
         if v:
             return f"{ns}/{v}"
     return ""
@@ -561,7 +573,7 @@ def gang_of(pod: Mapping[str, Any]) -> tuple[str, int]:
     :func:`request_from_pod` reads the size strictly.
     """
     m = meta(pod)
-    gang = _gang_key(m)
+    gang = _gang_key(m, _lmap(pod).get("spec"))
     if not gang:
         return "", 0
     try:
@@ -638,7 +650,7 @@ def request_from_pod(pod: Mapping[str, Any], fabric: Fabric) -> PodRequest:
             class_rank(min_link if len(min_link) <= 64 else min_link[:64] + "...")
         except ValueError as exc:
             raise ObjectError(str(exc)) from None
-    gang = _gang_key(m)
+    gang = _gang_key(m, spec)
     size = _gang_size(annotations) if gang else 0
     priority = spec.get("priority")
     gpus, cpu, memory = _strict_requests(spec)

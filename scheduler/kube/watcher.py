@@ -18,8 +18,9 @@ What feeds the cache:
   :meth:`~scheduler.runtime.cache.ClusterCache.remember_pending`, so bind and the gang layer can
   find them without a prior filter call (e.g. right after a restart).
 * PodGroups of the coscheduling (``scheduling.x-k8s.io/v1alpha1``), Volcano
-  (``scheduling.volcano.sh/v1beta1``) and KAI/Run:ai (``scheduling.run.ai/v2alpha2``)
-  APIs, when the API server serves them (discovered at start; skipped quietly
+  (``scheduling.volcano.sh/v1beta1``), KAI/Run:ai (``scheduling.run.ai/v2alpha2``) and
+  Kubernetes' own (``scheduling.k8s.io/v1alpha2``, 1.36+ with its gate) APIs, and Grove's
+  PodGangs (``scheduler.grove.io/v1alpha1``), when the API server serves them (discovered at start; skipped quietly
   otherwise), into ``snapshot.extra["podgroups"]`` as ``{"namespace/name": object}``.
 * PodDisruptionBudgets (``policy/v1``), into ``snapshot.extra["poddisruptionbudgets"]``
   the same way, for the preempt verb (``core.disruption``); skipped with a warning when
@@ -78,6 +79,8 @@ POD_GROUP_KINDS: tuple[ResourceKind, ...] = (
     ResourceKind("scheduling.x-k8s.io", "v1alpha1", "podgroups", "PodGroup"),
     ResourceKind("scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup"),
     ResourceKind("scheduling.run.ai", "v2alpha2", "podgroups", "PodGroup"),
+    ResourceKind("scheduling.k8s.io", "v1alpha2", "podgroups", "PodGroup"),
+    ResourceKind("scheduler.grove.io", "v1alpha1", "podgangs", "PodGang"),
 )
 """PodGroup APIs of the gang schedulers topoplace understands, in precedence order (a
 later API's object with the same ``namespace/name`` replaces an earlier one's)."""

@@ -96,6 +96,7 @@ from scheduler.core.gang import (
     declared_size,
     gang_request,
     gang_size,
+    group_topology,
     member_size_conflict,
     parse_reservation_key,
     plan_id,
@@ -387,7 +388,12 @@ class GangRuntime:
                 del seen[k]  # bound already, or deleted while pending
         # Insertion order = order seen: the first member's role completes the gang.
         members = list(seen.values())
-        return gang_request(members, gang_size(req, snap, members), fixed)
+        return gang_request(
+            members,
+            gang_size(req, snap, members),
+            fixed,
+            declared_topology=group_topology(req, snap, ext.params.fabric),
+        )
 
     def _plan(self, ext: Any, req: PodRequest, event: str) -> GangPlan | _Refusal:
         return self._solve(ext, req.gang, lambda snap: self._request(ext, snap, req), event)
@@ -771,7 +777,12 @@ class GangRuntime:
         if not members:
             return None
         try:
-            greq = gang_request(members, gang_size(req, snap, members), fixed)
+            greq = gang_request(
+                members,
+                gang_size(req, snap, members),
+                fixed,
+                declared_topology=group_topology(req, snap, ext.params.fabric),
+            )
         except (GangSizeError, ValueError) as exc:
             return PlacementResult(ok=False, reason=str(exc))
         fn = get_policy(self.policy_name(ext))
@@ -959,7 +970,9 @@ class GangRuntime:
         bound = [r for r in (_request_of(ext, snap.pods.get(m.pod)) for m in rp.members) if r]
         if not bound:
             return False
-        size = declared_size(sorted(bound, key=lambda r: r.key)[0], snap)
+        first = sorted(bound, key=lambda r: r.key)[0]
+        size = declared_size(first, snap)
+        topo = group_topology(first, snap, ext.params.fabric)
 
         def build(s: ClusterSnapshot) -> GangRequest:
             fixed = [
@@ -967,7 +980,7 @@ class GangRuntime:
                 for p in s.gang_members(rp.gang)
                 if not p.key.startswith(RESERVATION_PREFIX)
             ]
-            greq = recovery_request(rp, bound, size, fixed)
+            greq = recovery_request(rp, bound, size, fixed, declared_topology=topo)
             return greq if greq is not None else GangRequest(key=rp.gang, roles=(), fixed=())
 
         if recovery_request(rp, bound, size) is None:
