@@ -43,7 +43,7 @@ from scheduler.core.schedule import (
 )
 from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.runtime.cache import ClusterCache
-from scheduler.server import wire
+from scheduler.server import name_index, wire
 from scheduler.server.extender import Extender
 from scheduler.server.replies import NameTable
 from topology.select import best_bottlenecks
@@ -466,7 +466,7 @@ def test_scan_accepts_only_what_json_parses_the_same() -> None:
     for inner in inners:
         array = b'["' + inner + b'"]'
         raw = bytes(8) + array + b"}"
-        found = wire._scan(raw, 8, 8 + len(array))
+        found = name_index.scan(raw, 8, 8 + len(array))
         if found is None:
             continue
         accepted += 1
@@ -496,15 +496,15 @@ def test_name_index_finds_every_name_in_either_slot() -> None:
     found, and names one byte or one length away from a known name are not."""
     names = [f"gb200-r{r:03d}-t{t:02d}" for r in range(300) for t in range(18)]
     index = {n: i for i, n in enumerate(names)}
-    table = wire.NameIndex(index)
+    table = name_index.NameIndex(index)
     near = ["gb200-r000-t0", "gb200-r000-t000", "gb200-r000-t0x", "hb200-r000-t00", "g"]
     cand = names[::-1] + near
     raw = orjson.dumps({"NodeNames": cand})
-    starts, ends = wire._scan(raw, len(b'{"NodeNames":'), len(raw) - 1)
+    starts, ends = name_index.scan(raw, len(b'{"NodeNames":'), len(raw) - 1)
     pos, known = table.resolve(raw, starts, ends)
     assert not known
     assert pos.tolist() == [index.get(n, -1) for n in cand]
-    words = wire._words(raw, starts, ends - starts, table.width)
+    words = name_index._words(raw, starts, ends - starts, table.width)
     first, _ = table._slots(table._hash(words, ends - starts))
     in_first = table.slots.take(first[: len(names)])["pos"] == pos[: len(names)]
     assert in_first.any() and not in_first.all()
@@ -513,7 +513,7 @@ def test_name_index_finds_every_name_in_either_slot() -> None:
     # hash shared by two names), each name in its first slot fails that check and is
     # found by the exact lookup of both slots; no position changes.
     whole = orjson.dumps({"NodeNames": names})
-    s2, e2 = wire._scan(whole, len(b'{"NodeNames":'), len(whole) - 1)
+    s2, e2 = name_index.scan(whole, len(b'{"NodeNames":'), len(whole) - 1)
     for wrong in (np.zeros_like(table.slot_hash), ~table.slot_hash):
         table.slot_hash = wrong
         again, known = table.resolve(raw, starts, ends)
