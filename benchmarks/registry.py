@@ -182,6 +182,9 @@ BENCHMARKS: dict[str, Benchmark] = {
         _B("ui-render", "micro", "cluster view render time in headless Chromium",
            "benchmarks.micro.ui_render",
            uses="runs"),
+        _B("rightsize", "offline", "GPU memory right-sizing replayed on the GenAI and Azure LLM "
+           "traces: GPUs needed, OOMs, changes vs static limits, VPA, simple rules",
+           "benchmarks.rightsize"),
         _B("live-mix", "live", "the mix (or openb) replayed through a real kube-scheduler: "
            "placement vs the offline engine, verb latency", "benchmarks.live.run", "--seed"),
         _B("live-dra", "live", "DRA claim pods through a real kube-scheduler and API server: "

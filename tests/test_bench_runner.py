@@ -12,7 +12,7 @@ import pytest
 from benchmarks import registry
 from scheduler.cli.main import main as topoplace
 
-OFFLINE = {"fgd-openb", "gangs", "faults"}
+OFFLINE = {"fgd-openb", "gangs", "faults", "rightsize"}
 MICRO = {"pod-path", "extender-latency", "gang-solver", "topology", "verb-cost",
          "preemption-latency", "sharing-latency", "background-cpu", "memory", "ui-render"}  # fmt: skip
 LIVE = {"live-mix", "live-dra", "live-fractional", "live-faults", "live-preemption"}
