@@ -607,8 +607,9 @@ def run(args: argparse.Namespace) -> int:
             "- The recommender's parameters are VPA's (15 % margin, 24 h horizon and half-life, "
             "x1.2 OOM bump, confidence from history length), the exponent log2(1.15) (the "
             "short-history widening equals the margin at one day) and the 4-a-day budget. The "
-            "exponent was chosen after seeing this half: an exponent giving +8 % at one day "
-            "reserved 2.07x with 5 OOM samples here; the held-out half is the fair test.",
+            "exponent, and the rules (when compute alone may change a pod, when a limit is "
+            "exclusive), were chosen while looking at this half: a smaller exponent has OOM "
+            "samples here (see Sensitivity). The held-out half is the fair test.",
         ]
         extra += ["", "## Sensitivity (GenAI)", "", *sensitivity(g, WARMUP["genai"]), ""]
     if args.only in (None, "azure"):
