@@ -44,11 +44,12 @@ in its re-plan.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scheduler.core import dra
@@ -73,6 +74,12 @@ SETTLE_S = 2.0
 """Seconds between writing an allocation and checking it against every claim."""
 INTERVAL_S = 0.5
 """Seconds between passes over the gated pods."""
+
+EXTENDED_PICK = "topoplace.io/dra-devices"
+"""Pod annotation recording the devices topoplace chose for a gated pod whose
+``nvidia.com/gpu`` DRA backs (``{"node": ..., "devices": [[driver, pool, name], ...]}``),
+written with the gate's removal: a restarted topoplace gives them to the pod's claim at
+bind all the same."""
 
 WAITING = "waiting"
 RELEASED = "released"
@@ -111,7 +118,7 @@ class ClaimApi:
         self, claim: Mapping[str, Any]
     ) -> dict[str, Any]: ...  # pragma: no cover
     def remove_gate(
-        self, pod: Mapping[str, Any], gate: str
+        self, pod: Mapping[str, Any], gate: str, annotations: Mapping[str, str] | None = None
     ) -> dict[str, Any]: ...  # pragma: no cover
     def get_pod(self, ns: str, name: str) -> dict[str, Any]: ...  # pragma: no cover
 
@@ -124,10 +131,18 @@ class _Written:
     pods: tuple[Mapping[str, Any], ...]
     claims: tuple[str, ...]
     gang: str = ""
+    notes: Mapping[str, str] = field(default_factory=dict)
+    """Annotations written on the pods with the gate's removal."""
 
     @property
     def name(self) -> str:
         return self.gang or object_key(self.pods[0])
+
+
+def extended_pick_value(node: str, devices: Iterable[dra.Device]) -> str:
+    """The :data:`EXTENDED_PICK` annotation's value (compact JSON)."""
+    ids = [list(d.id) for d in devices]
+    return json.dumps({"node": node, "devices": ids}, separators=(",", ":"))
 
 
 def rfc3339(t: float) -> str:
@@ -176,6 +191,7 @@ class GateAllocator:
         self._sleep = sleep or self._stop.wait
         self._clock = clock
         self.router = router
+        self._given: set[str] = set()  # pods whose claim got topoplace's devices
         self._thread: threading.Thread | None = None
 
     # ---- one pass -----------------------------------------------------------------------
@@ -184,12 +200,8 @@ class GateAllocator:
         """One pass over the gated pods (gangs first, then single pods, by key): every
         allocation of the pass is written, then one settle and one list check them all."""
         pending = list(self.pending())
-        if self.router is not None:  # choices for pods that went away (deleted, bound)
-            live = {object_key(p) for p in pending}
-            for k in self.router.extended_keys():
-                pick = self.router.extended_pick(k)
-                if k not in live and pick is not None:
-                    self._drop_pick(k, pick)
+        if self.router is not None:
+            self._extended_bookkeeping(pending)
         pods = sorted((p for p in pending if dra.gated(p)), key=object_key)
         gangs: dict[str, list[Mapping[str, Any]]] = {}
         singles = []
@@ -301,8 +313,10 @@ class GateAllocator:
         devices."""
         assert self.router is not None
         key = object_key(pod)
-        if self.router.extended_pick(key) is not None:
-            return _Written((pod,), ())  # chosen in an earlier pass; release again
+        done = self.router.extended_pick(key)
+        if done is not None:  # chosen in an earlier pass; release again
+            notes = {EXTENDED_PICK: extended_pick_value(done.node, done.devices)}
+            return _Written((pod,), (), notes=notes)
         params = self.cache.params
         try:
             req = request_from_pod(pod, params.fabric)
@@ -332,27 +346,59 @@ class GateAllocator:
             if any(g not in cands for g in a.gpus):
                 return Outcome(key, WAITING, reason="a chosen GPU has no device the class may take")
             devs = tuple(cands[g] for g in a.gpus)
-            m = pod.get("metadata") or {}
-            hold = dra.holder_key(f"{key}/<extended-resources>")
-            stand_in = {
-                "metadata": {
-                    "namespace": m.get("namespace") or "default",
-                    "name": f"{m.get('name')}/<extended-resources>",
-                }
-            }
-            self.cache.assume(
-                PodInfo(
-                    key=hold,
-                    uid="",
-                    node=a.node,
-                    gpus=a.gpus,
-                    assumed=True,
-                    raw=dra.allocated_claim(stand_in, a.node, spec, devs),
-                )
-            )
-            self.router.pick_extended(key, ExtendedPick(a.node, devs, a.gpus, hold))
+            self._hold(key, pod, a.node, devs)
         log.info("chose for %s on %s: GPUs %s", key, a.node, list(a.gpus))
-        return _Written((pod,), ())
+        return _Written((pod,), (), notes={EXTENDED_PICK: extended_pick_value(a.node, devs)})
+
+    def _extended_bookkeeping(self, pending: Sequence[Mapping[str, Any]]) -> None:
+        """Forget choices for pods that went away (deleted, bound); take back, from their
+        :data:`EXTENDED_PICK` annotation, the choices for released pods not bound yet that
+        this process does not know (it restarted)."""
+        assert self.router is not None
+        live = {object_key(p) for p in pending}
+        self._given &= live
+        for k in self.router.extended_keys():
+            pick = self.router.extended_pick(k)
+            if k not in live and pick is not None:
+                self._drop_pick(k, pick)
+        for p in pending:
+            k = object_key(p)
+            note = ((p.get("metadata") or {}).get("annotations") or {}).get(EXTENDED_PICK)
+            if not note or dra.gated(p) or k in self._given or self.router.extended_pick(k):
+                continue
+            try:
+                rec = json.loads(note)
+                node = str(rec["node"])
+                ids = [tuple(str(x) for x in d) for d in rec["devices"]]
+            except (ValueError, KeyError, TypeError):
+                log.warning("pod %s: unreadable %s annotation", k, EXTENDED_PICK)
+                self._given.add(k)
+                continue
+            with self.cache.lock:
+                inv = self.cache.dra_inventory()
+                devs = tuple(inv.by_id.get(i) for i in ids)  # type: ignore[arg-type]
+                if not devs or any(d is None or d.node != node or d.gpu is None for d in devs):
+                    self._given.add(k)  # the devices are gone: kube-scheduler's first fit
+                    continue
+                got = tuple(d for d in devs if d is not None)
+                self._hold(k, p, node, got)
+            log.info("took back the choice for %s on %s from its annotation", k, node)
+
+    def _hold(
+        self, key: str, pod: Mapping[str, Any], node: str, devs: tuple[dra.Device, ...]
+    ) -> None:
+        """Hold ``devs`` for pod ``key`` in the ledger and remember the choice in the
+        router (cache lock held by the caller)."""
+        assert self.router is not None
+        m = pod.get("metadata") or {}
+        gpus = tuple(sorted(d.gpu for d in devs if d.gpu is not None))
+        hold = dra.holder_key(f"{key}/<extended-resources>")
+        ns = m.get("namespace") or "default"
+        stand_in = {"metadata": {"namespace": ns, "name": f"{m.get('name')}/<extended-resources>"}}
+        spec = dra.ClaimSpec(hold, (dra.Request("gpus", "", len(devs)),))
+        raw = dra.allocated_claim(stand_in, node, spec, devs)
+        self.cache.assume(PodInfo(key=hold, uid="", node=node, gpus=gpus, assumed=True, raw=raw))
+        self.router.pick_extended(key, ExtendedPick(node, devs, gpus, hold))
 
     def reallocate(self, key: str, node: str) -> str:
         """At bind: give the special claim kube-scheduler made for pod ``key`` (in its
@@ -406,6 +452,7 @@ class GateAllocator:
 
     def _drop_pick(self, key: str, pick: ExtendedPick) -> None:
         assert self.router is not None
+        self._given.add(key)
         self.router.drop_extended(key)
         self.cache.forget(pick.hold)
 
@@ -700,7 +747,7 @@ class GateAllocator:
             return Outcome(w.name, YIELDED, node, devices, why)
         for p in w.pods:
             try:
-                self.api.remove_gate(p, dra.ALLOCATE_GATE)
+                self.api.remove_gate(p, dra.ALLOCATE_GATE, w.notes)
             except ApiError as exc:
                 if exc.not_found:
                     continue

@@ -139,16 +139,25 @@ class ClaimWriter:
         path = f"/api/v1/namespaces/{quote(ns, safe='')}/pods/{quote(name, safe='')}"
         return self.api.request_json("GET", path)
 
-    def remove_gate(self, pod: Mapping[str, Any], gate: str) -> dict[str, Any]:
+    def remove_gate(
+        self, pod: Mapping[str, Any], gate: str, annotations: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
         """Remove scheduling gate ``gate`` from a pod (JSON patch guarded by a test of the
-        gate list, so a concurrent change fails with 422 instead of removing another gate)."""
+        gate list, so a concurrent change fails with 422 instead of removing another gate),
+        adding ``annotations`` in the same patch."""
         m = pod.get("metadata") or {}
         gates = list((pod.get("spec") or {}).get("schedulingGates") or [])
         keep = [g for g in gates if g.get("name") != gate]
-        ops = [
+        ops: list[dict[str, Any]] = [
             {"op": "test", "path": "/spec/schedulingGates", "value": gates},
             {"op": "replace", "path": "/spec/schedulingGates", "value": keep},
         ]
+        if annotations and not m.get("annotations"):
+            ops.append({"op": "add", "path": "/metadata/annotations", "value": dict(annotations)})
+        elif annotations:
+            for k, v in sorted(annotations.items()):
+                path = "/metadata/annotations/" + k.replace("~", "~0").replace("/", "~1")
+                ops.append({"op": "add", "path": path, "value": v})
         path = (
             f"/api/v1/namespaces/{quote(m.get('namespace') or 'default', safe='')}"
             f"/pods/{quote(m['name'], safe='')}"

@@ -29,6 +29,7 @@ class MockClaimApi:
         self.claims = {k: copy.deepcopy(v) for k, v in claims.items()}
         self.sneak: list[dict] = []
         self.ungated: list[str] = []
+        self.notes: dict[str, dict[str, str]] = {}  # pod -> annotations added with the gate
         self.writes: list[tuple[str, str]] = []
         self.rv = 1000
         self.lists = 0
@@ -71,8 +72,12 @@ class MockClaimApi:
         new["status"] = copy.deepcopy(dict(claim.get("status") or {}))
         return self._bump(new)
 
-    def remove_gate(self, pod: Mapping[str, Any], gate: str) -> dict:
+    def remove_gate(
+        self, pod: Mapping[str, Any], gate: str, annotations: Mapping[str, str] | None = None
+    ) -> dict:
         self.ungated.append(dra.object_key(pod))
+        if annotations:
+            self.notes[dra.object_key(pod)] = dict(annotations)
         return {}
 
 

@@ -5,6 +5,7 @@ claim kube-scheduler makes, read from objects recorded on a real v1.36.2 plane
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -320,3 +321,67 @@ def test_reallocate_writes_nothing_when_first_fit_is_the_choice_or_the_node_diff
     n = len(api2.writes)
     assert alloc2.reallocate("default/er-gated", "gpu-node-0") == ""
     assert api2.writes[n:] == [] and router2.extended_pick("default/er-gated") is None
+
+
+def test_the_choice_is_written_with_the_gate_and_taken_back_after_a_restart() -> None:
+    pod = _gated_er(2)
+    _, api, router, alloc = _gated_setup(pod)
+    alloc.step()
+    note = api.notes["default/er-gated"][al.EXTENDED_PICK]
+    assert json.loads(note) == {
+        "node": "er-node-0",
+        "devices": [["gpu.nvidia.com", "er-node-0", "gpu-0"], ["gpu.nvidia.com", "er-node-0", "gpu-3"]],
+    }  # fmt: skip
+    # topoplace restarts: the released pod (no gate, the annotation) is pending still
+    released = copy.deepcopy(pod)
+    released["spec"].pop("schedulingGates")
+    released["metadata"]["annotations"] = {al.EXTENDED_PICK: note}
+    cache2, api2, router2, alloc2 = _gated_setup(released)
+    assert router2.extended_pick("default/er-gated") is None
+    assert alloc2.step() == []  # nothing gated
+    pick = router2.extended_pick("default/er-gated")
+    assert pick is not None and (pick.node, pick.gpus) == ("er-node-0", (0, 3))
+    assert cache2.snapshot().node("er-node-0").used_mask == 0b1001  # type: ignore[union-attr]
+    key = _prebind(api2, released, "er-node-0", ["gpu-0", "gpu-1"])
+    assert alloc2.reallocate("default/er-gated", "er-node-0") == ""
+    assert [d for _, _, d in dra.allocated_ids(api2.claims[key])] == ["gpu-0", "gpu-3"]
+    alloc2.step()  # still pending until the watch shows it bound: not taken back again
+    assert router2.extended_pick("default/er-gated") is None
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def request_json(self, *args: Any) -> dict:
+        self.calls.append(args)
+        return {}
+
+
+def test_the_gate_and_the_annotation_go_in_one_guarded_patch() -> None:
+    from scheduler.kube.dra import ClaimWriter
+
+    rec = _Recorder()
+    w = ClaimWriter(rec, "v1")  # type: ignore[arg-type]
+    gated = {"metadata": {"name": "p", "namespace": "ns", "annotations": {"a": "b"}},
+             "spec": {"schedulingGates": [{"name": dra.ALLOCATE_GATE}, {"name": "other"}]}}  # fmt: skip
+    w.remove_gate(gated, dra.ALLOCATE_GATE, {"topoplace.io/dra-devices": "{}"})
+    method, path, ops, ctype = rec.calls[0]
+    assert (method, path, ctype) == (
+        "PATCH",
+        "/api/v1/namespaces/ns/pods/p",
+        "application/json-patch+json",
+    )
+    assert ops == [
+        {"op": "test", "path": "/spec/schedulingGates",
+         "value": [{"name": dra.ALLOCATE_GATE}, {"name": "other"}]},
+        {"op": "replace", "path": "/spec/schedulingGates", "value": [{"name": "other"}]},
+        {"op": "add", "path": "/metadata/annotations/topoplace.io~1dra-devices", "value": "{}"},
+    ]  # fmt: skip
+    bare = {"metadata": {"name": "p", "namespace": "ns"}, "spec": {"schedulingGates": []}}
+    w.remove_gate(bare, dra.ALLOCATE_GATE, {"k": "v"})
+    assert rec.calls[1][2][-1] == {
+        "op": "add",
+        "path": "/metadata/annotations",
+        "value": {"k": "v"},
+    }
