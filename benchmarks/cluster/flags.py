@@ -39,6 +39,7 @@ LOCKED: dict[str, tuple[Version, bool]] = {
 """gate -> (first version where it is locked, the locked value)."""
 
 DEFAULT_ON: dict[str, Version] = {
+    "SchedulerQueueingHints": (1, 32),
     "DynamicResourceAllocation": (1, 34),
     "DRAPartitionableDevices": (1, 36),
 }

@@ -24,6 +24,7 @@ from benchmarks.cluster.flags import (
 from benchmarks.cluster.pki import Pki
 
 K8S_136 = Path("/root/src-k8s-1.36/pkg/features/kube_features.go")
+K8S_133 = Path("/root/src-k8s-1.33/pkg/features/kube_features.go")
 
 
 @pytest.mark.parametrize(
@@ -194,3 +195,14 @@ def test_gate_facts_match_the_kubernetes_1_36_tree() -> None:
     for gate, since in DEFAULT_ON.items():
         rows = _versioned_spec(src, gate)
         assert min(v for v, d, _ in rows if d) == since, gate
+
+
+@pytest.mark.skipif(not K8S_133.is_file(), reason="needs the Kubernetes 1.33 source tree")
+def test_gate_facts_match_the_kubernetes_1_33_tree() -> None:
+    """In 1.33 nothing this harness passes is locked, DRA is off by default, and what
+    :func:`gate_on` says of 1.33 is what the tree's newest row for 1.33 says."""
+    src = K8S_133.read_text()
+    for gate in (*LOCKED, *DEFAULT_ON, "DRADeviceTaints"):
+        rows = [r for r in _versioned_spec(src, gate) if r[0] <= (1, 33)]
+        assert not any(lock for _, _, lock in rows), gate
+        assert gate_on((1, 33), gate, {}) == rows[-1][1], gate
