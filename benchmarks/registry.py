@@ -195,6 +195,9 @@ BENCHMARKS: dict[str, Benchmark] = {
            "re-placement)", "benchmarks.live.faults", "--seed"),
         _B("live-preemption", "live", "preemption live: kube-scheduler's and topoplace's "
            "victims, started preemptions", "benchmarks.live.preemption", "--seed"),
+        _B("live-chaos", "live", "faults injected through the real control plane under a "
+           "stream of work: invariant violations, recovery per fault kind",
+           "benchmarks.live.chaos", "--seed"),
     )
 }  # fmt: skip
 """Registered benchmarks by name (scenario files come on top: :func:`scenario_files`)."""
