@@ -247,9 +247,11 @@ class DraRouter:
         """Filter for a pod asking ``nvidia.com/gpu`` (``req.gpus`` > 0) that DRA backs
         (``extended``): device-plugin nodes by the whole-GPU filter, DRA nodes by what
         kube-scheduler's allocator would give its special claim there (:meth:`filter`;
-        the usual whole-GPU room counts too, from the ledger). Order kept."""
+        the usual whole-GPU room counts too, from the ledger). Order kept. A pod topoplace
+        chose devices for (:class:`ExtendedPick`) is kept to its node while kube-scheduler
+        offers it (if not, it goes where it fits and keeps kube-scheduler's first fit)."""
         picked = self.extended_pick(object_key(pod))
-        if picked is not None:  # topoplace chose for this gated pod: that node only
+        if picked is not None and picked.node in names:  # topoplace chose: that node only
             failed = {n: REASON_PICKED_ELSEWHERE for n in names if n != picked.node}
             ok = tuple(n for n in names if n == picked.node)
             return FilterOutcome(ok, MappingProxyType(failed), EMPTY_MAP)

@@ -385,3 +385,16 @@ def test_the_gate_and_the_annotation_go_in_one_guarded_patch() -> None:
         "path": "/metadata/annotations",
         "value": {"k": "v"},
     }
+
+
+def test_a_chosen_pod_not_offered_its_node_goes_where_it_fits() -> None:
+    pod = _gated_er(2)
+    _, _, router, alloc = _gated_setup(pod)
+    alloc.step()
+    req = request_from_pod(pod, PARAMS.fabric)
+    ext = router.extended_resources(pod)
+    out = router.filter_extended(pod, req, ["gpu-node-1"], ext, PARAMS)
+    assert out.feasible == () and "er-node-0" not in out.failed  # no verdict from the pick
+    kept = router.filter_extended(pod, req, ["er-node-0", "gpu-node-1"], ext, PARAMS)
+    assert kept.feasible == ("er-node-0",)
+    assert kept.failed["gpu-node-1"] == "topoplace allocated this pod's GPUs on another node"
