@@ -860,6 +860,13 @@ def free_milli(node: NodeInfo, dev: GpuDevice, used: tuple[int, int, int]) -> in
     )
 
 
+def share_shape(cpu_milli: int, share: GpuShare, dev: GpuDevice, devices: int = 1) -> TaskShape:
+    """FGD's task shape of a share on ``dev``: :func:`task_milli` (at most 1000) as its one
+    number and :func:`share_dims` as its two dimensions, over ``devices`` GPUs."""
+    milli = min(MILLI, task_milli(share, dev))
+    return TaskShape(cpu_milli, milli, devices, dims=share_dims(share, dev))
+
+
 PodShape = tuple[PodInfo, tuple[GpuDevice, ...] | None, TaskShape]
 """A pod, the device inventory its share was read against (None for whole GPUs), its shape."""
 
@@ -890,9 +897,7 @@ def pod_shapes(
             s = p.shares[0]
             if s.gpu >= len(devs):
                 continue
-            milli = min(MILLI, task_milli(s, devs[s.gpu]))
-            dims = share_dims(s, devs[s.gpu])
-            out[p.key] = (p, devs, TaskShape(p.cpu_milli, milli, len(p.shares), dims=dims))
+            out[p.key] = (p, devs, share_shape(p.cpu_milli, s, devs[s.gpu], len(p.shares)))
         elif p.gpus:
             hit = known.get(p.key)
             if hit is not None and hit[0] is p:
