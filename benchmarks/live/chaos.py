@@ -111,6 +111,10 @@ FAULT_KINDS = (
 )
 POD_KINDS = ("whole", "gang", "gang-topology", "share")
 PRIORITIES = {"low": 0, "mid": 100, "high": 1000}
+GANG_SHAPES = ((2, 4), (2, 8), (2, 8), (3, 4), (3, 8), (4, 4), (4, 8))
+"""(members, GPUs each) of gangs without a constraint: at most the 4 work nodes."""
+LEAF_GANG_SHAPES = ((2, 4), (2, 8), (3, 4), (4, 4))
+"""(members, GPUs each) of gangs that must fit one leaf (two 8-GPU work nodes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,8 +237,9 @@ class Workload:
             }
             pods = [_pod(name, limits, prio, ("hami",))]
         else:
-            size = r.choice((2, 2, 3, 4))
-            gpus = r.choice((4, 8))
+            # A leaf holds two 8-GPU work nodes: a gang bound to one must fit 16 GPUs.
+            shapes = GANG_SHAPES if kind == "gang" else LEAF_GANG_SHAPES
+            size, gpus = r.choice(shapes)
             ann = {"topoplace.io/gang": name, "topoplace.io/gang-size": str(size)}
             if kind == "gang-topology":
                 ann["topoplace.io/topology-required"] = "leaf"
@@ -310,18 +315,30 @@ class Plane:
     """The processes of a run and the faults done to them (each fault method returns when
     the fault is over: the component answers again, or the condition is lifted)."""
 
-    def __init__(self, kube_bin: Path, work: Path, ports: ChaosPorts, rng: random.Random) -> None:
-        self.kube_bin = kube_bin
-        self.work = work
-        self.ports = ports
-        self.rng = rng
-        self.cluster = Cluster(
+    def __init__(
+        self,
+        kube_bin: Path,
+        work: Path,
+        ports: ChaosPorts,
+        rng: random.Random,
+        cluster: Cluster | None = None,
+    ) -> None:
+        """``cluster``: a plane that is up already (the live suite's), used as it is and
+        left up (its API server is restarted in place by ``api-kill``); None: a plane of
+        this run's own on ``ports``, brought up and down with it. Either way its
+        kube-apiserver, etcd and etcdctl come from its ``kube_bin``."""
+        self.owned = cluster is None
+        self.cluster = cluster or Cluster(
             kube_bin,
             work / "plane",
             ports=Ports(api=ports.api, etcd=ports.etcd, etcd_peer=ports.etcd_peer),
             dra=True,
             feature_gates=("DRADeviceTaints=true",),
         )
+        self.kube_bin = self.cluster.kube_bin
+        self.work = work
+        self.ports = ports
+        self.rng = rng
         self.api: Api | None = None
         self.ks: KubeScheduler | None = None
         self.tp: Topoplace | None = None
@@ -335,7 +352,8 @@ class Plane:
 
     def up(self, nodes: int, hami_nodes: int) -> None:
         """Plane, nodes, PriorityClasses, namespace, proxy, topoplace, kube-scheduler."""
-        self.cluster.up()
+        if self.owned:
+            self.cluster.up()
         kc = self.cluster.kubeconfig
         self.api = Api(kc, timeout=10.0)
         objs = [
@@ -392,9 +410,13 @@ class Plane:
         self.ks.start()
 
     def down(self) -> None:
-        """Stop everything this run started (by pid); idempotent."""
+        """Stop everything this run started (by pid); idempotent. On a plane it does not
+        own, its objects (pods, nodes, PriorityClasses, namespace) are deleted instead."""
         if self.heartbeat is not None:
             self.heartbeat.stop()
+        if self.tp is not None and self.tp.proc is not None and self.tp.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.tp.proc.pid, signal.SIGCONT)
         for stop in (
             (self.ks.stop if self.ks else None),
             (self.tp.stop if self.tp else None),
@@ -403,14 +425,35 @@ class Plane:
             if stop is not None:
                 with contextlib.suppress(Exception):
                     stop()
-        if self.tp is not None and self.tp.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.tp.proc.pid, signal.SIGCONT)
+        if not self.owned:
+            if self.api is not None:
+                self.cleanup()
+                self.api.close()
+            return
         if self._api_proc is not None and self._api_proc.poll() is None:
             self._api_proc.kill()
         if self.api is not None:
             self.api.close()
         self.cluster.down()
+
+    def cleanup(self) -> None:
+        """Delete what :meth:`up` created in the API server (best effort)."""
+        assert self.api is not None
+        api = self.api
+        steps: list[Callable[[], Any]] = [
+            lambda: api.delete_pods(NAMESPACE, timeout=60),
+            lambda: api.call("DELETE", f"/api/v1/namespaces/{NAMESPACE}", ok=(404,)),
+            lambda: api.delete_nodes(POOL_LABEL),
+            *[
+                lambda c=c: api.call(
+                    "DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/chaos-{c}", ok=(404,)
+                )
+                for c in PRIORITIES
+            ],
+        ]
+        for step in steps:
+            with contextlib.suppress(Exception):
+                step()
 
     # ---- readiness probes -------------------------------------------------------------------
 
@@ -502,7 +545,7 @@ class Plane:
         return "kube-apiserver", f"ready {time.monotonic() - t0:.1f}s after start"
 
     def _etcd_compact(self) -> tuple[str, str]:
-        ep = f"--endpoints=http://127.0.0.1:{self.ports.etcd}"
+        ep = f"--endpoints=http://127.0.0.1:{self.cluster.ports.etcd}"
         ctl = str(self.kube_bin / "etcdctl")
         out = subprocess.run(
             [ctl, ep, "endpoint", "status", "--write-out=json"],
@@ -1072,6 +1115,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for f in fields(ChaosPorts):
         p.add_argument(f"--{f.name.replace('_', '-')}-port", type=int, default=f.default)
     args = p.parse_args(argv)
+    if args.nodes < 4:
+        p.error("--nodes must be at least 4 (the largest gang takes four 8-GPU nodes)")
     bad = [k for k in args.faults if k not in FAULT_KINDS]
     if bad:
         p.error(f"unknown fault kinds {bad}; known: {', '.join(FAULT_KINDS)}")
@@ -1083,13 +1128,16 @@ def ports_of(args: argparse.Namespace) -> ChaosPorts:
     return ChaosPorts(**{f.name: getattr(args, f"{f.name}_port") for f in fields(ChaosPorts)})
 
 
-def run(args: argparse.Namespace) -> tuple[Result, str]:
-    """One seeded chaos run (see the module docstring): (result, Kubernetes version)."""
+def run(args: argparse.Namespace, cluster: Cluster | None = None) -> tuple[Result, str]:
+    """One seeded chaos run (see the module docstring): (result, Kubernetes version).
+    ``cluster``: run on that plane (up already, left up; see :class:`Plane`)."""
     ports = ports_of(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="topoplace-chaos-"))
-    plane = Plane(Path(args.kube_bin), work, ports, random.Random(args.seed * 131 + 17))
+    plane = Plane(
+        Path(args.kube_bin), work, ports, random.Random(args.seed * 131 + 17), cluster=cluster
+    )
     poller: Poller | None = None
     try:
         plane.up(args.nodes, args.hami_nodes)

@@ -1,0 +1,98 @@
+"""The chaos runner's pure parts (benchmarks/live/chaos.py): the seeded work stream, the
+fault schedule, quantiles and the result table."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+
+from benchmarks.live.chaos import (
+    FAULT_KINDS,
+    POD_KINDS,
+    FaultRecord,
+    Result,
+    Workload,
+    fault_schedule,
+    parse_args,
+    quantile,
+    rows,
+)
+from benchmarks.live.invariants import GANG_PARTLY_BOUND, Violation
+from scheduler.core.objects import gang_of, pod_gpus
+
+
+def _gpus(job) -> int:
+    return sum(pod_gpus(p) for p in job.pods)
+
+
+def test_the_stream_is_seeded_and_every_job_fits_its_pool() -> None:
+    a = [Workload(5).next() for _ in range(1)]
+    w1, w2 = Workload(5), Workload(5)
+    jobs1 = [w1.next() for _ in range(300)]
+    jobs2 = [w2.next() for _ in range(300)]
+    assert [(j.name, j.kind, j.pods) for j in jobs1] == [(j.name, j.kind, j.pods) for j in jobs2]
+    assert a[0].pods == jobs1[0].pods
+    assert [j.pods for j in jobs1] != [j.pods for j in (Workload(6).next() for _ in range(300))]
+    kinds = Counter(j.kind for j in jobs1)
+    assert set(kinds) == set(POD_KINDS)
+    for j in jobs1:
+        spec = j.pods[0]["spec"]
+        assert all(p["spec"]["terminationGracePeriodSeconds"] == 0 for p in j.pods)
+        if j.kind.startswith("gang"):
+            gang, size = gang_of(j.pods[0])
+            assert gang == f"chaos/{j.name}" and size == len(j.pods)
+            assert spec["nodeSelector"] == {"topoplace-chaos": "work"}
+            limit = 16 if j.kind == "gang-topology" else 32  # a leaf; the 4 work nodes
+            assert _gpus(j) <= limit and all(pod_gpus(p) <= 8 for p in j.pods)
+            ann = j.pods[0]["metadata"]["annotations"]
+            assert (ann.get("topoplace.io/topology-required") == "leaf") == (
+                j.kind == "gang-topology"
+            )
+        elif j.kind == "share":
+            assert spec["nodeSelector"] == {"topoplace-chaos": "hami"}
+            assert "nvidia.com/gpumem" in spec["containers"][0]["resources"]["limits"]
+        else:
+            assert 1 <= _gpus(j) <= 8 and "affinity" in spec
+
+
+def test_fault_schedule_rounds_cover_every_kind() -> None:
+    got = fault_schedule(3, FAULT_KINDS, 35)
+    assert len(got) == 35 and got == fault_schedule(3, FAULT_KINDS, 35)
+    for r in range(3):
+        assert sorted(got[r * 10 : (r + 1) * 10]) == sorted(FAULT_KINDS)
+    assert got != fault_schedule(4, FAULT_KINDS, 35)
+
+
+def test_quantile_nearest_rank() -> None:
+    xs = [float(i) for i in range(1, 101)]
+    assert quantile(xs, 0.5) == 50.0 and quantile(xs, 0.99) == 99.0
+    assert quantile([3.0], 0.99) == 3.0 and math.isnan(quantile([], 0.5))
+
+
+def test_table_counts_faults_pods_and_violations() -> None:
+    r = Result(seed=9, duration=60.0, settle_bound=120.0)
+    r.faults = [
+        FaultRecord("tp-kill", "topoplace", 0, 1, recovery=2.0),
+        FaultRecord("tp-kill", "topoplace", 5, 6, recovery=4.0),
+        FaultRecord("api-kill", "kube-apiserver", 9, 10, recovery=math.nan),
+    ]
+    r.created.update(whole=3, gang=1)
+    r.violations = [(1.0, Violation(GANG_PARTLY_BOUND, "chaos/j1", "1/2 bound"))]
+    table = {(m, k): (v, p50, p99) for _, m, k, v, p50, p99 in rows(r)}
+    assert table[("faults", "tp-kill")] == (2, 2.0, 4.0)
+    assert table[("faults", "api-kill")][0] == 1 and math.isnan(table[("faults", "api-kill")][1])
+    assert table[("faults", "all")][0] == 3
+    assert table[("jobs created", "whole")][0] == 3
+    assert table[("violations", GANG_PARTLY_BOUND)][0] == 1
+    assert table[("violations", "gpu-held-twice")][0] == 0
+
+
+def test_flags_are_checked() -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--faults", "tp-kill,meteor"])
+    with pytest.raises(SystemExit):
+        parse_args(["--nodes", "2"])
+    a = parse_args(["--faults", "tp-kill,proxy-drop", "--topoplace-port", "7000"])
+    assert a.faults == ["tp-kill", "proxy-drop"] and a.topoplace_port == 7000
