@@ -2,8 +2,8 @@
 how a render becomes API writes, how a job's attempts become pods, and that the live
 engine's lifecycle and accounting are the offline engine's when placements are the same.
 
-The live run itself (real kube-scheduler, topoplace, API server) is ``python -m
-benchmarks.live.faults``; its figures are in ``benchmarks/results/live``.
+The live run itself (real kube-scheduler, topoplace, API server) is ``topoplace bench
+live-faults --kube-bin DIR``; its figures are in ``benchmarks/results/live-faults.md``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The preemption benchmark's scenario, offline replay and figures
-(benchmarks/live/preemption.py); its live arms need the control plane (run by hand, see
-benchmarks/results/live/preempt-s18)."""
+(benchmarks/live/preemption.py); its live arms need the control plane (``topoplace bench
+live-preemption --kube-bin DIR``; figures in benchmarks/results/live-preemption.md)."""
 
 from __future__ import annotations
 

@@ -71,7 +71,7 @@ ERR_NOT_ENOUGH = "not enough GPUs available"
 ERR_INVALID_SIZE = "invalid request size"
 
 #: Shapes up to this many GPUs get the full (mask x size) table on first use: 2^8 masks x 9
-#: sizes, built in milliseconds (see benchmarks/topology_bench.py).
+#: sizes, built in milliseconds (see ``topoplace bench topology``).
 EAGER_TABLE_GPUS = 8
 #: Largest shape with exact answers. Beyond it only uniform shapes (every pair alike, e.g. the
 #: assumed fallback under time-slicing) are supported, by a closed form.

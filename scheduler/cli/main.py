@@ -401,7 +401,7 @@ def _settle_heap() -> None:
     """Move everything loaded at start-up (modules, OR-Tools, the initial snapshot and pods)
     out of the cyclic garbage collector's reach, and collect young objects less often.
 
-    Measured in the live benchmark (benchmarks/results/live/README.md): the collector took
+    Measured in a profile of the live benchmark (``topoplace bench live-mix``): the collector took
     about 15 % of the serving process's CPU, most of it full collections walking the
     start-up heap again and again. Reference counting still frees start-up objects that go
     out of use; only reference cycles among them are never reclaimed, and the start-up

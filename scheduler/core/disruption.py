@@ -137,7 +137,7 @@ class Budgets:
     of its namespace that could select it: those whose ``matchLabels`` include one of its
     labels (by the first pair), and those selecting by ``matchExpressions`` alone. A
     cluster with a budget per service then costs a few selector checks per pod, not one
-    per budget (``benchmarks/preemption_latency.py --budgets``).
+    per budget (``topoplace bench preemption-latency --budgets``).
 
     Iterating gives the budgets in key order.
     """

@@ -2,7 +2,7 @@
 
 This module is the shared vocabulary of the GPU-sharing scheduler policies
 (``scheduler.core.policies.sharing_policies``) and of the trace-driven simulator
-(``benchmarks.sim``). It follows the definitions of Weng et al., "Beware of Fragmentation:
+(``benchmarks.engine.scenarios.fgd``). It follows the definitions of Weng et al., "Beware of Fragmentation:
 Scheduling GPU-Sharing Workloads with Fragmentation Gradient Descent" (USENIX ATC '23) and the
 semantics of the authors' simulator (hkust-adsl/kubernetes-scheduler-simulator), re-derived here.
 

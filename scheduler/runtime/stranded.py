@@ -9,8 +9,8 @@ never preempts there and never calls the extender's ``preempt`` verb for it, how
 the priority of the pods holding them:
 
 - a HAMi or gpushare pod counts as one ``nvidia.com/gpu`` replica: a node with a free
-  replica but no GPU with the memory the pod asks (seen live: 12 of 24 high-priority
-  arrivals pending, ``benchmarks/results/live/preempt-frac-s19/seed-11``);
+  replica but no GPU with the memory the pod asks (in the live preemption benchmark without it, 12 of 24 high-priority
+  arrivals stay pending: ``benchmarks/results/live-preemption.md``);
 - a whole-GPU pod that needs a link class (``topoplace.io/min-link``): free GPUs that do
   not form such a set;
 - GPUs that topoplace calls unhealthy while the node still advertises them.

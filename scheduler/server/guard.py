@@ -22,7 +22,7 @@ adds, per listening port:
   not uvicorn's text.
 
 Per request this costs two attribute stores and a clock read (measured with
-``benchmarks/extender_latency.py``); deadlines are checked by one sweep per port every
+``topoplace bench extender-latency``); deadlines are checked by one sweep per port every
 :data:`SWEEP_S` seconds. uvicorn's own ``timeout_keep_alive`` (5 s) still closes idle
 keep-alive connections first.
 
