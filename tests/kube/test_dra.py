@@ -961,21 +961,29 @@ def test_same_pods_same_nodes_and_gpus_with_the_device_plugin_or_dra(
 ) -> None:
     """Two DGX-1 nodes with the device plugin, two publishing their GPUs through DRA: the
     same ``nvidia.com/gpu`` pods (2, 1, 4, 1 GPUs; on the DRA side gated with
-    ``topoplace.io/allocate``) land on the same node of their pair with the same GPUs."""
+    ``topoplace.io/allocate``) land on the same node of their pair with the same GPUs. Two
+    more DRA nodes take the same pods ungated: kube-scheduler's first fit (the lowest free
+    devices of the node), printed with the ring bandwidths for comparison."""
+    from topology.select import ring_bottleneck
+    from topology.shape import CATALOG
+
     dp = [f"tp-dp-{run_id}-{cluster.tag}-{i}"[:63] for i in range(2)]
     for n in dp:
         make_gpu_node(core, n, run_id, gpus=8, labels={"topoplace-dp": cluster.tag})
         core.patch_node(n, {"metadata": {"annotations": DGX1}})
     try:
-        dra_nodes = cluster.add_nodes(2, annotations=DGX1)
-        _wait_nodes(topoplace, dra_nodes, "dgx1-v100")
+        gated_nodes = cluster.add_nodes(2, annotations=DGX1, labels={"arm": "gated"})
+        ff_nodes = cluster.add_nodes(2, annotations=DGX1, labels={"arm": "first-fit"})
+        _wait_nodes(topoplace, gated_nodes + ff_nodes, "dgx1-v100")
         _wait_nodes(topoplace, dp, "dgx1-v100")
-        got: dict[str, list[tuple[int, tuple[int, ...]]]] = {"dp": [], "dra": []}
+        got: dict[str, list[tuple[int, tuple[int, ...]]]] = {"dp": [], "dra": [], "ff": []}
+        arms = (
+            ("dp", dp, {"topoplace-dp": cluster.tag}),
+            ("dra", gated_nodes, {"topoplace-dra": cluster.tag, "arm": "gated"}),
+            ("ff", ff_nodes, {"topoplace-dra": cluster.tag, "arm": "first-fit"}),
+        )
         for i, gpus in enumerate((2, 1, 4, 1)):
-            for side, nodes, label in (
-                ("dp", dp, {"topoplace-dp": cluster.tag}),
-                ("dra", dra_nodes, {"topoplace-dra": cluster.tag}),
-            ):
+            for side, nodes, label in arms:
                 name = f"same-{side}-{i}"
                 claims.pods.append(name)
                 body_sel = {NODE_LABEL: run_id, **label}
@@ -984,9 +992,21 @@ def test_same_pods_same_nodes_and_gpus_with_the_device_plugin_or_dra(
                 wait_for(lambda n=name: claims.node_of(n), 40, f"{name} bound")
                 node, held = _gpu_set(claims, namespace, name)
                 got[side].append((sorted(nodes).index(node), held))
-        print(f"\ndevice plugin: {got['dp']}\nDRA (gated):   {got['dra']}")
+        shape = CATALOG["dgx1-v100"]
+
+        def bw(arm: str) -> list[float]:
+            return [ring_bottleneck(shape, list(g)) if len(g) > 1 else 0.0 for _, g in got[arm]]
+
+        print(f"\ndevice plugin: {got['dp']} {bw('dp')} GB/s")
+        print(f"DRA (gated):   {got['dra']} {bw('dra')} GB/s")
+        print(f"DRA first fit: {got['ff']} {bw('ff')} GB/s")
         assert got["dp"] == got["dra"]
         assert all(len(g) == n for (_, g), n in zip(got["dp"], (2, 1, 4, 1), strict=True))
+        used: dict[int, set[int]] = {}
+        for node_i, held in got["ff"]:  # each the lowest free GPUs of its node
+            free = [g for g in range(8) if g not in used.setdefault(node_i, set())]
+            assert held == tuple(free[: len(held)]), got["ff"]
+            used[node_i].update(held)
     finally:
         for n in dp:
             with contextlib.suppress(Exception):
