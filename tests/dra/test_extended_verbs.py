@@ -91,3 +91,24 @@ def test_a_pod_taking_the_whole_node_binds() -> None:
     _prebind(ext, 8)
     assert _bind(ext, pod, "er-node-0") == {"Error": ""}
     assert ext.cache.snapshot().node("er-node-0").used_mask == 0xFF  # type: ignore[union-attr]
+
+
+def test_which_kind_a_gpu_pod_is() -> None:
+    from scheduler.core.objects import request_from_pod
+    from scheduler.server.verbs.extended import EXTENDED
+    from scheduler.server.verbs.kinds import kind_of
+    from scheduler.server.verbs.whole import WHOLE
+
+    ext = _ext()
+    pod = _pod(2)
+    assert kind_of(ext, pod, request_from_pod(pod, PARAMS.fabric)) is EXTENDED
+    cpu_only = copy.deepcopy(pod)
+    cpu_only["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "1"}}
+    assert kind_of(ext, cpu_only, request_from_pod(cpu_only, PARAMS.fabric)) is WHOLE
+    # no DeviceClass names nvidia.com/gpu: a whole-GPU pod as ever
+    extra = recorded.extra_136()
+    for c in extra[dra.CLASSES_KEY].values():
+        c["spec"].pop("extendedResourceName")
+    nodes = recorded.items_136("nodes.json", "Node")
+    plain = Extender(ClusterCache.from_objects(nodes, [], PARAMS, extra=extra))
+    assert kind_of(plain, pod, request_from_pod(pod, PARAMS.fabric)) is WHOLE
