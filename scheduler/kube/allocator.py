@@ -405,8 +405,10 @@ class GateAllocator:
         PreBind, by first fit) the devices topoplace chose (:meth:`_single_extended`).
         The allocation is immutable once set, so it is removed (with ``reservedFor``) and
         written again with the chosen devices and the same reservation, before the pod is
-        bound (nothing runs it yet). Returns "" (done, or nothing to do) or an error (the
-        bind fails; kube-scheduler deletes the claim and tries again)."""
+        bound (nothing runs it yet), then checked against every claim (one consistent list).
+        Returns "" (done, or nothing to do) or an error (the bind fails; kube-scheduler
+        deletes the claim and tries again: a device written meanwhile into another claim, or
+        an API error)."""
         if self.router is None:
             return ""
         pick = self.router.extended_pick(key)
@@ -441,9 +443,18 @@ class GateAllocator:
             done = self.api.update_claim_status(
                 {**cur, "status": {**cleared, "allocation": alloc, "reservedFor": reserved}}
             )
+            # kube-scheduler may have allocated one of these devices meanwhile, from a view
+            # without topoplace's hold: then the bind fails and kube-scheduler deletes this
+            # claim (its Unreserve) and tries the pod again, so no device stays held twice
+            mine = {dra.object_key(done): dra.allocated_ids(done)}
+            bad = dra.conflicts(mine, self.api.list_claims())
         except (ApiError, ApiUnavailable) as exc:
             log.warning("re-allocating the claim of %s failed: %s", key, exc)
             return f"re-allocating the pod's DRA claim failed: {exc}"
+        if bad:
+            log.warning("claim of %s shares devices with %s: the bind fails", key, bad)
+            self._drop_pick(key, pick)
+            return f"the pod's DRA devices are also held by {sorted(bad.items())}"
         log.info("gave %s's claim %s on %s: %s", key, claim_name, node, [d.name for d in devs])
         self._drop_pick(key, pick)
         # the written claim holds the devices now, as its watch event will show

@@ -398,3 +398,21 @@ def test_a_chosen_pod_not_offered_its_node_goes_where_it_fits() -> None:
     kept = router.filter_extended(pod, req, ["er-node-0", "gpu-node-1"], ext, PARAMS)
     assert kept.feasible == ("er-node-0",)
     assert kept.failed["gpu-node-1"] == "topoplace allocated this pod's GPUs on another node"
+
+
+def test_a_device_kube_scheduler_gave_another_claim_meanwhile_fails_the_bind() -> None:
+    pod = _gated_er(2)
+    _, api, router, alloc = _gated_setup(pod)
+    alloc.step()
+    _prebind(api, pod, "er-node-0", ["gpu-0", "gpu-1"])
+    other = copy.deepcopy(recorded.load_136("claim.extended-resources.json"))
+    other["metadata"].update(name="raced", ownerReferences=[])
+    other["status"]["allocation"]["devices"]["results"] = [
+        {"request": "container-1-request-1", "driver": "gpu.nvidia.com",
+         "pool": "er-node-0", "device": "gpu-3"}
+    ]  # fmt: skip
+    api.sneak.append(other)  # in the API, not yet in topoplace's view
+    err = alloc.reallocate("default/er-gated", "er-node-0")
+    assert err.startswith("the pod's DRA devices are also held by"), err
+    assert "default/raced" in err
+    assert router.extended_pick("default/er-gated") is None
