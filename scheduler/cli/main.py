@@ -198,6 +198,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="this replica's identity prefix in the Lease (default: the hostname, which "
         "kube-scheduler in the same pod uses as <hostname>_<uuid>)",
     )
+    serve.add_argument(
+        "--webhook-port",
+        type=port_type,
+        help="serve the right-sizer's admission webhook (POST /mutate/rightsize, policy "
+        "rightsize: mode initial) over HTTPS on this port (needs --kubeconfig and the "
+        "right-sizer enabled)",
+    )
+    serve.add_argument("--webhook-host", help="address of --webhook-port (default: --host)")
+    serve.add_argument(
+        "--webhook-cert", help="the webhook's certificate (PEM; default: --tls-cert)"
+    )
+    serve.add_argument("--webhook-key", help="key of --webhook-cert (default: --tls-key)")
     serve.set_defaults(func=cmd_serve)
 
     demo = sub.add_parser(
@@ -248,6 +260,25 @@ def _tls_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     from scheduler.kube.tls import uvicorn_ssl_kwargs
 
     return uvicorn_ssl_kwargs(args.tls_cert, args.tls_key, args.tls_client_ca)
+
+
+def _webhook_tls(args: argparse.Namespace, params: Any, kube: bool) -> dict[str, Any]:
+    """uvicorn's TLS keyword arguments of --webhook-port (an admission webhook is HTTPS
+    only; the API server presents no client certificate, so none is asked for)."""
+    if args.webhook_port is None:
+        if args.webhook_host or args.webhook_cert or args.webhook_key:
+            raise CliError("--webhook-host, --webhook-cert and --webhook-key need --webhook-port")
+        return {}
+    if not kube or not params.rightsize.enabled:
+        raise CliError("--webhook-port needs a Kubernetes API and a rightsize: policy section")
+    if args.webhook_port in (args.port, args.health_port):
+        raise CliError("--webhook-port must differ from --port and --health-port")
+    cert, key = args.webhook_cert or args.tls_cert, args.webhook_key or args.tls_key
+    if not (cert and key):
+        raise CliError("--webhook-port needs --webhook-cert and --webhook-key (or --tls-*)")
+    from scheduler.kube.tls import uvicorn_ssl_kwargs
+
+    return uvicorn_ssl_kwargs(cert, key, None)
 
 
 def listen(host: str, port: int, what: str = "--host/--port") -> socket.socket:
@@ -459,7 +490,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         check_kubeconfig(args.kubeconfig)
         kube_options = _kube_options(args)
+    webhook_ssl = _webhook_tls(args, params, kube)
     sock = listen(args.host, args.port)
+    webhook_sock = None
+    if args.webhook_port is not None:
+        webhook_sock = listen(
+            args.webhook_host or args.host, args.webhook_port, "--webhook-host/--webhook-port"
+        )
     health_sock = None
     if args.health_port is not None:
         health_sock = listen(health_host, args.health_port, "--health-host/--health-port")
@@ -490,6 +527,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
         snap.assumed_topology_nodes,
     )
     app = create_app(extender, args.url_prefix, args.max_body_bytes, what)
+    rightsizer = webhook = None
+    if kube and params.rightsize.enabled:
+        from scheduler.kube.rightsizer import build_rightsizer
+
+        try:
+            rightsizer = build_rightsizer(args.kubeconfig, params.rightsize, extender, kube_options)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        app.state.rightsizer = rightsizer
+        extender.metrics.registry.register(rightsizer)
+        rightsizer.start()
+        if webhook_sock is not None:
+            from scheduler.server.webhook import WebhookApp, WebhookServer
+
+            webhook = WebhookServer(
+                WebhookApp(rightsizer.for_pod, params.sharing.gpushare_memory_unit_mib),
+                webhook_sock,
+                webhook_ssl,
+            )
+            webhook.start()
+            log.info(
+                "right-size webhook on https://%s:%d/mutate/rightsize",
+                args.webhook_host or args.host,
+                args.webhook_port,
+            )
     if stop is not None:
         from scheduler.kube.runner import on_app_shutdown
 
@@ -509,6 +571,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         extender.metrics.registry.register(GuardCollector(watched))
         started = run_servers(app, sock, ssl, health_sock, guard, health_guard, args.fast_lane)
     finally:
+        if webhook is not None:
+            webhook.stop()
+        if rightsizer is not None:
+            rightsizer.stop()
         if stop is not None:
             stop()
         sock.close()

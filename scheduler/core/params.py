@@ -307,6 +307,128 @@ class RemediationParams:
         )
 
 
+RIGHTSIZE_MODES = ("off", "initial", "recreate")
+
+
+@dataclass(frozen=True, slots=True)
+class RightsizeParams:
+    """The right-sizer inside the running extender (policy.yaml ``rightsize:``;
+    ``docs/rightsizing.md``). Absent section: disabled.
+
+    Attributes:
+        enabled: True when the policy has a ``rightsize:`` section.
+        prometheus_url: the Prometheus the recommender reads (``http://host:9090``).
+        mode: ``off`` (recommendations published only: ``/metrics``,
+            ``/v1/inspect/rightsize``, ``topoplace explain``, the workload's annotation),
+            ``initial`` (also written into new pods by the admission webhook) or
+            ``recreate`` (also: pods whose size is off by more than ``min_change`` are
+            evicted one at a time, so their controller recreates them right-sized).
+        interval_seconds: how often Prometheus is read and the recommendations decided.
+        lookback_seconds: history read at start (the recommender's first decision).
+        step_seconds: resolution of the series read (``query_range`` step).
+        policies_file: a right-sizer policy file (``topoplace rightsize replay --policy``);
+            read by the adapter, not here.
+        policies: the same policies inline (a mapping with ``default`` / ``namespaces`` /
+            ``workloads``); validated here, kept as given. Not both.
+        namespaces: the namespaces right-sized (empty: all).
+        annotate: write each recommendation on its workload (``topoplace.io/rightsize``).
+        min_replicas: Recreate acts only on workloads with at least this many pods.
+        min_age_seconds: Recreate evicts only pods at least this old.
+        min_change: Recreate evicts a pod only when its GPU memory differs from the
+            recommendation by more than this ratio (0.1: 10 %).
+        min_eviction_interval_seconds: at most one Recreate eviction per this many seconds.
+    """
+
+    enabled: bool = False
+    prometheus_url: str = ""
+    mode: str = "off"
+    interval_seconds: float = 60.0
+    lookback_seconds: float = 86_400.0
+    step_seconds: float = 60.0
+    policies_file: str | None = None
+    policies: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
+    namespaces: tuple[str, ...] = ()
+    annotate: bool = True
+    min_replicas: int = 2
+    min_age_seconds: float = 600.0
+    min_change: float = 0.1
+    min_eviction_interval_seconds: float = 60.0
+
+    @classmethod
+    def from_config(cls, obj: Mapping[str, Any] | None) -> RightsizeParams:
+        """Build from the ``rightsize:`` mapping of policy.yaml (None: disabled).
+
+        Raises:
+            ValueError: unknown keys, a missing ``prometheus_url``, values out of range or
+                malformed inline policies (the message names the key).
+        """
+        if obj is None:
+            return cls()
+        if not isinstance(obj, Mapping):
+            raise ValueError("rightsize must be a mapping")
+        known = set(cls.__dataclass_fields__) - {"enabled"}
+        unknown = set(obj) - known
+        if unknown:
+            raise ValueError(
+                f"unknown rightsize settings: {sorted(unknown)}; known: {sorted(known)}"
+            )
+        url = obj.get("prometheus_url")
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValueError("rightsize.prometheus_url must be an http(s) URL")
+        mode = obj.get("mode", "off")
+        if mode is False:  # YAML 1.1 reads a bare ``off`` as false
+            mode = "off"
+        if mode not in RIGHTSIZE_MODES:
+            raise ValueError(f"rightsize.mode must be one of {list(RIGHTSIZE_MODES)}, got {mode!r}")
+        d = cls()
+        nums: dict[str, float] = {}
+        for key, lo, hi in (
+            ("interval_seconds", 0.05, 86_400.0),
+            ("lookback_seconds", 1.0, 30 * 86_400.0),
+            ("step_seconds", 0.05, 3600.0),
+            ("min_age_seconds", 0.0, 30 * 86_400.0),
+            ("min_change", 0.0, 10.0),
+            ("min_eviction_interval_seconds", 0.0, 86_400.0),
+        ):
+            v = obj.get(key, getattr(d, key))
+            if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
+                raise ValueError(f"rightsize.{key} must be a number in {lo:g}..{hi:g}")
+            nums[key] = float(v)
+        reps = obj.get("min_replicas", d.min_replicas)
+        if isinstance(reps, bool) or not isinstance(reps, int) or reps < 2:
+            raise ValueError("rightsize.min_replicas must be an integer >= 2")
+        annotate = obj.get("annotate", True)
+        if not isinstance(annotate, bool):
+            raise ValueError("rightsize.annotate must be true or false")
+        nss = obj.get("namespaces") or []
+        if not isinstance(nss, list) or not all(isinstance(x, str) and x for x in nss):
+            raise ValueError("rightsize.namespaces must be a list of namespace names")
+        pfile = obj.get("policies_file")
+        if pfile is not None and (not isinstance(pfile, str) or not pfile):
+            raise ValueError("rightsize.policies_file must be a path")
+        inline = obj.get("policies")
+        if inline is not None:
+            if pfile is not None:
+                raise ValueError("rightsize: policies_file and policies are exclusive")
+            from scheduler.core.rightsize import RightsizeError, policies_from_dict
+
+            try:
+                policies_from_dict(inline)
+            except RightsizeError as exc:
+                raise ValueError(f"rightsize.policies: {exc}") from None
+        return cls(
+            enabled=True,
+            prometheus_url=url,
+            mode=str(mode),
+            policies_file=pfile,
+            policies=inline,
+            namespaces=tuple(nss),
+            annotate=annotate,
+            min_replicas=reps,
+            **nums,
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class SchedParams:
     """Everything a decision depends on besides the snapshot and the request."""
@@ -321,6 +443,7 @@ class SchedParams:
     sharing: SharingParams = SharingParams()
     remediation: RemediationParams = RemediationParams()
     preemption: PreemptionParams = PreemptionParams()
+    rightsize: RightsizeParams = RightsizeParams()
 
     @classmethod
     def from_config(cls, obj: Mapping[str, Any] | None) -> SchedParams:
@@ -342,6 +465,7 @@ class SchedParams:
             "sharing",
             "remediation",
             "preemption",
+            "rightsize",
         }
         unknown = set(obj) - known
         if unknown:
@@ -417,4 +541,5 @@ class SchedParams:
             sharing=SharingParams.from_config(obj.get("sharing")),
             remediation=RemediationParams.from_config(obj.get("remediation")),
             preemption=PreemptionParams.from_config(obj.get("preemption")),
+            rightsize=RightsizeParams.from_config(obj.get("rightsize")),
         )

@@ -499,6 +499,17 @@ class Recommender:
         st.oom_floor.add(t, usage * self.params.oom_bump)
         st.oom_pending = True
 
+    def start_at(self, now: float) -> None:
+        """Make every workload's target at ``now`` the recommendation in force, with the
+        whole change budget: for a recommender that has just learnt from a history in
+        which none of its decisions were applied (the running right-sizer's first read)."""
+        for wl, st in self.states.items():
+            tgt = self.target(wl, now)
+            if tgt is not None:
+                st.current = tgt
+            st.changes.clear()
+            st.oom_pending = False
+
     def guard_breached(self, workload: str) -> bool:
         """Whether the workload's latency guard is above its objective (last value seen)."""
         st = self.states.get(workload)

@@ -432,7 +432,22 @@ def create_app(
         log_ = extender.decisions
         # Explaining is CPU work over a snapshot: off the event loop.
         found = await run_in_threadpool(log_.explain_pod if pod else _explain_all, pod, limit)
-        return _json({"pod": pod, "decisions": found, "ring": log_.stats()})
+        out = {"pod": pod, "decisions": found, "ring": log_.stats()}
+        if pod is not None and getattr(app.state, "rightsizer", None) is not None:
+            out["rightsize"] = _rightsize_of(pod)
+        return _json(out)
+
+    def _rightsize_of(key: str) -> dict[str, Any]:
+        """The right-sizer's recommendation for the workload of pod ``key`` (the pod from
+        the cache when it holds it, else its name), or why there is none."""
+        from scheduler.kube.rightsizer import rec_json
+
+        ns, _, name = key.partition("/")
+        info = extender.cache.snapshot().pods.get(key)
+        raw = getattr(info, "raw", None)
+        pod = raw if isinstance(raw, dict) else {"metadata": {"namespace": ns, "name": name}}
+        found = app.state.rightsizer.for_pod(pod, ns)
+        return {"why_not": found} if isinstance(found, str) else rec_json(found)
 
     def _explain_all(_: Any, limit: int) -> list[Any]:
         log_ = extender.decisions
@@ -464,6 +479,16 @@ def create_app(
             "gpu_nodes": gpu_nodes,
             "on_failed_hardware": fault_rows(faults),
         }
+
+    @app.get("/v1/inspect/rightsize")
+    async def inspect_rightsize() -> Response:
+        rs = getattr(app.state, "rightsizer", None)
+        if rs is None:
+            why = (
+                "the right-sizer is off (no rightsize: section in the policy, or no Kubernetes API)"
+            )
+            return _json({"mode": None, "why_not": why, "workloads": []})
+        return _json(rs.view())
 
     @app.get("/v1/inspect/view")
     async def inspect_view() -> Response:
