@@ -156,3 +156,19 @@ def test_a_share_that_fits_in_both_dimensions_is_not_counted_as_stranded() -> No
     assert drop.tolist() == [[62.5, 0.0]]
     # After the next request: device 0 ends full, an opened GPU is expected to strand some.
     assert frag.waste.ahead(500, 125) == 0.0 < frag.waste.ahead(750, 875)
+
+
+def test_the_pending_pod_joins_the_target_workload_in_both_dimensions() -> None:
+    """On an empty cluster FGD's target workload is the pending pod alone: its shape must
+    carry its memory as a second dimension, as the shapes of the pods already placed do, or
+    the first memory-sized share is scored by compute alone (and the same request would be
+    two different shapes once it is placed)."""
+    from scheduler.server.verbs.share import _distribution, pod_share_request
+
+    nodes = [hami_node("a100-0", 8, memory_mib=A100_80GB_MIB, product="a100", split=10)]
+    ext = Extender(ClusterCache.from_objects(nodes, [], SchedParams()))
+    pod = share_pod("p-30g", mem=30 * 1024, cores=25)
+    dist = _distribution(ext, ext.cache.snapshot(), pod_share_request(ext, pod))
+    (shape,) = dist.shapes
+    assert shape.gpu_milli == 375  # the larger of 30/80 of the memory and 25 % of the SMs
+    assert shape.dims == (250, 375), shape

@@ -35,7 +35,6 @@ from scheduler.core.fractional import (
     ShareDecision,
     ShareError,
     ShareRequest,
-    TaskShape,
     best_decision,
     decide,
     gpushare_annotations,
@@ -45,7 +44,7 @@ from scheduler.core.fractional import (
     resolve,
     shapes_distribution,
     share_request,
-    task_milli,
+    share_shape,
 )
 from scheduler.core.model import PodInfo, PodRequest
 from scheduler.core.objects import bound_pod, pod_resource
@@ -85,7 +84,7 @@ def _distribution(ext: Host, snap: ClusterSnapshot, req: ShareRequest) -> Any:
     for n in snap.nodes:
         if n.sharing == req.form and n.devices:
             d = n.devices[0]
-            shapes.append(TaskShape(req.cpu_milli, min(1000, task_milli(resolve(ask, d), d)), 1))
+            shapes.append(share_shape(req.cpu_milli, resolve(ask, d), d))
             break
     # The pods' shapes are kept between calls: only pods that changed are read again.
     held = ext.share_shapes = pod_shapes(snap.nodes, snap.pods.values(), ext.share_shapes)
