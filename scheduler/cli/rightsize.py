@@ -1,4 +1,6 @@
-"""``topoplace rightsize replay``: the right-sizer on a recorded series, offline.
+"""``topoplace rightsize replay``: the right-sizer on a recorded series, offline; and
+``topoplace rightsize show [POD] [--url URL]``: what a running extender's right-sizer
+recommends now (every workload, or POD's), with the reason.
 
 Fixed interface (evaluations outside the project call exactly this)::
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import sys
 from collections import Counter
@@ -208,7 +211,76 @@ def run_replay(series: str, policy: str | None, out: str) -> int:
     return 0
 
 
+def fetch_show(url: str, pod: str | None, client: Any = None) -> dict[str, Any]:
+    """What a running extender's right-sizer says: every workload
+    (``GET /v1/inspect/rightsize``), or the recommendation for ``pod``'s workload (the
+    ``rightsize`` part of ``GET /v1/inspect/decisions?pod=``).
+
+    Raises:
+        SeriesError: unreachable extender, an HTTP error, or POD not NAMESPACE/NAME.
+    """
+    import httpx
+
+    base = url.rstrip("/")
+    own = client is None
+    c = client or httpx.Client(timeout=30)
+    try:
+        if pod is None:
+            r = c.get(base + "/v1/inspect/rightsize")
+        else:
+            if pod.count("/") != 1 or not all(pod.split("/")):
+                raise SeriesError(f"POD must be NAMESPACE/NAME, got {pod!r}")
+            r = c.get(base + "/v1/inspect/decisions", params={"pod": pod, "limit": 1})
+    except httpx.HTTPError as exc:
+        raise SeriesError(f"cannot reach the extender at {url}: {exc}") from None
+    finally:
+        if own:
+            c.close()
+    if r.status_code != 200:
+        raise SeriesError(f"{url}: HTTP {r.status_code}: {r.text[:200]}")
+    body: dict[str, Any] = r.json()
+    if pod is None:
+        return body
+    return {"pod": pod, **(body.get("rightsize") or {"why_not": "the right-sizer is off"})}
+
+
+def render_show(found: dict[str, Any]) -> list[str]:
+    """Plain-text lines of :func:`fetch_show`'s answer."""
+
+    def one(w: dict[str, Any]) -> str:
+        return (
+            f"{w['workload']}: {w['gpu_memory_limit_bytes'] / GiB:.1f} GiB GPU memory, "
+            f"{w['gpu_compute_ratio']:.0%} of the SMs, {w['mode']}\n  why: {w['reason']}"
+        )
+
+    if "pod" in found:
+        if "why_not" in found:
+            return [f"{found['pod']}: {found['why_not']}"]
+        return [f"{found['pod']} -> {one(found)}"]
+    if found.get("mode") is None:
+        return [str(found.get("why_not", "the right-sizer is off"))]
+    lines = [
+        f"right-sizer: mode {found['mode']}, Prometheus {found['prometheus']}, "
+        f"reads {found['reads']}, evictions {found['evictions']}"
+    ]
+    if found.get("last_error"):
+        lines.append(f"  last error: {found['last_error']}")
+    lines += [one(w) for w in found.get("workloads") or ()] or ["no recommendation yet"]
+    return lines
+
+
 def _cmd(args: argparse.Namespace) -> int:
+    if args.rightsize_command == "show":
+        try:
+            found = fetch_show(args.url, args.pod)
+        except SeriesError as exc:
+            print(f"topoplace: error: {exc}", file=sys.stderr)
+            return 2
+        if args.json:
+            print(json.dumps(found, indent=2, sort_keys=True))
+        else:
+            print("\n".join(render_show(found)))
+        return 0 if "why_not" not in found else 1
     if args.rightsize_command != "replay":
         args.rightsize_parser.print_help()
         return 2
@@ -235,8 +307,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     r.add_argument("--series", required=True, metavar="SERIES.csv", help="the recorded series")
     r.add_argument("--policy", metavar="FILE", help="policy YAML (default: built-in defaults)")
     r.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    sh = verbs.add_parser(
+        "show",
+        help="a running extender's recommendations (all workloads, or POD's)",
+        description="What the right-sizer of `topoplace serve` recommends now, and why.",
+    )
+    sh.add_argument("pod", nargs="?", metavar="POD", help="NAMESPACE/NAME: its workload only")
+    sh.add_argument("--url", default="http://127.0.0.1:8888", help="the extender")
+    sh.add_argument("--json", action="store_true", help="print the answer as JSON")
     p.set_defaults(func=_cmd, rightsize_parser=p, rightsize_command=None)
     r.set_defaults(func=_cmd, rightsize_parser=p, rightsize_command="replay")
+    sh.set_defaults(func=_cmd, rightsize_parser=p, rightsize_command="show")
     return p
 
 

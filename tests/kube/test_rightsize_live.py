@@ -464,6 +464,25 @@ def test_rightsizer_live(stack: dict[str, Any], core: Any, namespace: str) -> No
     explained = json.loads(out.stdout)
     assert explained["rightsize"]["gpu_memory_limit_bytes"] == limit
     assert explained["rightsize"]["reason"] == rec["reason"]
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "scheduler.cli.main",
+            "rightsize",
+            "show",
+            f"{namespace}/{stack['first'][0]}",
+            "--url",
+            tp.url,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert f"-> {wl}: {limit / GiB:.1f} GiB GPU memory" in shown.stdout
+    assert rec["reason"] in shown.stdout
     apps = stack["apps"]
     note = wait_for(
         lambda: (

@@ -461,3 +461,50 @@ def test_inspect_rightsize_and_the_pods_recommendation_in_decisions() -> None:
     assert got["reason"] == rec.reason and got["mode"] == "memory-share"
     other = c.get("/v1/inspect/decisions", params={"pod": f"{NS}/lonely"}).json()["rightsize"]
     assert other == {"why_not": "no recommendation for workload serving/lonely"}
+
+
+def test_rightsize_show_over_the_inspect_api(capsys: pytest.CaptureFixture[str]) -> None:
+    """``topoplace rightsize show`` reads a running extender (here its ASGI app through
+    httpx) and prints each workload's size and why, or one pod's."""
+    from scheduler.cli.clusterfile import build_file_extender
+    from scheduler.cli.rightsize import fetch_show, render_show
+    from scheduler.server.app import create_app
+
+    extender, _ = build_file_extender(None, SchedParams())
+    app = create_app(extender)
+
+    def client() -> httpx.Client:
+        import anyio
+
+        class Sync:
+            def get(self, url: str, **kw: Any) -> httpx.Response:
+                async def go() -> httpx.Response:
+                    transport = httpx.ASGITransport(app=app)
+                    async with httpx.AsyncClient(transport=transport) as c:
+                        return await c.get(url, **kw)
+
+                return anyio.run(go)
+
+        return Sync()  # type: ignore[return-value]
+
+    off = fetch_show("http://x", None, client())
+    assert render_show(off)[0].startswith("the right-sizer is off")
+    rs = sizer(Prom(lambda t: 6 * GiB), [T0], step_seconds=60)
+    rs.tick()
+    app.state.rightsizer = rs
+    rec = rs.for_workload("serving/infer")
+    assert rec is not None
+    lines = render_show(fetch_show("http://x", None, client()))
+    assert lines[0].startswith("right-sizer: mode off, Prometheus http://prometheus.monitoring")
+    assert lines[1] == (
+        f"serving/infer: {rec.gpu_memory_limit_bytes / GiB:.1f} GiB GPU memory, 30% of the SMs,"
+        f" memory-share\n  why: {rec.reason}"
+    )
+    one = fetch_show("http://x", f"{NS}/{PODS[0]}", client())
+    assert render_show(one)[0].startswith(f"{NS}/{PODS[0]} -> serving/infer: ")
+    lonely = fetch_show("http://x", f"{NS}/lonely", client())
+    assert render_show(lonely) == [f"{NS}/lonely: no recommendation for workload serving/lonely"]
+    from scheduler.cli.rightsize import SeriesError
+
+    with pytest.raises(SeriesError, match="NAMESPACE/NAME"):
+        fetch_show("http://x", "lonely", client())
