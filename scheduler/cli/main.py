@@ -532,7 +532,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from scheduler.kube.rightsizer import build_rightsizer
 
         try:
-            rightsizer = build_rightsizer(args.kubeconfig, params.rightsize, extender, kube_options)
+            rightsizer = build_rightsizer(
+                args.kubeconfig,
+                params.rightsize,
+                extender,
+                kube_options,
+                params.sharing.gpushare_memory_unit_mib,
+            )
         except ValueError as exc:
             raise CliError(str(exc)) from None
         app.state.rightsizer = rightsizer

@@ -25,8 +25,10 @@ only samples newer than the last one and let its hysteresis decide.
   pod that: belongs to a workload with at least ``min_replicas`` live pods (counted from the
   pods, not the controller's spec), none of them terminating and none evicted by the
   right-sizer still being replaced; is at least ``min_age_seconds`` old; and states a GPU
-  memory share (HAMi or gpushare) differing from the recommendation by more than
-  ``min_change``. A 429 (a PodDisruptionBudget says no) is waited out: the next try comes a
+  memory share (HAMi or gpushare) differing by more than ``min_change`` from what the
+  webhook would write for it (the recommendation in the backend's rounding; no cap for an
+  exclusive HAMi GPU). A recommendation the backend cannot express (MIG, time-slicing)
+  recreates nothing. A 429 (a PodDisruptionBudget says no) is waited out: the next try comes a
   whole interval later. The workload's controller recreates the pod; the webhook sizes it.
 
 Writes (annotations, evictions) happen only while ``may_act()`` (ready and, with HA,
@@ -63,7 +65,14 @@ from scheduler.core.rightsize import (
 from scheduler.kube.apitypes import ApiError, ApiUnavailable
 from scheduler.kube.loop import Periodic
 from scheduler.kube.prometheus import PrometheusError, PrometheusReader, owner_from_pod_name
-from scheduler.server.webhook import ANNOTATION, pod_memory_bytes
+from scheduler.server.webhook import (
+    ANNOTATION,
+    HAMI_MEM,
+    SHARE_MODES,
+    pod_backend,
+    pod_memory_bytes,
+    resize_values,
+)
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +150,7 @@ class RightSizer:
         reader: the Prometheus reader (default: one on ``settings.prometheus_url``).
         may_act: True while this replica may write.
         wall: the clock (seconds since the epoch), injected for tests.
+        gpushare_unit_mib: the gpushare device plugin's memory unit (what the webhook writes).
     """
 
     def __init__(
@@ -151,8 +161,10 @@ class RightSizer:
         reader: PrometheusReader | None = None,
         may_act: Callable[[], bool] = lambda: True,
         wall: Callable[[], float] = time.time,
+        gpushare_unit_mib: int = 1024,
     ) -> None:
         self.api = api
+        self.gpushare_unit_mib = gpushare_unit_mib
         self.settings = settings
         self.policies = policies if policies is not None else load_rightsize_policies(settings)
         self.reader = reader or PrometheusReader(settings.prometheus_url)
@@ -412,17 +424,38 @@ class RightSizer:
                 made = _created(pod)
                 if made is None or now - made < s.min_age_seconds:
                     continue
-                have = pod_memory_bytes(pod)
-                if have is None:
+                want = self.admitted_memory(pod, r)
+                if want is False:
                     continue
-                want = r.gpu_memory_limit_bytes
-                if abs(have - want) <= s.min_change * want:
+                have = pod_memory_bytes(pod, self.gpushare_unit_mib)
+                if have is None and want is None:
+                    continue  # uncapped, as the recommendation wants
+                if (
+                    have is not None
+                    and want is not None
+                    and abs(have - want) <= s.min_change * want
+                ):
                     continue
-                self._evict(wl, pod, have, want, len(live), now)
+                self._evict(wl, pod, _mib(have), _mib(want), len(live), now)
                 return
 
+    def admitted_memory(self, pod: Mapping[str, Any], r: Recommendation) -> int | None | bool:
+        """The GPU memory (bytes) the webhook would give a new pod like ``pod``, rounded as the
+        backend states it; None for no cap (an exclusive HAMi GPU); False when the webhook
+        would not size it (no share backend, or a mode the backend cannot express), so
+        recreating the pod would change nothing."""
+        backend = pod_backend(pod)
+        if backend is None or r.mode not in SHARE_MODES:
+            return False
+        values = resize_values(backend, r, self.gpushare_unit_mib)
+        if backend == "hami":
+            mib = values[HAMI_MEM]
+            return None if mib is None else int(mib) * MiB
+        (units,) = values.values()
+        return int(units or 0) * self.gpushare_unit_mib * MiB
+
     def _evict(
-        self, wl: str, pod: Mapping[str, Any], have: int, want: int, live: int, now: float
+        self, wl: str, pod: Mapping[str, Any], have: str, want: str, live: int, now: float
     ) -> None:
         meta = pod.get("metadata") or {}
         ns, name, uid = str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid"))
@@ -447,14 +480,8 @@ class RightSizer:
             return
         self.awaiting[wl] = (uid, live)
         self._count("evicted")
-        self._record("evicted", wl, [ns, name], f"{have // MiB} MiB -> {want // MiB} MiB")
-        log.warning(
-            "right-sizer: evicted %s/%s (%d MiB, recommended %d MiB)",
-            ns,
-            name,
-            have // MiB,
-            want // MiB,
-        )
+        self._record("evicted", wl, [ns, name], f"{have} -> {want}")
+        log.warning("right-sizer: evicted %s/%s (%s, recommended %s)", ns, name, have, want)
 
     def _count(self, outcome: str) -> None:
         with self.lock:
@@ -472,6 +499,10 @@ class RightSizer:
                 }
             )
             del self.recent[:-RECENT]
+
+
+def _mib(value: int | None) -> str:
+    return "no cap" if value is None else f"{value // MiB} MiB"
 
 
 def _size(r: Recommendation) -> tuple[int, float, str]:
@@ -515,7 +546,11 @@ def rec_json(r: Recommendation) -> dict[str, Any]:
 
 
 def build_rightsizer(
-    kubeconfig: str | None, settings: RightsizeParams, extender: Any, options: Any = None
+    kubeconfig: str | None,
+    settings: RightsizeParams,
+    extender: Any,
+    options: Any = None,
+    gpushare_unit_mib: int = 1024,
 ) -> RightSizer:
     """The right-sizer of ``topoplace serve --kubeconfig`` (not started): its own API client
     on ``kubeconfig``, writing only while ``extender`` is ready and, with HA, leading.
@@ -537,4 +572,4 @@ def build_rightsizer(
         lead = getattr(extender, "leadership", None)
         return bool(extender.ready()) and (lead is None or lead.active)
 
-    return RightSizer(api, settings, policies, may_act=may_act)
+    return RightSizer(api, settings, policies, may_act=may_act, gpushare_unit_mib=gpushare_unit_mib)

@@ -4,6 +4,7 @@ against recorded kube-apiserver answers (tests/fixtures/kube) over real HTTP."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from typing import Any
@@ -508,3 +509,60 @@ def test_rightsize_show_over_the_inspect_api(capsys: pytest.CaptureFixture[str])
 
     with pytest.raises(SeriesError, match="NAMESPACE/NAME"):
         fetch_show("http://x", "lonely", client())
+
+
+def test_recreate_compares_with_what_the_webhook_would_write() -> None:
+    """A pod is recreated only if its replacement would differ: gpushare rounds up to its
+    unit, an exclusive HAMi GPU has no memory cap, and MIG is not written by the webhook."""
+    reader = PrometheusReader(
+        "http://p", client=httpx.Client(transport=httpx.MockTransport(Prom(lambda t: 0)))
+    )
+    rs = RightSizer(None, settings(mode="recreate"), reader=reader, gpushare_unit_mib=1024)
+    share = Recommendation(T0, "serving/infer", 9 * GiB + 300 * MiB, 0.3, "memory-share", "r")
+    hami = pod("p", "u", 20000, OLD)
+    gpushare = copy.deepcopy(hami)
+    gpushare["spec"]["containers"][0]["resources"] = {"limits": {"aliyun.com/gpu-mem": "10"}}
+    assert rs.admitted_memory(hami, share) == (9 * 1024 + 300) * MiB
+    assert rs.admitted_memory(gpushare, share) == 10 * GiB  # 9.3 GiB in GiB units: 10
+    exclusive = Recommendation(T0, "serving/infer", 78 * GiB, 1.0, "exclusive", "r")
+    assert rs.admitted_memory(hami, exclusive) is None
+    mig = Recommendation(T0, "serving/infer", 20 * GiB, 2 / 7, "mig:2g.20gb", "r")
+    assert rs.admitted_memory(hami, mig) is False
+    whole = copy.deepcopy(hami)
+    whole["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+    assert rs.admitted_memory(whole, share) is False
+
+
+@pytest.mark.parametrize(
+    ("desc", "limits", "rec", "evicted"),
+    [
+        (
+            "gpushare at the rounded size",
+            {"aliyun.com/gpu-mem": "10"},
+            ("memory-share", 9.3),
+            False,
+        ),
+        ("gpushare off", {"aliyun.com/gpu-mem": "20"}, ("memory-share", 9.3), True),
+        ("MIG: the webhook would not write it", None, ("mig:2g.20gb", 20), False),
+        ("exclusive: capped pod goes", None, ("exclusive", 78), True),
+    ],
+)
+def test_recreate_by_backend(desc: str, limits: Any, rec: tuple[str, float], evicted: bool) -> None:
+    clock = [T0]
+    with RecordedApiServer() as srv:
+        srv.add("GET", PODS_PATH, 200, pod_list())
+        rs = recreate_sizer(srv, clock)
+        mode, gib = rec
+        rs.current["serving/infer"] = Recommendation(
+            T0, "serving/infer", int(gib * GiB), 0.3, mode, "r"
+        )
+        pods = [pod(f"infer-7d9f8b6c5d-{n}", f"u-{n}", 20000, OLD) for n in ("aaaaa", "bbbbb")]
+        if limits is not None:
+            for p in pods:
+                p["spec"]["containers"][0]["resources"] = {"limits": limits}
+        srv.routes.clear()
+        srv.add("GET", PODS_PATH, 200, pod_list(*pods))
+        path = f"{PODS_PATH}/infer-7d9f8b6c5d-aaaaa/eviction"
+        srv.add("POST", path, 201, "eviction_201_created.json")
+        rs.recreate(clock[0])
+        assert evictions(srv) == ([path] if evicted else []), desc
