@@ -18,7 +18,8 @@ only samples newer than the last one and let its hysteresis decide.
   ``topoplace_rightsize_compute_ratio`` (``namespace, workload, container``) and
   ``topoplace_rightsize_mode`` (``namespace, workload, mode``: 1 for the mode in force), and,
   with ``annotate``, the annotation ``topoplace.io/rightsize`` on the workload (the pod's
-  controller, a ReplicaSet's Deployment) when the recommendation changes;
+  controller, a ReplicaSet's Deployment) when the recommendation changes (a failed write is
+  tried again next round);
 * **initial**: the webhook (``scheduler/server/webhook.py``) writes them into new pods;
 * **recreate**: at most one pod every ``min_eviction_interval_seconds`` is evicted through
   the Eviction API (the remediator's call, with the pod's UID as a precondition), and only a
@@ -179,6 +180,7 @@ class RightSizer:
         self.evictions: dict[str, int] = {}
         self.last_error = ""
         self.annotated: dict[str, tuple[int, float, str]] = {}
+        """workload -> the size last written on it (or found nothing to write on)."""
         self.recent: list[dict[str, Any]] = []
         self.last_eviction = float("-inf")
         self.awaiting: dict[str, tuple[str, int]] = {}
@@ -281,11 +283,14 @@ class RightSizer:
     def tick(self) -> None:
         """One round: read, decide, publish; then annotate and recreate where allowed."""
         now = self.wall()
-        changed = self.refresh(now)
+        self.refresh(now)
         if not self.may_act() or self.api is None:
             return
-        if self.settings.annotate and changed:
-            self.annotate(changed)
+        if self.settings.annotate:
+            with self.lock:
+                due = [r for wl, r in self.current.items() if self.annotated.get(wl) != _size(r)]
+            if due:
+                self.annotate(due)
         if self.settings.mode == "recreate":
             self.recreate(now)
 
@@ -356,8 +361,9 @@ class RightSizer:
         return [p for p in body.get("items") or () if isinstance(p, dict)]
 
     def annotate(self, changed: list[Recommendation]) -> None:
-        """Write ``topoplace.io/rightsize`` on each changed workload's controller (a
-        ReplicaSet's Deployment); best effort, failures logged."""
+        """Write ``topoplace.io/rightsize`` on each workload's controller (a ReplicaSet's
+        Deployment). A failure is logged and tried again next round; a workload without a
+        live pod or a controller has nothing to annotate until its recommendation changes."""
         by_ns: dict[str, list[Recommendation]] = {}
         for r in changed:
             by_ns.setdefault(r.workload.rpartition("/")[0], []).append(r)
@@ -371,6 +377,7 @@ class RightSizer:
                 pod = next((p for p in pods if workload_of(p, ns) == r.workload), None)
                 ref = controller_of(pod) if pod is not None else None
                 if ref is None:
+                    self.annotated[r.workload] = _size(r)
                     continue
                 try:
                     target = self._top_owner(ns, ref)
@@ -378,6 +385,7 @@ class RightSizer:
                     self.api.request_json(
                         "PATCH", target, body, content_type="application/merge-patch+json"
                     )
+                    self.annotated[r.workload] = _size(r)
                     self._record("annotated", r.workload, target.rsplit("/", 2)[-2:])
                 except (ApiError, ApiUnavailable) as exc:
                     log.warning("right-sizer: annotating %s failed: %s", r.workload, exc)

@@ -566,3 +566,30 @@ def test_recreate_by_backend(desc: str, limits: Any, rec: tuple[str, float], evi
         srv.add("POST", path, 201, "eviction_201_created.json")
         rs.recreate(clock[0])
         assert evictions(srv) == ([path] if evicted else []), desc
+
+
+def test_annotation_is_tried_again_after_a_failed_write() -> None:
+    """The workload's annotation is written through its controller; a refused write (this
+    recorded server answers PATCH 501) leaves it due, so the next round tries again."""
+    clock = [T0]
+    with RecordedApiServer() as srv:
+        srv.add("GET", PODS_PATH, 200, pod_list(pod("infer-7d9f8b6c5d-aaaaa", "u-a", 20000, OLD)))
+        rs_path = f"/apis/apps/v1/namespaces/{NS}/replicasets/infer-7d9f8b6c5d"
+        srv.add(
+            "GET",
+            rs_path,
+            200,
+            {
+                "kind": "ReplicaSet",
+                "apiVersion": "apps/v1",
+                "metadata": {"name": "infer-7d9f8b6c5d"},
+            },
+        )
+        rs = sizer(Prom(lambda t: 6 * GiB), clock, api=srv.api(), step_seconds=60)
+        rs.tick()
+        assert "serving/infer" not in rs.annotated
+        clock[0] += 60
+        rs.tick()
+        gets = [r for r in srv.requests if r["path"] == rs_path]
+        assert len(gets) == 2
+        assert [a for a in rs.view()["recent"] if a["action"] == "annotated"] == []
