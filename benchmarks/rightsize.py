@@ -624,7 +624,7 @@ def run(args: argparse.Namespace) -> int:
             "topoplace with a guard requests_waiting <= 0 and the policy stating the weights (model_weights). "
             "Changes per day are extrapolated from under an hour."
         )
-    md, rows = render(results, conditions, extra, "python -m benchmarks.rightsize")
+    md, rows = render(results, conditions, extra, "topoplace bench rightsize --out benchmarks/results")
     print(md)
     print(f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
     if args.only is None:
