@@ -294,3 +294,62 @@ def test_other_paths_and_methods() -> None:
     assert c.get(PATH).status_code == 405
     assert c.post("/mutate/other", content=b"{}").status_code == 404
     assert c.get("/healthz").json() == {"status": "ok"}
+
+
+def test_webhook_server_answers_over_tls_and_stops(tmp_path: Any) -> None:
+    """The listener ``serve --webhook-port`` runs: HTTPS with a pair from ``topoplace certs``,
+    verified against its CA as the API server does, on a thread of its own; stop() closes it."""
+    import shutil
+    import socket
+    import ssl
+    import time
+
+    from scheduler.cli.main import main
+    from scheduler.kube.tls import uvicorn_ssl_kwargs
+    from scheduler.server.webhook import WebhookServer
+
+    if shutil.which("openssl") is None:
+        pytest.skip("topoplace certs needs openssl")
+    assert main(["certs", "--out", str(tmp_path)]) == 0
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    app = WebhookApp(lookup_of({"serving/infer": REC}))
+    server = WebhookServer(
+        app, sock, uvicorn_ssl_kwargs(str(tmp_path / "server.crt"), str(tmp_path / "server.key"))
+    )
+    server.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline, "webhook listener did not start"
+            time.sleep(0.05)
+        ca = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+        with httpx.Client(verify=ca, timeout=5) as c:
+            r = c.post(f"https://127.0.0.1:{port}{PATH}", json=review(hami_pod()))
+            assert r.status_code == 200
+            ops = json.loads(base64.b64decode(r.json()["response"]["patch"]))
+            limits = apply_patch(hami_pod(), ops)["spec"]["containers"][1]["resources"]["limits"]
+            assert limits["nvidia.com/gpumem"] == "9728"
+            with pytest.raises(httpx.TransportError):  # plain HTTP is not served
+                httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+    finally:
+        server.stop()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"https://127.0.0.1:{port}/healthz", verify=ca, timeout=2)
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["serve", "--webhook-cert", "x.crt"], "need --webhook-port"),
+        (["serve", "--webhook-port", "18443"], "needs a Kubernetes API and a rightsize: policy"),
+    ],
+)
+def test_serve_webhook_flag_errors(
+    argv: list[str], error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from scheduler.cli.main import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("topoplace: error: ") and error in err
