@@ -26,6 +26,7 @@ import json
 import math
 import sys
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -267,6 +268,21 @@ def render_show(found: dict[str, Any]) -> list[str]:
         lines.append(f"  last error: {found['last_error']}")
     lines += [one(w) for w in found.get("workloads") or ()] or ["no recommendation yet"]
     return lines
+
+
+def rightsize_lines(found: Mapping[str, Any], indent: str = "  ") -> list[str]:
+    """The right-size line of a ``GET /v1/inspect/decisions?pod=`` answer (its
+    ``rightsize`` part), for ``topoplace explain``'s text; [] when the extender runs no
+    right-sizer."""
+    rs = found.get("rightsize")
+    if not isinstance(rs, Mapping):
+        return []
+    if "why_not" in rs:
+        return [f"{indent}right-size: {rs['why_not']}"]
+    return [
+        f"{indent}right-size: {rs['workload']} gets {rs['gpu_memory_limit_bytes'] / GiB:.1f} GiB"
+        f" GPU memory, {rs['gpu_compute_ratio']:.0%} of the SMs, {rs['mode']} ({rs['reason']})"
+    ]
 
 
 def _cmd(args: argparse.Namespace) -> int:

@@ -593,3 +593,19 @@ def test_annotation_is_tried_again_after_a_failed_write() -> None:
         gets = [r for r in srv.requests if r["path"] == rs_path]
         assert len(gets) == 2
         assert [a for a in rs.view()["recent"] if a["action"] == "annotated"] == []
+
+
+def test_rightsize_line_for_explain() -> None:
+    from scheduler.cli.rightsize import rightsize_lines
+
+    assert rightsize_lines({"pod": "a/b", "decisions": []}) == []
+    assert rightsize_lines({"rightsize": {"why_not": "no recommendation for workload a/b"}}) == [
+        "  right-size: no recommendation for workload a/b"
+    ]
+    rec = Recommendation(T0, "serving/infer", 43950 * MiB, 0.3, "memory-share", "peak 32.3 GiB")
+    from scheduler.kube.rightsizer import rec_json
+
+    assert rightsize_lines({"rightsize": rec_json(rec)}) == [
+        "  right-size: serving/infer gets 42.9 GiB GPU memory, 30% of the SMs, memory-share"
+        " (peak 32.3 GiB)"
+    ]
