@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from scheduler.cli.rightsize import rightsize_lines
 from scheduler.core.explain import PARTS
 
 DEFAULT_URL = "http://127.0.0.1:8888"
@@ -325,7 +326,7 @@ def render(found: Mapping[str, Any]) -> list[str]:
             "no decision held for it (never seen by this extender, or evicted from the "
             "ring; a bound pod's placement record carries the summary under 'why')"
         )
-        return [f"{found.get('pod')}: {why}"]
+        return [f"{found.get('pod')}: {why}", *rightsize_lines(found)]
     lines: list[str] = []
     for d in decisions:
         if d.get("kind") == "share":
@@ -334,7 +335,7 @@ def render(found: Mapping[str, Any]) -> list[str]:
             lines += render_single(d)
         else:
             lines.append(f"{d.get('pod')} [{d.get('verb')}] {d.get('summary', '')}")
-    return lines
+    return lines + rightsize_lines(found)
 
 
 __all__ = ["add_parser", "explain_offline", "occupancy_line", "render", "render_single", "run"]

@@ -266,6 +266,8 @@ class RemediationParams:
             raise ValueError(f"unknown remediation settings: {sorted(unknown)}")
         d = cls()
         mode = obj.get("mode", d.mode)
+        if mode is False:  # YAML 1.1 reads a bare `off` as false
+            mode = "off"
         if mode not in REMEDIATION_MODES:
             raise ValueError(
                 f"remediation.mode must be one of {list(REMEDIATION_MODES)}, got {mode!r}"

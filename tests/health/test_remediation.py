@@ -322,3 +322,11 @@ def test_a_claim_gang_goes_whole_though_its_bind_recorded_no_gang() -> None:
     # claim-pod-c (gpu-node-0 too) was seen only now: not due yet
     assert _keys(pl) == [[("default/claim-pod-a", KIND_NODE), ("default/claim-pod-b", KIND_GANG)]]
     assert {f.gang for f in pl.groups[0]} == {"default/ft"}
+
+
+def test_a_bare_yaml_off_switches_remediation_off() -> None:
+    import yaml
+
+    cfg = yaml.safe_load("remediation:\n  mode: off\n")  # YAML 1.1: a bare off is false
+    assert cfg["remediation"]["mode"] is False
+    assert SchedParams.from_config(cfg).remediation.mode == "off"

@@ -609,3 +609,21 @@ def test_rightsize_line_for_explain() -> None:
         "  right-size: serving/infer gets 42.9 GiB GPU memory, 30% of the SMs, memory-share"
         " (peak 32.3 GiB)"
     ]
+
+
+def test_explain_text_carries_the_rightsize_line() -> None:
+    from scheduler.cli.explain import render
+    from scheduler.kube.rightsizer import rec_json
+
+    rec = Recommendation(T0, "serving/infer", 43950 * MiB, 0.3, "memory-share", "peak 32.3 GiB")
+    line = (
+        "  right-size: serving/infer gets 42.9 GiB GPU memory, 30% of the SMs, memory-share"
+        " (peak 32.3 GiB)"
+    )
+    empty = render({"pod": "serving/infer-0", "decisions": [], "rightsize": rec_json(rec)})
+    assert empty[-1] == line and empty[0].startswith("serving/infer-0: no decision held")
+    one = {"pod": "serving/infer-0", "verb": "bind", "summary": "bound on n0"}
+    assert render({"decisions": [one], "rightsize": rec_json(rec)}) == [
+        "serving/infer-0 [bind] bound on n0",
+        line,
+    ]
