@@ -43,6 +43,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     up.add_argument("--feature-gate", action="append", default=[], metavar="NAME=BOOL")
     up.add_argument("--runtime-config", action="append", default=[], metavar="GROUP/VER=BOOL")
     up.add_argument("--claims", action="store_true", help="run the claim-controller stand-in")
+    up.add_argument(
+        "--workloads", action="store_true", help="serve PodGroups (scheduling.k8s.io, >= 1.36)"
+    )
     up.add_argument("--nodes", type=int, default=0, help="fake GPU nodes to create")
     up.add_argument("--gpus", type=int, default=8, help="GPUs per node")
     up.add_argument("--sharing", choices=("device-plugin", "hami", "dra"), default="device-plugin")
@@ -72,6 +75,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         runtime_config=args.runtime_config,
         scheduler=args.scheduler,
         claims=args.claims,
+        workloads=args.workloads,
         verbosity=args.verbosity,
     )
     try:

@@ -219,6 +219,8 @@ class Cluster:
         feature_gates: extra ``Name=bool`` entries for kube-apiserver and kube-scheduler
             (gates the version locks are dropped).
         runtime_config: extra kube-apiserver ``--runtime-config`` entries.
+        workloads: serve Kubernetes' own PodGroup API where known (see
+            :func:`benchmarks.cluster.flags.plane_flags`).
         scheduler: False: no kube-scheduler (callers run their own); True: one with a plain
             ``default-scheduler`` profile; a mapping: that KubeSchedulerConfiguration (its
             ``clientConnection.kubeconfig`` is filled in).
@@ -244,6 +246,7 @@ class Cluster:
         runtime_config: Sequence[str] = (),
         scheduler: bool | Mapping[str, Any] = False,
         claims: bool = False,
+        workloads: bool = False,
         verbosity: int = 2,
         ready_timeout: float = 180.0,
     ) -> None:
@@ -255,6 +258,7 @@ class Cluster:
         self.runtime_config = tuple(runtime_config)
         self.scheduler = scheduler
         self.claims = claims
+        self.workloads = workloads
         self.verbosity = verbosity
         self.ready_timeout = ready_timeout
         self.kubeconfig = str(self.work / "kubeconfig")
@@ -316,6 +320,7 @@ class Cluster:
             dra=self.dra,
             gates=self.feature_gates,
             runtime_config=self.runtime_config,
+            workloads=self.workloads,
         )
         ports = [self.ports.etcd, self.ports.etcd_peer, self.ports.api]
         if self.scheduler is not False:

@@ -38,6 +38,18 @@ LOCKED: dict[str, tuple[Version, bool]] = {
 }
 """gate -> (first version where it is locked, the locked value)."""
 
+SINCE: dict[str, Version] = {
+    "DynamicResourceAllocation": (1, 26),
+    "SchedulerQueueingHints": (1, 28),
+    "DRADeviceTaints": (1, 33),
+    "DRAPartitionableDevices": (1, 33),
+    "DRADeviceTaintRules": (1, 35),
+    "GenericWorkload": (1, 35),
+    "GangScheduling": (1, 35),
+}
+"""gate -> first version that knows it (a version refuses to start with a gate it does not
+know, so :func:`usable_gates` drops those)."""
+
 DEFAULT_ON: dict[str, Version] = {
     "SchedulerQueueingHints": (1, 32),
     "DynamicResourceAllocation": (1, 34),
@@ -95,8 +107,13 @@ def gate_on(version: Version, name: str, gates: dict[str, bool]) -> bool:
 
 def usable_gates(version: Version, gates: dict[str, bool]) -> dict[str, bool]:
     """``gates`` without the entries ``version`` locks (it refuses a locked gate set to
-    the other value, and setting it to the locked value does nothing)."""
-    return {k: v for k, v in gates.items() if not (k in LOCKED and version >= LOCKED[k][0])}
+    the other value, and setting it to the locked value does nothing) or does not know yet
+    (:data:`SINCE`)."""
+    return {
+        k: v
+        for k, v in gates.items()
+        if not (k in LOCKED and version >= LOCKED[k][0]) and version >= SINCE.get(k, (0, 0))
+    }
 
 
 def gates_arg(gates: dict[str, bool]) -> tuple[str, ...]:
@@ -129,10 +146,19 @@ class PlaneFlags:
 
 
 def plane_flags(
-    version: Version, *, dra: bool, gates: Sequence[str] = (), runtime_config: Sequence[str] = ()
+    version: Version,
+    *,
+    dra: bool,
+    gates: Sequence[str] = (),
+    runtime_config: Sequence[str] = (),
+    workloads: bool = False,
 ) -> PlaneFlags:
     """The flags of a plane of ``version``, with DRA on when ``dra`` and the caller's
     extra ``gates`` (``Name=bool`` entries) and ``runtime_config`` entries.
+
+    ``workloads`` serves Kubernetes' own gang API where this harness knows its shape: from
+    1.36, ``scheduling.k8s.io/v1alpha2`` (PodGroup; alpha, off by default) with the gate
+    ``GenericWorkload``; nothing on older versions.
 
     Raises:
         VersionError: ``dra`` on a version older than 1.32.
@@ -158,6 +184,9 @@ def plane_flags(
         elif want.get("DRADeviceTaintRules") and version >= (1, 36):
             # 1.36 serves DeviceTaintRules in v1beta2 (off by default)
             rc = [*rc, "resource.k8s.io/v1beta2=true"]
+    if workloads and version >= (1, 36):
+        want = {"GenericWorkload": True, **want}
+        rc = [*rc, "scheduling.k8s.io/v1alpha2=true"]
     return PlaneFlags(usable_gates(version, want), tuple(dict.fromkeys(rc)))
 
 

@@ -11,6 +11,7 @@ from benchmarks.cluster.cluster import Ports, apiserver_args, etcd_args
 from benchmarks.cluster.flags import (
     DEFAULT_ON,
     LOCKED,
+    SINCE,
     PlaneFlags,
     VersionError,
     gate_on,
@@ -206,3 +207,24 @@ def test_gate_facts_match_the_kubernetes_1_33_tree() -> None:
         rows = [r for r in _versioned_spec(src, gate) if r[0] <= (1, 33)]
         assert not any(lock for _, _, lock in rows), gate
         assert gate_on((1, 33), gate, {}) == rows[-1][1], gate
+
+
+def test_gates_a_version_does_not_know_are_dropped() -> None:
+    """kube-apiserver refuses to start with an unknown gate: 1.32 has no DRADeviceTaints."""
+    got = plane_flags((1, 32), dra=True, gates=("DRADeviceTaints=true",))
+    assert got.gates == {"DynamicResourceAllocation": True}
+    assert "resource.k8s.io/v1alpha3=true" not in got.runtime_config
+
+
+def test_workloads_serve_podgroups_from_1_36_only() -> None:
+    got = plane_flags((1, 36), dra=True, workloads=True)
+    assert got.gates == {"GenericWorkload": True}
+    assert got.runtime_config == ("scheduling.k8s.io/v1alpha2=true",)
+    assert plane_flags((1, 33), dra=True, workloads=True) == plane_flags((1, 33), dra=True)
+
+
+@pytest.mark.skipif(not K8S_136.is_file(), reason="needs the Kubernetes 1.36 source tree")
+def test_first_versions_match_the_kubernetes_1_36_tree() -> None:
+    src = K8S_136.read_text()
+    for gate, since in SINCE.items():
+        assert _versioned_spec(src, gate)[0][0] == since, gate

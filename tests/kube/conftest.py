@@ -4,7 +4,8 @@ Runs only when asked for (``-m kube`` or ``TOPOPLACE_KUBE_TESTS=1``) and given a
 
 * ``KUBE_BIN`` (a folder with ``etcd``, ``kube-apiserver``, ``kube-scheduler``) and no
   ``KUBECONFIG``: the session brings up its own loopback control plane with the harness
-  (:mod:`benchmarks.cluster`: DRA served, ``DRADeviceTaints`` on) and tears it down at the
+  (:mod:`benchmarks.cluster`: DRA served, ``DRADeviceTaints`` on where known, and from 1.36
+  ``scheduling.k8s.io/v1alpha2`` PodGroups with ``GenericWorkload``) and tears it down at the
   end. Its ports: ``TOPOPLACE_KUBE_API_PORT`` (16443), ``TOPOPLACE_KUBE_ETCD_PORT`` (23790),
   ``TOPOPLACE_KUBE_ETCD_PEER_PORT`` (23800); its folder ``TOPOPLACE_KUBE_WORK`` (default a
   new temporary one, removed after a green run, kept with its logs after a failure);
@@ -91,7 +92,12 @@ def _bring_up(config: pytest.Config) -> None:
         etcd_peer=int(os.environ.get("TOPOPLACE_KUBE_ETCD_PEER_PORT", "23800")),
     )
     cluster = Cluster(
-        os.environ["KUBE_BIN"], work, ports=ports, dra=True, feature_gates=("DRADeviceTaints=true",)
+        os.environ["KUBE_BIN"],
+        work,
+        ports=ports,
+        dra=True,
+        feature_gates=("DRADeviceTaints=true",),
+        workloads=True,
     )
     try:
         cluster.up()
