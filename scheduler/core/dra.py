@@ -43,6 +43,8 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+import numpy as np
+
 from scheduler.core.health import allocatable_pools, device_gpu_index
 from scheduler.core.model import EMPTY_MAP, MAX_NODE_GPUS
 from scheduler.core.quantity import quantity_int
@@ -917,6 +919,127 @@ def _first_free(
     mine = tuple(chosen)
     devices = (mine,) if claims == 1 else tuple(mine if i == claim else () for i in range(claims))
     return Prediction(True, True, devices, gpus, greedy=True)
+
+
+# ---- the first fit of one greedy request on every node at once ---------------------------------
+
+GREEDY_WIDTH = 62
+"""Most candidates a node may have for :class:`GreedyTable` to answer it by bit masks."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class GreedyTable:
+    """One request form's candidates on every node of an inventory, as arrays: the first
+    fit of a greedy request (:attr:`CompiledClaims.greedy`: the first ``count`` free
+    candidates, :func:`_first_free`) on all nodes in a few array operations.
+
+    Row ``r`` is node ``nodes[r]``; bit ``k`` of a row's masks is its ``k``-th candidate in
+    allocator order. Read-only.
+
+    Attributes:
+        nodes: node names, one per row.
+        row: node name -> row.
+        cands: per row, its candidates (:func:`request_candidates`).
+        full: int64 per row, a bit per candidate.
+        gpu: int64 [rows, width]: ``1 << gpu index`` of candidate k (0: not a GPU).
+        exact: bool per row: answered by masks (at most :data:`GREEDY_WIDTH` candidates,
+            none consuming counters, GPU indices below 63); other rows need the search.
+        pos: device id -> (row, bit).
+    """
+
+    nodes: tuple[str, ...]
+    row: Mapping[str, int]
+    cands: tuple[tuple[Device, ...], ...]
+    full: np.ndarray
+    gpu: np.ndarray
+    exact: np.ndarray
+    pos: Mapping[DeviceId, tuple[int, int]]
+
+    def id_masks(self, ids: Iterable[DeviceId]) -> np.ndarray:
+        """int64 per row: the bits of those of ``ids`` that are candidates."""
+        out = np.zeros(len(self.nodes), dtype=np.int64)
+        pos = self.pos
+        rows: list[int] = []
+        bits: list[int] = []
+        for i in ids:
+            rb = pos.get(i)
+            if rb is not None:
+                rows.append(rb[0])
+                bits.append(rb[1])
+        if rows:
+            np.bitwise_or.at(out, np.asarray(rows), np.left_shift(1, np.asarray(bits, np.int64)))
+        return out
+
+    def devices(self, row: int, mask: int) -> tuple[Device, ...]:
+        """The candidates of ``row`` whose bits ``mask`` has, in allocator order."""
+        c = self.cands[row]
+        return tuple(c[k] for k in range(len(c)) if mask >> k & 1)
+
+
+def greedy_table(
+    nodes: Sequence[str], candidates: Callable[[str], Sequence[Device]]
+) -> GreedyTable:
+    """The :class:`GreedyTable` of ``nodes`` (``candidates``: a node's candidates for the
+    request form, :func:`request_candidates`)."""
+    cands = tuple(tuple(candidates(n)) for n in nodes)
+    width = max((min(len(c), GREEDY_WIDTH) for c in cands), default=0) or 1
+    full = np.zeros(len(nodes), dtype=np.int64)
+    gpu = np.zeros((len(nodes), width), dtype=np.int64)
+    exact = np.ones(len(nodes), dtype=bool)
+    pos: dict[DeviceId, tuple[int, int]] = {}
+    for r, c in enumerate(cands):
+        if len(c) > GREEDY_WIDTH or any(
+            d.consumes or (d.gpu is not None and not 0 <= d.gpu < 63) for d in c
+        ):
+            exact[r] = False
+            continue
+        full[r] = (1 << len(c)) - 1
+        for k, d in enumerate(c):
+            pos[d.id] = (r, k)
+            if d.gpu is not None:
+                gpu[r, k] = 1 << d.gpu
+    for a in (full, gpu, exact):
+        a.setflags(write=False)
+    return GreedyTable(
+        tuple(nodes),
+        MappingProxyType({n: i for i, n in enumerate(nodes)}),
+        cands,
+        full,
+        gpu,
+        exact,
+        MappingProxyType(pos),
+    )
+
+
+def first_free_masks(free: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``free`` (int64 bit masks): (the mask of its ``count`` lowest bits,
+    whether it has ``count`` bits). What :func:`_first_free` picks, on every row."""
+    sel = np.zeros_like(free)
+    rest = free.copy()
+    for _ in range(count):
+        low = rest & -rest
+        sel |= low
+        rest ^= low
+    ok = _popcount(sel) == count
+    return sel, ok
+
+
+def _popcount(x: np.ndarray) -> np.ndarray:
+    return np.bitwise_count(x.view(np.uint64)).astype(np.int64)
+
+
+def gpu_masks(table: GreedyTable, rows: np.ndarray, sel: np.ndarray) -> np.ndarray:
+    """``1 << gpu`` summed over the candidates ``sel`` picks, for each of ``rows``."""
+    out = np.zeros(len(rows), dtype=np.int64)
+    g = table.gpu[rows]
+    for k in range(table.gpu.shape[1]):
+        out |= np.where((sel >> k) & 1 == 1, g[:, k], 0)
+    return out
+
+
+def mask_bits(mask: int) -> tuple[int, ...]:
+    """The set bits of ``mask``, ascending."""
+    return tuple(k for k in range(mask.bit_length()) if mask >> k & 1)
 
 
 def first_fit_stands(p: Prediction, more: AbstractSet[DeviceId]) -> bool:

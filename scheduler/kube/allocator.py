@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -72,8 +73,36 @@ log = logging.getLogger(__name__)
 
 SETTLE_S = 2.0
 """Seconds between writing an allocation and checking it against every claim."""
+ENV_SETTLE_S = "TOPOPLACE_DRA_SETTLE_S"
+"""Environment variable overriding :data:`SETTLE_S` (0 to 60; the live race test sets 0 to
+force kube-scheduler's concurrent allocations past topoplace's check)."""
+
+
+ENV_RECENT_S = "TOPOPLACE_DRA_RECENT_S"
+"""Environment variable overriding the router's ``RECENT_S`` (0 to 60; 0 turns the window
+off, which the live race test does to force conflicts onto the bind check)."""
+
+
+def _env_seconds(name: str, default: float, environ: Mapping[str, str] | None) -> float:
+    raw = (os.environ if environ is None else environ).get(name, "")
+    try:
+        v = float(raw)
+    except ValueError:
+        return default
+    return v if 0 <= v <= 60 else default
+
+
+def settle_from_env(environ: Mapping[str, str] | None = None) -> float:
+    """:data:`SETTLE_S`, or the value of :data:`ENV_SETTLE_S` when it is a number in 0..60."""
+    return _env_seconds(ENV_SETTLE_S, SETTLE_S, environ)
+
+
 INTERVAL_S = 0.5
 """Seconds between passes over the gated pods."""
+WAIT_FOR_BIND_S = 60.0
+"""How long a checked allocation that shares a device with a claim kube-scheduler
+allocated for a pod not bound yet keeps its devices (and its gate) while topoplace's bind
+check fails that pod and gives its allocation back; past it, topoplace's yields."""
 
 EXTENDED_PICK = "topoplace.io/dra-devices"
 """Pod annotation recording the devices topoplace chose for a gated pod whose
@@ -164,7 +193,7 @@ class GateAllocator:
         pending: the pending pods the watch knows (``KubeWatcher.pending_pods``).
         kube_picks: devices kube-scheduler may be allocating now
             (``DraRouter.likely_kube_picks``).
-        settle_s: see :data:`SETTLE_S`.
+        settle_s: see :data:`SETTLE_S` (None: :func:`settle_from_env`).
         sleep: interruptible sleep (tests pass a recorder).
         clock: wall-clock seconds for ``allocationTimestamp`` (tests pass a fixed one).
         router: the extender's :class:`DraRouter`: gated pods whose ``nvidia.com/gpu`` DRA
@@ -177,7 +206,7 @@ class GateAllocator:
         api: ClaimApi,
         pending: Callable[[], Sequence[Mapping[str, Any]]],
         kube_picks: Callable[[], Iterable[dra.DeviceId]] = frozenset,
-        settle_s: float = SETTLE_S,
+        settle_s: float | None = None,
         sleep: Callable[[float], Any] | None = None,
         clock: Callable[[], float] = time.time,
         router: DraRouter | None = None,
@@ -186,13 +215,18 @@ class GateAllocator:
         self.api = api
         self.pending = pending
         self.kube_picks = kube_picks
-        self.settle_s = settle_s
+        self.settle_s = settle_from_env() if settle_s is None else settle_s
         self._stop = threading.Event()
         self._sleep = sleep or self._stop.wait
         self._clock = clock
         self.router = router
         self._given: set[str] = set()  # pods whose claim got topoplace's devices
+        self._repair: set[str] = set()  # claims to write again before their pods go
+        self._conflict_since: dict[str, float] = {}  # allocation -> first conflict seen
         self._thread: threading.Thread | None = None
+        if router is not None:
+            router.check_bind = self.check_bind
+            router.recent_s = _env_seconds(ENV_RECENT_S, router.recent_s, None)
 
     # ---- one pass -----------------------------------------------------------------------
 
@@ -461,6 +495,83 @@ class GateAllocator:
         self.cache.apply_claim(dra.object_key(done), done)
         return ""
 
+    def check_bind(
+        self,
+        key: str,
+        pod: Mapping[str, Any],
+        node: str,
+        uid: str,
+        own: Mapping[dra.DeviceId, str],
+        extended: bool = False,
+    ) -> str:
+        """At bind (``DraRouter.before_bind_claims``): the pod's claims kube-scheduler
+        allocated, read from the API, against ``own`` (the devices topoplace allocated or
+        holds on ``node`` -> claim key).
+
+        Why this closes the race: each side checks after it writes. topoplace holds a
+        device in its ledger before it writes it and checks its write against one
+        consistent list of every claim (``_release``); kube-scheduler's PreBind writes
+        before topoplace's bind is called. Of two allocations naming one device, the one
+        written second is therefore checked after the first exists: topoplace's by its
+        list, kube-scheduler's here. A conflict found here removes the claim's allocation
+        (and ``reservedFor``, only this pod's: nothing runs it yet; kube-scheduler deletes
+        a special claim itself when the bind fails) and fails the bind; kube-scheduler
+        then allocates again. Returns "" or an error (an API error fails the bind too)."""
+        ns, name = _ns_name(key)
+        try:
+            if extended:
+                st = self.api.get_pod(ns, name).get("status") or {}
+                made = (st.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+                names = [f"{ns}/{made}"] if made else []
+            else:
+                names = list(dra.pod_claim_names(pod))
+                if len(names) < len((pod.get("spec") or {}).get("resourceClaims") or ()):
+                    names = list(dra.pod_claim_names(self.api.get_pod(ns, name)))
+            bad: dict[str, tuple[dict[str, Any], list[str]]] = {}
+            for ck in names:
+                cur = self.api.get_claim(*_ns_name(ck))
+                if not dra.is_allocated(cur) or dra.allocated_by_topoplace(cur):
+                    continue
+                hit = sorted({own[i] for i in dra.allocated_ids(cur) if own.get(i, ck) != ck})
+                if hit:
+                    bad[ck] = (cur, hit)
+            for ck, (cur, hit) in sorted(bad.items()):
+                log.warning(
+                    "claim %s of %s (kube-scheduler's) shares devices with %s: the bind fails",
+                    ck,
+                    key,
+                    hit,
+                )
+                if not extended:
+                    self._deallocate(cur, uid)
+                    for h in hit:  # kube-scheduler's count lost the shared devices
+                        if h.endswith("/<extended-resources>"):
+                            continue  # a choice not written yet: its write counts
+                        self._repair.discard(h)
+                        if not self._rewrite(h):
+                            self._repair.add(h)  # its pod, if still gated, writes it again
+                            self._uncounted(h, [i for i in own if own[i] == h])
+        except (ApiError, ApiUnavailable) as exc:
+            log.warning("checking the claims of %s at bind failed: %s", key, exc)
+            return f"checking the pod's DRA claims failed: {exc}"
+        if bad:
+            held = sorted((k, v[1]) for k, v in bad.items())
+            return f"the pod's DRA devices are also allocated by topoplace: {held}"
+        return ""
+
+    def _deallocate(self, claim: Mapping[str, Any], uid: str) -> None:
+        """Remove kube-scheduler's allocation (and the reservation) of ``claim``, reserved
+        for the pod ``uid`` alone or for none (a claim shared with a pod that runs is left
+        as it is). Raises the API's errors."""
+        st = dict(claim.get("status") or {})
+        users = {str(r.get("uid") or "") for r in st.get("reservedFor") or ()}
+        if users - {uid}:
+            log.warning("claim %s is in use by %s: left allocated", object_key(claim), users)
+            return
+        cleared = {k: v for k, v in st.items() if k not in ("allocation", "reservedFor")}
+        self.api.update_claim_status({**claim, "status": cleared})
+        log.info("removed kube-scheduler's allocation of %s", object_key(claim))
+
     def _drop_pick(self, key: str, pick: ExtendedPick) -> None:
         assert self.router is not None
         self._given.add(key)
@@ -684,6 +795,8 @@ class GateAllocator:
                 updated["status"] = body["status"]
                 self.api.update_claim_status(updated)
                 written.append(ck)
+                if self.router is not None:
+                    self.router.note_written(ck, [d.id for d in devs])
             except (ApiError, ApiUnavailable) as exc:
                 log.warning("allocating %s failed: %s; undoing", ck, exc)
                 for w in written:
@@ -728,6 +841,60 @@ class GateAllocator:
                 return False
         return False
 
+    def _binding_later(self, claim: Mapping[str, Any]) -> bool:
+        """Whether ``claim`` (another's) is kube-scheduler's allocation for pods that are
+        not bound yet (each one topoplace has not bound: its bind will check the claim)."""
+        if dra.allocated_by_topoplace(claim):
+            return False
+        ns = (claim.get("metadata") or {}).get("namespace") or "default"
+        users = [r for r in (claim.get("status") or {}).get("reservedFor") or () if r]
+        if not users:
+            return False  # allocated and reserved by no pod: nothing will bind it
+        pods = self.cache.snapshot().pods
+        for r in users:
+            p = pods.get(f"{ns}/{r.get('name')}")
+            if r.get("resource") != "pods" or (p is not None and p.node):
+                return False
+        return True
+
+    def _uncounted(self, claim_key: str, ids: Sequence[dra.DeviceId]) -> None:
+        """``claim_key`` keeps ``ids``, which kube-scheduler no longer counts: the router
+        keeps kube-scheduler's pods off them (``DraRouter.note_uncounted``)."""
+        log.warning(
+            "claim %s keeps devices %s that kube-scheduler no longer counts as allocated "
+            "(they were in two claims and the other gave them back); claim pods are kept "
+            "off them until the claim's allocation goes",
+            claim_key,
+            sorted(ids),
+        )
+        if self.router is not None:
+            self.router.note_uncounted(claim_key, ids)
+
+    def _rewrite(self, claim_key: str) -> bool:
+        """Remove a claim's allocation and write the same one again, so that
+        kube-scheduler, whose count of allocated devices forgot them when another claim
+        naming them was given back, counts them again (it adds a claim's devices when its
+        allocation appears). Only a claim no pod has reserved (nothing runs it). Returns
+        whether it was written again."""
+        ns, name = _ns_name(claim_key)
+        try:
+            cur = self.api.get_claim(ns, name)
+            st = dict(cur.get("status") or {})
+            alloc = st.get("allocation")
+            if not alloc or st.get("reservedFor"):
+                return False
+            cleared = {k: v for k, v in st.items() if k != "allocation"}
+            cur = self.api.update_claim_status({**cur, "status": cleared})
+            done = self.api.update_claim_status({**cur, "status": {**cleared, "allocation": alloc}})
+        except (ApiError, ApiUnavailable) as exc:
+            log.warning("writing %s's allocation again failed: %s", claim_key, exc)
+            return False
+        log.info("wrote %s's allocation again: kube-scheduler counts its devices again", claim_key)
+        if self.router is not None:
+            self.router.counted_again(claim_key)
+            self.router.note_written(claim_key, dra.allocated_ids(done))
+        return True
+
     def _release(self, written: Sequence[_Written]) -> list[Outcome]:
         """Settle, check every written allocation against every claim (one consistent
         list), then remove the gates, or yield where a conflict shows."""
@@ -742,20 +909,50 @@ class GateAllocator:
         return [self._check(w, fresh) for w in written]
 
     def _check(self, w: _Written, fresh: Sequence[Mapping[str, Any]]) -> Outcome:
+        """Release ``w`` (remove the gates) if its claims share no device with another
+        claim of ``fresh``. A claim kube-scheduler allocated for a pod that is not bound
+        yet (topoplace binds it, and its bind check will fail it and give the allocation
+        back) is waited for, the devices kept, up to :data:`WAIT_FOR_BIND_S`; any other
+        conflict, or a longer one, makes topoplace's allocation yield. Either way the
+        survivor must be written again (:meth:`_rewrite`): kube-scheduler counts allocated
+        devices in a set, so removing one of two claims that name a device removes the
+        device from its count although the other still holds it."""
         by_key = {object_key(c): c for c in fresh}
         mine = {k: dra.allocated_ids(by_key[k]) for k in w.claims if k in by_key}
         bad = dra.conflicts(mine, fresh)
         node = next((dra.allocation_node(by_key[k]) for k in w.claims if k in by_key), "")
         devices = tuple(sorted(d for ids in mine.values() for _, _, d in ids))
         if bad:
-            for k, others in bad.items():
-                log.warning("claim %s shares devices with %s: topoplace yields", k, others)
+            others = sorted({o for v in bad.values() for o in v})
+            now = time.monotonic()
+            since = self._conflict_since.setdefault(w.name, now)
+            if now - since < WAIT_FOR_BIND_S and all(
+                o in by_key and self._binding_later(by_key[o]) for o in others
+            ):
+                self._repair.update(k for k in w.claims if k in by_key)
+                why = f"devices also in {others}, allocated by kube-scheduler for pods topoplace has not bound: waiting for their bind to give them back"
+                return Outcome(w.name, WAITING, node, devices, why)
+            for k, others_k in bad.items():
+                log.warning("claim %s shares devices with %s: topoplace yields", k, others_k)
+            self._conflict_since.pop(w.name, None)
             for k in w.claims:
                 if k in by_key and dra.allocated_by_topoplace(by_key[k]):
                     self._undo(k)
                 self.cache.forget(dra.holder_key(k))
+                self._repair.discard(k)
+            for o in others:  # kube-scheduler's count of the shared devices lost them
+                if o in by_key and not self._rewrite(o):
+                    self._uncounted(o, dra.allocated_ids(by_key[o]))
             why = f"devices also held by {sorted(bad.items())}"
             return Outcome(w.name, YIELDED, node, devices, why)
+        self._conflict_since.pop(w.name, None)
+        fix = [k for k in w.claims if k in self._repair]
+        if fix:
+            for k in fix:
+                self._repair.discard(k)
+                self._rewrite(k)
+            why = "allocation written again (kube-scheduler counts its devices again); checking"
+            return Outcome(w.name, WAITING, node, devices, why)
         for p in w.pods:
             try:
                 self.api.remove_gate(p, dra.ALLOCATE_GATE, w.notes)

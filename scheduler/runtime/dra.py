@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+import numpy as np
+
 from scheduler.core import dra
 from scheduler.core.model import EMPTY_MAP, Health, PodRequest
 from scheduler.core.objects import meta, object_key
@@ -39,10 +41,19 @@ from scheduler.core.schedule import (
 )
 from scheduler.core.snapshot import ClusterSnapshot, gpus_by_dra
 from scheduler.runtime.cache import ClusterCache
+from topology.select import ring_bottleneck
 
 PICKS_TTL_S = 10.0
 """How long the devices a filtered claim pod may get stay avoided by topoplace's allocator
 (kube-scheduler allocates in PreBind, well within this unless its binding cycle stalls)."""
+
+
+RECENT_S = 5.0
+"""Seconds after topoplace writes an allocation during which claim pods' first fit is
+predicted without it, and a node where that first fit would take one of its devices is
+refused (``REASON_CLAIM_IN_FLIGHT``): kube-scheduler may still allocate from a view without
+the write (its informer behind, or a scheduling cycle begun before it), and the two would
+then name one device (see :meth:`DraRouter.note_written`)."""
 
 
 CLIQUE_LABEL = "nvidia.com/gpu.clique"
@@ -143,6 +154,48 @@ class ExtendedPick:
 
 REASON_PICKED_ELSEWHERE = "topoplace allocated this pod's GPUs on another node"
 
+BindCheck = Callable[[str, Mapping[str, Any], str, str, Mapping[dra.DeviceId, str], bool], str]
+"""``(pod key, pod, node, pod uid, topoplace's devices on the node -> claim key, whether
+the pod's GPUs are a special extended-resource claim) -> "" or an error``
+(``GateAllocator.check_bind``)."""
+
+
+# verdict codes of the vectorized plans (:class:`_Fast`)
+_OK, _UNKNOWN_NODE, _UNHEALTHY, _CORDONED, _NO_FIT, _IN_FLIGHT, _SEARCH = range(7)
+_REASONS = {
+    _UNKNOWN_NODE: REASON_UNKNOWN_NODE,
+    _CORDONED: REASON_CORDONED,
+    _NO_FIT: dra.REASON_CLAIM_NOT_ALLOCATABLE,
+    _IN_FLIGHT: dra.REASON_CLAIM_IN_FLIGHT,
+}
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Fast:
+    """A greedy claim pod's plans on ``names`` from :class:`dra.GreedyTable` masks: the
+    same verdicts and devices :meth:`DraRouter.plans` gives node by node.
+
+    Attributes:
+        names: the nodes asked about.
+        code: verdict code per name (``_OK`` ...; ``_SEARCH``: see ``searched``).
+        trows: table row per name (-1: the node has no candidates).
+        sidx: snapshot index per name (-1: unknown node).
+        free: free candidate bits per name (0 where not looked at).
+        sel: the first fit's candidate bits per name (0 where none).
+        table: the request form's table.
+        searched: name -> plan, for names the masks cannot answer (``_SEARCH``).
+    """
+
+    names: Sequence[str]
+    code: np.ndarray
+    trows: np.ndarray
+    sidx: np.ndarray
+    free: np.ndarray
+    sel: np.ndarray
+    table: dra.GreedyTable
+    searched: Mapping[str, dra.PodPlan]
+    count: int
+
 
 class DraRouter:
     """Filter / prioritize for claim pods over the cache's snapshot.
@@ -158,10 +211,19 @@ class DraRouter:
         cache: ClusterCache,
         clock: Callable[[], float] = time.monotonic,
         picks_ttl_s: float = PICKS_TTL_S,
+        recent_s: float = RECENT_S,
     ) -> None:
         self.cache = cache
         self._clock = clock
         self.picks_ttl_s = picks_ttl_s
+        self.recent_s = recent_s
+        self._recent: dict[str, tuple[float, frozenset[dra.DeviceId]]] = {}
+        self._uncounted: dict[str, frozenset[dra.DeviceId]] = {}
+        self._recent_memo: tuple[tuple[Any, ...], frozenset[dra.DeviceId], Mapping[Any, Any]] = (
+            (),
+            frozenset(),
+            EMPTY_MAP,
+        )
         self._lock = threading.Lock()
         self._picks: dict[str, tuple[float, frozenset[dra.DeviceId]]] = {}
         self._pick_counts: Counter[dra.DeviceId] = Counter()  # device -> pods picking it
@@ -174,10 +236,26 @@ class DraRouter:
         # objects, name -> (plan, the node's held devices then))
         self._last_plans: tuple[tuple[Any, ...], tuple[Any, ...], dict[str, Any]] | None = None
         self._mapped_memo: tuple[Any, Mapping[str, str]] | None = None
+        self.vectorized = True
+        """Answer greedy claim pods (one ``ExactCount`` request without constraints) with
+        :class:`dra.GreedyTable` masks over every node at once (False: node by node; the
+        answers are the same, ``tests/dra/test_vectorized.py``)."""
+        # per inventory: request form -> table; (table, held, recent) -> held bits;
+        # (table, flying) -> bits; names -> (rows, snapshot indices); snapshot nodes -> columns
+        self._tables: tuple[Any, dict[Any, dra.GreedyTable]] | None = None
+        self._bits_memo: dict[tuple[int, str], tuple[Any, Any, np.ndarray]] = {}
+        self._rows_memo: dict[Any, tuple[np.ndarray, np.ndarray]] = {}
+        self._columns: tuple[Any, tuple[Any, ...]] | None = None
+        self._mask_picks: dict[str, tuple[dra.GreedyTable, np.ndarray]] = {}
+        self._last_fast: tuple[Any, Any, _Fast] | None = None
         self._extended_picks: dict[str, ExtendedPick] = {}
         self.reallocate: Callable[[str, str], str] | None = None
         """Gives a chosen pod's special claim topoplace's devices at bind
         (``GateAllocator.reallocate``, set where the allocator runs)."""
+        self.check_bind: BindCheck | None = None
+        """Checks at bind the claims kube-scheduler allocated for a pod against the devices
+        topoplace allocated (``GateAllocator.check_bind``, set by the allocator itself)."""
+        self._own_memo: tuple[Any, Any, Mapping[str, Mapping[Any, str]]] | None = None
 
     # ---- extended resources backed by DRA (nvidia.com/gpu on DRA nodes) -------------------
 
@@ -208,13 +286,76 @@ class DraRouter:
         with self._lock:
             return self._extended_picks.get(key)
 
-    def before_bind(self, key: str, node: str) -> str:
-        """Called by bind before the Binding of pod ``key`` to ``node`` is written: for a
-        pod topoplace chose devices for, :attr:`reallocate` gives them to its claim.
+    def before_bind(
+        self, key: str, node: str, pod: Mapping[str, Any] | None = None, uid: str = ""
+    ) -> str:
+        """Called by bind before the Binding of pod ``key`` (whose ``nvidia.com/gpu`` DRA
+        backs) to ``node`` is written: for a pod topoplace chose devices for,
+        :attr:`reallocate` gives them to its claim; for any other, the special claim
+        kube-scheduler made is checked as :meth:`before_bind_claims` checks claims.
         Returns "" or an error (the bind then fails)."""
-        if self.reallocate is None or self.extended_pick(key) is None:
+        if self.reallocate is not None and self.extended_pick(key) is not None:
+            return self.reallocate(key, node)
+        return self._check_bind(key, pod or {}, node, uid, extended=True)
+
+    def before_bind_claims(self, key: str, pod: Mapping[str, Any], node: str, uid: str) -> str:
+        """Called by bind before the Binding of claim pod ``key`` to ``node`` is written.
+
+        kube-scheduler wrote the pod's claim allocations in its PreBind, from its own view
+        of the cluster. Where that view lacked an allocation topoplace had written (its
+        informer behind, or its scheduling cycle begun before the write), both name a
+        device. topoplace checks its own allocations after writing them, but a PreBind
+        that comes after that check is seen only here: every claim of the pod that
+        kube-scheduler allocated is read from the API and compared with the devices
+        topoplace allocated or holds on ``node`` (:meth:`own_devices`; topoplace holds a
+        device in its ledger before it writes it, so an allocation of topoplace's that
+        came first is always known here). On a conflict the claim's allocation is removed
+        (nothing runs the pod yet) and the bind fails: kube-scheduler allocates again
+        from a view that has topoplace's. Without any device of topoplace's on ``node``
+        nothing is read. Returns "" or an error."""
+        return self._check_bind(key, pod, node, uid, extended=False)
+
+    def _check_bind(
+        self, key: str, pod: Mapping[str, Any], node: str, uid: str, extended: bool
+    ) -> str:
+        if self.check_bind is None:
             return ""
-        return self.reallocate(key, node)
+        own = self.own_devices(node)
+        if not own:
+            return ""
+        return self.check_bind(key, pod, node, uid, own, extended)
+
+    def own_devices(self, node: str) -> Mapping[dra.DeviceId, str]:
+        """Devices on ``node`` that topoplace allocated (claims marked
+        ``topoplace.io/allocated-by``) or holds (its assumed holdings: allocations being
+        written, devices chosen for gated ``nvidia.com/gpu`` pods), and those
+        kube-scheduler no longer counts (:meth:`note_uncounted`), each with its claim key.
+        Made once per (claims, pods) of the snapshot."""
+        snap = self.cache.snapshot()
+        claims = snap.extra.get(dra.CLAIMS_KEY) or EMPTY_MAP
+        memo = self._own_memo
+        if memo is None or memo[0] is not claims or memo[1] is not snap.pods:
+            by_node: dict[str, dict[Any, str]] = {}
+            values = claims.values() if isinstance(claims, Mapping) else claims
+            for c in values:
+                if dra.allocated_by_topoplace(c) and dra.is_allocated(c):
+                    mine = by_node.setdefault(dra.allocation_node(c), {})
+                    for i in dra.allocated_ids(c):
+                        mine[i] = dra.object_key(c)
+            for k, p in snap.pods.items():
+                if p.assumed and k.startswith(dra.HOLDER_PREFIX) and p.raw:
+                    mine = by_node.setdefault(p.node, {})
+                    for i in dra.allocated_ids(p.raw):
+                        mine[i] = k[len(dra.HOLDER_PREFIX) :]
+            inv = self.cache.dra_inventory(snap)
+            for k, ids in self.uncounted().items():
+                for i in ids:
+                    d = inv.by_id.get(i)
+                    if d is not None:
+                        by_node.setdefault(d.node, {})[i] = k
+            memo = (claims, snap.pods, by_node)
+            self._own_memo = memo
+        return memo[2].get(node, EMPTY_MAP)
 
     def extended_keys(self) -> list[str]:
         """The pods topoplace has chosen for (:meth:`pick_extended`), sorted."""
@@ -308,6 +449,69 @@ class DraRouter:
         held = dra.claim_holding(made, self.cache.dra_inventory(snap))
         return held[1] if held is not None and held[0] == node else None
 
+    def note_written(self, claim_key: str, ids: Sequence[dra.DeviceId]) -> None:
+        """topoplace has just written an allocation of ``ids`` for claim ``claim_key``: for
+        :attr:`recent_s` seconds they count as in flight (:data:`RECENT_S`)."""
+        if self.recent_s > 0 and ids:
+            with self._lock:
+                self._recent[claim_key] = (self._clock() + self.recent_s, frozenset(ids))
+
+    def note_uncounted(self, claim_key: str, ids: Sequence[dra.DeviceId]) -> None:
+        """Claim ``claim_key`` holds ``ids``, but kube-scheduler no longer counts them as
+        allocated: they were in two claims, and the other one gave them back (its set of
+        allocated devices then drops them, whoever still holds them; a claim in use cannot
+        be written again to make it count them). Until that claim's allocation goes,
+        claim pods' first fit is predicted without them and a node where it would take one
+        is refused, and a bind of a claim kube-scheduler gave one of them fails
+        (:meth:`own_devices`)."""
+        if ids:
+            with self._lock:
+                self._uncounted[claim_key] = frozenset(ids)
+                self._own_memo = None
+
+    def counted_again(self, claim_key: str) -> None:
+        """Claim ``claim_key``'s allocation was written again: kube-scheduler counts its
+        devices again (:meth:`note_uncounted` no longer holds)."""
+        with self._lock:
+            if self._uncounted.pop(claim_key, None) is not None:
+                self._own_memo = None
+
+    def uncounted(self) -> Mapping[str, frozenset[dra.DeviceId]]:
+        """:meth:`note_uncounted`'s claims still allocated with those devices."""
+        if not self._uncounted:
+            return EMPTY_MAP
+        claims = self.cache.snapshot().extra.get(dra.CLAIMS_KEY) or EMPTY_MAP
+        with self._lock:
+            for k, ids in list(self._uncounted.items()):
+                c = claims.get(k) if isinstance(claims, Mapping) else None
+                if c is None or not ids & set(dra.allocated_ids(c)):
+                    del self._uncounted[k]
+                    self._own_memo = None
+            return dict(self._uncounted)
+
+    def recent(self) -> tuple[frozenset[dra.DeviceId], Mapping[Any, frozenset[dra.DeviceId]]]:
+        """(devices kube-scheduler may not count as allocated: those topoplace wrote in
+        the last :attr:`recent_s` seconds and :meth:`uncounted` ones; the same by (driver,
+        pool)); the same objects while that set is unchanged."""
+        if not self._recent and not self._uncounted:
+            return frozenset(), EMPTY_MAP
+        now = self._clock()
+        lost = self.uncounted()
+        with self._lock:
+            for k, (deadline, _) in list(self._recent.items()):
+                if deadline < now:
+                    del self._recent[k]
+            key = (
+                tuple(sorted((k, v[0]) for k, v in self._recent.items())),
+                tuple(sorted(lost)),
+            )
+            memo = self._recent_memo
+            if memo[0] != key:
+                ids = frozenset().union(*(v[1] for v in self._recent.values()), *lost.values())
+                memo = (key, ids, _grouped(ids))
+                self._recent_memo = memo
+        return memo[1], memo[2]
+
     def _held(self, snap: ClusterSnapshot) -> tuple[frozenset[Any], frozenset[Any]]:
         memo = self._memo
         claims = snap.extra.get(dra.CLAIMS_KEY)
@@ -355,6 +559,9 @@ class DraRouter:
         snap = self.cache.snapshot()
         inv = self.cache.dra_inventory(snap)
         held, flying = self._held(snap)
+        recent, recent_pools = self.recent()
+        if recent:  # kube-scheduler may not count them yet: predicted without, refused on
+            flying = flying | recent
         claims = snap.extra.get(dra.CLAIMS_KEY) or EMPTY_MAP
         own, complete = dra.pod_claims(pod, claims)
         basis = (_pod_identity(pod), inv, snap.extra.get(dra.CLASSES_KEY), flying, complete)
@@ -411,6 +618,8 @@ class DraRouter:
                         *(by_pool.get(p, frozenset()) for p in mine),
                         *(more.get(p, frozenset()) for p in mine),
                     )
+                if recent_pools and any(p in recent_pools for p in mine):
+                    busy = busy - frozenset().union(*(recent_pools.get(p, ()) for p in mine))
                 prev = known.get(name)  # a plan reads the node's held devices, not the node
                 if prev is not None and prev[1] == busy:
                     plan = prev[0]
@@ -428,6 +637,336 @@ class DraRouter:
             self._last_plans = (basis, tuple(own), made)
         return out
 
+    # ---- greedy claim pods on every node at once --------------------------------------------
+
+    def _table(self, inv: dra.Inventory, entry: dra.FitEntry) -> dra.GreedyTable:
+        """The :class:`dra.GreedyTable` of ``entry``'s request form over every DRA node,
+        made once per inventory."""
+        memo = self._tables
+        if memo is None or memo[0] is not inv:
+            memo = (inv, {})
+            self._tables = memo
+            self._bits_memo.clear()
+            self._rows_memo.clear()
+        table = memo[1].get(entry.key)
+        if table is None:
+            devices = inv.by_node
+            table = dra.greedy_table(
+                tuple(devices), lambda n: dra.request_candidates(devices.get(n, ()), entry)
+            )
+            memo[1][entry.key] = table
+        return table
+
+    def _bits(self, table: dra.GreedyTable, what: str, ids: frozenset[Any]) -> np.ndarray:
+        """``table.id_masks(ids)``, made once per (table, what, ids object)."""
+        key = (id(table), what)
+        got = self._bits_memo.get(key)
+        if got is None or got[0] is not table or got[1] is not ids:
+            got = (table, ids, table.id_masks(ids))
+            self._bits_memo[key] = got
+        return got[2]
+
+    def _rows(
+        self, table: dra.GreedyTable, snap: ClusterSnapshot, names: Sequence[str]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(table row, snapshot index) of each name (-1: none), for the last few lists."""
+        key = (id(table), id(snap.index), tuple(names))
+        got = self._rows_memo.get(key)
+        if got is None:
+            rows, index = table.row, snap.index
+            got = (
+                np.fromiter((rows.get(n, -1) for n in names), np.int64, len(names)),
+                np.fromiter((index.get(n, -1) for n in names), np.int64, len(names)),
+            )
+            if len(self._rows_memo) >= 8:
+                self._rows_memo.clear()
+            self._rows_memo[key] = got
+        return got
+
+    def _fast(
+        self,
+        pod: Mapping[str, Any],
+        names: Sequence[str],
+        extended: Mapping[str, str] | None = None,
+    ) -> _Fast | None:
+        """The plans of a greedy claim pod on ``names`` by masks, or None when the pod is
+        not one (constraints, several requests, allocated or pinned claims, a
+        ComputeDomain, ...): then :meth:`plans` answers node by node."""
+        if not self.vectorized or not names:
+            return None
+        snap = self.cache.snapshot()
+        inv = self.cache.dra_inventory(snap)
+        claims = snap.extra.get(dra.CLAIMS_KEY) or EMPTY_MAP
+        if dra.pod_compute_domain(pod, claims):
+            return None
+        prep = (
+            dra.prepare_extended_pod(pod, inv, snap.extra, extended)
+            if extended
+            else dra.prepare_claim_pod(pod, inv, snap.extra)
+        )
+        if prep.pins or prep.holdings or not prep.complete or prep.pending is None:
+            return None
+        entry = prep.pending.greedy
+        if entry is None or entry.count < 1:
+            return None
+        table = self._table(inv, entry)
+        held, flying = self._held(snap)
+        recent, _ = self.recent()
+        if recent:
+            flying = flying | recent
+        held_bits = self._bits(table, "held", held)
+        if recent:
+            held_bits = held_bits & ~self._bits(table, "recent", recent)
+        trows, sidx = self._rows(table, snap, names)
+        n = len(names)
+        code = np.full(n, _NO_FIT, dtype=np.int8)
+        arrays = snap.arrays
+        known = sidx >= 0
+        at = np.where(known, sidx, 0)
+        state = np.where(known, arrays.state[at], 0)
+        cordoned = np.where(known, arrays.unschedulable[at], False)
+        has = trows >= 0
+        tr = np.where(has, trows, 0)
+        exact = has & table.exact[tr]
+        free = np.where(exact, table.full[tr] & ~held_bits[tr], 0)
+        sel, ok = dra.first_free_masks(free, entry.count)
+        sel = np.where(ok & exact, sel, 0)
+        code[ok & exact] = _OK
+        if flying:
+            hit = (sel & self._bits(table, "flying", flying)[tr]) != 0
+            code[hit & (code == _OK)] = _IN_FLIGHT
+        code[has & ~exact] = _SEARCH
+        code[cordoned.astype(bool)] = _CORDONED
+        code[state >= int(Health.UNHEALTHY)] = _UNHEALTHY
+        code[~known] = _UNKNOWN_NODE
+        searched: Mapping[str, dra.PodPlan] = EMPTY_MAP
+        slow = np.flatnonzero(code == _SEARCH)
+        if len(slow):
+            few = [names[i] for i in slow]
+            searched = {p.node: p for p in self.plans(pod, few, extended=extended)}
+        return _Fast(names, code, trows, sidx, free, sel, table, searched, entry.count)
+
+    def _fast_verdicts(self, fast: _Fast) -> tuple[tuple[str, ...], dict[str, str], dict[str, str]]:
+        """(feasible names in order, "not now" reasons, "never" reasons) of ``fast``."""
+        names, code = fast.names, fast.code
+        snap = self.cache.snapshot()
+        feasible: list[str] = []
+        failed: dict[str, str] = {}
+        never: dict[str, str] = {}
+        if not (code != _OK).any():
+            return tuple(names), failed, never
+        for i in range(len(names)):
+            c = int(code[i])
+            name = names[i]
+            if c == _OK:
+                feasible.append(name)
+            elif c == _SEARCH:
+                p = fast.searched[name]
+                if not p.verdict:
+                    feasible.append(name)
+                elif p.never:
+                    never[name] = p.verdict
+                else:
+                    failed[name] = p.verdict
+            elif c == _UNHEALTHY:
+                node = snap.node(name)
+                reasons = node.health.reasons if node is not None else ()
+                never[name] = reasons[0] if reasons else "node unhealthy"
+            else:
+                failed[name] = _REASONS[c]
+        return tuple(feasible), failed, never
+
+    def _fast_filter(
+        self,
+        pod: Mapping[str, Any],
+        names: Sequence[str],
+        extended: Mapping[str, str] | None,
+    ) -> FilterOutcome | None:
+        """:meth:`filter` for a greedy claim pod, by masks (None: not one)."""
+        fast = self._fast(pod, names, extended)
+        if fast is None:
+            return None
+        feasible, failed, never = self._fast_verdicts(fast)
+        self._last_fast = (_pod_identity(pod), self.cache.snapshot(), fast)
+        table = fast.table
+        ok = fast.code == _OK
+        picks = np.zeros(len(table.nodes), dtype=np.int64)
+        picks[fast.trows[ok]] = fast.sel[ok]
+        ids: set[dra.DeviceId] = set()
+        key = object_key(pod)
+        slow = [p for p in fast.searched.values() if not p.verdict]
+        for p in slow:
+            ids.update(d.id for c in p.prediction.devices for d in c)
+        if slow:  # as :meth:`filter` does node by node
+            more = self.likely_kube_picks(exclude=key)
+            redo = [p.node for p in slow if not dra.first_fit_stands(p.prediction, more)]
+            if more and redo:
+                for p in self.plans(pod, redo, more, extended):
+                    ids.update(d.id for c in p.prediction.devices for d in c)
+        others = self._others_bits(table, key)
+        if others is not None and ok.any():
+            tr = fast.trows[ok]
+            moved = (fast.sel[ok] & others[tr]) != 0
+            if moved.any():
+                # kube-scheduler counts the devices of pods it filtered before this one too:
+                # where the first fit took one of those, it lands past them (as plans with
+                # ``also_held``; flying devices do not change the first fit)
+                rows = tr[moved]
+                sel2, ok2 = dra.first_free_masks(fast.free[ok][moved] & ~others[rows], fast.count)
+                picks[rows[ok2]] |= sel2[ok2]
+        with self._lock:
+            self._drop_picks(key)
+            if picks.any():
+                self._mask_picks[key] = (table, picks)
+            if ids or key in self._mask_picks:
+                frozen = frozenset(ids)
+                self._picks[key] = (self._clock() + self.picks_ttl_s, frozen)
+                self._pick_counts.update(frozen)
+        return FilterOutcome(feasible, MappingProxyType(failed), MappingProxyType(never))
+
+    def _others_bits(self, table: dra.GreedyTable, exclude: str) -> np.ndarray | None:
+        """The candidate bits of ``table`` that claim pods filtered before (but
+        ``exclude``) may get from kube-scheduler now (:meth:`likely_kube_picks`), or None
+        when there are none."""
+        self._expire_picks()
+        with self._lock:
+            masks = [m for k, (t, m) in self._mask_picks.items() if k != exclude and t is table]
+            other_tables = any(
+                k != exclude and t is not table for k, (t, _) in self._mask_picks.items()
+            )
+            counts = self._pick_counts
+            mine = self._picks.get(exclude)
+            ids = [i for i, c in counts.items() if c > 1 or mine is None or i not in mine[1]]
+        if other_tables:  # another request form's picks: their devices, as ids
+            ids += list(self._mask_pick_ids(lambda t: t is not table, exclude))
+        if not masks and not ids:
+            return None
+        out = np.bitwise_or.reduce(masks) if masks else np.zeros(len(table.nodes), np.int64)
+        if ids:
+            out = out | table.id_masks(ids)
+        return out
+
+    def _mask_pick_ids(self, which: Callable[[dra.GreedyTable], bool], exclude: str) -> set[Any]:
+        """The device ids of the mask picks of tables ``which`` accepts, but ``exclude``'s."""
+        with self._lock:
+            recs = [(t, m) for k, (t, m) in self._mask_picks.items() if k != exclude and which(t)]
+        out: set[Any] = set()
+        for t, m in recs:
+            for r in np.flatnonzero(m):
+                out.update(d.id for d in t.devices(int(r), int(m[r])))
+        return out
+
+    def _fast_scores(
+        self,
+        pod: Mapping[str, Any],
+        names: Sequence[str],
+        extended: Mapping[str, str] | None = None,
+    ) -> list[int] | None:
+        """``dra.plan_scores`` of the plans of a greedy claim pod, by masks (None: not
+        one). The same numbers: the same float operations in the same order."""
+        fast = self._fast(pod, names, extended)
+        if fast is None:
+            return None
+        return self._scores_of(fast)
+
+    def _scores_of(self, fast: _Fast) -> list[int]:
+        """``dra.plan_scores`` of ``fast``'s plans (see :meth:`_fast_scores`)."""
+        names = fast.names
+        snap = self.cache.snapshot()
+        shape_id, cap, used, health, shapes = self._node_columns(snap)
+        code = fast.code
+        live = code == _OK
+        for name, p in fast.searched.items():
+            if not p.verdict:
+                live[names.index(name)] = True
+        if not live.any():
+            return [0] * len(names)
+        idx = np.flatnonzero(live)
+        si = fast.sidx[idx]
+        gm = np.zeros(len(idx), dtype=np.int64)
+        okc = code[idx] == _OK
+        gm[okc] = dra.gpu_masks(fast.table, fast.trows[idx][okc], fast.sel[idx][okc])
+        for j in np.flatnonzero(~okc):  # searched: their plan's GPUs
+            p = fast.searched[names[int(idx[j])]]
+            gm[j] = sum(1 << g for g in p.gpus if 0 <= g < 63)
+        sid = shape_id[si]
+        gm &= self._shape_masks(shapes)[sid]  # GPUs the shape has (plan_value's "ok")
+        bw = self._ring_values(shapes, sid, gm)
+        c = cap[si]
+        pack = np.where(c > 0, dra._popcount(used[si] | gm) / np.where(c > 0, c, 1), 0.0)
+        top = float(bw.max()) or 1.0
+        raw = 0.7 * bw / top + 0.2 * pack + 0.1 * health[si]
+        # the best: highest round(raw, 9), then the first name (as plan_scores); Python's
+        # round on each distinct value near the top, the names only of the tied
+        # (snapshot nodes are sorted by name: the first name is the lowest index)
+        near = np.flatnonzero(raw >= raw.max() - 1e-8)
+        values = {float(v): round(float(v), 9) for v in np.unique(raw[near])}
+        top9 = max(values.values())
+        tops = np.asarray([v for v, r in values.items() if r == top9], np.float64)
+        tied = near[np.isin(raw[near], tops)]
+        best = int(tied[np.argmin(si[tied])])
+        out = np.zeros(len(names), dtype=np.int64)
+        out[idx] = np.minimum(9, (10 * raw + 1e-9).astype(np.int64))
+        out[idx[best]] = 10
+        return out.tolist()
+
+    def _node_columns(
+        self, snap: ClusterSnapshot
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[Any, ...]]:
+        """Per snapshot node: (shape id, GPU capacity, used GPU bits, 1 - risk, shapes)."""
+        memo = self._columns
+        if memo is None or memo[0] is not snap.nodes:
+            shapes: dict[Any, int] = {}
+            sid, cap, used, health = [], [], [], []
+            for n in snap.nodes:
+                sid.append(shapes.setdefault(n.shape, len(shapes)))
+                cap.append(int(n.gpu_capacity))
+                used.append(n.used_mask)
+                health.append(1.0 - float(n.health.risk))
+            memo = (
+                snap.nodes,
+                (
+                    np.asarray(sid, np.int64),
+                    np.asarray(cap, np.int64),
+                    np.asarray(used, np.int64),
+                    np.asarray(health, np.float64),
+                    tuple(shapes),
+                ),
+            )
+            self._columns = memo
+        return memo[1]
+
+    @staticmethod
+    def _shape_masks(shapes: tuple[Any, ...]) -> np.ndarray:
+        return np.asarray([(1 << min(s.num_gpus, 63)) - 1 for s in shapes], np.int64)
+
+    _RINGS: dict[tuple[Any, int], float] = {}
+
+    def _ring_values(self, shapes: tuple[Any, ...], sid: np.ndarray, gm: np.ndarray) -> np.ndarray:
+        """``ring_bottleneck`` of each (shape, GPU bits); 0 below two GPUs."""
+        key = sid * (1 << 40) + gm if len(shapes) < (1 << 20) else None
+        if key is None:
+            return np.asarray(
+                [self._ring(shapes[int(a)], int(b)) for a, b in zip(sid, gm, strict=True)]
+            )
+        uniq, inv = np.unique(key, return_inverse=True)
+        vals = np.asarray(
+            [self._ring(shapes[int(u) >> 40], int(u) & ((1 << 40) - 1)) for u in uniq],
+            np.float64,
+        )
+        return vals[inv]
+
+    def _ring(self, shape: Any, mask: int) -> float:
+        k = (shape, mask)
+        v = DraRouter._RINGS.get(k)
+        if v is None:
+            gpus = dra.mask_bits(mask)
+            v = ring_bottleneck(shape, gpus) if len(gpus) >= 2 else 0.0
+            if len(DraRouter._RINGS) > 100_000:
+                DraRouter._RINGS.clear()
+            DraRouter._RINGS[k] = v
+        return v
+
     def filter(
         self,
         pod: Mapping[str, Any],
@@ -437,6 +976,9 @@ class DraRouter:
         """Which of ``names`` the claim pod may use, and why not; remembers the feasible
         nodes' predicted devices (:meth:`likely_kube_picks`). ``extended``: as for
         :meth:`plans`."""
+        quick = self._fast_filter(pod, names, extended)
+        if quick is not None:
+            return quick
         plans = self.plans(pod, names, extended=extended)
         feasible = tuple(p.node for p in plans if not p.verdict)
         failed = {p.node: p.verdict for p in plans if p.verdict and not p.never}
@@ -464,8 +1006,45 @@ class DraRouter:
                 self._pick_counts.update(ids)
         return FilterOutcome(feasible, MappingProxyType(failed), MappingProxyType(never))
 
+    def best(self, pod: Mapping[str, Any], names: Sequence[str]) -> str:
+        """The node of ``names`` :meth:`prioritize` scores 10 ("" when none is feasible),
+        and the pod's remembered picks (:meth:`likely_kube_picks`) narrowed to it: with
+        one node left, kube-scheduler allocates there."""
+        last = self._last_fast
+        if last is not None and last[0] == _pod_identity(pod) and last[1] is self.cache.snapshot():
+            # filter's plans of this pod on every node offered: the feasible ones are the
+            # nodes scored, so the same scores as prioritize on them
+            fast = last[2]
+            got = self._scores_of(fast)
+            top = next((fast.names[i] for i, v in enumerate(got) if v == 10), "")
+            if top not in names:
+                top = next((n for n, v in self.prioritize(pod, names) if v == 10), "")
+        else:
+            top = next((n for n, v in self.prioritize(pod, names) if v == 10), "")
+        key = object_key(pod)
+        inv = self.cache.dra_inventory()
+        with self._lock:
+            mp = self._mask_picks.get(key)
+            if mp is not None:
+                table, masks = mp
+                only = np.zeros_like(masks)
+                r = table.row.get(top)
+                if r is not None:
+                    only[r] = masks[r]
+                self._mask_picks[key] = (table, only)
+            old = self._picks.get(key)
+            if old is not None:
+                kept = frozenset(i for i in old[1] if getattr(inv.by_id.get(i), "node", "") == top)
+                self._drop_picks(key)
+                if mp is not None:
+                    self._mask_picks[key] = (mp[0], only)
+                self._picks[key] = (old[0], kept)
+                self._pick_counts.update(kept)
+        return top
+
     def _drop_picks(self, key: str) -> None:
         """Forget pod ``key``'s picks (under the lock)."""
+        self._mask_picks.pop(key, None)
         old = self._picks.pop(key, None)
         if old is not None:
             counts = self._pick_counts
@@ -478,13 +1057,18 @@ class DraRouter:
 
     def prioritize(self, pod: Mapping[str, Any], names: Sequence[str]) -> list[tuple[str, int]]:
         """Scores 0..10 by the predicted set's bandwidth (``dra.plan_scores``)."""
+        quick = self._fast_scores(pod, names)
+        if quick is not None:
+            return list(zip(names, quick, strict=True))
         snap = self.cache.snapshot()
         plans = self.plans(pod, names)
         return list(zip(names, dra.plan_scores(plans, snap.node), strict=True))
 
-    def likely_kube_picks(self, exclude: str = "") -> frozenset[dra.DeviceId]:
-        """Devices kube-scheduler may be allocating now for claim pods topoplace filtered
-        (until their claims show allocated, or :attr:`picks_ttl_s`), but pod ``exclude``."""
+    def _expire_picks(self) -> None:
+        """Forget the picks of pods whose claims show allocated, or older than
+        :attr:`picks_ttl_s`."""
+        if not self._picks:
+            return
         now = self._clock()
         snap = self.cache.snapshot()
         claims = snap.extra.get(dra.CLAIMS_KEY) or EMPTY_MAP
@@ -496,8 +1080,18 @@ class DraRouter:
                 )
                 if deadline < now or done:
                     self._drop_picks(key)
+
+    def likely_kube_picks(self, exclude: str = "") -> frozenset[dra.DeviceId]:
+        """Devices kube-scheduler may be allocating now for claim pods topoplace filtered
+        (until their claims show allocated, or :attr:`picks_ttl_s`), but pod ``exclude``."""
+        self._expire_picks()
+        with self._lock:
             counts = self._pick_counts
             mine = self._picks.get(exclude)
             if mine is None:
-                return frozenset(counts)
-            return frozenset(i for i, n in counts.items() if n > 1 or i not in mine[1])
+                out = set(counts)
+            else:
+                out = {i for i, n in counts.items() if n > 1 or i not in mine[1]}
+        if self._mask_picks:
+            out |= self._mask_pick_ids(lambda _t: True, exclude)
+        return frozenset(out)

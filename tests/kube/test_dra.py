@@ -533,32 +533,64 @@ def test_gang_of_eight_all_or_nothing_and_restart(
 def test_race_gated_and_ungated_claims_never_share_a_device(
     topoplace: Topoplace, dra_scheduler: Any, cluster: DraCluster, claims: Claims, run_id: str
 ) -> None:
-    """Twelve 1-GPU claims at once on two 8-GPU nodes, half allocated by kube-scheduler and
-    half by topoplace (gated): every one is allocated, no device twice."""
+    """The race, forced. Per round, twelve 1-GPU claims at once on two 8-GPU nodes (six
+    pinned to each), half allocated by kube-scheduler and half by topoplace (gated): every
+    claim is allocated and bound, no device twice. topoplace runs with
+    ``TOPOPLACE_DRA_SETTLE_S=0`` (it checks its allocations against every claim at once
+    after writing them, so kube-scheduler's allocations from a view without them land
+    after that check); for the first :data:`RACE_ROUNDS` rounds also with
+    ``TOPOPLACE_DRA_RECENT_S=0`` (its filter does not hold kube-scheduler off its fresh
+    writes), so the conflicts happen and topoplace's bind check must undo them and keep
+    kube-scheduler's count of allocated devices whole; then as shipped, for as many rounds."""
+    rnd = 0
+    for env in ({"TOPOPLACE_DRA_RECENT_S": "0"}, {}):
+        with topoplace.restarted({"TOPOPLACE_DRA_SETTLE_S": "0", **env}):
+            for _ in range(RACE_ROUNDS):
+                _race_round(topoplace, cluster, claims, run_id, rnd)
+                rnd += 1
+            log = (topoplace.logdir / f"topoplace-{topoplace.starts}.log").read_text(
+                errors="replace"
+            )
+        waits = log.count("waiting for their bind")
+        fails = log.count("(kube-scheduler's) shares devices")
+        yields = log.count("topoplace yields")
+        print(
+            f"\n{RACE_ROUNDS} rounds {env or 'as shipped'}: binds failed on a shared device "
+            f"{fails}, topoplace waited for such a bind {waits}, yielded {yields}"
+        )
+
+
+def _race_round(
+    topoplace: Topoplace, cluster: DraCluster, claims: Claims, run_id: str, rnd: int
+) -> None:
     import threading
 
     nodes = cluster.add_nodes(2, annotations=DGX1)
     _wait_nodes(topoplace, nodes, "dgx1-v100")
-    sel = {"topoplace-dra": cluster.tag}
+    hosts = [{"kubernetes.io/hostname": n} for n in nodes]
+    names = [f"r{rnd}-{i}" for i in range(12)]
 
     def make(i: int) -> None:
-        claims.create(f"r{i}", 1)
-        claims.pod(f"pod-r{i}", f"r{i}", run_id, gated=i % 2 == 0, selector=sel)
+        claims.create(names[i], 1)
+        host = hosts[i // 6]  # both sides on both nodes: they must meet
+        claims.pod(f"pod-{names[i]}", names[i], run_id, gated=i % 2 == 0, selector=host)
 
     threads = [threading.Thread(target=make, args=(i,)) for i in range(12)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    # A gated pod is released only once its allocation checked out against every claim;
-    # until then a transient overlap with kube-scheduler's concurrent allocation is undone.
-    for i in range(12):
-        wait_for(lambda i=i: claims.node_of(f"pod-r{i}"), 90, f"pod-r{i} bound")
-    got = {i: claims.devices(f"r{i}") for i in range(12)}
-    flat = [(n, d) for n, devs in got.values() for d in devs]
-    assert len(flat) == len(set(flat)) == 12, got
-    for i in range(12):
-        assert claims.node_of(f"pod-r{i}") == got[i][0]
+    for n in names:
+        wait_for(lambda n=n: claims.node_of(f"pod-{n}"), 120, f"pod-{n} bound")
+    got = {n: claims.devices(n) for n in names}
+    flat = [(node, d) for node, devs in got.values() for d in devs]
+    assert len(flat) == len(set(flat)) == 12, (rnd, got)
+    for n in names:
+        assert claims.node_of(f"pod-{n}") == got[n][0]
+
+
+RACE_ROUNDS = 3
+"""Rounds of the forced race per setting (each a fresh pair of nodes)."""
 
 
 # ---- (4) ComputeDomains ------------------------------------------------------------------------

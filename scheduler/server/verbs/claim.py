@@ -4,10 +4,12 @@ kube-scheduler's DRA plugin allocates the devices; topoplace predicts what it wi
 each node (:class:`scheduler.runtime.dra.DraRouter`) and filters and scores by that:
 
 * filter: the router's verdict per node (the pod is remembered so bind finds it without a
-  GET); a claim gang is placed whole by ``scheduler/kube/allocator.py``;
+  GET), narrowed to the best-scored node with ``extender.decide_in_filter``; a claim gang
+  is placed whole by ``scheduler/kube/allocator.py``;
 * score: the predicted device set's bandwidth, 0..10;
-* bind: its claims are allocated by then, so a claim gang member binds as a pod alone
-  (``whole.bind_start`` with its gang cleared);
+* bind: its claims are allocated by then; those kube-scheduler allocated are checked
+  against the devices topoplace allocated (``DraRouter.before_bind_claims``), then a claim
+  gang member binds as a pod alone (``whole.bind_start`` with its gang cleared);
 * preempt: none of topoplace's (kube-scheduler's victims go back); explain: no summary.
 """
 
@@ -15,9 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from types import MappingProxyType
 from typing import Any
 
 from scheduler.core.model import PodRequest
+from scheduler.core.schedule import REASON_NOT_CHOSEN, FilterOutcome
 from scheduler.server.verbs import whole
 from scheduler.server.verbs.base import BindWrite, Host, PodKind
 
@@ -35,9 +39,20 @@ class Claims(PodKind):
         names: list[str],
         items: list[Mapping[str, Any]] | None,
     ) -> dict[str, Any]:
-        """The DRA router's verdict."""
+        """The DRA router's verdict; with ``extender.decide_in_filter`` (and the pod
+        ours) only the node its prioritize scores best is kept, the other feasible ones
+        failing as not chosen, as for whole-GPU pods: kube-scheduler then allocates there
+        (the devices topoplace predicted and scored) and skips scoring."""
         ext.cache.remember_pending(pod)  # bind finds it without a GET
-        return ext.filter_reply(ext.dra.filter(pod, names), items)
+        out = ext.dra.filter(pod, names)
+        if len(out.feasible) > 1 and ext.params.extender.decide_in_filter and ext.ours(pod):
+            top = ext.dra.best(pod, out.feasible)
+            if top:
+                failed = dict(out.failed)
+                failed.update(dict.fromkeys(out.feasible, REASON_NOT_CHOSEN))
+                del failed[top]
+                out = FilterOutcome((top,), MappingProxyType(failed), out.unresolvable)
+        return ext.filter_reply(out, items)
 
     def score(
         self, ext: Host, pod: Mapping[str, Any], req: PodRequest, names: list[str]
@@ -48,7 +63,13 @@ class Claims(PodKind):
     def bind(
         self, ext: Host, key: str, pod: Mapping[str, Any], req: PodRequest, node: str, uid: str
     ) -> BindWrite | str:
-        """A pod alone on ``node`` (a claim gang is whole already)."""
+        """A pod alone on ``node`` (a claim gang is whole already), once its claims are
+        checked against topoplace's own allocations (``DraRouter.before_bind_claims``:
+        a device kube-scheduler's PreBind gave from a view without topoplace's write
+        fails the bind and is given back)."""
+        err = ext.dra.before_bind_claims(key, pod, node, uid)
+        if err:
+            return err
         if req.gang:
             req = replace(req, gang="")
         return whole.bind_start(ext, key, pod, req, node, uid, self.explain(ext, req, node))

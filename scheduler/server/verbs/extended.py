@@ -14,7 +14,8 @@ section 5):
   (``DraRouter.prioritize_extended``);
 * bind: on a device-plugin node a whole-GPU bind; on a DRA node the special claim holds the
   GPUs (the pod holds none itself), and for a pod topoplace chose devices for, the claim is
-  given them first (``DraRouter.before_bind``);
+  given them first; any other's is checked against topoplace's own allocations
+  (``DraRouter.before_bind``);
 * preempt: none of topoplace's (kube-scheduler's victims go back); explain: no summary.
 """
 
@@ -69,7 +70,7 @@ class Extended(PodKind):
         by_dra, _ = ext.dra.split_by_dra([node])
         if not by_dra:
             return whole.WHOLE.bind(ext, key, pod, req, node, uid)
-        err = ext.dra.before_bind(key, node)
+        err = ext.dra.before_bind(key, node, pod, uid)
         if err:
             return str(err)
         return whole.bind_start(ext, key, pod, replace(req, gpus=0, gang=""), node, uid, "")
