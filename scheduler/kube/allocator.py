@@ -17,22 +17,32 @@ choice to topoplace instead. kube-scheduler ignores a gated pod; :class:`GateAll
    immutable);
 3. waits ``settle_s`` and re-lists every claim from the API (a consistent read): if
    another claim holds one of its devices (kube-scheduler allocating at the same moment
-   from a view that did not have topoplace's write yet), topoplace's allocation yields:
-   it is removed again (the pod is still gated, nothing uses it) and the pod is retried
-   with the other claim's devices known;
+   from a view that did not have topoplace's write yet), it waits for that pod's bind
+   check when the pod is not bound yet, else topoplace's allocation yields: it is removed
+   again (the pod is still gated, nothing uses it) and the pod is retried with the other
+   claim's devices known;
 4. removes the gate; kube-scheduler schedules the pod onto the pinned node and calls
    topoplace's bind.
 
 **The race with kube-scheduler.** Nothing in the API stops two claims naming one device,
-so both sides must avoid it: topoplace (a) never picks a device an allocated claim or its
-own in-flight allocation holds (the ledger), (b) avoids the devices kube-scheduler's first
-fit would take for claim pods it filtered in the last seconds
-(``DraRouter.likely_kube_picks``, when kube-scheduler calls topoplace for claim pods: the
-DRA deploy variant), (c) refuses, in filter, nodes where kube-scheduler's first fit would
-take a device topoplace is writing (``REASON_CLAIM_IN_FLIGHT``), and (d) verifies after
-writing and yields on a conflict (step 3). What is left: kube-scheduler allocating, more
-than ``settle_s`` after its filter, devices it chose from a view that predates both
-topoplace's write and its own filter call; docs/dra.md says so.
+and kube-scheduler counts allocated devices in a set fed by its claim informer: when one of
+two claims naming a device gives it back, the set drops the device though the other claim
+still holds it, and kube-scheduler may hand it out again. So both sides must avoid it:
+topoplace (a) never picks a device an allocated claim or its own in-flight allocation holds
+(the ledger), (b) avoids the devices kube-scheduler's first fit would take for claim pods it
+filtered in the last seconds (``DraRouter.likely_kube_picks``, when kube-scheduler calls
+topoplace for claim pods: the DRA deploy variant), (c) in filter, predicts the first fit
+without its own allocations of the last ``RECENT_S`` seconds (kube-scheduler's view may not
+have them yet) and refuses nodes where it would take one (``REASON_CLAIM_IN_FLIGHT``), (d)
+verifies after writing (step 3), and (e) checks at bind the claims kube-scheduler allocated
+for the pod against its own devices (:meth:`GateAllocator.check_bind`). Of two allocations
+naming a device, the one written second is checked after the first exists (topoplace holds
+a device before writing it; kube-scheduler's PreBind comes before topoplace's bind), so one
+of (d) and (e) sees every conflict. A conflict with a pod not bound yet is left to that
+pod's bind check (which gives kube-scheduler's allocation back and fails the bind); the
+survivor is then written again (:meth:`GateAllocator._rewrite`), so kube-scheduler counts
+its devices again. Where the survivor is in use and cannot be written again, topoplace
+keeps claim pods off those devices until it is gone (``DraRouter.note_uncounted``).
 
 **Restart.** Nothing is kept in memory that the API does not hold: allocated claims come
 back through the watch as ledger holdings, a gated pod whose claims are all allocated is
@@ -966,9 +976,31 @@ class GateAllocator:
 
     # ---- thread -------------------------------------------------------------------------
 
+    def wake_held_off(self) -> list[str]:
+        """Wake the pending pods topoplace's filter refused only while its recent writes
+        could still be missing from kube-scheduler's view (``DraRouter.due_wakes``): that
+        window has ended, and nothing else may move them. Returns the pods woken."""
+        wake = getattr(self.api, "wake_pod", None)
+        if self.router is None or wake is None:
+            return []
+        woken = []
+        for key in self.router.due_wakes():
+            if self.cache.pending(key) is None:
+                continue
+            ns, name = _ns_name(key)
+            try:
+                wake(ns, name, "topoplace's recent DRA allocations are visible now")
+            except (ApiError, ApiUnavailable) as exc:
+                log.warning("waking %s failed: %s", key, exc)
+                continue
+            woken.append(key)
+        return woken
+
     def run(self, interval: float = INTERVAL_S) -> None:
         """Passes every ``interval`` seconds until :meth:`stop`."""
         while not self._stop.is_set():
+            with contextlib.suppress(Exception):
+                self.wake_held_off()
             try:
                 for o in self.step():
                     if o.state != WAITING:

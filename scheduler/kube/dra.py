@@ -21,6 +21,7 @@ the finalizer and ``status.allocation`` of a claim, removing a pod's scheduling 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
@@ -138,6 +139,15 @@ class ClaimWriter:
         Raises ApiError."""
         path = f"/api/v1/namespaces/{quote(ns, safe='')}/pods/{quote(name, safe='')}"
         return self.api.request_json("GET", path)
+
+    def wake_pod(self, ns: str, name: str, why: str) -> None:
+        """Patch the waker's annotation (``scheduler.kube.waker.WAKE_ANNOTATION``) onto a
+        pod: an update of the pod moves it out of kube-scheduler's unschedulable queue.
+        Raises ApiError."""
+        from scheduler.kube.waker import WAKE_ANNOTATION
+
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.api.patch_pod_annotations(ns, name, {WAKE_ANNOTATION: f"{stamp} {why}"[:200]})
 
     def remove_gate(
         self, pod: Mapping[str, Any], gate: str, annotations: Mapping[str, str] | None = None

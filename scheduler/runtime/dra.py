@@ -6,14 +6,21 @@ filter runs first, so the nodes offered can allocate the claims in its view. For
 one, :class:`DraRouter` predicts the devices kube-scheduler's first-fit allocator will
 pick there (``scheduler.core.dra.plan_pod``), refuses unhealthy nodes, nodes where the
 claims cannot be allocated in topoplace's view, nodes where the first fit would take a
-device topoplace's own allocator is writing at that moment, and, for a ComputeDomain pod,
+device topoplace's own allocator is writing or wrote in the last :data:`RECENT_S` seconds
+(predicted as kube-scheduler may still see it: free), and, for a ComputeDomain pod,
 nodes serving another domain or outside the domain's NVLink partition; and scores the rest by the
 ring bandwidth of the predicted set (``plan_scores``), not of the best set.
 
 It also remembers, for a few seconds, the devices the first fit would take on every node
 it let through (:meth:`DraRouter.likely_kube_picks`): kube-scheduler will allocate one of
 those sets in its PreBind, and topoplace's allocator (``scheduler.kube.allocator``) avoids
-them meanwhile. No I/O.
+them meanwhile. At bind, the claims kube-scheduler allocated for a pod are checked
+against topoplace's own devices (:meth:`DraRouter.before_bind_claims`).
+
+A pod whose claims are one ``ExactCount`` request without constraints (the common case)
+is answered without per-node Python: the first fit on every node at once by candidate bit
+masks (``scheduler.core.dra.GreedyTable``), scores from per-node columns, the same answers
+as node by node (``tests/dra/test_vectorized.py``). No I/O.
 """
 
 from __future__ import annotations
@@ -219,6 +226,7 @@ class DraRouter:
         self.recent_s = recent_s
         self._recent: dict[str, tuple[float, frozenset[dra.DeviceId]]] = {}
         self._uncounted: dict[str, frozenset[dra.DeviceId]] = {}
+        self._held_off: dict[str, float] = {}  # pod -> when the window that refused it ends
         self._recent_memo: tuple[tuple[Any, ...], frozenset[dra.DeviceId], Mapping[Any, Any]] = (
             (),
             frozenset(),
@@ -455,6 +463,31 @@ class DraRouter:
         if self.recent_s > 0 and ids:
             with self._lock:
                 self._recent[claim_key] = (self._clock() + self.recent_s, frozenset(ids))
+
+    def _note_held_off(self, key: str, out: FilterOutcome) -> None:
+        """Pod ``key`` got no node and some were refused only for devices of topoplace's
+        recent writes: it is due a wake when the window ends (:meth:`due_wakes`), since
+        kube-scheduler parks a pod only an extender refused until an event it may never
+        see."""
+        if out.feasible or dra.REASON_CLAIM_IN_FLIGHT not in out.failed.values():
+            self._held_off.pop(key, None)
+            return
+        ends = [d for d, _ in self._recent.values()]
+        if ends:
+            with self._lock:
+                self._held_off[key] = max(ends) + 0.1
+
+    def due_wakes(self) -> list[str]:
+        """Pods refused by a window that has ended since (see :meth:`_note_held_off`),
+        each once, in key order."""
+        if not self._held_off:
+            return []
+        now = self._clock()
+        with self._lock:
+            due = sorted(k for k, t in self._held_off.items() if t <= now)
+            for k in due:
+                del self._held_off[k]
+        return due
 
     def note_uncounted(self, claim_key: str, ids: Sequence[dra.DeviceId]) -> None:
         """Claim ``claim_key`` holds ``ids``, but kube-scheduler no longer counts them as
@@ -978,6 +1011,7 @@ class DraRouter:
         :meth:`plans`."""
         quick = self._fast_filter(pod, names, extended)
         if quick is not None:
+            self._note_held_off(object_key(pod), quick)
             return quick
         plans = self.plans(pod, names, extended=extended)
         feasible = tuple(p.node for p in plans if not p.verdict)
@@ -1004,7 +1038,9 @@ class DraRouter:
                 ids = frozenset(picks)
                 self._picks[key] = (self._clock() + self.picks_ttl_s, ids)
                 self._pick_counts.update(ids)
-        return FilterOutcome(feasible, MappingProxyType(failed), MappingProxyType(never))
+        out = FilterOutcome(feasible, MappingProxyType(failed), MappingProxyType(never))
+        self._note_held_off(key, out)
+        return out
 
     def best(self, pod: Mapping[str, Any], names: Sequence[str]) -> str:
         """The node of ``names`` :meth:`prioritize` scores 10 ("" when none is feasible),

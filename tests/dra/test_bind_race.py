@@ -221,3 +221,20 @@ def test_a_claim_another_running_pod_reserved_is_left_allocated() -> None:
     err = router.before_bind_claims("default/pu", ungated, NODE, "uid-pu")
     assert err  # the bind still fails: the device is topoplace's
     assert dra.is_allocated(api.claims["default/u2"])  # but a running pod's claim stays
+
+
+def test_a_pod_refused_only_by_the_window_is_woken_when_it_ends() -> None:
+    """kube-scheduler parks a pod only an extender refused: once the window of
+    topoplace's recent writes has ended, the allocator wakes the pods it kept from them."""
+    cache, api, router, alloc, now = _setup_pair()
+    ungated = _ungated("pu", "u2")
+    cache.remember_pending(ungated)
+    woken: list[tuple[str, str]] = []
+    api.wake_pod = lambda ns, name, why: woken.append((ns, name))  # type: ignore[attr-defined]
+    alloc.step()  # g2 written: gpu-0 and gpu-3 recent
+    assert router.filter(ungated, [NODE]).feasible == ()
+    assert alloc.wake_held_off() == [] and woken == []  # the window is still open
+    now[0] += router.recent_s + 0.2
+    assert alloc.wake_held_off() == ["default/pu"]
+    assert woken == [("default", "pu")]
+    assert alloc.wake_held_off() == []  # once
