@@ -954,6 +954,8 @@ class GreedyTable:
     gpu: np.ndarray
     exact: np.ndarray
     pos: Mapping[DeviceId, tuple[int, int]]
+    ident: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    """bool per row: candidate k is GPU k for every k (then GPU bits = candidate bits)."""
 
     def id_masks(self, ids: Iterable[DeviceId]) -> np.ndarray:
         """int64 per row: the bits of those of ``ids`` that are candidates."""
@@ -998,7 +1000,11 @@ def greedy_table(
             pos[d.id] = (r, k)
             if d.gpu is not None:
                 gpu[r, k] = 1 << d.gpu
-    for a in (full, gpu, exact):
+    own_bit = np.left_shift(1, np.arange(width, dtype=np.int64))
+    ident = exact & (
+        (gpu == own_bit) | (gpu == 0) & ((full[:, None] >> np.arange(width)) & 1 == 0)
+    ).all(axis=1)
+    for a in (full, gpu, exact, ident):
         a.setflags(write=False)
     return GreedyTable(
         tuple(nodes),
@@ -1008,6 +1014,7 @@ def greedy_table(
         gpu,
         exact,
         MappingProxyType(pos),
+        ident,
     )
 
 
@@ -1030,10 +1037,17 @@ def _popcount(x: np.ndarray) -> np.ndarray:
 
 def gpu_masks(table: GreedyTable, rows: np.ndarray, sel: np.ndarray) -> np.ndarray:
     """``1 << gpu`` summed over the candidates ``sel`` picks, for each of ``rows``."""
-    out = np.zeros(len(rows), dtype=np.int64)
-    g = table.gpu[rows]
+    same = table.ident[rows]
+    if same.all():
+        return sel.copy()
+    out = np.where(same, sel, 0)
+    other = np.flatnonzero(~same)
+    g = table.gpu[rows[other]]
+    s = sel[other]
+    acc = np.zeros(len(other), dtype=np.int64)
     for k in range(table.gpu.shape[1]):
-        out |= np.where((sel >> k) & 1 == 1, g[:, k], 0)
+        acc |= np.where((s >> k) & 1 == 1, g[:, k], 0)
+    out[other] = acc
     return out
 
 

@@ -256,6 +256,8 @@ class DraRouter:
         self._columns: tuple[Any, tuple[Any, ...]] | None = None
         self._mask_picks: dict[str, tuple[dra.GreedyTable, np.ndarray]] = {}
         self._last_fast: tuple[Any, Any, _Fast] | None = None
+        self._expired_with: Any = None  # the claims the picks were last checked against
+        self._expire_checked: set[str] = set()
         self._extended_picks: dict[str, ExtendedPick] = {}
         self.reallocate: Callable[[str, str], str] | None = None
         """Gives a chosen pod's special claim topoplace's devices at bind
@@ -1108,14 +1110,22 @@ class DraRouter:
         now = self._clock()
         snap = self.cache.snapshot()
         claims = snap.extra.get(dra.CLAIMS_KEY) or EMPTY_MAP
+        seen = self._expired_with is claims  # no claim changed: only deadlines to check
         with self._lock:
             for key, (deadline, _) in list(self._picks.items()):
+                if deadline < now:
+                    self._drop_picks(key)
+                    continue
+                if seen and key in self._expire_checked:
+                    continue
                 pod = self.cache.pending(key)
                 done = pod is not None and all(
                     dra.is_allocated(c) for c in dra.pod_claims(pod, claims)[0]
                 )
-                if deadline < now or done:
+                if done:
                     self._drop_picks(key)
+            self._expired_with = claims
+            self._expire_checked = set(self._picks)
 
     def likely_kube_picks(self, exclude: str = "") -> frozenset[dra.DeviceId]:
         """Devices kube-scheduler may be allocating now for claim pods topoplace filtered
