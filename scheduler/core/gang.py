@@ -58,6 +58,7 @@ from scheduler.core.model import (
     MAX_NODE_GPUS,
     RESERVATION_PREFIX,
     Health,
+    NodeAffinity,
     PodInfo,
     PodRequest,
     TopologyConstraint,
@@ -120,6 +121,9 @@ class GangRole:
         min_link: minimum ring link class per member ("" = any).
         node_selector: labels a node must carry (offline use; kube-scheduler applies it
             online before asking us).
+        node_affinity: the members' required node affinity
+            (:data:`~scheduler.core.model.NodeAffinity`): like ``node_selector``, the plan
+            places every member, seen or not, only on nodes it allows.
         members: known pod keys of this role, sorted; at most ``count``. Slots past them
             are placeholders for members not seen yet.
     """
@@ -132,6 +136,7 @@ class GangRole:
     min_link: str = ""
     node_selector: Mapping[str, str] = field(default_factory=lambda: EMPTY_MAP)
     members: tuple[str, ...] = ()
+    node_affinity: NodeAffinity = ()
 
     def slot_ids(self) -> tuple[str, ...]:
         """``<role>-<i>`` for every member of the role."""
@@ -232,6 +237,8 @@ def role_name(req: PodRequest) -> str:
         sig += f"-{req.min_link}"
     if req.node_selector:
         sig += "-" + ",".join(f"{k}={v}" for k, v in sorted(req.node_selector.items()))
+    if req.node_affinity:
+        sig += "-aff" + hashlib.sha256(repr(req.node_affinity).encode()).hexdigest()[:8]
     return sig
 
 
@@ -245,6 +252,7 @@ def _role_from(req: PodRequest, name: str, count: int, members: Sequence[str]) -
         min_link=req.min_link,
         node_selector=frozen_map(req.node_selector),
         members=tuple(sorted(members)),
+        node_affinity=req.node_affinity,
     )
 
 

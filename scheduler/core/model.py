@@ -51,6 +51,52 @@ def frozen_map(d: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return MappingProxyType(dict(d))
 
 
+NodeAffinity = tuple[tuple[tuple[str, str, tuple[str, ...]], ...], ...]
+"""A pod's required node affinity: ``nodeSelectorTerms`` (any one must match), each a tuple of
+requirements ``(key, operator, values)`` that must all match. Label requirements carry the
+label key; ``matchFields`` requirements carry ``"field:metadata.name"``. Operators are
+Kubernetes' (``In``, ``NotIn``, ``Exists``, ``DoesNotExist``, ``Gt``, ``Lt``). ``()`` = none."""
+
+FIELD_NODE_NAME = "field:metadata.name"
+"""Key of a ``matchFields`` requirement on the node's name in :data:`NodeAffinity`."""
+
+
+def _requirement_matches(
+    key: str, op: str, values: tuple[str, ...], labels: Mapping[str, str], name: str
+) -> bool:
+    if key == FIELD_NODE_NAME:
+        present, value = True, name
+    else:
+        present, value = key in labels, labels.get(key, "")
+    if op == "In":
+        return present and value in values
+    if op == "NotIn":
+        return not present or value not in values
+    if op == "Exists":
+        return present
+    if op == "DoesNotExist":
+        return not present
+    if op in ("Gt", "Lt") and present and len(values) == 1:
+        try:
+            have, bound = int(value), int(values[0])
+        except ValueError:
+            return False
+        return have > bound if op == "Gt" else have < bound
+    return False
+
+
+def affinity_matches(affinity: NodeAffinity, labels: Mapping[str, str], name: str) -> bool:
+    """True when a node (its labels and name) satisfies a required node affinity, as
+    kube-scheduler's NodeAffinity plugin decides it: any term whose requirements all hold (a
+    term with no requirement matches nothing); no affinity at all matches every node."""
+    if not affinity:
+        return True
+    return any(
+        term and all(_requirement_matches(k, op, v, labels, name) for k, op, v in term)
+        for term in affinity
+    )
+
+
 def popcount(mask: int) -> int:
     """Number of set bits of a non-negative int."""
     return mask.bit_count()
@@ -322,6 +368,9 @@ class PodRequest:
         node_selector: the pod's nodeSelector (already applied by kube-scheduler; used
             offline by the CLI and simulator).
         priority: pod priority.
+        node_affinity: the pod's required node affinity (:data:`NodeAffinity`). Like
+            ``node_selector``, kube-scheduler applies it to the pod it asks about; a gang
+            plan applies both to the members it places ahead of their own filter.
     """
 
     key: str
@@ -336,6 +385,7 @@ class PodRequest:
     topology: TopologyConstraint = TopologyConstraint()
     node_selector: Mapping[str, str] = field(default_factory=lambda: EMPTY_MAP)
     priority: int = 0
+    node_affinity: NodeAffinity = ()
 
     @property
     def namespace(self) -> str:

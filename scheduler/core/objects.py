@@ -18,12 +18,14 @@ from scheduler.core.health import REASON_UNMODELED, HealthParams, assess_node
 from scheduler.core.linkclass import class_rank
 from scheduler.core.model import (
     EMPTY_MAP,
+    FIELD_NODE_NAME,
     GPU_RESOURCE,
     MAX_GANG_SIZE,
     MAX_NODE_GPUS,
     PLACEMENT_ANNOTATION,
     PLACEMENT_VERSION,
     Health,
+    NodeAffinity,
     NodeHealth,
     NodeInfo,
     PodRequest,
@@ -669,7 +671,57 @@ def request_from_pod(pod: Mapping[str, Any], fabric: Fabric) -> PodRequest:
         priority=0
         if priority is None
         else _number(priority, "spec.priority", low=INT32_MIN, high=INT32_MAX, whole=True),
+        node_affinity=node_affinity_of(spec) if gang else (),
     )
+
+
+AFFINITY_MAX_TERMS = 32
+"""Most ``nodeSelectorTerms`` (and requirements per term, values per requirement x 8) read."""
+AFFINITY_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"})
+
+
+def _list(value: Any, where: str, most: int) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ObjectError(f"{where} must be a list")
+    if len(value) > most:
+        raise ObjectError(f"{where} has more than {most} entries")
+    return value
+
+
+def node_affinity_of(spec: Mapping[str, Any]) -> NodeAffinity:
+    """The pod's required node affinity
+    (``spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution``) as
+    :data:`~scheduler.core.model.NodeAffinity`; ``()`` when it has none.
+
+    Raises:
+        ObjectError: a field of the wrong type, an unknown operator, or more than
+            :data:`AFFINITY_MAX_TERMS` terms (requirements per term; 8x that many values).
+    """
+    aff = _obj(_obj(spec.get("affinity"), "spec.affinity").get("nodeAffinity"), "nodeAffinity")
+    req = _obj(aff.get("requiredDuringSchedulingIgnoredDuringExecution"), "nodeAffinity.required")
+    where = "nodeSelectorTerms"
+    terms: list[tuple[tuple[str, str, tuple[str, ...]], ...]] = []
+    for term in _list(req.get("nodeSelectorTerms"), where, AFFINITY_MAX_TERMS):
+        t = _obj(term, where)
+        out: list[tuple[str, str, tuple[str, ...]]] = []
+        for field_name, prefix in (("matchExpressions", ""), ("matchFields", "field:")):
+            for e in _list(t.get(field_name), f"{where}.{field_name}", AFFINITY_MAX_TERMS):
+                e = _obj(e, f"{where}.{field_name}")
+                key, op = _text(e.get("key"), "requirement key"), e.get("operator")
+                if op not in AFFINITY_OPERATORS:
+                    shown = op[:32] if isinstance(op, str) else type(op).__name__
+                    raise ObjectError(f"{where}: unknown operator {shown!r}")
+                vals = _list(e.get("values"), "requirement values", 8 * AFFINITY_MAX_TERMS)
+                if not all(isinstance(v, str) for v in vals):
+                    raise ObjectError(f"{where}: requirement values must be strings")
+                k = prefix + key
+                if prefix and k != FIELD_NODE_NAME:
+                    raise ObjectError(f"{where}.matchFields: only metadata.name is supported")
+                out.append((k, op, tuple(vals)))
+        terms.append(tuple(out))
+    return tuple(terms)
 
 
 def placement_of(pod: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -1,18 +1,16 @@
 """What the chaos runner found, as tests of the extender in process.
 
-``test_gang_plan_honours_required_node_affinity`` is strict-xfail: the bug lies in
-``scheduler/`` (the gang plan's candidate nodes), which the runner's owner reports instead of
-changing. Found by ``python -m benchmarks.live.chaos --seed 1`` (pods of a gang with a
+``test_gang_plan_honours_required_node_affinity``: a gang plan must keep every member, seen
+or not, to the nodes its required node affinity allows. Found by ``python -m benchmarks.live.chaos --seed 1`` (pods of a gang with a
 required node affinity to pool ``work``: the plan reserved the probe node's GPUs for a
 member that can never bind there; the gang stayed partly bound until the plan's TTL, and a
-probe pod on the probe node was refused "not enough free healthy GPUs" for 109 s).
+probe pod on the probe node was refused "not enough free healthy GPUs" for 109 s); fails
+without ``GangRole.node_affinity``.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-import pytest
 
 from benchmarks.clusters import make_node, make_pod
 from scheduler.core.model import RESERVATION_PREFIX
@@ -73,11 +71,6 @@ def test_gang_plan_honours_node_selector() -> None:
     assert "probe" not in _reserved_nodes(ext)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gang plans read spec.nodeSelector but not required node affinity "
-    "(scheduler/core/objects.py request_from_pod, scheduler/core/gang.py GangRole)",
-)
 def test_gang_plan_honours_required_node_affinity() -> None:
     """The same gang with the same constraint written as a required node affinity: the
     plan must not reserve the probe node either."""

@@ -39,7 +39,7 @@ import numpy as np
 
 from scheduler.core.gang import NVLINK_LEVEL, GangRequest, GangRole
 from scheduler.core.linkclass import class_rank, feasible_sizes
-from scheduler.core.model import Health, PodRequest
+from scheduler.core.model import Health, PodRequest, affinity_matches
 from scheduler.core.objects import HOSTNAME_LEVEL, ObjectError, topology_of
 from scheduler.core.params import SchedParams
 from scheduler.core.schedule import Assignment, PlacementResult, choose_gpus
@@ -305,6 +305,15 @@ class GangView:
                     count=n,
                 )
                 self.excluded["nodeSelector"] = int((ok & ~match).sum())
+                s = np.where(match, s, 0)
+            if role.node_affinity:
+                aff = role.node_affinity
+                match = np.fromiter(
+                    (affinity_matches(aff, nd.labels, nd.name) for nd in snap.nodes),
+                    dtype=bool,
+                    count=n,
+                )
+                self.excluded["nodeAffinity"] = int((ok & ~match).sum())
                 s = np.where(match, s, 0)
             slots[r] = np.where(ok, np.minimum(s, role.count), 0)
 
