@@ -81,9 +81,9 @@ def test_verb_cost_times_every_pod_kind(tmp_path: Path) -> None:
         assert 0 < r["prioritize median"] <= r["prioritize p99"]
         assert r["both median"] <= r["both p99"]
     # claims of 1, 2, 4, 8 GPUs: every node offered for the first three, the twelve
-    # without a held claim for the last (median 20); filter keeps all of them
+    # without a held claim for the last (median 20); filter answers the chosen one
     assert by_kind["DRA claim"]["nodes offered (median)"] == 20
-    assert by_kind["DRA claim"]["kept (median)"] == 20
+    assert by_kind["DRA claim"]["kept (median)"] == 1
     # the other kinds are offered every node; filter answers the chosen one
     assert by_kind["whole GPU"]["nodes offered (median)"] == 20
     assert by_kind["whole GPU"]["kept (median)"] == 1
