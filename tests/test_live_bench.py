@@ -4,7 +4,7 @@ openb scenario, and the report.
 
 The live run itself is opt-in: ``TOPOPLACE_LIVE_BENCH=1`` with ``KUBE_BIN`` holding the
 control-plane binaries runs a tiny benchmark on ports 17443/24790/24800/11259/11260/8890
-(override with ``TOPOPLACE_LIVE_BENCH_PORTS=api,etcd,etcd-peer,sched,sched2,extender``).
+(override with ``TOPOPLACE_LIVE_BENCH_PORTS=api,etcd,etcd-peer,topoplace-sched,default-sched,extender``).
 """
 
 from __future__ import annotations
@@ -541,7 +541,7 @@ def test_live_benchmark_tiny(tmp_path: Path) -> None:
             "--idle-timeout", "10", "--kube-bin", kube_bin, "--out", str(out),
             "--work", str(Path("/tmp") / f"livebench-test-{os.getpid()}"),
             "--api-port", api, "--etcd-port", etcd, "--etcd-peer-port", peer,
-            "--sched-port", sched, "--topoplace-sched-port", sched2, "--extender-port", ext,
+            "--topoplace-sched-port", sched, "--default-sched-port", sched2, "--extender-port", ext,
         ]
     )  # fmt: skip
     assert rc == 0

@@ -30,7 +30,7 @@ DRA served and the ``DRADeviceTaints`` gate, which this module asks for):
   attempt created (``<job>-r<k>``, a PriorityClass that never preempts puts it ahead of new
   arrivals, as the engine's queue does); a gang placed on broken hardware crashes
   ``crash_after`` later the same way; a gang whose work is done is deleted.
-* **Accounting.** The offline benchmark's own hook, :class:`benchmarks.faults.metrics.FaultStats`,
+* **Accounting.** The offline benchmark's own hook, :class:`benchmarks.engine.scenarios.faults.metrics.FaultStats`,
   on both: placements on signalled-failed hardware, before detection, on warned hardware,
   gang restarts, time from a failure to a good placement, GPU-hours lost, goodput, jobs
   done. The offline rows are the engine on the same file, seed and horizon for each health
@@ -86,9 +86,9 @@ from benchmarks.engine.replay import first_run, pod_objects
 from benchmarks.engine.run import build
 from benchmarks.engine.scenario import Scenario as EngineScenario
 from benchmarks.engine.scenario import _duration
+from benchmarks.engine.scenarios.faults.metrics import FaultStats, Metrics, summarize
+from benchmarks.engine.scenarios.faults.run import table
 from benchmarks.engine.sources import Inputs, materialize
-from benchmarks.faults.metrics import FaultStats, Metrics, summarize
-from benchmarks.faults.run import table
 from benchmarks.live.kubeapi import MERGE_PATCH, Api, ApiError
 from benchmarks.live.scenariofile import FirstPlacements, merged_policy
 from scheduler.core.objects import placement_of
@@ -1031,7 +1031,7 @@ def render(
         ]
     lines += [
         "Offline: `benchmarks.engine` on the same file, seed and horizon for each health "
-        "policy. Live and offline are accounted by `benchmarks.faults.metrics.FaultStats`.",
+        "policy. Live and offline are accounted by `benchmarks.engine.scenarios.faults.metrics.FaultStats`.",
         "",
     ]
     rows = [row(f"offline {p}", m) for p, (m, _) in off.items()]

@@ -121,7 +121,7 @@ def node_objects(
     """The trace's GPU nodes (an even sample of ``count``) as HAMi nodes, or as gpushare
     nodes (``aliyun.com/gpu-mem`` in GiB and ``aliyun.com/gpu-count``, as gpushare's device
     plugin advertises them)."""
-    from benchmarks.sim import openb
+    from benchmarks.engine import openb
 
     raw = [n for n in openb.load_nodes(data) if n.num_gpu > 0]
     if count is not None and count < len(raw):
@@ -159,7 +159,7 @@ def workload(
 ) -> list[Task]:
     """The trace's GPU tasks in creation order while their shares stay within ``fill`` of
     ``gpus`` GPUs (tasks wider than ``biggest`` GPUs are left out), at most ``limit``."""
-    from benchmarks.sim import openb
+    from benchmarks.engine import openb
 
     tasks = openb.load_tasks(name, data)
     times = openb.load_task_times(name, data)

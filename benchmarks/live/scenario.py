@@ -401,7 +401,7 @@ def openb_scenario(
         FileNotFoundError: the trace is absent.
         ValueError: unknown ``resources``.
     """
-    from benchmarks.sim import openb
+    from benchmarks.engine import openb
 
     if resources not in ("trace", "minimal"):
         raise ValueError("resources must be 'trace' or 'minimal'")

@@ -1,1 +1,0 @@
-"""Import aliases of modules moved under ``benchmarks.engine`` (see each module)."""
