@@ -261,7 +261,10 @@ def test_serve_with_bad_tls_files(
 def test_serve_with_a_missing_cluster_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, _, err = run(["serve", "--cluster", str(tmp_path / "nope.json")], capsys)
+    with socket.socket() as s:  # a free port: the default 8888 may be taken on this host
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    code, _, err = run(["serve", "--port", port, "--cluster", str(tmp_path / "nope.json")], capsys)
     assert_one_line_error(code, err, "cannot read cluster file", "nope.json")
 
 
