@@ -56,21 +56,22 @@ class ConfiguredTopoplace(Topoplace):
         return [*super()._tls_args(), "--config", str(self.config)]
 
 
-@pytest.fixture(scope="module")
-def hami_nodes(core: Any, run_id: str) -> Iterator[list[str]]:
-    names = [f"tp-hami-{run_id}-{i:02d}" for i in range(N_NODES)]
+def make_hami_nodes(
+    core: Any,
+    names: list[str],
+    run_id: str,
+    labels: dict[str, str],
+    gpus: int = GPUS,
+    **register_kw: Any,
+) -> None:
+    """Nodes of ``gpus`` GPUs registered as HAMi's device plugin registers them (its
+    ``hami.io/node-nvidia-register`` annotation, ``gpus x SPLIT`` replicas advertised);
+    ``register_kw`` goes to :func:`tests.sharing.builders.register` (memory, GPU type)."""
     for n in names:
-        make_gpu_node(
-            core,
-            n,
-            run_id,
-            gpus=GPUS,
-            labels={"nvidia.com/gpu.product": "Tesla-T4", "topoplace-it-frac": run_id},
-        )
-        core.patch_node(
-            n, {"metadata": {"annotations": {"hami.io/node-nvidia-register": register(n, GPUS)}}}
-        )
-        replicas = str(GPUS * SPLIT)  # HAMi's device plugin advertises split replicas
+        make_gpu_node(core, n, run_id, gpus=gpus, labels=labels)
+        reg = register(n, gpus, **register_kw)
+        core.patch_node(n, {"metadata": {"annotations": {"hami.io/node-nvidia-register": reg}}})
+        replicas = str(gpus * SPLIT)  # HAMi's device plugin advertises split replicas
         core.patch_node_status(
             n,
             {
@@ -80,10 +81,21 @@ def hami_nodes(core: Any, run_id: str) -> Iterator[list[str]]:
                 }
             },
         )
-    yield names
+
+
+def delete_nodes(core: Any, names: list[str]) -> None:
     for n in names:
         with contextlib.suppress(Exception):
             core.delete_node(n)
+
+
+@pytest.fixture(scope="module")
+def hami_nodes(core: Any, run_id: str) -> Iterator[list[str]]:
+    names = [f"tp-hami-{run_id}-{i:02d}" for i in range(N_NODES)]
+    labels = {"nvidia.com/gpu.product": "Tesla-T4", "topoplace-it-frac": run_id}
+    make_hami_nodes(core, names, run_id, labels)
+    yield names
+    delete_nodes(core, names)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ the arrival order is exactly the offline test's. The GPUs used are read back fro
 
 from __future__ import annotations
 
-import contextlib
 import signal
 from collections.abc import Iterator
 from typing import Any
@@ -19,13 +18,16 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.kube.conftest import REPO, Topoplace, make_gpu_node
-from tests.kube.test_fractional_live import ConfiguredTopoplace
+from tests.kube.conftest import REPO, Topoplace
+from tests.kube.test_fractional_live import (
+    ConfiguredTopoplace,
+    delete_nodes,
+    make_hami_nodes,
+)
 from tests.kube.test_live import wait_for
-from tests.sharing.builders import register
 
 A100_80GB_MIB = 81920
-N_NODES, GPUS, SPLIT = 8, 8, 10
+N_NODES = 8
 SIZES_GIB = (10, 20, 40, 30)
 IN_TURN = [SIZES_GIB[i % 4] for i in range(48)]
 LABEL = "topoplace-it-pack"
@@ -34,30 +36,18 @@ LABEL = "topoplace-it-pack"
 @pytest.fixture(scope="module")
 def a100_nodes(core: Any, run_id: str) -> Iterator[list[str]]:
     names = [f"tp-a100-{run_id}-{i}" for i in range(N_NODES)]
-    for n in names:
-        make_gpu_node(
-            core,
-            n,
-            run_id,
-            gpus=GPUS,
-            labels={"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", LABEL: run_id},
-        )
-        reg = register(n, GPUS, memory_mib=A100_80GB_MIB, gpu_type="NVIDIA-A100-SXM4-80GB")
-        core.patch_node(n, {"metadata": {"annotations": {"hami.io/node-nvidia-register": reg}}})
-        replicas = str(GPUS * SPLIT)  # HAMi's device plugin advertises split replicas
-        core.patch_node_status(
-            n,
-            {
-                "status": {
-                    "capacity": {"nvidia.com/gpu": replicas},
-                    "allocatable": {"nvidia.com/gpu": replicas},
-                }
-            },
-        )
+    labels = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", LABEL: run_id}
+    make_hami_nodes(
+        core,
+        names,
+        run_id,
+        labels,
+        gpus=8,
+        memory_mib=A100_80GB_MIB,
+        gpu_type="NVIDIA-A100-SXM4-80GB",
+    )
     yield names
-    for n in names:
-        with contextlib.suppress(Exception):
-            core.delete_node(n)
+    delete_nodes(core, names)
 
 
 @pytest.fixture(scope="module")
