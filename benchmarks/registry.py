@@ -37,6 +37,7 @@ import io
 import logging
 import os
 import platform
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -398,7 +399,7 @@ def run(name: str, argv: Sequence[str], *, results_dir: Path = RESULTS_DIR) -> i
     (args.out / "figures.csv").write_text(result.csv_text())
     print(text)
     if args.write_results:
-        command = " ".join(["topoplace bench", name, *_reproducing(argv)])
+        command = "topoplace bench " + shlex.join([name, *_reproducing(argv)])
         print(f"wrote {write_results(b, result, command, results_dir)}")
     return 0
 
@@ -445,7 +446,7 @@ def _run_files(files: Sequence[str], argv: Sequence[str]) -> int:
     try:
         with sweep.from_args(args) as executor:
             return main_files(files, str(out), executor, quiet=args.quiet,
-                              command="topoplace bench " + " ".join([*files, *argv]))  # fmt: skip
+                              command="topoplace bench " + shlex.join([*files, *argv]))  # fmt: skip
     except sweep.SweepError as exc:
         print(f"topoplace bench: {exc}", file=sys.stderr)
         return 2
