@@ -42,9 +42,17 @@ def cpu_ns(pid: int) -> int:
     return total
 
 
-def _probe(tp: Topoplace, stop: threading.Event, lat: list[float], bad: list[Any]) -> None:
+def _probe(
+    tp: Topoplace,
+    stop: threading.Event,
+    lat: list[float],
+    bad: list[Any],
+    first: threading.Event,
+) -> None:
     """GET /healthz every 20 ms until ``stop``: wall latencies into ``lat``, anything but a
-    200 (a status, or the exception that ended the probe) into ``bad``."""
+    200 (a status, or the exception that ended the probe) into ``bad``; ``first`` is set
+    once the first probe is done (the test starts its work only then: on a loaded host the
+    client's set-up alone can outlast the work, and nothing would be probed)."""
     try:
         with httpx.Client(**tp._client_kw()) as c:
             while not stop.is_set():
@@ -56,9 +64,12 @@ def _probe(tp: Topoplace, stop: threading.Event, lat: list[float], bad: list[Any
                 lat.append(time.perf_counter() - t)
                 if status != 200:
                     bad.append(status)
+                first.set()
                 time.sleep(0.02)
     except Exception as exc:  # reported by the test, not lost in the thread
         bad.append(repr(exc))
+    finally:
+        first.set()
 
 
 def _bound_within(core: Any, ns: str, name: str, timeout: float) -> str:
@@ -86,8 +97,10 @@ def test_hostile_gang_size_is_refused_and_costs_nothing_noticeable(
     stop = threading.Event()
     lat: list[float] = []
     bad: list[Any] = []
-    prober = threading.Thread(target=_probe, args=(topoplace, stop, lat, bad))
+    first = threading.Event()
+    prober = threading.Thread(target=_probe, args=(topoplace, stop, lat, bad, first))
     prober.start()
+    assert first.wait(60), "the /healthz probe did not answer within 60 s"
     try:
         control = _window(
             core, topoplace, namespace, [gpu_pod("calm-0", 1, scheduler_name, run_id)], "calm-0"
