@@ -98,13 +98,10 @@ def hami_nodes(core: Any, run_id: str) -> Iterator[list[str]]:
     delete_nodes(core, names)
 
 
-@pytest.fixture(scope="module")
-def frac_topoplace(
-    topoplace: Topoplace, hami_nodes: list[str], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Topoplace]:
-    """The suite's topoplace, restarted with ``sharing.hami_lock: release``; the original
-    is started again afterwards."""
-    d = tmp_path_factory.mktemp("frac")
+@contextlib.contextmanager
+def lock_released(topoplace: Topoplace, d: Path) -> Iterator[Topoplace]:
+    """The suite's topoplace restarted with ``sharing.hami_lock: release`` (no HAMi device
+    plugin here releases the node lock after Allocate); the original is started again after."""
     policy = yaml.safe_load((REPO / "config" / "policy.yaml").read_text())
     policy.setdefault("sharing", {})["hami_lock"] = "release"
     cfg = d / "policy.yaml"
@@ -119,6 +116,14 @@ def frac_topoplace(
         tp.kill(signal.SIGTERM)
         topoplace.start()
         topoplace.wait_ready()
+
+
+@pytest.fixture(scope="module")
+def frac_topoplace(
+    topoplace: Topoplace, hami_nodes: list[str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Topoplace]:
+    with lock_released(topoplace, tmp_path_factory.mktemp("frac")) as tp:
+        yield tp
 
 
 def share_pod(name: str, i: int, scheduler: str, run_id: str) -> dict[str, Any]:

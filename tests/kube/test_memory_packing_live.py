@@ -11,17 +11,15 @@ the arrival order is exactly the offline test's. The GPUs used are read back fro
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.kube.conftest import REPO, Topoplace
+from tests.kube.conftest import Topoplace
 from tests.kube.test_fractional_live import (
-    ConfiguredTopoplace,
     delete_nodes,
+    lock_released,
     make_hami_nodes,
 )
 from tests.kube.test_live import wait_for
@@ -54,23 +52,8 @@ def a100_nodes(core: Any, run_id: str) -> Iterator[list[str]]:
 def pack_topoplace(
     topoplace: Topoplace, a100_nodes: list[str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Topoplace]:
-    """The suite's topoplace restarted with ``sharing.hami_lock: release`` (no HAMi device
-    plugin here releases the node lock after Allocate); the original is started again after."""
-    d = tmp_path_factory.mktemp("pack")
-    policy = yaml.safe_load((REPO / "config" / "policy.yaml").read_text())
-    policy.setdefault("sharing", {})["hami_lock"] = "release"
-    cfg = d / "policy.yaml"
-    cfg.write_text(yaml.safe_dump(policy))
-    topoplace.kill(signal.SIGTERM)
-    tp = ConfiguredTopoplace(topoplace.kubeconfig, topoplace.port, d, topoplace.tls_dir, config=cfg)
-    try:
-        tp.start()
-        tp.wait_ready()
+    with lock_released(topoplace, tmp_path_factory.mktemp("pack")) as tp:
         yield tp
-    finally:
-        tp.kill(signal.SIGTERM)
-        topoplace.start()
-        topoplace.wait_ready()
 
 
 def _pod(name: str, gib: int, scheduler: str, run_id: str) -> dict[str, Any]:

@@ -46,6 +46,21 @@ from scheduler.core.schedule import Assignment, PlacementResult, choose_gpus
 from scheduler.core.snapshot import ClusterSnapshot
 from topology.select import select_gpus
 
+
+def _placement_masks(role: GangRole, nodes: Sequence[Any]) -> list[tuple[str, np.ndarray]]:
+    """(constraint, allowed-node mask) for the role's ``nodeSelector`` and required node
+    affinity, whichever it has: the plan keeps every member, seen or not, on allowed nodes."""
+    out = []
+    sel, aff = role.node_selector, role.node_affinity
+    if sel:
+        ok = (all(nd.labels.get(k) == v for k, v in sel.items()) for nd in nodes)
+        out.append(("nodeSelector", np.fromiter(ok, dtype=bool, count=len(nodes))))
+    if aff:
+        ok = (affinity_matches(aff, nd.labels, nd.name) for nd in nodes)
+        out.append(("nodeAffinity", np.fromiter(ok, dtype=bool, count=len(nodes))))
+    return out
+
+
 REQ_NONE = -1
 REQ_NODE = -2
 BIG = 1 << 40
@@ -297,23 +312,8 @@ class GangView:
                 s = np.minimum(s, np.maximum(cpu_all, 0) // role.cpu_milli)
             if role.memory_bytes and mem_all is not None:
                 s = np.minimum(s, np.maximum(mem_all, 0) // role.memory_bytes)
-            if role.node_selector:
-                sel = role.node_selector
-                match = np.fromiter(
-                    (all(nd.labels.get(k) == v for k, v in sel.items()) for nd in snap.nodes),
-                    dtype=bool,
-                    count=n,
-                )
-                self.excluded["nodeSelector"] = int((ok & ~match).sum())
-                s = np.where(match, s, 0)
-            if role.node_affinity:
-                aff = role.node_affinity
-                match = np.fromiter(
-                    (affinity_matches(aff, nd.labels, nd.name) for nd in snap.nodes),
-                    dtype=bool,
-                    count=n,
-                )
-                self.excluded["nodeAffinity"] = int((ok & ~match).sum())
+            for what, match in _placement_masks(role, snap.nodes):
+                self.excluded[what] = int((ok & ~match).sum())
                 s = np.where(match, s, 0)
             slots[r] = np.where(ok, np.minimum(s, role.count), 0)
 
