@@ -37,6 +37,11 @@ each; exclusive mode, a whole-GPU limit or no recommendation yet: a GPU alone), 
 sum of usage, all scored samples), OOM events (samples with usage above the limit in force),
 latency-guard breaches (limit decreases while the server's queue is above the guard's
 objective), and changes per pod per day (limit changes within the scored span).
+
+Generalisation (GenAI): the pods are split in two halves by the parity of the SHA-256 of their
+name; candidate memory models (max so far x k, max so far + A, steady floor + growth x k, a
+decayed peak x k), each run under topoplace's change rules, get their parameter on the tuning
+half and are scored on both; the hindsight optimum with the day's change budget bounds them all.
 """
 
 from __future__ import annotations
@@ -44,10 +49,11 @@ from __future__ import annotations
 import argparse
 import bisect
 import csv
+import hashlib
 import math
 import sys
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -417,6 +423,212 @@ def score(
     )
 
 
+# ---------------------------------------------------------------- generalisation
+
+
+def split_of(pod: str) -> str:
+    """``tune`` or ``held-out``: the pod's half, from the parity of the SHA-256 of its name
+    (deterministic, independent of its series)."""
+    return "held-out" if int(hashlib.sha256(pod.encode()).hexdigest(), 16) % 2 else "tune"
+
+
+class OnlineRule:
+    """A candidate memory model: a target limit from a pod's samples before ``t``. Run by
+    :func:`budgeted` under topoplace's change rules, so candidates differ only in the model."""
+
+    label = ""
+
+    def __init__(self, x: float) -> None:
+        self.x = x
+        self.peak = 0.0
+        self.floor = math.inf
+        self.decayed = 0.0
+        self.last_t: float | None = None
+
+    def observe(self, t: float, v: float) -> None:
+        """Take the sample ``v`` at ``t``."""
+        if self.last_t is not None:
+            self.decayed *= 2 ** (-(t - self.last_t) / 86_400)
+        self.peak, self.floor = max(self.peak, v), min(self.floor, v)
+        self.decayed, self.last_t = max(self.decayed, v), t
+
+    def target(self, t: float) -> float:
+        """The limit this model wants at ``t``."""
+        raise NotImplementedError
+
+
+class PeakTimes(OnlineRule):
+    label = "max so far x k"
+
+    def target(self, t: float) -> float:
+        return self.peak * self.x
+
+
+class PeakPlus(OnlineRule):
+    label = "max so far + A GiB (growth headroom in bytes)"
+
+    def target(self, t: float) -> float:
+        return self.peak + self.x * GiB
+
+
+class FloorPlusGrowth(OnlineRule):
+    label = "steady floor + (max - floor) x k"
+
+    def target(self, t: float) -> float:
+        return self.floor + (self.peak - self.floor) * self.x
+
+
+class DecayedPeak(OnlineRule):
+    label = "decayed peak (24 h half-life) x k, shrinking slowly"
+
+    def target(self, t: float) -> float:
+        assert self.last_t is not None
+        return self.decayed * 2 ** (-(t - self.last_t) / 86_400) * self.x
+
+
+def budgeted(pods: dict[str, Pod], make: Callable[[], OnlineRule], margin: float = 0.15) -> Limits:
+    """The limit in force at each sample for a candidate model under topoplace's change rules:
+    the first limit at the second sample; grow when the target is above the limit, shrink when
+    it is under ``(1 - margin)`` of it with two changes of the day's budget left; at most
+    ``MAX_CHANGES`` in any 24 h; an OOM (usage above the limit) raises it to 1.2 x the usage at
+    once, budget or not."""
+    out: Limits = {}
+    for k, p in pods.items():
+        rule, limit, changes, lim = make(), None, deque[float](), []
+        for i, (t, v) in enumerate(zip(p.t, p.used, strict=True)):
+            if i > 0:
+                tgt = rule.target(t)
+                while changes and changes[0] <= t - 86_400:
+                    changes.popleft()
+                left = MAX_CHANGES - len(changes)
+                if limit is None:
+                    limit = tgt
+                elif (tgt > limit and left >= 1) or (tgt < limit * (1 - margin) and left >= 2):
+                    limit = tgt
+                    changes.append(t)
+            lim.append(limit if limit is not None else v)
+            if limit is not None and v > limit:
+                limit = 1.2 * v
+            rule.observe(t, v)
+        out[k] = lim
+    return out
+
+
+CANDIDATES: tuple[tuple[type[OnlineRule], tuple[float, ...], str], ...] = (
+    (PeakTimes, (1.2, 1.3, 1.4, 1.5, 1.6), "k"),
+    (PeakPlus, (8.0, 10.0, 12.0, 14.0, 16.0), "A"),
+    (FloorPlusGrowth, (1.3, 1.5, 1.7, 1.9, 2.1), "k"),
+    (DecayedPeak, (1.3, 1.4, 1.5, 1.6, 1.7), "k"),
+)
+
+
+def oracle_piecewise(
+    pods: dict[str, Pod], warmup_s: float, segments: int = 5, block: int = 5
+) -> float:
+    """Reserved / used of the hindsight optimum that may change each pod's limit
+    ``segments - 1`` times in its scored span (4: the whole day's budget; the span is under a
+    day), with no margin: a lower bound for any online model (limits constant over blocks of
+    ``block`` samples, so it is slightly above the exact bound)."""
+    reserved = used = 0.0
+    for p in pods.values():
+        u = [v for t, v in zip(p.t, p.used, strict=True) if t >= p.t[0] + warmup_s]
+        if not u:
+            continue
+        bm = [max(u[i : i + block]) for i in range(0, len(u), block)]
+        bl = [len(u[i : i + block]) for i in range(0, len(u), block)]
+        n = len(bm)
+        cum = [0]
+        for x in bl:
+            cum.append(cum[-1] + x)
+        prev = [0.0] + [math.inf] * n
+        best = math.inf
+        for _ in range(segments):
+            cur = [math.inf] * (n + 1)
+            for j in range(1, n + 1):
+                mx = 0.0
+                for i in range(j - 1, -1, -1):
+                    mx = max(mx, bm[i])
+                    c = prev[i] + mx * (cum[j] - cum[i])
+                    if c < cur[j]:
+                        cur[j] = c
+            prev = cur
+            best = min(best, cur[n])
+        reserved += best
+        used += sum(u)
+    return reserved / used
+
+
+def generalisation(samples: list[Sample], warmup_s: float) -> list[str]:
+    """Candidate models tuned on one half of the pods and scored on the other (see the
+    module docstring): each candidate's parameter is the one with the fewest OOM samples on
+    the tuning half, then the least reserved."""
+    pods = pods_of(samples)
+    halves = {h: {k: p for k, p in pods.items() if split_of(k) == h} for h in ("tune", "held-out")}
+
+    def fig(lim: Limits, h: str, modes: dict[str, list[str]] | None = None) -> Score:
+        sub = halves[h]
+        return score(sub, {k: lim[k] for k in sub}, warmup_s, modes and {k: modes[k] for k in sub})
+
+    def cell(s: Score) -> str:
+        return f"{s.ooms} ({s.oom_pods}) at {s.ratio:.2f}x, {s.changes_per_day:.2f}/day"
+
+    out = [
+        f"Pods split by the parity of SHA-256 of their name: {len(halves['tune'])} to tune, "
+        f"{len(halves['held-out'])} held out. Each candidate runs under topoplace's change rules "
+        "(4 a day, shrink with 2 left, OOM raise x1.2 at once); its parameter is chosen on the "
+        "tuning half (fewest OOM samples, then least reserved), the held-out half is scored "
+        "with it. Cells: OOM samples (pods) at reserved / used, changes / pod / day.",
+        "",
+        "| model | grid | chosen on tune | tune | held-out |",
+        "|---|---|---:|---:|---:|",
+    ]
+    lim, modes = topoplace(samples, pods, PolicySet())
+    out.append(
+        f"| topoplace (defaults, not tuned here) | - | - | {cell(fig(lim, 'tune', modes))} "
+        f"| {cell(fig(lim, 'held-out', modes))} |"
+    )
+    for cls, grid, name in CANDIDATES:
+        runs = [(x, budgeted(pods, lambda x=x, cls=cls: cls(x))) for x in grid]
+        x, best = min(runs, key=lambda r: (fig(r[1], "tune").ooms, fig(r[1], "tune").ratio))
+        out.append(
+            f"| {cls.label} | {name} in {', '.join(f'{g:g}' for g in grid)} | {name} = {x:g} "
+            f"| {cell(fig(best, 'tune'))} | {cell(fig(best, 'held-out'))} |"
+        )
+    needed_k = needed_a = 0.0
+    for p in pods.values():
+        m = p.used[0]
+        for t, v in zip(p.t[1:], p.used[1:], strict=True):
+            if t >= p.t[0] + warmup_s and m > 0:
+                needed_k, needed_a = max(needed_k, v / m), max(needed_a, v - m)
+            m = max(m, v)
+    k_all = score(pods, max_so_far(needed_k)(pods), warmup_s)
+    a_all = score(
+        pods,
+        {k: [x + needed_a for x in lim_] for k, lim_ in max_so_far(1.0)(pods).items()},
+        warmup_s,
+    )
+    out += [
+        "",
+        f"- With hindsight over all pods and no change budget: the smallest factor on the "
+        f"maximum so far with 0 OOM is x{needed_k:.2f} ({k_all.ratio:.2f}x reserved); the "
+        f"smallest headroom in bytes is {needed_a / GiB:.1f} GiB ({a_all.ratio:.2f}x). Both "
+        "are tuned on the answer and still above 1.8x.",
+        f"- The hindsight optimum with 4 changes in the scored span and no margin reserves "
+        f"{oracle_piecewise(pods, warmup_s):.2f}x: the change budget is not what binds. What "
+        "binds is that the bursts (a pod's hourly maximum jumping from about 24 to 44 GiB for "
+        "an hour, then back) come without warning in the pod's own series or the fleet's, so "
+        "a limit with 0 OOM must hold the burst level all day.",
+        "- The candidates' OOM samples after the warm-up all come after the pod spent its 4 "
+        "changes on the start-up ramp (the first 3 hours), when a later burst needed a fifth: "
+        "using the budget early to follow growth closely leaves none for the bursts. "
+        "topoplace's short-history widening starts wide and spends about one change a day.",
+        "- Conclusion: on this half, 0 OOM at 1.8x or less is not reached by any model here "
+        "without tuning on the answer; topoplace keeps 0 OOM on both halves at 2.30x / 2.39x, "
+        "and the tuned candidates that reserve 1.8-2.1x have OOM samples on both halves.",
+    ]
+    return out
+
+
 POLICY_ORDER = ("whole-gpu", "vpa-recipe", "max-x1.3", "max-x1.2", "hindsight-max", "topoplace")
 
 
@@ -609,7 +821,12 @@ def run(args: argparse.Namespace) -> int:
             "short-history widening equals the margin at one day) and the 4-a-day budget. The "
             "exponent, and the rules (when compute alone may change a pod, when a limit is "
             "exclusive), were chosen while looking at this half: a smaller exponent has OOM "
-            "samples here (see Sensitivity). The held-out half is the fair test.",
+            "samples here (see Sensitivity). The split below scores them on pods they were not "
+            "tuned on.",
+            "",
+            "## Can 0 OOM at 1.8x be reached? Candidate models, tuned on half the pods (GenAI)",
+            "",
+            *generalisation(g, WARMUP["genai"]),
         ]
         extra += ["", "## Sensitivity (GenAI)", "", *sensitivity(g, WARMUP["genai"]), ""]
     if args.only in (None, "azure"):
@@ -624,7 +841,9 @@ def run(args: argparse.Namespace) -> int:
             "topoplace with a guard requests_waiting <= 0 and the policy stating the weights (model_weights). "
             "Changes per day are extrapolated from under an hour."
         )
-    md, rows = render(results, conditions, extra, "topoplace bench rightsize --out benchmarks/results")
+    md, rows = render(
+        results, conditions, extra, "topoplace bench rightsize --out benchmarks/results"
+    )
     print(md)
     print(f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
     if args.only is None:
