@@ -739,7 +739,8 @@ class RecoveredPlan:
 def _match(
     table: PlanTable, members: Sequence[Assignment]
 ) -> tuple[list[tuple[str, str, str, tuple[int, ...], str]], list[str]]:
-    """Number the table's slots and match bound members to them by (node, GPU set).
+    """Number the table's slots and match bound members to them by (node, GPU set); a
+    member holding no GPU on record (its GPUs a DRA claim holds) by node.
 
     Returns (slot id, role, node, gpus, member) rows in table order and the members that
     match no slot.
@@ -756,6 +757,10 @@ def _match(
     outside: list[str] = []
     for m in members:
         cands = free.get((m.node, tuple(sorted(m.gpus))))
+        if not cands and not m.gpus:
+            # a member whose GPUs a DRA claim holds (``nvidia.com/gpu`` backed by DRA on a
+            # DRA node) holds none itself: any slot of its node with GPUs
+            cands = next((c for (n, g), c in free.items() if n == m.node and g and c), None)
         if not cands:
             outside.append(m.pod)
             continue

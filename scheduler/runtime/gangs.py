@@ -86,7 +86,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scheduler.core.gang import (
@@ -107,12 +107,18 @@ from scheduler.core.gang import (
     role_name,
     slot_of_assignment,
 )
-from scheduler.core.model import RESERVATION_PREFIX, Health, PodInfo, PodRequest
+from scheduler.core.model import (
+    RESERVATION_PREFIX,
+    Health,
+    PodInfo,
+    PodRequest,
+    mask_to_indices,
+)
 from scheduler.core.objects import ObjectError, PlanRecord, request_from_pod
 from scheduler.core.policies.registry import DEFAULT_GANG_POLICY, GANG_POLICIES, get_policy
 from scheduler.core.preemption import without_lower
 from scheduler.core.schedule import Assignment, FilterOutcome, PlacementResult
-from scheduler.core.snapshot import ClusterSnapshot, DoubleBookingError
+from scheduler.core.snapshot import ClusterSnapshot, DoubleBookingError, gpus_by_dra
 from scheduler.runtime.parked import WAKE_BACKOFF_SECONDS, free_gpus
 from scheduler.runtime.stranded import gang_record_key
 
@@ -324,8 +330,9 @@ class GangRuntime:
                 continue
             if s.state == RESERVED:
                 res = snap.pods.get(reservation_key(plan.gang, s.slot))
-                if res is None:
+                if res is None and not self._reseat(ext, plan, s):
                     return "reservation lost"
+                snap = cache.snapshot()
             i = snap.index.get(s.node)
             if i is None:
                 return "node gone"
@@ -427,6 +434,7 @@ class GangRuntime:
                 break
             if not result.ok:
                 return self._refuse(ext, gang, result.reason, snap, greq.size, result.details)
+            result = self._dra_first_fit(ext, snap, greq, result)
             over = _over_namespace_cap(snap, greq, result, params.gang)
             if over:
                 return self._refuse(ext, gang, over, snap, greq.size)
@@ -545,6 +553,157 @@ class GangRuntime:
             )
             cache.plans[greq.key] = plan
             return plan
+
+    # ---- nvidia.com/gpu that DRA backs (members on DRA nodes) ------------------------------
+
+    @staticmethod
+    def _dra_pod(ext: Any, key: str) -> tuple[Mapping[str, Any], Mapping[str, str]] | None:
+        """(pod, its extended resources a DeviceClass backs) for pending member ``key`` whose
+        ``nvidia.com/gpu`` DRA hands out on DRA nodes; None for any other member (or an
+        extender without a DRA router)."""
+        router = getattr(ext, "dra", None)
+        pod = ext.cache.pending(key) if router is not None else None
+        if pod is None:
+            return None
+        mapped = router.extended_resources(pod)
+        return (pod, mapped) if mapped else None
+
+    def _claim_gpus(self, ext: Any, req: PodRequest, node: str) -> tuple[int, ...] | None:
+        """For a member whose GPUs DRA backs, bound to a DRA ``node``: the GPUs its special
+        claim holds there (``()`` while the watch has not shown the claim yet); None for
+        any other member or node (the member holds its slot's GPUs itself)."""
+        n = ext.cache.snapshot().node(node)
+        got = self._dra_pod(ext, req.key) if req.gpus > 0 else None
+        if n is None or got is None or not gpus_by_dra(n):
+            return None
+        held = ext.dra.extended_gpus(got[0], node)
+        return tuple(held) if held is not None else ()
+
+    def _first_fit(
+        self,
+        ext: Any,
+        snap: ClusterSnapshot,
+        node: str,
+        member: tuple[Mapping[str, Any], Mapping[str, str]],
+        held: set[int],
+        count: int,
+    ) -> tuple[int, ...] | None:
+        """The GPUs kube-scheduler's allocator gives ``member``'s special claim on DRA node
+        ``node`` (its first fit, ``DraRouter.plans``) with GPUs ``held`` taken besides the
+        allocated claims; None when that is not ``count`` GPUs free in the ledger (the
+        prediction is unknown, or the first fit would take a GPU topoplace holds for
+        something kube-scheduler does not see)."""
+        inv = ext.cache.dra_inventory(snap)
+        ids = frozenset(d.id for d in inv.by_node.get(node, ()) if d.gpu in held)
+        (plan,) = ext.dra.plans(member[0], [node], also_held=ids, extended=member[1])
+        gpus = tuple(sorted(plan.gpus))
+        if plan.verdict or len(gpus) != count or any(g in held for g in gpus):
+            return None
+        return gpus
+
+    def _dra_first_fit(
+        self, ext: Any, snap: ClusterSnapshot, greq: GangRequest, result: PlacementResult
+    ) -> PlacementResult:
+        """The plan with the GPU set of every member planned on a DRA node, whose
+        ``nvidia.com/gpu`` a DeviceClass backs, replaced by the set kube-scheduler's
+        allocator will give its special claim there.
+
+        kube-scheduler allocates such a member's GPUs itself (first fit, in its PreBind),
+        so a plan agrees with what the member gets only with these sets. The solver chose
+        the nodes and how many members each takes (the counts are the same: free = not
+        held by an allocated claim, healthy, untainted, as the ledger counts them); on each
+        DRA node the members, in slot order, get the successive first fits, each predicted
+        with the GPUs the ledger holds there and the earlier slots' taken (placeholders
+        take the first member's pod). Where a first fit is unknown, or would take a GPU
+        the ledger holds for something kube-scheduler does not see (another gang's
+        reservation), the solver's sets are kept, all of them; whichever set the member's claim really
+        gets is what it holds at bind (:meth:`choose`), and the slots it displaced are
+        seated again (:meth:`_reseat`)."""
+        if not result.ok or getattr(ext, "dra", None) is None:
+            return result
+        pods = {}
+        for k in self._members.get(greq.key, {}):
+            got = self._dra_pod(ext, k)
+            if got is not None:
+                pods[k] = got
+        if not pods:
+            return result
+        template = next(iter(pods.values()))
+        order = sorted(
+            result.assignments, key=lambda a: _slot_order(slot_of_assignment(greq, a.pod))
+        )
+        held: dict[str, set[int]] = {}
+        sets: dict[str, tuple[int, ...]] = {}
+        for a in order:
+            node = snap.node(a.node)
+            member = pods.get(a.pod) or (template if "#" in a.pod else None)
+            if not a.gpus or node is None or member is None or not gpus_by_dra(node):
+                continue
+            taken = held.setdefault(a.node, set(mask_to_indices(node.used_mask)))
+            gpus = self._first_fit(ext, snap, a.node, member, taken, len(a.gpus))
+            if gpus is None:  # the solver's sets, all of them (they never overlap)
+                return result
+            sets[a.pod] = gpus
+            taken.update(gpus)
+        if not sets:
+            return result
+        out = tuple(replace(a, gpus=sets.get(a.pod, a.gpus)) for a in result.assignments)
+        details = {**result.details, "dra_first_fit_slots": len(sets)}
+        return replace(result, assignments=out, details=details)
+
+    def _reseat(self, ext: Any, plan: GangPlan, slot: Slot) -> bool:
+        """Reserve again the unbound ``slot`` of ``plan`` whose reservation is gone, when its
+        members' ``nvidia.com/gpu`` DRA backs and its node is a DRA node: a member's special
+        claim (kube-scheduler's first fit) took GPUs the slot held, which happens when
+        members on one node bind in another order than their slots. The slot gets the
+        first fit of what is free now. Cache lock held; True when it holds GPUs again
+        (nothing changes otherwise)."""
+        cache = ext.cache
+        key = reservation_key(plan.gang, slot.slot)
+        snap = cache.snapshot()
+        if snap.pods.get(key) is not None:
+            return True
+        node = snap.node(slot.node)
+        if node is None or not slot.gpus or not gpus_by_dra(node):
+            return False
+        member = self._dra_pod(ext, slot.member) if slot.member else None
+        if member is None:
+            member = next(
+                (m for k in plan.members if (m := self._dra_pod(ext, k)) is not None), None
+            )
+        if member is None:
+            return False
+        taken = set(mask_to_indices(node.used_mask))
+        gpus = self._first_fit(ext, snap, slot.node, member, taken, len(slot.gpus))
+        if gpus is None:
+            return False
+        role = next((r for r in plan.request.roles if r.name == slot.role), None)
+        info = PodInfo(
+            key=key,
+            uid="",
+            node=slot.node,
+            gpus=gpus,
+            cpu_milli=role.cpu_milli if role is not None else 0,
+            memory_bytes=role.memory_bytes if role is not None else 0,
+            gang=plan.gang,
+            assumed=True,
+        )
+        try:
+            cache.assume(info, max(0.0, plan.expires - cache.now()))
+        except (DoubleBookingError, KeyError, ValueError):
+            return False
+        if gpus != slot.gpus:
+            log.info(
+                "gang %s: slot %s seated again on %s GPUs %s (was %s)",
+                plan.gang,
+                slot.slot,
+                slot.node,
+                list(gpus),
+                list(slot.gpus),
+            )
+            slot.gpus = gpus
+            plan.record = None
+        return True
 
     # ---- GangHandler ----------------------------------------------------------------------
 
@@ -701,16 +860,30 @@ class GangRuntime:
                 return REASON_NOT_IN_PLAN
             if slot.node != node:
                 return REASON_NOT_IN_PLAN
+            by_claim = self._claim_gpus(ext, req, node)
             if slot.state == BOUND:
-                return MemberPlacement(slot.gpus, plan.gang, _record(plan))
+                gpus = () if by_claim is not None else slot.gpus
+                return MemberPlacement(gpus, plan.gang, _record(plan))
             key = reservation_key(plan.gang, slot.slot)
             if slot.state == RESERVED:
-                if cache.snapshot().pods.get(key) is None or cache.now() >= plan.expires:
+                lost = cache.snapshot().pods.get(key) is None
+                if (lost and by_claim is None) or cache.now() >= plan.expires:
                     self._drop(ext, plan.gang, "expired", "reservation expired before bind")
                     return ERR_PLAN_BROKEN
                 cache.forget(key)
                 slot.state = BINDING
-            return MemberPlacement(slot.gpus, plan.gang, _record(plan))
+            if by_claim is None:
+                return MemberPlacement(slot.gpus, plan.gang, _record(plan))
+            # The member's special claim holds its GPUs (the pod holds none): the slot
+            # records the set the claim got, and slots on the node whose reservations that
+            # set displaced are seated again on what is left.
+            if by_claim and by_claim != slot.gpus:
+                slot.gpus = by_claim
+                plan.record = None
+            for other in sorted(plan.slots.values(), key=lambda o: _slot_order(o.slot)):
+                if other.node == node and other.state == RESERVED:
+                    self._reseat(ext, plan, other)
+            return MemberPlacement((), plan.gang, _record(plan))
 
     def bound(self, ext: Any, req: PodRequest, ok: bool) -> None:
         """Record a member's bind outcome; a failed bind breaks the plan."""

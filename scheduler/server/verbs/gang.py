@@ -8,7 +8,11 @@ follow its gang's plan:
   filtered as a pod alone (``whole.py``).
 * score: the plan's node scores 10, the others 0 (the handler's answer), else as a pod alone.
 * bind: the member's slot (GPUs reserved by the plan) through the whole-GPU bind, with the
-  handler told whether it held (``GangHandler.bound``).
+  handler told whether it held (``GangHandler.bound``). A member whose ``nvidia.com/gpu``
+  a DeviceClass backs, bound to a DRA node, holds no GPU itself: the special claim
+  kube-scheduler made for it in PreBind holds them (checked, or given topoplace's choice
+  first, as for a pod alone: ``DraRouter.before_bind``), and the plan predicted that
+  claim's first fit (``GangRuntime._dra_first_fit``).
 * preempt: victims only when the whole gang fits once every lower-priority pod is gone, and
   only on the nodes of that placement (``GangHandler.preemption_plan``).
 * explain: the gang plan's summary (plan id, policy, the solver's numbers).
@@ -19,6 +23,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from scheduler.core.model import PodRequest
@@ -102,13 +107,25 @@ class Gang(PodKind):
         gangs = ext.gangs
         assert gangs is not None
         why = self.explain(ext, req, node)
+        held = req
+        if req.gpus > 0 and ext.dra.split_by_dra([node])[0] and ext.dra.extended_resources(pod):
+            # nvidia.com/gpu that DRA backs, on a DRA node: the special claim kube-scheduler
+            # made in its PreBind holds the GPUs (given the plan's set first when topoplace
+            # chose it, else checked), and the pod holds none itself (as ``extended.py``)
+            err = ext.dra.before_bind(key, node, pod, uid)
+            if err:
+                gangs.bound(ext, req, False)
+                return str(err)
+            held = replace(req, gpus=0)
 
         def pick(s: ClusterSnapshot) -> Any:
             return gangs.choose(ext, s, req, node)
 
-        out = whole.bind_start(ext, key, pod, req, node, uid, why, pick)
+        out = whole.bind_start(ext, key, pod, held, node, uid, why, pick)
         if isinstance(out, str):
             gangs.bound(ext, req, False)
+        elif held is not req:
+            out = replace(out, req=req)  # the gang runtime is told of the member as planned
         return out
 
     def preempt(self, ext: Host, pod: Mapping[str, Any], req: PodRequest) -> PreemptAsk | None:
