@@ -1,0 +1,126 @@
+"""Gangs of plain ``nvidia.com/gpu`` pods on DRA nodes, against a real API server and a real
+kube-scheduler (>= 1.34, ``DRAExtendedResource``; on by default in 1.36).
+
+A gang of 4-GPU pods (``topoplace.io/gang`` + ``topoplace.io/gang-size``) on nodes that
+publish their GPUs as ResourceSlice devices, behind a DeviceClass naming ``nvidia.com/gpu``:
+topoplace plans it whole, predicting the first fit kube-scheduler's allocator gives each
+member's special claim, and kube-scheduler binds it through the shipped configuration. The
+same pods on device-plugin nodes land on the same nodes of their pair with the same GPUs.
+Skips where the server drops ``DeviceClass.spec.extendedResourceName`` (before 1.34).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import pytest
+
+from tests.kube.conftest import NODE_LABEL, Topoplace, make_gpu_node
+from tests.kube.test_dra import (  # noqa: F401  (fixtures)
+    Claims,
+    DraCluster,
+    _gpu_set,
+    _wait_nodes,
+    claims,
+    cluster,
+    dra_version,
+    er_class,
+    kube_api,
+)
+from tests.kube.test_live import wait_for
+
+pytestmark = pytest.mark.kube
+
+MEMBERS = 3
+GPUS = 4
+
+
+def _member(core: Any, ns: str, gang: str, i: int, profile: str, selector: dict) -> str:
+    """Member ``i`` of ``gang``: a pod asking ``nvidia.com/gpu: 4``."""
+    name = f"{gang}-{i}"
+    core.create_namespaced_pod(
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": ns,
+                "annotations": {
+                    "topoplace.io/gang": gang,
+                    "topoplace.io/gang-size": str(MEMBERS),
+                },
+            },
+            "spec": {
+                "schedulerName": profile,
+                "nodeSelector": selector,
+                "terminationGracePeriodSeconds": 0,
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.k8s.io/pause:3.9",
+                        "resources": {
+                            "requests": {"cpu": "1", "memory": "1Gi"},
+                            "limits": {"nvidia.com/gpu": str(GPUS)},
+                        },
+                    }
+                ],
+            },
+        },
+    )
+    return name
+
+
+def _plan(tp: Topoplace, key: str) -> list[tuple[str, tuple[int, ...], str]]:
+    """(node, GPUs, member) of every slot of gang ``key``'s plan, as topoplace shows it."""
+    plan = tp.get("/v1/inspect/placements")["gangs"][key]
+    return [(s["node"], tuple(s["gpus"]), s["member"]) for s in plan["slots"]]
+
+
+def test_a_gang_of_gpu_pods_binds_whole_on_dra_nodes_as_on_device_plugin_nodes(
+    topoplace: Topoplace,
+    scheduler_name: str,
+    cluster: DraCluster,  # noqa: F811
+    er_class: str,  # noqa: F811
+    claims: Claims,  # noqa: F811
+    core: Any,
+    run_id: str,
+    namespace: str,
+) -> None:
+    """Three members of 4 GPUs, two 8-GPU nodes on each side: every member binds, each on
+    the node and with the GPUs of topoplace's plan (on the DRA side the GPUs its special
+    claim holds), and the device-plugin side lands identically (node of its pair, GPU set)."""
+    dp = [f"tp-dpg-{run_id}-{cluster.tag}-{i}"[:63] for i in range(2)]
+    for n in dp:
+        make_gpu_node(core, n, run_id, gpus=8, labels={"topoplace-dpg": cluster.tag})
+    try:
+        dra_nodes = cluster.add_nodes(2)
+        _wait_nodes(topoplace, dra_nodes)
+        _wait_nodes(topoplace, dp)
+        got: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
+        for side, nodes, label in (
+            ("dra", dra_nodes, {"topoplace-dra": cluster.tag}),
+            ("dp", dp, {"topoplace-dpg": cluster.tag}),
+        ):
+            gang = f"eg-{side}"
+            sel = {NODE_LABEL: run_id, **label}
+            names = [_member(core, namespace, gang, i, scheduler_name, sel) for i in range(MEMBERS)]
+            claims.pods += names
+            for n in names:
+                wait_for(lambda n=n: claims.node_of(n), 60, f"{n} bound")
+            held = {f"{namespace}/{n}": _gpu_set(claims, namespace, n) for n in names}
+            plan = _plan(topoplace, f"{namespace}/{gang}")
+            assert sorted((node, gpus) for node, gpus, _ in plan) == sorted(held.values())
+            for node, gpus, member in plan:
+                assert held[member] == (node, gpus), (member, plan, held)
+            got[side] = sorted((sorted(nodes).index(node), gpus) for node, gpus in held.values())
+            print(f"\n{side}: {got[side]}")
+        assert got["dra"] == got["dp"]
+        assert sorted(i for i, _ in got["dra"]) in ([0, 0, 1], [0, 1, 1])
+        for _, gpus in got["dra"]:
+            assert len(gpus) == GPUS
+    finally:
+        for n in dp:
+            with contextlib.suppress(Exception):
+                core.delete_node(n)
