@@ -10,7 +10,10 @@ cluster of ``--nodes`` DGX H100 nodes (``benchmarks.clusters.dgx_h100_nodes``) o
   cluster), prioritize the nodes filter kept;
 * ``gang member``: 8-GPU members of gangs of 4 (``topoplace.io/gang``); the first member's
   filter plans the whole gang (CP-SAT), its mates find the plan; nothing is bound, so each
-  plan's reservation stays and the next gang plans around it;
+  plan's reservation stays and the next gang plans around it. Each gang is in a namespace
+  of its own (tenants): in one namespace the unbound reservations would reach
+  ``gang.max_reserved_gpus_per_namespace`` (1,024 GPUs) at the 32nd gang and every later
+  gang would be refused;
 * ``HAMi share``: nodes running HAMi's device plugin (register annotation, 10 replicas per
   GPU), pods of one share (20,000 MiB and 30 % of the cores as ``gpumem`` / ``gpucores``);
 * ``DRA claim``: nodes with one recorded 8-GPU ResourceSlice each
@@ -123,7 +126,8 @@ def whole_case(nodes: int, pods: int, held: float, seed: int) -> Case:
 
 
 def gang_case(nodes: int, pods: int, held: float, seed: int) -> Case:
-    """8-GPU members of gangs of :data:`GANG_SIZE`, offered every node (shuffled)."""
+    """8-GPU members of gangs of :data:`GANG_SIZE` (each gang in its own namespace),
+    offered every node (shuffled)."""
     objs, bound, _, _ = whole_case(nodes, 0, held, seed)
     names = [o["metadata"]["name"] for o in objs]
     rng = random.Random(seed)
@@ -132,7 +136,9 @@ def gang_case(nodes: int, pods: int, held: float, seed: int) -> Case:
         order = names[:]
         rng.shuffle(order)
         gang = f"g{i // GANG_SIZE:04d}"
-        pod = make_pod(f"{gang}-{i % GANG_SIZE}", 8, namespace="bench", gang=gang,
+        # a namespace per gang: nothing binds, and the unbound reservations of one
+        # namespace stop at gang.max_reserved_gpus_per_namespace (1,024 GPUs: 32 gangs)
+        pod = make_pod(f"{gang}-{i % GANG_SIZE}", 8, namespace=f"bench-{gang}", gang=gang,
                        gang_size=GANG_SIZE)  # fmt: skip
         todo.append((pod, order))
     return objs, bound, {}, todo
