@@ -199,6 +199,9 @@ BENCHMARKS: dict[str, Benchmark] = {
         _B("live-chaos", "live", "faults injected through the real control plane under a "
            "stream of work: invariant violations, recovery per fault kind",
            "benchmarks.live.chaos", "--seed"),
+        _B("live-soak", "live", "the chaos stream at a steady load, no faults, for hours: "
+           "memory, p99 latency and CPU per pod drift, sizes that could accumulate",
+           "benchmarks.live.soak", "--seed"),
     )
 }  # fmt: skip
 """Registered benchmarks by name (scenario files come on top: :func:`scenario_files`)."""

@@ -74,8 +74,11 @@ from typing import Any
 import httpx
 import yaml
 
+from benchmarks.cluster.claims import FINALIZER, ClaimController
 from benchmarks.cluster.cluster import Cluster, Ports, apiserver_args, recorded_pid
+from benchmarks.cluster.dra import delete_slices, publish
 from benchmarks.cluster.nodes import Heartbeat, gpu_node, now_rfc3339
+from benchmarks.clusters import resource_claim
 from benchmarks.live.invariants import (
     KINDS,
     ApiState,
@@ -109,7 +112,10 @@ FAULT_KINDS = (
     "gpu-fault",
     "node-delete",
 )
-POD_KINDS = ("whole", "gang", "gang-topology", "share")
+POD_KINDS = ("whole", "gang", "gang-topology", "share", "dra", "dra-gated")
+DRA_GATE = "topoplace.io/allocate"
+"""The scheduling gate of ``dra-gated`` pods: topoplace allocates their claims."""
+DRA_CLASS = "gpu.nvidia.com"
 PRIORITIES = {"low": 0, "mid": 100, "high": 1000}
 GANG_SHAPES = ((2, 4), (2, 8), (2, 8), (3, 4), (3, 8), (4, 4), (4, 8))
 """(members, GPUs each) of gangs without a constraint: at most the 4 work nodes."""
@@ -145,6 +151,7 @@ class Job:
         name: job name (pod names are ``<name>`` or ``<name>-<i>``).
         kind: one of :data:`POD_KINDS`.
         pods: the Pod objects to create.
+        claims: the ResourceClaims its pods name (created before them, deleted after).
         lifetime: seconds it runs once every pod is bound.
         created / bound / ended: monotonic times (0: not yet).
         why_ended: ``done``, ``lost`` (a pod vanished or its node did), ``settle``.
@@ -154,6 +161,7 @@ class Job:
     kind: str
     pods: list[dict[str, Any]]
     lifetime: float
+    claims: list[dict[str, Any]] = field(default_factory=list)
     created: float = 0.0
     bound: float = 0.0
     ended: float = 0.0
@@ -163,6 +171,10 @@ class Job:
     def names(self) -> list[str]:
         return [p["metadata"]["name"] for p in self.pods]
 
+    @property
+    def claim_names(self) -> list[str]:
+        return [c["metadata"]["name"] for c in self.claims]
+
 
 def _pod(
     name: str,
@@ -170,11 +182,21 @@ def _pod(
     priority: str,
     pools: Sequence[str],
     annotations: Mapping[str, str] | None = None,
+    claim: str = "",
+    gated: bool = False,
 ) -> dict[str, Any]:
     """A pod of the shipped profile, grace 0 (no kubelet confirms a deletion), on ``pools``:
     a ``nodeSelector`` for one pool, a required node affinity for several (only whole-GPU
     pods ask for several: topoplace plans gangs with the members' ``nodeSelector`` but not
-    their node affinity, see the report in benchmarks/results/live-chaos.md)."""
+    their node affinity, see the report in benchmarks/results/live-chaos.md). ``claim``: its
+    GPUs are that ResourceClaim (no GPU limits then); ``gated``: created with the scheduling
+    gate :data:`DRA_GATE`."""
+    resources: dict[str, Any] = {
+        "requests": {"cpu": "100m", "memory": "128Mi"},
+        "limits": dict(limits),
+    }
+    if claim:
+        resources["claims"] = [{"name": "gpus"}]
     spec: dict[str, Any] = {
         "schedulerName": PROFILE,
         "priorityClassName": f"chaos-{priority}",
@@ -183,13 +205,14 @@ def _pod(
             {
                 "name": "main",
                 "image": "registry.k8s.io/pause:3.9",
-                "resources": {
-                    "requests": {"cpu": "100m", "memory": "128Mi"},
-                    "limits": dict(limits),
-                },
+                "resources": resources,
             }
         ],
     }
+    if claim:
+        spec["resourceClaims"] = [{"name": "gpus", "resourceClaimName": claim}]
+    if gated:
+        spec["schedulingGates"] = [{"name": DRA_GATE}]
     if len(pools) == 1:
         spec["nodeSelector"] = {POOL_LABEL: pools[0]}
     else:
@@ -211,9 +234,15 @@ class Workload:
     """The seeded stream of jobs (see the module docstring). Deterministic: the same seed
     gives the same jobs in the same order, whatever happens to them."""
 
-    def __init__(self, seed: int, lifetime: float = 40.0) -> None:
+    def __init__(
+        self, seed: int, lifetime: float = 40.0, dra_version: str = "", gangs: bool = True
+    ) -> None:
+        """``dra_version``: the ``resource.k8s.io`` version served ("" : no DRA jobs);
+        ``gangs``: False leaves gangs out (a plane without enough work nodes)."""
         self.rng = random.Random(seed)
         self.lifetime = lifetime
+        self.dra_version = dra_version
+        self.gangs = gangs
         self.count = 0
 
     def next(self) -> Job:
@@ -223,7 +252,18 @@ class Workload:
         name = f"j{self.count:05d}"
         prio = r.choices(list(PRIORITIES), weights=(6, 3, 1))[0]
         life = self.lifetime * r.uniform(0.5, 1.5)
-        kind = r.choices(POD_KINDS, weights=(5, 2, 1, 3))[0]
+        weights = [5, 2, 1, 3, 2, 2]
+        if not self.dra_version:
+            weights[4] = weights[5] = 0
+        if not self.gangs:
+            weights[1] = weights[2] = 0
+        kind = r.choices(POD_KINDS, weights=weights)[0]
+        if kind in ("dra", "dra-gated"):
+            gpus = r.choice((1, 1, 2, 4, 8))
+            claim = resource_claim(name, gpus, self.dra_version, NAMESPACE, DRA_CLASS)
+            del claim["metadata"]["uid"]  # the API server gives it
+            pod = _pod(name, {}, prio, ("dra",), claim=name, gated=kind == "dra-gated")
+            return Job(name, kind, [pod], life, claims=[claim])
         if kind == "whole":
             gpus = r.choice((1, 1, 2, 4, 8))
             pods = [_pod(name, {"nvidia.com/gpu": str(gpus)}, prio, ("work", "hami"))]
@@ -260,7 +300,7 @@ def fault_schedule(seed: int, kinds: Sequence[str], count: int) -> list[str]:
     round, round after round (each kind equally often, order random)."""
     rng = random.Random(seed * 7919 + 1)
     out: list[str] = []
-    while len(out) < count:
+    while kinds and len(out) < count:
         rnd = list(kinds)
         rng.shuffle(rnd)
         out += rnd
@@ -345,13 +385,23 @@ class Plane:
         self.proxy = FaultProxy(ports.proxy, ports.topoplace)
         self.heartbeat: Heartbeat | None = None
         self.work_nodes: list[str] = []
+        self.dra_nodes: list[str] = []
+        self.dra_version = ""
+        self.claim_controller: ClaimController | None = None
         self.deleted: dict[str, dict[str, Any]] = {}
         self._api_proc: subprocess.Popen[bytes] | None = None
 
     # ---- up and down ----------------------------------------------------------------------
 
-    def up(self, nodes: int, hami_nodes: int) -> None:
-        """Plane, nodes, PriorityClasses, namespace, proxy, topoplace, kube-scheduler."""
+    def claim_path(self, name: str = "") -> str:
+        """The chaos namespace's ResourceClaims (``name``: one of them)."""
+        base = f"/apis/resource.k8s.io/{self.dra_version}/namespaces/{NAMESPACE}/resourceclaims"
+        return f"{base}/{name}" if name else base
+
+    def up(self, nodes: int, hami_nodes: int, dra_nodes: int = 0) -> None:
+        """Plane, nodes (``dra_nodes`` publish their GPUs as ResourceSlices, a claim
+        controller stand-in runs), PriorityClasses, namespace, proxy, topoplace,
+        kube-scheduler."""
         if self.owned:
             self.cluster.up()
         kc = self.cluster.kubeconfig
@@ -369,9 +419,18 @@ class Plane:
             gpu_node(f"chaos-h{i}", sharing="hami", labels={POOL_LABEL: "hami"})
             for i in range(hami_nodes)
         ]
+        objs += [
+            gpu_node(f"chaos-d{i}", sharing="dra", leaf="leaf-dra", labels={POOL_LABEL: "dra"})
+            for i in range(dra_nodes)
+        ]
         objs.append(gpu_node("chaos-probe", leaf="leaf-probe", labels={POOL_LABEL: "probe"}))
         self.node_objs = {o["metadata"]["name"]: o for o in objs}
         self.api.create_nodes(objs)
+        self.dra_nodes = [f"chaos-d{i}" for i in range(dra_nodes)]
+        if self.dra_nodes:
+            self.dra_version = publish(self.api, self.cluster.version, self.dra_nodes)
+            self.claim_controller = ClaimController(self.api, interval=0.5)
+            self.claim_controller.start()
         self.work_nodes = [
             o["metadata"]["name"] for o in objs if o["metadata"]["name"] != "chaos-probe"
         ]
@@ -429,7 +488,11 @@ class Plane:
             if self.api is not None:
                 self.cleanup()
                 self.api.close()
+            if self.claim_controller is not None:
+                self.claim_controller.stop()
             return
+        if self.claim_controller is not None:
+            self.claim_controller.stop()
         if self._api_proc is not None and self._api_proc.poll() is None:
             self._api_proc.kill()
         if self.api is not None:
@@ -442,6 +505,8 @@ class Plane:
         api = self.api
         steps: list[Callable[[], Any]] = [
             lambda: api.delete_pods(NAMESPACE, timeout=60),
+            self._delete_claims,
+            lambda: delete_slices(api, self.dra_version, self.dra_nodes),
             lambda: api.call("DELETE", f"/api/v1/namespaces/{NAMESPACE}", ok=(404,)),
             lambda: api.delete_nodes(POOL_LABEL),
             *[
@@ -454,6 +519,20 @@ class Plane:
         for step in steps:
             with contextlib.suppress(Exception):
                 step()
+
+    def _delete_claims(self) -> None:
+        """Delete the namespace's claims, their finalizers dropped (best effort)."""
+        if not self.dra_version or self.api is None:
+            return
+        for c in self.api.get(self.claim_path()).get("items") or []:
+            name = c["metadata"]["name"]
+            fins = [f for f in c["metadata"].get("finalizers") or [] if f != FINALIZER]
+            if fins != (c["metadata"].get("finalizers") or []):
+                c["metadata"]["finalizers"] = fins
+                with contextlib.suppress(Exception):
+                    self.api.call("PUT", self.claim_path(name), c)
+            with contextlib.suppress(Exception):
+                self.api.call("DELETE", self.claim_path(name), ok=(404,))
 
     # ---- readiness probes -------------------------------------------------------------------
 
@@ -709,6 +788,7 @@ class Result:
     faults: list[FaultRecord] = field(default_factory=list)
     created: Counter[str] = field(default_factory=Counter)
     bound: Counter[str] = field(default_factory=Counter)
+    pods_bound: int = 0
     lost: Counter[str] = field(default_factory=Counter)
     violations: list[tuple[float, Violation]] = field(default_factory=list)
     reads: int = 0
@@ -729,7 +809,7 @@ class Driver:
         self.api = plane.api
         self.poller = poller
         self.args = args
-        self.work = Workload(args.seed, args.lifetime)
+        self.work = Workload(args.seed, args.lifetime, plane.dra_version)
         self.rng = random.Random(args.seed * 31 + 5)
         self.jobs: dict[str, Job] = {}
         self.result = Result(args.seed, args.duration, settle_bound=args.settle)
@@ -751,6 +831,14 @@ class Driver:
         ok = all(
             [self._try(lambda n=n: self.api.delete_pod(NAMESPACE, n)) for n in job.names]  # type: ignore[union-attr]
         )
+        # a claim's deletion waits on its finalizer: the claim controller drops it once the
+        # pod is gone and the claim deallocated
+        ok = ok and all(
+            [
+                self._try(lambda c=c: self.api.call("DELETE", self.plane.claim_path(c), ok=(404,)))  # type: ignore[union-attr]
+                for c in job.claim_names
+            ]
+        )
         if ok:
             job.ended, job.why_ended = time.monotonic(), why
             if why == "lost":
@@ -771,8 +859,10 @@ class Driver:
                 pending += len(job.pods)
                 continue
             got = [pods.get(n) for n in job.names]
-            gone = any(p is None for p in got) or any(
-                (node := live_bound(p)) and node not in nodes for p in got if p is not None
+            gone = (
+                not got
+                or any(p is None for p in got)
+                or any((node := live_bound(p)) and node not in nodes for p in got if p is not None)
             )
             if gone:
                 self._delete_job(job, "lost")
@@ -782,18 +872,25 @@ class Driver:
             if not unbound and not job.bound:
                 job.bound = now
                 self.result.bound[job.kind] += 1
+                self.result.pods_bound += len(job.pods)
             if job.bound and now - job.bound > job.lifetime:
                 self._delete_job(job, "done")
         if arrivals and now >= next_arrival and pending < self.args.max_pending:
             job = self.work.next()
             created = 0
+            claims = [
+                self._try(lambda c=c: self.api.call("POST", self.plane.claim_path(), c))  # type: ignore[union-attr]
+                for c in job.claims
+            ]
+            if not all(claims):  # an API fault: the claims made are deleted with the job
+                job.pods = []
             for p in job.pods:
                 created += self._try(lambda p=p: self.api.create_pod(NAMESPACE, p))  # type: ignore[union-attr]
-            if created:
+            if created or any(claims):
                 job.created = now
                 self.jobs[job.name] = job
                 self.result.created[job.kind] += 1
-                if created < len(job.pods):  # partly created (API fault): end it as lost
+                if created < len(job.pods) or not job.pods:  # partly created (API fault)
                     self._delete_job(job, "lost")
             next_arrival = now + self.rng.expovariate(1.0 / self.args.arrival)
         return next_arrival
@@ -863,7 +960,8 @@ class Driver:
         )
         faults.start()
         next_arrival = t0
-        while time.monotonic() - t0 < args.duration and not self.faults_done.is_set():
+        # without faults (a soak) the run lasts --duration; with faults, until they are done
+        while time.monotonic() - t0 < args.duration and not (kinds and self.faults_done.is_set()):
             state = self.poller.snapshot()
             if state is not None:
                 next_arrival = self.tick(state, True, next_arrival)
@@ -1028,7 +1126,9 @@ def write(out: Path, r: Result, args: argparse.Namespace, version: str, command:
         f"Kubernetes {version} (the project's test cluster, DRA served), kube-scheduler with "
         f"the shipped configuration through a fault proxy, topoplace with the shipped policy "
         f"(hami_lock: release); {args.nodes} 8-GPU work nodes on {max(1, args.nodes // 2)} "
-        f"leaves, {args.hami_nodes} HAMi nodes, one probe node; seed {r.seed}; "
+        f"leaves, {args.hami_nodes} HAMi nodes, {args.dra_nodes} DRA nodes (GPUs as "
+        f"ResourceSlices, claims allocated by kube-scheduler or, gated, by topoplace), "
+        f"one probe node; seed {r.seed}; "
         f"{len(r.faults)} faults over {args.duration:.0f}s at most (gap ~{args.gap:.0f}s), "
         f"arrivals every {args.arrival:.1f}s on average, lifetime ~{args.lifetime:.0f}s, "
         f"at most {args.max_pending} pods pending; invariants read every {args.poll}s; "
@@ -1104,6 +1204,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-pending", type=int, default=12)
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--hami-nodes", type=int, default=2)
+    p.add_argument(
+        "--dra-nodes", type=int, default=2, help="8-GPU DRA nodes (0: no DRA claim pods)"
+    )
     p.add_argument("--poll", type=float, default=0.5)
     p.add_argument("--gang-grace", type=float, default=30.0)
     p.add_argument("--settle", type=float, default=120.0)
@@ -1128,9 +1231,16 @@ def ports_of(args: argparse.Namespace) -> ChaosPorts:
     return ChaosPorts(**{f.name: getattr(args, f"{f.name}_port") for f in fields(ChaosPorts)})
 
 
-def run(args: argparse.Namespace, cluster: Cluster | None = None) -> tuple[Result, str]:
+def run(
+    args: argparse.Namespace,
+    cluster: Cluster | None = None,
+    observe: Callable[[Plane, Driver], Callable[[], None]] | None = None,
+) -> tuple[Result, str]:
     """One seeded chaos run (see the module docstring): (result, Kubernetes version).
-    ``cluster``: run on that plane (up already, left up; see :class:`Plane`)."""
+    ``cluster``: run on that plane (up already, left up; see :class:`Plane`). ``observe``:
+    called with the plane and the driver once the plane is up and before the work starts;
+    the callable it returns is called when the work and the settle are over (a soak's
+    sampler)."""
     ports = ports_of(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -1140,12 +1250,18 @@ def run(args: argparse.Namespace, cluster: Cluster | None = None) -> tuple[Resul
     )
     poller: Poller | None = None
     try:
-        plane.up(args.nodes, args.hami_nodes)
+        plane.up(args.nodes, args.hami_nodes, args.dra_nodes)
         assert plane.api is not None
         version = plane.api.version()
         poller = Poller(plane.api, dra_version(plane.api), args.poll, args.gang_grace).start()
         log(f"plane up ({version}) in {work}; {len(plane.node_objs)} nodes")
-        result = Driver(plane, poller, args).run()
+        driver = Driver(plane, poller, args)
+        stop = observe(plane, driver) if observe is not None else None
+        try:
+            result = driver.run()
+        finally:
+            if stop is not None:
+                stop()
         return result, version
     finally:
         if poller is not None:

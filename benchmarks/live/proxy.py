@@ -9,22 +9,64 @@ time from any thread:
 * ``drop``: connections open when the mode is set are cut (RST by ``SO_LINGER`` 0) and new
   ones are accepted and cut at once, so the client sees a reset, as with a dead peer;
 * ``delay``: every chunk from the client waits ``delay`` seconds before it is forwarded
-  (a slow network; longer than kube-scheduler's ``httpTimeout`` it times the call out).
+  (a slow network; longer than kube-scheduler's ``httpTimeout`` it times the call out);
+* ``answer``: open connections are cut (a watch ends mid-stream) and every new request is
+  answered by the proxy itself with HTTP ``status`` (429 and 503 with ``Retry-After: 1``,
+  a ``Status`` body as kube-apiserver writes it) and ``Connection: close``, never
+  forwarded: an overloaded or failing API server.
 
-Counters (``accepted``, ``dropped``, ``delayed``) say what it did. Loopback only.
+With ``server_ssl`` / ``upstream_ssl`` it terminates TLS on the client side and opens TLS
+to the target (the chaos runner's contexts offer only ``http/1.1`` by ALPN, so Go clients
+do not switch to HTTP/2, whose frames the ``answer`` mode could not answer): the runner
+puts it in front of kube-apiserver for topoplace and kube-scheduler. Bytes are forwarded unchanged (bearer tokens pass through).
+
+Counters (``accepted``, ``dropped``, ``delayed``, ``answered``) say what it did. Loopback
+only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
+import ssl
 import struct
 import threading
 from types import TracebackType
 from typing import Self
 
-MODES = ("pass", "drop", "delay")
+MODES = ("pass", "drop", "delay", "answer")
+REASONS = {429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable"}
+MAX_HEAD = 65536
+"""Bytes of a request head read at most before it is answered anyway."""
+
+
+def answer_bytes(status: int) -> bytes:
+    """The whole HTTP/1.1 response of the ``answer`` mode for ``status``."""
+    reason = REASONS.get(status, "Error")
+    body = json.dumps(
+        {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": f"chaos: {reason.lower()}",
+            "reason": {429: "TooManyRequests", 503: "ServiceUnavailable"}.get(
+                status, "InternalError"
+            ),
+            "code": status,
+        }
+    ).encode()
+    head = [
+        f"HTTP/1.1 {status} {reason}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        "Connection: close",
+    ]
+    if status in (429, 503):
+        head.append("Retry-After: 1")
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:
@@ -40,14 +82,27 @@ class FaultProxy:
     """``127.0.0.1:listen`` -> ``127.0.0.1:target`` with a settable fault mode (see the
     module docstring); a context manager (:meth:`start` / :meth:`stop`)."""
 
-    def __init__(self, listen: int, target: int) -> None:
+    def __init__(
+        self,
+        listen: int,
+        target: int,
+        *,
+        server_ssl: ssl.SSLContext | None = None,
+        upstream_ssl: ssl.SSLContext | None = None,
+    ) -> None:
+        """``server_ssl``: TLS towards the clients (None: plain TCP); ``upstream_ssl``: TLS
+        towards the target (None: plain TCP)."""
         self.listen = listen
         self.target = target
+        self.server_ssl = server_ssl
+        self.upstream_ssl = upstream_ssl
         self.mode = "pass"
         self.delay = 0.0
+        self.status = 503
         self.accepted = 0
         self.dropped = 0
         self.delayed = 0
+        self.answered = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
         self._thread: threading.Thread | None = None
@@ -57,17 +112,17 @@ class FaultProxy:
 
     # ---- control (any thread) -----------------------------------------------------------
 
-    def set_mode(self, mode: str, delay: float = 0.0) -> None:
-        """Switch to ``mode`` (one of :data:`MODES`); ``drop`` also cuts the open
-        connections.
+    def set_mode(self, mode: str, delay: float = 0.0, status: int = 503) -> None:
+        """Switch to ``mode`` (one of :data:`MODES`); ``drop`` and ``answer`` also cut the
+        open connections; ``status``: the answer of the ``answer`` mode.
 
         Raises:
             ValueError: an unknown mode.
         """
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
-        self.mode, self.delay = mode, max(0.0, delay)
-        if mode == "drop" and self._loop is not None:
+        self.mode, self.delay, self.status = mode, max(0.0, delay), status
+        if mode in ("drop", "answer") and self._loop is not None:
             self._loop.call_soon_threadsafe(self._cut_all)
 
     def start(self) -> FaultProxy:
@@ -95,7 +150,9 @@ class FaultProxy:
         self._loop = loop
         try:
             self._server = loop.run_until_complete(
-                asyncio.start_server(self._handle, "127.0.0.1", self.listen, reuse_address=True)
+                asyncio.start_server(
+                    self._handle, "127.0.0.1", self.listen, reuse_address=True, ssl=self.server_ssl
+                )
             )
         except OSError as exc:
             self._error = exc
@@ -128,8 +185,13 @@ class FaultProxy:
             self.dropped += 1
             _reset(writer)
             return
+        if self.mode == "answer":
+            await self._answer(reader, writer)
+            return
         try:
-            up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target)
+            up_r, up_w = await asyncio.open_connection(
+                "127.0.0.1", self.target, ssl=self.upstream_ssl
+            )
         except OSError:
             _reset(writer)
             return
@@ -144,6 +206,29 @@ class FaultProxy:
                 self._open.discard(w)
                 with contextlib.suppress(Exception):
                     w.close()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Read a request head (at most :data:`MAX_HEAD` bytes, 10 s), answer it with
+        ``status`` and close."""
+        self._open.add(writer)
+        try:
+            head = b""
+            with contextlib.suppress(asyncio.TimeoutError, ConnectionError, OSError):
+                async with asyncio.timeout(10):
+                    while b"\r\n\r\n" not in head and len(head) < MAX_HEAD:
+                        chunk = await reader.read(4096)
+                        if not chunk:
+                            break
+                        head += chunk
+            if head:
+                self.answered += 1
+                with contextlib.suppress(ConnectionError, OSError):
+                    writer.write(answer_bytes(self.status))
+                    await writer.drain()
+        finally:
+            self._open.discard(writer)
+            with contextlib.suppress(Exception):
+                writer.close()
 
     async def _pipe(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, upstream: bool

@@ -28,16 +28,41 @@ def _gpus(job) -> int:
 
 
 def test_the_stream_is_seeded_and_every_job_fits_its_pool() -> None:
-    a = [Workload(5).next() for _ in range(1)]
-    w1, w2 = Workload(5), Workload(5)
+    a = [Workload(5, dra_version="v1").next() for _ in range(1)]
+    w1, w2 = Workload(5, dra_version="v1"), Workload(5, dra_version="v1")
     jobs1 = [w1.next() for _ in range(300)]
     jobs2 = [w2.next() for _ in range(300)]
-    assert [(j.name, j.kind, j.pods) for j in jobs1] == [(j.name, j.kind, j.pods) for j in jobs2]
+    assert [(j.name, j.kind, j.pods, j.claims) for j in jobs1] == [
+        (j.name, j.kind, j.pods, j.claims) for j in jobs2
+    ]
     assert a[0].pods == jobs1[0].pods
-    assert [j.pods for j in jobs1] != [j.pods for j in (Workload(6).next() for _ in range(300))]
+    w4 = Workload(6, dra_version="v1")
+    other = [w4.next().pods for _ in range(300)]
+    assert [j.pods for j in jobs1] != other
     kinds = Counter(j.kind for j in jobs1)
     assert set(kinds) == set(POD_KINDS)
+    w3 = Workload(5)
+    no_dra = Counter(w3.next().kind for _ in range(300))
+    assert set(no_dra) == set(POD_KINDS) - {"dra", "dra-gated"}
     for j in jobs1:
+        if j.kind.startswith("dra"):
+            (pod,), (claim,) = j.pods, j.claims
+            spec = pod["spec"]
+            assert spec["resourceClaims"] == [
+                {"name": "gpus", "resourceClaimName": claim["metadata"]["name"]}
+            ]
+            assert spec["nodeSelector"] == {"topoplace-chaos": "dra"}
+            assert (
+                "limits" not in spec["containers"][0]["resources"]
+                or not (spec["containers"][0]["resources"]["limits"])
+            )
+            want = [{"name": "topoplace.io/allocate"}] if j.kind == "dra-gated" else None
+            assert spec.get("schedulingGates") == want
+            req = claim["spec"]["devices"]["requests"][0]["exactly"]
+            assert req["deviceClassName"] == "gpu.nvidia.com" and req["count"] in (1, 2, 4, 8)
+            assert claim["apiVersion"] == "resource.k8s.io/v1"
+            continue
+        assert j.claims == []
         spec = j.pods[0]["spec"]
         assert all(p["spec"]["terminationGracePeriodSeconds"] == 0 for p in j.pods)
         if j.kind.startswith("gang"):

@@ -1,0 +1,509 @@
+"""Soak: the chaos runner's stream of work at a steady load, no faults, for hours; does
+anything in topoplace drift or pile up?
+
+    python -m benchmarks.live.soak --kube-bin ~/kube-bin-1.36 --seed 1 --duration 7200 \\
+        --out out/live-soak
+
+The plane, the nodes and the work are :mod:`benchmarks.live.chaos`'s (whole-GPU pods,
+gangs with and without a leaf constraint, HAMi shares, DRA claim pods gated and ungated,
+three priorities, completions), with no fault injected; the invariants are checked all
+along as in a chaos run, and the settle and ledger comparison close it. Every
+``--sample`` seconds a sampler records, of the ``topoplace serve`` process:
+
+* ``rss_mb``: resident memory (``VmRSS`` of ``/proc/PID/status``), ``threads`` and
+  ``fds`` (``/proc/PID/fd`` entries);
+* ``filter_p99_ms`` / ``bind_p99_ms``: the p99 of the requests of that window, from the
+  deltas of the ``topoplace_request_seconds`` histogram of ``/metrics`` (the upper bound
+  of the bucket holding the 99th percentile: bucket resolution, not interpolated);
+* ``cpu_ms_per_pod``: CPU seconds (``utime + stime`` of ``/proc/PID/stat``) of the window
+  over the pods the window saw bound (every pod of a job counts once, when its job is
+  bound), in milliseconds;
+* sizes of what could accumulate: ``parked`` (``topoplace_parked_pods``),
+  ``binds_in_flight`` (``topoplace_kube_binds_in_flight``), ``decisions`` and
+  ``decision_mb`` (the decision ring of ``/v1/inspect/decisions``), ``placements`` and
+  ``placements_held`` (entries of ``/v1/inspect/placements``; held: any state but
+  ``bound``), ``gang_plans`` (its gangs), ``cache_pods`` / ``cache_nodes`` /
+  ``cache_claims`` / ``cache_slices`` (topoplace's watch cache, ``/v1/inspect/snapshot``),
+  ``preemptions_recent`` / ``teardowns`` / ``stranded`` (``/v1/inspect/preemptions``);
+  and, from the API server, ``api_pods`` (live pods of the chaos namespace: what the
+  caches should follow).
+
+The table (``summary.md``; every sample in ``samples.csv``): per measure its value at the
+start and at the end of the measured part (samples after ``--warmup`` seconds: start-up
+and the first fill are not drift), the least-squares slope per hour over it, its
+maximum, the bound it is held to and whether it holds. Bounds: resident memory, threads,
+fds, latencies and CPU per pod: ``|slope| x run hours`` at most ``--drift`` (default 10 %)
+of the measure's median over the run (drift over the whole run smaller than a tenth of the
+level); sizes: the maximum at most a stated ceiling (decision ring: its own caps; the
+watch cache and placements: the live pods the API server has plus ``--max-pending``;
+parked and held: the pending pods at most, ``--max-pending`` plus a largest gang).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import re
+import statistics
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.live import chaos
+from benchmarks.live.kubesched import REPO
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+DRIFT_MEASURES = (
+    "rss_mb",
+    "threads",
+    "fds",
+    "filter_p99_ms",
+    "bind_p99_ms",
+    "cpu_ms_per_pod",
+)
+SIZE_MEASURES = (
+    "parked",
+    "binds_in_flight",
+    "decisions",
+    "decision_mb",
+    "placements",
+    "placements_held",
+    "gang_plans",
+    "cache_pods",
+    "cache_nodes",
+    "cache_claims",
+    "cache_slices",
+    "preemptions_recent",
+    "teardowns",
+    "stranded",
+    "api_pods",
+)
+COLUMNS = ("t_s", "pods_bound", "cpu_s", *DRIFT_MEASURES, *SIZE_MEASURES)
+_BUCKET = re.compile(
+    r'^topoplace_request_seconds_bucket\{le="([^"]+)",verb="([a-z]+)"\} ([0-9.e+-]+)$'
+)
+_GAUGE = re.compile(r"^(topoplace_[a-z_]+) ([0-9.e+-]+)$")
+
+
+def log(msg: str) -> None:
+    """A progress line on stderr."""
+    print(f"[soak {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---- reading the process and its metrics ---------------------------------------------------
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of ``pid`` in MiB (``VmRSS``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024.0
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def threads(pid: int) -> int:
+    """Threads of ``pid``."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no Threads for pid {pid}")
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) ``pid`` has used."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()  # the name may hold spaces
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def histograms(text: str) -> dict[str, list[tuple[float, float]]]:
+    """verb -> cumulative ``(upper bound, count)`` buckets of
+    ``topoplace_request_seconds`` in a Prometheus text exposition, by bound."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for line in text.splitlines():
+        m = _BUCKET.match(line)
+        if m:
+            out.setdefault(m.group(2), []).append((float(m.group(1)), float(m.group(3))))
+    for v in out.values():
+        v.sort()
+    return out
+
+
+def gauges(text: str) -> dict[str, float]:
+    """Unlabelled ``topoplace_*`` samples of an exposition by name."""
+    return {
+        m.group(1): float(m.group(2)) for line in text.splitlines() if (m := _GAUGE.match(line))
+    }
+
+
+def window_quantile(
+    now: Sequence[tuple[float, float]], before: Sequence[tuple[float, float]], q: float
+) -> float:
+    """The ``q`` quantile of the observations between two readings of one cumulative
+    histogram: the upper bound of the first bucket whose count delta reaches ``q`` of the
+    window's total (nan when the window saw none; inf when it lies past the last finite
+    bound)."""
+    prev = dict(before)
+    deltas = [(le, c - prev.get(le, 0.0)) for le, c in now]
+    total = deltas[-1][1] if deltas else 0.0
+    if total <= 0:
+        return math.nan
+    for le, c in deltas:
+        if c >= q * total:
+            return le
+    return math.inf
+
+
+def slope_per_hour(ts: Sequence[float], ys: Sequence[float]) -> float:
+    """Least-squares slope of ``ys`` over ``ts`` (seconds), per hour; nan with fewer than
+    two finite points."""
+    pts = [(t, y) for t, y in zip(ts, ys, strict=True) if math.isfinite(y)]
+    if len(pts) < 2:
+        return math.nan
+    mt = sum(t for t, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    den = sum((t - mt) ** 2 for t, _ in pts)
+    if den == 0:
+        return math.nan
+    return sum((t - mt) * (y - my) for t, y in pts) / den * 3600.0
+
+
+# ---- the sampler ------------------------------------------------------------------------------
+
+
+class Sampler:
+    """Samples the measures of the module docstring every ``interval`` seconds in a thread
+    (a sample whose reads fail is skipped, counted in ``errors``)."""
+
+    def __init__(self, plane: chaos.Plane, driver: chaos.Driver, interval: float) -> None:
+        self.plane = plane
+        self.driver = driver
+        self.interval = interval
+        self.rows: list[dict[str, float]] = []
+        self.errors = 0
+        self.t0 = time.monotonic()
+        self._prev: tuple[float, int, dict[str, list[tuple[float, float]]]] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="soak-sampler", daemon=True)
+
+    def start(self) -> Callable[[], None]:
+        """Start; the function that stops it."""
+        self._thread.start()
+        return self.stop
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def _loop(self) -> None:
+        self._sample()  # the baseline of the first window
+        # the work part only: once arrivals stop (the settle) the load is no longer steady
+        while not self._stop.wait(self.interval) and not self.driver.stop_faults.is_set():
+            try:
+                self._sample()
+            except Exception as exc:  # a read failed: the next sample tries again
+                self.errors += 1
+                log(f"sample failed: {exc!r}")
+
+    def _sample(self) -> None:
+        tp = self.plane.tp
+        assert tp is not None and tp.pid is not None
+        pid = tp.pid
+        cpu = cpu_s(pid)
+        bound = self.driver.result.pods_bound
+        text = tp.metrics()
+        hist = histograms(text)
+        g = gauges(text)
+        decisions = tp.get("/v1/inspect/decisions?limit=1")["ring"]
+        placements = tp.get("/v1/inspect/placements")
+        snap = Counter(i.get("kind") for i in tp.get("/v1/inspect/snapshot")["items"])
+        pre = tp.get("/v1/inspect/preemptions")
+        state = self.driver.poller.snapshot()
+        now = time.monotonic() - self.t0
+        row: dict[str, float] = {
+            "t_s": round(now, 1),
+            "pods_bound": bound,
+            "cpu_s": round(cpu, 2),
+            "rss_mb": round(rss_mb(pid), 2),
+            "threads": threads(pid),
+            "fds": len(os.listdir(f"/proc/{pid}/fd")),
+            "filter_p99_ms": math.nan,
+            "bind_p99_ms": math.nan,
+            "cpu_ms_per_pod": math.nan,
+            "parked": g.get("topoplace_parked_pods", math.nan),
+            "binds_in_flight": g.get("topoplace_kube_binds_in_flight", math.nan),
+            "decisions": decisions["records"],
+            "decision_mb": round(decisions["bytes"] / 2**20, 3),
+            "placements": len(placements["placements"]),
+            "placements_held": sum(
+                1 for p in placements["placements"] if p.get("state") != "bound"
+            ),
+            "gang_plans": len(placements["gangs"]),
+            "cache_pods": snap["Pod"],
+            "cache_nodes": snap["Node"],
+            "cache_claims": snap["ResourceClaim"],
+            "cache_slices": snap["ResourceSlice"],
+            "preemptions_recent": len(pre.get("recent") or ()),
+            "teardowns": len(pre.get("pending_teardowns") or ()),
+            "stranded": len(pre.get("stranded") or ()),
+            "api_pods": (
+                sum(1 for p in state.pods if not p["metadata"].get("deletionTimestamp"))
+                if state is not None
+                else math.nan
+            ),
+        }
+        if self._prev is not None:
+            pcpu, pbound, phist = self._prev
+            for verb in ("filter", "bind"):
+                q = window_quantile(hist.get(verb, []), phist.get(verb, []), 0.99)
+                row[f"{verb}_p99_ms"] = q * 1000.0 if math.isfinite(q) else q
+            pods = bound - pbound
+            if pods > 0:
+                row["cpu_ms_per_pod"] = round((cpu - pcpu) / pods * 1000.0, 2)
+            self.rows.append(row)
+        self._prev = (cpu, bound, hist)
+
+
+# ---- the report ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Drift:
+    """One measure over the measured part: start, end, slope per hour, maximum, its bound
+    (text) and whether it holds."""
+
+    measure: str
+    start: float
+    end: float
+    slope_h: float
+    peak: float
+    bound: str
+    holds: bool
+
+
+def _first_last(ys: Sequence[float], k: int = 3) -> tuple[float, float]:
+    """Median of the first and of the last ``k`` finite values (one sample is noise)."""
+    f = [y for y in ys if math.isfinite(y)]
+    if not f:
+        return math.nan, math.nan
+    return statistics.median(f[:k]), statistics.median(f[-k:])
+
+
+def drifts(
+    rows: Sequence[Mapping[str, float]], warmup: float, drift: float, ceilings: Mapping[str, float]
+) -> list[Drift]:
+    """The table of the module docstring over the rows after ``warmup`` seconds."""
+    kept = [r for r in rows if r["t_s"] >= warmup] or list(rows)
+    if not kept:
+        return []
+    ts = [r["t_s"] for r in kept]
+    hours = max((ts[-1] - ts[0]) / 3600.0, 1e-9)
+    out: list[Drift] = []
+    for m in DRIFT_MEASURES:
+        ys = [float(r[m]) for r in kept]
+        finite = [y for y in ys if math.isfinite(y)]
+        level = statistics.median(finite) if finite else math.nan
+        s = slope_per_hour(ts, ys)
+        start, end = _first_last(ys)
+        limit = drift * level / hours if math.isfinite(level) else math.nan
+        out.append(
+            Drift(
+                m,
+                start,
+                end,
+                s,
+                max(finite) if finite else math.nan,
+                f"|slope| <= {limit:.3g}/h ({drift:.0%} of median {level:.3g} over {hours:.2f} h)",
+                math.isfinite(s) and abs(s) <= limit,
+            )
+        )
+    for m in SIZE_MEASURES:
+        ys = [float(r[m]) for r in kept]
+        finite = [y for y in ys if math.isfinite(y)]
+        start, end = _first_last(ys, 1)
+        peak = max(finite) if finite else math.nan
+        ceil = ceilings.get(m)
+        out.append(
+            Drift(
+                m,
+                start,
+                end,
+                slope_per_hour(ts, ys),
+                peak,
+                f"max <= {ceil:g}" if ceil is not None else "reported",
+                ceil is None or (math.isfinite(peak) and peak <= ceil),
+            )
+        )
+    return out
+
+
+def ceilings(
+    rows: Sequence[Mapping[str, float]], args: argparse.Namespace, nodes: int, slices: int
+) -> dict[str, float]:
+    """The size bounds of the module docstring for this run."""
+    live = max((r["api_pods"] for r in rows if math.isfinite(r["api_pods"])), default=0.0)
+    largest_gang = 4
+    return {
+        "parked": args.max_pending + largest_gang,
+        "binds_in_flight": args.max_pending + largest_gang,
+        "decisions": 2048,
+        "decision_mb": 64,
+        "placements": live + args.max_pending,
+        "placements_held": args.max_pending + largest_gang,
+        "cache_pods": live + args.max_pending,
+        "cache_nodes": nodes,
+        "cache_claims": live + args.max_pending,
+        "cache_slices": slices,
+        "teardowns": args.max_pending + largest_gang,
+        "stranded": args.max_pending + largest_gang,
+    }
+
+
+def _fmt(x: float) -> str:
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    return f"{x:.4g}"
+
+
+def markdown(
+    table: Sequence[Drift],
+    result: chaos.Result,
+    sampler: Sampler,
+    args: argparse.Namespace,
+    version: str,
+    command: str,
+) -> str:
+    """summary.md: command, conditions, the drift table, the run's invariant figures."""
+    measured = [r["t_s"] for r in sampler.rows if r["t_s"] >= args.warmup]
+    span = (measured[-1] - measured[0]) if len(measured) > 1 else 0.0
+    lines = [
+        "# live-soak",
+        "",
+        "The chaos runner's stream of work at a steady load with no fault, sampled for drift "
+        "and accumulation (benchmarks/live/soak.py).",
+        "",
+        "Command:",
+        "",
+        "```bash",
+        command,
+        "```",
+        "",
+        f"Conditions: Kubernetes {version} (the project's test cluster, DRA served), "
+        f"kube-scheduler with the shipped configuration, topoplace with the shipped policy "
+        f"(hami_lock: release); {args.nodes} 8-GPU work nodes, {args.hami_nodes} HAMi nodes, "
+        f"{args.dra_nodes} DRA nodes, one probe node; seed {args.seed}; work for "
+        f"{args.duration:.0f} s, arrivals every {args.arrival:.1f} s on average, lifetime "
+        f"~{args.lifetime:.0f} s, at most {args.max_pending} pods pending; a sample every "
+        f"{args.sample:.0f} s ({len(sampler.rows)} samples, {sampler.errors} failed); measured "
+        f"after a {args.warmup:.0f} s warm-up: {span / 3600:.2f} h; {os.cpu_count()} cores "
+        f"shared with other work.",
+        "",
+        "| measure | start | end | slope per hour | max | bound | holds |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for d in table:
+        lines.append(
+            f"| {d.measure} | {_fmt(d.start)} | {_fmt(d.end)} | {_fmt(d.slope_h)} | "
+            f"{_fmt(d.peak)} | {d.bound} | {'yes' if d.holds else 'NO'} |"
+        )
+    jobs = sum(result.created.values())
+    lines += [
+        "",
+        f"Jobs created {jobs} ({', '.join(f'{k} {result.created[k]}' for k in chaos.POD_KINDS)}), "
+        f"pods bound {result.pods_bound}; invariant violations {len(result.violations)}; "
+        f"pending after the {result.settle_bound:.0f} s settle {len(result.pending_after_settle)}; "
+        f"ledger differences {len(result.ledger_diff)}; API reads {result.reads} "
+        f"({result.read_errors} failed).",
+        "",
+        "Start / end: medians of the first and last three samples (sizes: the first and last "
+        "sample) of the measured part. p99 latencies are bucket upper bounds of "
+        "topoplace_request_seconds (a window's 99th percentile lies at or below it).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The soak's own flags (``--sample``, ``--warmup``, ``--drift``) and the chaos
+    runner's (faults are off whatever they say)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--sample", type=float, default=30.0, help="seconds between samples")
+    p.add_argument("--warmup", type=float, default=300.0, help="seconds not measured")
+    p.add_argument("--drift", type=float, default=0.10, help="drift bound over the run")
+    own, rest = p.parse_known_args(argv)
+    defaults = ["--duration", "7200", "--out", "out/live-soak"]
+    args = chaos.parse_args([*defaults, *rest, "--fault-count", "0", "--faults", ""])
+    for k, v in vars(own).items():
+        setattr(args, k, v)
+    return args
+
+
+def write(
+    out: Path, sampler: Sampler, table: Sequence[Drift], md: str, result: chaos.Result
+) -> None:
+    """samples.csv, summary.md, summary.csv and violations.txt in ``out``."""
+    with open(out / "samples.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(sampler.rows)
+    (out / "summary.md").write_text(md)
+    with open(out / "summary.csv", "w", newline="") as f:
+        w2 = csv.writer(f, lineterminator="\n")
+        w2.writerow(("measure", "start", "end", "slope_per_hour", "max", "bound", "holds"))
+        for d in table:
+            w2.writerow((d.measure, d.start, d.end, d.slope_h, d.peak, d.bound, d.holds))
+    (out / "violations.txt").write_text(
+        "".join(f"{t:.1f} {v.kind} {v.subject}: {v.detail}\n" for t, v in result.violations)
+        + "".join(f"ledger: {d}\n" for d in result.ledger_diff)
+        + "".join(f"pending after settle: {p}\n" for p in result.pending_after_settle)
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    command = "python -m benchmarks.live.soak " + " ".join(sys.argv[1:] if argv is None else argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    holder: dict[str, Any] = {}
+
+    def observe(plane: chaos.Plane, driver: chaos.Driver) -> Callable[[], None]:
+        sampler = Sampler(plane, driver, args.sample)
+        holder["sampler"] = sampler
+        holder["nodes"] = len(plane.node_objs)
+        holder["slices"] = len(plane.dra_nodes)
+        log(f"sampling every {args.sample:.0f}s for {args.duration:.0f}s")
+        return sampler.start()
+
+    result, version = chaos.run(args, observe=observe)
+    sampler: Sampler = holder["sampler"]
+    table = drifts(
+        sampler.rows,
+        args.warmup,
+        args.drift,
+        ceilings(sampler.rows, args, holder["nodes"], holder["slices"]),
+    )
+    md = markdown(table, result, sampler, args, version, command)
+    write(out, sampler, table, md, result)
+    print(md)
+    if args.results:
+        res = REPO / "benchmarks" / "results"
+        (res / "live-soak.md").write_text(md)
+        (res / "live-soak.csv").write_text((out / "summary.csv").read_text())
+    bad = (
+        result.violations
+        or result.pending_after_settle
+        or result.ledger_diff
+        or not all(d.holds for d in table)
+    )
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
