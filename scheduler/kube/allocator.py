@@ -15,7 +15,7 @@ choice to topoplace instead. kube-scheduler ignores a gated pod; :class:`GateAll
    kube-scheduler then only filters to that node and reserves; from 1.36 it would add a
    missing timestamp in its reservation, which the API server refuses: the allocation is
    immutable);
-3. waits ``settle_s`` and re-lists every claim from the API (a consistent read): if
+3. checks it once the watch shows the writes (no wait, no list; see "The check" below): if
    another claim holds one of its devices (kube-scheduler allocating at the same moment
    from a view that did not have topoplace's write yet), it waits for that pod's bind
    check when the pod is not bound yet, else topoplace's allocation yields: it is removed
@@ -44,6 +44,31 @@ survivor is then written again (:meth:`GateAllocator._rewrite`), so kube-schedul
 its devices again. Where the survivor is in use and cannot be written again, topoplace
 keeps claim pods off those devices until it is gone (``DraRouter.note_uncounted``).
 
+**The check costs nothing, and needs no settle.** A watch delivers a resource's events in
+``resourceVersion`` order. Once the cache shows topoplace's own write of a claim (at the
+version the write returned, or later), it has every claim written before that write: it
+is then the consistent read step 3 needs, so the check reads the cache (a few ms after
+the write) instead of listing every claim from the API. Only when the watch has not shown
+the writes within :data:`CATCH_UP_S`, or nothing was written (a restart, a retry), is a
+consistent list read. And no settle is needed before the gate goes (:data:`SETTLE_S` is
+0): a claim kube-scheduler writes *before* topoplace's write is in that view, so step 3
+sees it; one it writes *after* is checked at its pod's bind (e), which finds topoplace's
+devices, because topoplace holds them in the ledger before writing and that holding is
+dropped early only by an allocation the watch shows before topoplace's own, that is, one
+step 3 sees. Waiting longer before the check adds nothing to either case: every
+interleaving is closed by (d) or (e), whatever the wait (the live race test runs with
+both the filter window on and off). A settle would only help where kube-scheduler binds
+claim pods without topoplace (no DRA variant, so no (e)): a write landing within the
+settle would still be seen; ``TOPOPLACE_DRA_SETTLE_S`` sets one there, per allocation.
+
+**Timing.** Nothing waits on a poll or on another pod. The watch wakes the allocator
+(:meth:`GateAllocator.notify`: a gated pod added or changed, a claim added, given back or
+deleted, a write of its own shown), with a slow poll (:data:`POLL_S`) as a safety net.
+Each allocation is a flight of its own: held in the ledger by the allocator's thread,
+written by one of a few writer threads (:data:`WRITERS`; one pod's writes stay in order:
+finalizer and mark, allocation, then the gate), settled on its own timer and checked as
+soon as its writes show, while the next pods are planned and written.
+
 **Restart.** Nothing is kept in memory that the API does not hold: allocated claims come
 back through the watch as ledger holdings, a gated pod whose claims are all allocated is
 verified and released, a claim topoplace allocated for a pod whose other claims are not
@@ -60,6 +85,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent import futures
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -81,11 +107,12 @@ from scheduler.runtime.dra import DraRouter, ExtendedPick, all_claims, clique_re
 
 log = logging.getLogger(__name__)
 
-SETTLE_S = 2.0
-"""Seconds between writing an allocation and checking it against every claim."""
+SETTLE_S = 0.0
+"""Seconds between writing an allocation and checking it (none: the check and the bind
+check close the race without it, see the module docstring)."""
 ENV_SETTLE_S = "TOPOPLACE_DRA_SETTLE_S"
-"""Environment variable overriding :data:`SETTLE_S` (0 to 60; the live race test sets 0 to
-force kube-scheduler's concurrent allocations past topoplace's check)."""
+"""Environment variable overriding :data:`SETTLE_S` (0 to 60; each allocation waits its
+own, never another's)."""
 
 
 ENV_RECENT_S = "TOPOPLACE_DRA_RECENT_S"
@@ -107,8 +134,23 @@ def settle_from_env(environ: Mapping[str, str] | None = None) -> float:
     return _env_seconds(ENV_SETTLE_S, SETTLE_S, environ)
 
 
-INTERVAL_S = 0.5
-"""Seconds between passes over the gated pods."""
+POLL_S = 2.0
+"""Seconds between passes when no event comes: the safety net. A pass runs at once on a
+watch event that may let a gated pod move (:meth:`GateAllocator.notify`), when a writer
+thread ends, and when a settle ends."""
+HELD_OFF_S = 0.5
+"""Seconds between looks for pods kept off by the filter's window of recent writes
+(:meth:`GateAllocator.wake_held_off`; no API call unless one is due)."""
+CATCH_UP_S = 1.0
+"""How long a written allocation's check waits for the watch to show the writes before it
+reads a consistent list from the API instead (a watch that is down or far behind)."""
+RECHECK_S = 0.5
+"""Seconds before a pod whose claims are all allocated already (a restart; a conflict
+waiting for kube-scheduler's pod's bind check) is checked again: that check reads a list
+from the API, so it is not run on every event."""
+WRITERS = 4
+"""Writer threads: allocations of different pods are written at the same time (each pod's
+writes in order: finalizer and mark, allocation, gate)."""
 WAIT_FOR_BIND_S = 60.0
 """How long a checked allocation that shares a device with a claim kube-scheduler
 allocated for a pod not bound yet keeps its devices (and its gate) while topoplace's bind
@@ -172,10 +214,56 @@ class _Written:
     gang: str = ""
     notes: Mapping[str, str] = field(default_factory=dict)
     """Annotations written on the pods with the gate's removal."""
+    picks: tuple[tuple[dra.Pick, Mapping[str, Mapping[str, Any]], str], ...] = ()
+    """Allocations held in the ledger and still to write: (pick, the claims by key, the
+    ComputeDomain); empty when every claim is allocated already."""
 
     @property
     def name(self) -> str:
         return self.gang or object_key(self.pods[0])
+
+
+@dataclass(slots=True, eq=False)
+class _Flight:
+    """An allocation on its way (owned by the allocator's thread): written by a writer
+    thread, settled, checked, then its gates removed by a writer thread.
+
+    Attributes:
+        w: what is allocated.
+        written_at: when its writes ended (monotonic; its launch when it wrote nothing).
+        due: when its settle ends.
+        next_check: when a pass must look at it without an event (its settle's end, then
+            the watch's grace, :data:`CATCH_UP_S`).
+        future: the writer thread's work under way (the writes, then the gate removal).
+        ungating: ``future`` removes the gates (the check passed).
+        rvs: claim key -> ``resourceVersion`` of its last write (filled by the writer).
+    """
+
+    w: _Written
+    written_at: float
+    due: float
+    next_check: float
+    future: futures.Future[Any] | None = None
+    ungating: bool = False
+    rvs: dict[str, str] = field(default_factory=dict)
+
+
+def _rv(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+def _caught_up(claims: Mapping[str, Mapping[str, Any]], rvs: Mapping[str, str]) -> bool:
+    """Whether ``claims`` (the cache's) hold each claim of ``rvs`` at the version written
+    or a later one. ``resourceVersion`` is compared as the integer the API server (etcd's
+    revision) gives; one that is not an integer must be equal."""
+    for key, rv in rvs.items():
+        c = claims.get(key)
+        have = str(((c or {}).get("metadata") or {}).get("resourceVersion") or "")
+        if have == rv:
+            continue
+        if not (have.isdigit() and rv.isdigit() and int(have) > int(rv)):
+            return False
+    return True
 
 
 def extended_pick_value(node: str, devices: Iterable[dra.Device]) -> str:
@@ -204,8 +292,10 @@ class GateAllocator:
         kube_picks: devices kube-scheduler may be allocating now
             (``DraRouter.likely_kube_picks``).
         settle_s: see :data:`SETTLE_S` (None: :func:`settle_from_env`).
-        sleep: interruptible sleep (tests pass a recorder).
+        sleep: interruptible sleep, for :meth:`step`'s settle (tests pass a recorder).
         clock: wall-clock seconds for ``allocationTimestamp`` (tests pass a fixed one).
+        monotonic: seconds for settles and the watch's grace (tests pass one they move).
+        writers: writer threads (:data:`WRITERS`).
         router: the extender's :class:`DraRouter`: gated pods whose ``nvidia.com/gpu`` DRA
             backs are chosen for through it (None: such pods are released unchosen).
     """
@@ -220,6 +310,8 @@ class GateAllocator:
         sleep: Callable[[float], Any] | None = None,
         clock: Callable[[], float] = time.time,
         router: DraRouter | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        writers: int = WRITERS,
     ) -> None:
         self.cache = cache
         self.api = api
@@ -234,6 +326,12 @@ class GateAllocator:
         self._repair: set[str] = set()  # claims to write again before their pods go
         self._conflict_since: dict[str, float] = {}  # allocation -> first conflict seen
         self._thread: threading.Thread | None = None
+        self._monotonic = monotonic
+        self._wake = threading.Event()
+        self._flights: dict[str, _Flight] = {}  # name -> allocation on its way (the thread's)
+        self._watched: frozenset[str] = frozenset()  # claims of the flights (read by notify)
+        self._released: dict[str, str] = {}  # pod released -> its version still gated
+        self._pool = futures.ThreadPoolExecutor(writers, thread_name_prefix="dra-writer")
         if router is not None:
             router.check_bind = self.check_bind
             router.recent_s = _env_seconds(ENV_RECENT_S, router.recent_s, None)
@@ -241,12 +339,54 @@ class GateAllocator:
     # ---- one pass -----------------------------------------------------------------------
 
     def step(self) -> list[Outcome]:
-        """One pass over the gated pods (gangs first, then single pods, by key): every
-        allocation of the pass is written, then one settle and one list check them all."""
+        """One whole pass, waited for (tests, tools): every gated pod is allocated
+        (:meth:`tick`), and every allocation this pass started is written, settled,
+        checked and released or given back before it returns. One outcome per single pod
+        and per gang written, and one per pod that waits, gangs first, then single pods,
+        by key. The settle is slept with the ``sleep`` given, and the check does not wait
+        for the watch (an allocation the cache has not seen yet is checked against a
+        consistent list instead)."""
+        slots = self._plan()
+        names = {s for s in slots if isinstance(s, str)}
+        got: dict[str, Outcome] = {}
+        while names - got.keys():
+            for o in self._advance(force=True):
+                got[o.pod] = o
+            open_ = [self._flights[n] for n in names - got.keys() if n in self._flights]
+            busy = [f.future for f in open_ if f.future is not None]
+            if busy:
+                futures.wait(busy, return_when=futures.FIRST_COMPLETED)
+            elif open_:
+                due = max(f.due for f in open_) - self._monotonic()
+                if due > 0:
+                    self._sleep(due)
+                for f in open_:
+                    f.due = min(f.due, self._monotonic())
+        return [got[s] if isinstance(s, str) else s for s in slots]
+
+    def tick(self) -> list[Outcome]:
+        """One pass that never waits (the thread's): allocations settled and checked
+        (:meth:`_advance`), then every gated pod not in flight allocated, its writes handed
+        to the writer threads. Returns what ended in this pass: released, yielded and
+        failed allocations, and the pods that wait."""
+        out = self._advance()
+        out += [o for o in self._plan() if isinstance(o, Outcome)]
+        return out + self._advance()
+
+    def _plan(self) -> list[Outcome | str]:
+        """Allocate every gated pod (gangs first, then single pods, by key) whose
+        allocation is not in flight: held in the ledger here, written by the writer
+        threads (:meth:`_launch`). Returns, in that order, an outcome for each pod that
+        waits or failed and the flight name of each allocation started."""
         pending = list(self.pending())
         if self.router is not None:
             self._extended_bookkeeping(pending)
-        pods = sorted((p for p in pending if dra.gated(p)), key=object_key)
+        live = {object_key(p): _rv(p) for p in pending}
+        self._released = {k: v for k, v in self._released.items() if live.get(k) == v}
+        pods = sorted(
+            (p for p in pending if dra.gated(p) and object_key(p) not in self._released),
+            key=object_key,
+        )
         gangs: dict[str, list[Mapping[str, Any]]] = {}
         singles = []
         for p in pods:
@@ -258,12 +398,136 @@ class GateAllocator:
             (gangs.setdefault(req.gang, []) if req.gang else singles).append(p)
         done: list[Outcome | _Written] = []
         for key in sorted(gangs):
-            done += self._gang(key, gangs[key])
+            if key not in self._flights:
+                done += self._gang(key, gangs[key])
         for p in singles:
-            done.append(self._single(p))
-        written = [w for w in done if isinstance(w, _Written)]
-        checked = iter(self._release(written) if written else [])
-        return [next(checked) if isinstance(w, _Written) else w for w in done]
+            if object_key(p) not in self._flights:
+                done.append(self._single(p))
+        return [self._launch(w) if isinstance(w, _Written) else w for w in done]
+
+    def _launch(self, w: _Written) -> str:
+        """Start the flight of ``w``: its writes on a writer thread (one pod's writes in
+        order), or, with nothing to write, its settle at once. Returns its name."""
+        now = self._monotonic()
+        due = now + (max(self.settle_s, RECHECK_S) if w.claims and not w.picks else self.settle_s)
+        f = _Flight(w, written_at=now, due=due, next_check=due)
+        if w.picks:
+            f.future = self._pool.submit(self._write_all, w, f.rvs)
+            f.future.add_done_callback(lambda _f: self._wake.set())
+        self._flights[w.name] = f
+        self._watched = frozenset(k for g in self._flights.values() for k in g.w.claims)
+        return w.name
+
+    def _write_all(self, w: _Written, rvs: dict[str, str]) -> Outcome | None:
+        """The writes of one flight (a writer thread): each pick's claims in order. Returns
+        None (written) or the failure."""
+        for pick, claims, domain in w.picks:
+            err = self._write(pick, claims, domain, rvs)
+            if err:
+                return Outcome(w.name, FAILED, pick.node, reason=err)
+        return None
+
+    def _advance(self, force: bool = False) -> list[Outcome]:
+        """Move every flight on: writes done start the settle; a settle passed checks the
+        allocation (:meth:`_fresh`, :meth:`_verdict`) and hands a clean one's gate removal
+        to a writer thread; a gate removal done ends the flight. ``force``: a check does
+        not wait for the watch (:meth:`step`).
+        Returns the outcomes of the flights that ended."""
+        out: list[Outcome] = []
+        listed: list[list[dict[str, Any]] | Outcome] = []  # one list per call at most
+        for name, f in sorted(self._flights.items()):
+            now = self._monotonic()
+            if f.future is not None:
+                if not f.future.done():
+                    continue
+                res = self._result(f)
+                f.future = None
+                if f.ungating:
+                    self._end(name)
+                    res = res or Outcome(name, FAILED, reason="no outcome")
+                    if res.state == RELEASED:  # the watch may show them gated a moment more
+                        self._released.update((object_key(p), _rv(p)) for p in f.w.pods if _rv(p))
+                    out.append(res)
+                    continue
+                if res is not None:  # the writes failed (undone)
+                    self._end(name)
+                    out.append(res)
+                    continue
+                f.written_at = now
+                f.due = f.next_check = now + self.settle_s
+            if f.due > now:
+                continue
+            fresh = self._fresh(f, now, force, listed)
+            if fresh is None:  # the watch has not shown the writes yet: its event wakes
+                f.next_check = f.written_at + CATCH_UP_S
+                continue
+            if isinstance(fresh, Outcome):
+                self._end(name)
+                out.append(replace(fresh, pod=name))
+                continue
+            verdict = self._verdict(f.w, fresh)
+            if isinstance(verdict, Outcome):
+                self._end(name)
+                out.append(verdict)
+                continue
+            f.ungating = True
+            f.future = self._pool.submit(self._ungate, f.w, *verdict)
+            f.future.add_done_callback(lambda _f: self._wake.set())
+        return out
+
+    def idle(self, timeout: float | None = None) -> bool:
+        """Wait until no writer thread has work of this allocator's flights under way (the
+        next :meth:`tick` then sees it done). Returns False on the timeout."""
+        busy = [f.future for f in list(self._flights.values()) if f.future is not None]
+        return not futures.wait(busy, timeout).not_done
+
+    @staticmethod
+    def _result(f: _Flight) -> Outcome | None:
+        assert f.future is not None
+        try:
+            return f.future.result()
+        except Exception as exc:  # a bug in a writer thread: the flight fails, retried
+            log.exception("allocation of %s failed", f.w.name)
+            return Outcome(f.w.name, FAILED, reason=f"internal error: {exc}")
+
+    def _end(self, name: str) -> None:
+        self._flights.pop(name, None)
+        self._watched = frozenset(k for g in self._flights.values() for k in g.w.claims)
+
+    def _fresh(
+        self,
+        f: _Flight,
+        now: float,
+        force: bool,
+        listed: list[list[dict[str, Any]] | Outcome],
+    ) -> Sequence[Mapping[str, Any]] | Outcome | None:
+        """The claims to check flight ``f`` against: every claim the API held when ``f``'s
+        last write was made, or later.
+
+        For claims written by ``f``: the cache's claims, once the watch has delivered each
+        of them at the version written or a later one. A watch delivers a resource's
+        events in ``resourceVersion`` order, so by then every claim written before ``f``'s
+        own writes is in the cache: this is the consistent read the check needs (see the
+        module docstring), at no cost. None while the watch is behind, until
+        :data:`CATCH_UP_S` after the writes (or at once with ``force``); then, and for a
+        flight that wrote nothing (its claims were allocated already: a restart, a retry),
+        a consistent list from the API (one per :meth:`_advance`). A flight with no claims
+        (extended resources) is checked against nothing."""
+        if not f.w.claims:
+            return []
+        if f.rvs:
+            claims = self.cache.snapshot().extra.get(dra.CLAIMS_KEY) or {}
+            if _caught_up(claims, f.rvs):
+                return list(claims.values())
+            if not force and now - f.written_at < CATCH_UP_S:
+                return None
+            log.info("the watch has not shown %s's writes: checking a list", f.w.name)
+        if not listed:
+            try:
+                listed.append(self.api.list_claims())
+            except (ApiError, ApiUnavailable) as exc:
+                listed.append(Outcome("", FAILED, reason=f"listing claims failed: {exc}"))
+        return listed[0]
 
     def _claims(self, pod: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]], bool, str]:
         """(the pod's GPU claims, whether all its claims exist, its ComputeDomain)."""
@@ -328,18 +592,17 @@ class GateAllocator:
             )
             if isinstance(pick, str):
                 return Outcome(key, WAITING, reason=pick)
-            self._assume(pick, {object_key(c): c for c in claims}, domain)
-        err = self._write(pick, {object_key(c): c for c in claims}, domain)
-        if err:
-            return Outcome(key, FAILED, pick.node, reason=err)
+            by_key = {object_key(c): c for c in claims}
+            self._assume(pick, by_key, domain)
         log.info(
-            "allocated %s on %s: GPUs %s (ring %.1f GB/s)",
+            "allocating %s on %s: GPUs %s (ring %.1f GB/s)",
             key,
             pick.node,
             list(pick.gpus),
             pick.bottleneck,
         )
-        return _Written((pod,), tuple(object_key(c) for c in claims))
+        keys = tuple(object_key(c) for c in claims)
+        return _Written((pod,), keys, picks=((pick, by_key, domain),))
 
     # ---- nvidia.com/gpu backed by DRA ---------------------------------------------------
 
@@ -519,11 +782,11 @@ class GateAllocator:
         holds on ``node`` -> claim key).
 
         Why this closes the race: each side checks after it writes. topoplace holds a
-        device in its ledger before it writes it and checks its write against one
-        consistent list of every claim (``_release``); kube-scheduler's PreBind writes
-        before topoplace's bind is called. Of two allocations naming one device, the one
-        written second is therefore checked after the first exists: topoplace's by its
-        list, kube-scheduler's here. A conflict found here removes the claim's allocation
+        device in its ledger before it writes it and checks its write against every claim
+        written before it (the cache once the watch shows the write, :meth:`_fresh`);
+        kube-scheduler's PreBind writes before topoplace's bind is called. Of two
+        allocations naming one device, the one written second is therefore checked after
+        the first exists: topoplace's by its check, kube-scheduler's here. A conflict found here removes the claim's allocation
         (and ``reservedFor``, only this pod's: nothing runs it yet; kube-scheduler deletes
         a special claim itself when the bind fails) and fails the bind; kube-scheduler
         then allocates again. Returns "" or an error (an API error fails the bind too)."""
@@ -671,17 +934,14 @@ class GateAllocator:
             all_claims = {object_key(c): c for cs in claims_of.values() for c in cs}
             for pick in picks_out:
                 self._assume(pick, all_claims, domain)
-        for pick in picks_out:
-            err = self._write(pick, all_claims, domain)
-            if err:
-                return [Outcome(object_key(p), FAILED, reason=err) for p in members]
         log.info(
-            "allocated gang %s: %s",
+            "allocating gang %s: %s",
             gang,
             ", ".join(f"{p.node}:{list(p.gpus)}" for p in picks_out),
         )
         keys = [object_key(c) for p in members for c in claims_of[object_key(p)]]
-        return [_Written(tuple(members), tuple(keys), gang)]
+        writes = tuple((pick, all_claims, domain) for pick in picks_out)
+        return [_Written(tuple(members), tuple(keys), gang, picks=writes)]
 
     def _partitions(
         self,
@@ -786,25 +1046,47 @@ class GateAllocator:
             self.cache.assume(info)
 
     def _write(
-        self, pick: dra.Pick, claims: Mapping[str, Mapping[str, Any]], domain: str = ""
+        self,
+        pick: dra.Pick,
+        claims: Mapping[str, Mapping[str, Any]],
+        domain: str = "",
+        rvs: dict[str, str] | None = None,
     ) -> str:
-        """Write finalizer + annotation, then the allocation, of each picked claim; on an
-        error, undo what was written and drop the assumptions. Returns "" or the error."""
+        """Write finalizer + annotation, then the allocation, of each picked claim, in that
+        order; on an error, undo what was written and drop the assumptions. Returns "" or
+        the error; ``rvs`` gets each written claim's ``resourceVersion`` (claim key ->).
+
+        The first write starts from the cache's copy of the claim (``claims``): its
+        ``resourceVersion`` makes the update conditional, so a copy the API has moved past
+        fails with 409 and is read again, never overwritten. Safe to run in a writer thread
+        (the cache and the router lock themselves)."""
         written: list[str] = []
         for ck, spec, devs in pick.claims:
             ns, name = _ns_name(ck)
             try:
-                cur = self.api.get_claim(ns, name)
-                if dra.is_allocated(cur):
-                    raise ApiError(409, "Conflict", "claim allocated meanwhile")
-                body = dra.allocated_claim(
-                    cur, pick.node, spec, devs, domain, rfc3339(self._clock())
-                )
-                meta_only = {**body, "status": cur.get("status") or {}}
-                updated = self.api.update_claim(meta_only)
+                cur = claims.get(ck)
+                for fresh in (cur is None, True):
+                    if fresh:
+                        cur = self.api.get_claim(ns, name)
+                    assert cur is not None
+                    if dra.is_allocated(cur):
+                        raise ApiError(409, "Conflict", "claim allocated meanwhile")
+                    body = dra.allocated_claim(
+                        cur, pick.node, spec, devs, domain, rfc3339(self._clock())
+                    )
+                    meta_only = {**body, "status": cur.get("status") or {}}
+                    try:
+                        updated = self.api.update_claim(meta_only)
+                        break
+                    except ApiError as exc:
+                        if fresh or not exc.conflict:
+                            raise
                 updated["status"] = body["status"]
-                self.api.update_claim_status(updated)
+                done = self.api.update_claim_status(updated)
                 written.append(ck)
+                rv = str((done.get("metadata") or {}).get("resourceVersion") or "")
+                if rvs is not None and rv:
+                    rvs[ck] = rv
                 if self.router is not None:
                     self.router.note_written(ck, [d.id for d in devs])
             except (ApiError, ApiUnavailable) as exc:
@@ -905,22 +1187,12 @@ class GateAllocator:
             self.router.note_written(claim_key, dra.allocated_ids(done))
         return True
 
-    def _release(self, written: Sequence[_Written]) -> list[Outcome]:
-        """Settle, check every written allocation against every claim (one consistent
-        list), then remove the gates, or yield where a conflict shows."""
-        if self.settle_s > 0 and any(w.claims for w in written):  # nothing written: no race
-            self._sleep(self.settle_s)
-        try:
-            fresh = self.api.list_claims()
-        except (ApiError, ApiUnavailable) as exc:
-            return [
-                Outcome(w.name, FAILED, reason=f"listing claims failed: {exc}") for w in written
-            ]
-        return [self._check(w, fresh) for w in written]
-
-    def _check(self, w: _Written, fresh: Sequence[Mapping[str, Any]]) -> Outcome:
-        """Release ``w`` (remove the gates) if its claims share no device with another
-        claim of ``fresh``. A claim kube-scheduler allocated for a pod that is not bound
+    def _verdict(
+        self, w: _Written, fresh: Sequence[Mapping[str, Any]]
+    ) -> Outcome | tuple[str, tuple[str, ...]]:
+        """Whether ``w`` may go: (its node, its devices) if its claims share no device with
+        another claim of ``fresh`` (its gates are then removed, :meth:`_ungate`), else what
+        happened. A claim kube-scheduler allocated for a pod that is not bound
         yet (topoplace binds it, and its bind check will fail it and give the allocation
         back) is waited for, the devices kept, up to :data:`WAIT_FOR_BIND_S`; any other
         conflict, or a longer one, makes topoplace's allocation yield. Either way the
@@ -963,6 +1235,10 @@ class GateAllocator:
                 self._rewrite(k)
             why = "allocation written again (kube-scheduler counts its devices again); checking"
             return Outcome(w.name, WAITING, node, devices, why)
+        return node, devices
+
+    def _ungate(self, w: _Written, node: str, devices: tuple[str, ...]) -> Outcome:
+        """Remove the gates of ``w``'s pods (a writer thread; after its claims' writes)."""
         for p in w.pods:
             try:
                 self.api.remove_gate(p, dra.ALLOCATE_GATE, w.notes)
@@ -996,27 +1272,66 @@ class GateAllocator:
             woken.append(key)
         return woken
 
-    def run(self, interval: float = INTERVAL_S) -> None:
-        """Passes every ``interval`` seconds until :meth:`stop`."""
+    def notify(self, kind: str, typ: str, obj: Mapping[str, Any]) -> None:
+        """A watch event the cache has applied (``KubeWatcher.on_event``; the watch's
+        thread: only sets a flag). Wakes the allocator for what may let a gated pod move: a
+        gated pod added or changed (its claims named), a claim added, given back or
+        deleted (a template claim made, devices freed), or a write of an allocation in
+        flight shown (its check may run). Other events (kube-scheduler's allocations,
+        every other pod) wake nothing."""
+        if kind == "pods":
+            wake = typ != "DELETED" and dra.gated(obj)
+        elif kind == "resourceclaims":
+            wake = typ == "DELETED" or not dra.is_allocated(obj) or object_key(obj) in self._watched
+        else:
+            wake = False
+        if wake:
+            self._wake.set()
+
+    def _next_wake(self, now: float, last_pass: float, interval: float) -> float:
+        """Seconds until the thread must run a pass without an event: the first check due
+        (a settle ended, the watch's grace over), else the safety poll."""
+        at = last_pass + interval
+        for f in self._flights.values():
+            if f.future is None:
+                at = min(at, f.next_check)
+        return max(0.0, at - now)
+
+    def run(self, interval: float = POLL_S) -> None:
+        """Passes (:meth:`tick`) until :meth:`stop`: at once on a :meth:`notify` that
+        matters or a writer thread done, when a settle ends, and every ``interval``
+        seconds whatever happens (the safety net for a missed event: a node added, a
+        device's taint gone). Pods kept off by the filter's window are woken every
+        :data:`HELD_OFF_S`."""
+        last_pass = float("-inf")
         while not self._stop.is_set():
             with contextlib.suppress(Exception):
                 self.wake_held_off()
-            try:
-                for o in self.step():
-                    if o.state != WAITING:
-                        log.info(
-                            "allocation of %s %s: %s %s %s",
-                            o.pod,
-                            o.state,
-                            o.node,
-                            o.devices,
-                            o.reason,
-                        )
-            except Exception:  # keep the loop alive; the next pass starts from the API's view
-                log.exception("allocator pass failed")
-            self._stop.wait(interval)
+            now = self._monotonic()
+            if self._wake.is_set() or now - last_pass >= interval or self._due(now):
+                self._wake.clear()
+                last_pass = now
+                try:
+                    for o in self.tick():
+                        if o.state != WAITING:
+                            log.info(
+                                "allocation of %s %s: %s %s %s",
+                                o.pod,
+                                o.state,
+                                o.node,
+                                o.devices,
+                                o.reason,
+                            )
+                except Exception:  # keep the loop alive; the next pass starts from the API's view
+                    log.exception("allocator pass failed")
+            wait = min(self._next_wake(self._monotonic(), last_pass, interval), HELD_OFF_S)
+            self._wake.wait(wait)
 
-    def start(self, interval: float = INTERVAL_S) -> None:
+    def _due(self, now: float) -> bool:
+        """Whether a flight's check is due (its settle ended, or the watch's grace)."""
+        return any(f.future is None and f.next_check <= now for f in self._flights.values())
+
+    def start(self, interval: float = POLL_S) -> None:
         """Run :meth:`run` in a daemon thread."""
         if self._thread is None:
             self._thread = threading.Thread(
@@ -1025,7 +1340,11 @@ class GateAllocator:
             self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop the thread (waits up to ``timeout``)."""
+        """Stop the thread (waits up to ``timeout``) and the writer threads (a write under
+        way finishes; the flights it leaves are the API's state, taken up again by the next
+        allocator from the watch)."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -588,6 +588,7 @@ def build_kube_runtime(
                 router=ext.dra,
             )
             ext.dra.reallocate = rt.allocator.reallocate
+            watcher.on_event = rt.allocator.notify  # a gated pod or a claim: a pass at once
             rt.allocator.start()
 
     def after_sync() -> None:
@@ -621,6 +622,7 @@ def build_kube_runtime(
             km.leader.set(0)
             with lead.lock:
                 if rt.allocator is not None:
+                    watcher.on_event = None
                     rt.allocator.stop()
                     rt.allocator = None
                 _drop_held(ext)

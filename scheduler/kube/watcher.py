@@ -269,6 +269,10 @@ class KubeWatcher:
         """Called with a deleted pod's UID once the cache has let it go (kube mode: the
         preemptor settles a preemption whose last victim it was at once, instead of at its
         next pass, so the freed GPUs are held for their pod sooner)."""
+        self.on_event: Callable[[str, str, Mapping[str, Any]], Any] | None = None
+        """Called with (resource plural, event type, object) after a pod or DRA event is
+        applied, on the watch's thread (kube mode: wakes the gated-pod allocator,
+        ``GateAllocator.notify``); must return at once and not raise."""
         self.on_caught_up: Callable[[float], Any] | None = None
         """Called with :attr:`_behind_since` once a rebuild has applied those changes
         (kube mode: wake the pods refused since then, ``ParkedPods.wake_refused_since``):
@@ -585,6 +589,12 @@ class KubeWatcher:
                 self._group_event(s, typ, obj)
             if rv:
                 s.rv = rv
+        hook = self.on_event
+        if hook is not None and (s.kind == PODS or kdra.is_dra_kind(s.kind)):
+            try:
+                hook(s.kind.plural, typ, obj)
+            except Exception:  # a listener's bug must not break the watch
+                log.exception("watch event listener failed")
 
     def _node_event(self, s: ResourceStream, typ: str, obj: dict[str, Any]) -> None:
         name = self._key(NODES, obj)
