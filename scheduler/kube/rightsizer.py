@@ -70,6 +70,9 @@ from scheduler.server.webhook import (
     ANNOTATION,
     HAMI_MEM,
     SHARE_MODES,
+    ClaimSizing,
+    RequestPolicy,
+    capacity_policies,
     pod_backend,
     pod_memory_bytes,
     resize_values,
@@ -80,6 +83,9 @@ log = logging.getLogger(__name__)
 _RS_HASH = re.compile(r"^(?P<owner>.+)-[a-z0-9]{6,10}$")
 RECENT = 50
 """Actions :meth:`RightSizer.view` shows."""
+DEVICE_POLICY_EVERY_S = 10.0
+"""Least time between two reads of DeviceClasses and ResourceSlices (the requestPolicies the
+webhook rounds capacity claims to)."""
 
 
 def load_rightsize_policies(settings: RightsizeParams) -> PolicySet:
@@ -185,6 +191,9 @@ class RightSizer:
         self.last_eviction = float("-inf")
         self.awaiting: dict[str, tuple[str, int]] = {}
         """workload -> (UID of the pod the right-sizer evicted, live pods before it)."""
+        self.capacity_policies: dict[str, RequestPolicy] = {}
+        """device class name -> the memory requestPolicy of its shareable devices."""
+        self.policies_read_at = float("-inf")
         self.loop = Periodic(
             "rightsize", self.tick, lambda: self.settings.interval_seconds, "right-sizing"
         )
@@ -212,14 +221,71 @@ class RightSizer:
         with self.lock:
             return self.current.get(workload)
 
-    def for_pod(self, pod: Mapping[str, Any], namespace: str = "") -> Recommendation | str:
-        """The recommendation for a (new) pod, or why there is none (a string)."""
+    def for_pod(
+        self, pod: Mapping[str, Any], namespace: str = ""
+    ) -> Recommendation | ClaimSizing | str:
+        """The recommendation for a (new) pod, or why there is none (a string). For a
+        ResourceClaim (``kind: ResourceClaim``, as the webhook passes it) the answer of
+        :meth:`for_claim`."""
+        if pod.get("kind") == "ResourceClaim":
+            return self.for_claim(pod, namespace)
         ns = namespace or str((pod.get("metadata") or {}).get("namespace") or "")
         if not self.in_scope(ns):
             return f"namespace {ns!r} is not right-sized"
         wl = workload_of(pod, ns)
         rec = self.for_workload(wl)
         return rec if rec is not None else f"no recommendation for workload {wl}"
+
+    def for_claim(self, claim: Mapping[str, Any], namespace: str = "") -> ClaimSizing | str:
+        """The sizing of a (new) ResourceClaim created from a pod's template, or why there is
+        none. The pod is the claim's controller owner (``kind: Pod``; the resourceclaim
+        controller also writes ``resource.kubernetes.io/pod-claim-name``); it is read from
+        the API to find its workload (a ReplicaSet's Deployment, ...); when it cannot be read
+        (no API, an error, another UID) the workload comes from the pod's name, as the
+        Prometheus reader names it. A claim with no pod owner is left to its author."""
+        meta = claim.get("metadata") or {}
+        ns = namespace or str(meta.get("namespace") or "")
+        if not self.in_scope(ns):
+            return f"namespace {ns!r} is not right-sized"
+        ref = controller_of(claim)
+        if ref is None or ref.get("kind") != "Pod" or not ref.get("name"):
+            return "the claim was not created for a pod (no pod owner): its size is its author's"
+        name, uid = str(ref["name"]), str(ref.get("uid") or "")
+        pod: Mapping[str, Any] = {"metadata": {"name": name, "namespace": ns}}
+        if self.api is not None:
+            try:
+                got = self.api.request_json(
+                    "GET", f"/api/v1/namespaces/{quote(ns)}/pods/{quote(name)}"
+                )
+                if not uid or (got.get("metadata") or {}).get("uid") == uid:
+                    pod = got
+            except (ApiError, ApiUnavailable) as exc:
+                log.debug("right-size claim: pod %s/%s not read: %s", ns, name, exc)
+        wl = workload_of(pod, ns)
+        rec = self.for_workload(wl)
+        if rec is None:
+            return f"no recommendation for workload {wl} (pod {name})"
+        with self.lock:
+            policies = dict(self.capacity_policies)
+        return ClaimSizing(rec, policies, f"{ns}/{name}")
+
+    def read_device_policies(self, now: float) -> None:
+        """Read DeviceClasses and ResourceSlices (``resource.k8s.io/v1``) and keep each
+        class's memory requestPolicy (:func:`~scheduler.server.webhook.capacity_policies`), at
+        most every :data:`DEVICE_POLICY_EVERY_S`; a failed read keeps what is known (a
+        cluster without v1 DRA has none: the webhook rounds to MiB)."""
+        if self.api is None or now - self.policies_read_at < DEVICE_POLICY_EVERY_S:
+            return
+        self.policies_read_at = now
+        try:
+            classes = self.api.request_json("GET", "/apis/resource.k8s.io/v1/deviceclasses")
+            slices = self.api.request_json("GET", "/apis/resource.k8s.io/v1/resourceslices")
+        except (ApiError, ApiUnavailable) as exc:
+            log.debug("right-size: device classes not read: %s", exc)
+            return
+        found = capacity_policies(classes.get("items") or (), slices.get("items") or ())
+        with self.lock:
+            self.capacity_policies = found
 
     def view(self) -> dict[str, Any]:
         """What ``GET /v1/inspect/rightsize`` shows."""
@@ -284,6 +350,7 @@ class RightSizer:
         """One round: read, decide, publish; then annotate and recreate where allowed."""
         now = self.wall()
         self.refresh(now)
+        self.read_device_policies(now)
         if not self.may_act() or self.api is None:
             return
         if self.settings.annotate:

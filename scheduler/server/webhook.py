@@ -15,11 +15,22 @@ Requests of those resources, where the container states them, are set to the sam
 (Kubernetes requires extended-resource requests to equal limits). The pod also gets the
 annotation ``topoplace.io/rightsize`` with what was applied and why.
 
+The same endpoint answers a ``resource.k8s.io`` ResourceClaim CREATE (DRA consumable
+capacity: the size lives in the claim, not in the pod). A claim the resourceclaim controller
+creates from a pod's ResourceClaimTemplate names its pod as controller owner (and the pod's
+claim entry in the annotation ``resource.kubernetes.io/pod-claim-name``); the lookup finds
+that pod's workload. Every device request (``exactly``, or a ``firstAvailable`` alternative)
+that states ``capacity.requests.memory`` gets the recommended memory, rounded up to the
+device class's ``requestPolicy`` when it is known (:class:`RequestPolicy`: ``validValues``,
+or ``validRange`` min / step / max), else to whole MiB; the claim gets the annotation.
+Requests without a memory capacity request are left alone (whole devices), and so is a claim
+with no pod owner (a claim written by hand: its size is its author's).
+
 Allowed unchanged, with the reason in ``status.message``: a pod outside the right-sized
 namespaces, a workload without a recommendation, a pod in no memory-share backend's form
-(whole-GPU ``nvidia.com/gpu`` pods, DRA claims: a DRA capacity request lives in the
-ResourceClaimTemplate, not in the pod), or a recommended mode the backend cannot express
-(MIG, time-slicing). A review that cannot be read is answered 400 with a one-line error
+(whole-GPU ``nvidia.com/gpu`` pods, pods with DRA claims: their claims are sized instead),
+a recommended mode the backend cannot express (MIG, time-slicing; for a capacity claim also
+exclusive), or a size the device's requestPolicy does not allow. A review that cannot be read is answered 400 with a one-line error
 (never a 500); with ``failurePolicy: Ignore`` the API server creates the pod unchanged, as it
 does when the webhook is down or slower than ``timeoutSeconds``.
 
@@ -35,14 +46,17 @@ import base64
 import contextlib
 import logging
 import math
+import re
 import socket
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from scheduler.core.rightsize import EXCLUSIVE, MEMORY_SHARE, MPS, MiB, Recommendation
+from scheduler.core.quantity import parse_quantity_int
+from scheduler.core.rightsize import EXCLUSIVE, MEMORY_SHARE, MPS, GiB, MiB, Recommendation
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +73,145 @@ SHARE_MODES = frozenset({MEMORY_SHARE, MPS, EXCLUSIVE})
 MAX_BODY = 3 << 20
 """Largest review read (the API server's own request limit is 3 MiB)."""
 
-Lookup = Callable[[Mapping[str, Any], str], "Recommendation | None | str"]
-"""``(pod, namespace) -> recommendation``, or a string: why the pod is left alone."""
+DRA_GROUP = "resource.k8s.io"
+DRA_CAPACITY = "dra-capacity"
+CAPACITY_MEMORY = "memory"
+"""The device capacity a claim's ``capacity.requests`` names for GPU memory."""
+POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+CLAIM_MODES = frozenset({MEMORY_SHARE, MPS})
+"""Recommended modes a capacity request expresses (a share of a device's memory)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPolicy:
+    """A device capacity's ``requestPolicy`` (``resource.k8s.io/v1`` CapacityRequestPolicy):
+    what a claim may ask of a device that allows multiple allocations. The scheduler rounds a
+    request up to the next valid amount and refuses one above every valid amount; the
+    webhook writes the rounded amount, so the claim states what it will get.
+
+    Attributes:
+        values: ``validValues`` (bytes, ascending); empty when a range is given.
+        min / step / max: ``validRange`` (bytes); ``step`` and ``max`` may be None.
+    """
+
+    values: tuple[int, ...] = ()
+    min: int | None = None
+    step: int | None = None
+    max: int | None = None
+
+    def round_up(self, want: int) -> int | None:
+        """The smallest valid amount >= ``want``, or None when none is (above the range's
+        max or every valid value)."""
+        if self.values:
+            return next((v for v in self.values if v >= want), None)
+        x = max(want, self.min or 0)
+        if self.step and self.min is not None:
+            x = self.min + math.ceil((x - self.min) / self.step) * self.step
+        if self.max is not None and x > self.max:
+            return None
+        return x
+
+    def describe(self) -> str:
+        """A short form for reasons: ``valid 8Gi, 16Gi`` or ``min 1Gi step 1Gi max 80Gi``."""
+        if self.values:
+            return "valid " + ", ".join(quantity(v) for v in self.values)
+        parts = [
+            f"{k} {quantity(v)}"
+            for k, v in (("min", self.min), ("step", self.step), ("max", self.max))
+            if v is not None
+        ]
+        return " ".join(parts) or "any"
+
+    @classmethod
+    def from_json(cls, data: Any) -> RequestPolicy | None:
+        """From a capacity's ``requestPolicy`` object; None when absent or unreadable (then
+        nothing is known and the webhook rounds to MiB)."""
+        if not isinstance(data, Mapping):
+            return None
+        try:
+            if data.get("validValues"):
+                vals = sorted({parse_quantity_int(v) for v in data["validValues"]})
+                return cls(values=tuple(vals))
+            rng = data.get("validRange")
+            if isinstance(rng, Mapping) and rng.get("min") is not None:
+                return cls(
+                    min=parse_quantity_int(rng["min"]),
+                    step=parse_quantity_int(rng["step"]) if rng.get("step") else None,
+                    max=parse_quantity_int(rng["max"]) if rng.get("max") else None,
+                )
+        except (TypeError, ValueError):
+            return None
+        return None
+
+
+_DRIVER = re.compile(r"""device\.driver\s*==\s*["']([^"']+)["']""")
+
+
+def class_drivers(device_class: Mapping[str, Any]) -> set[str]:
+    """The drivers a DeviceClass selects (``device.driver == "..."`` in its CEL selectors)."""
+    out: set[str] = set()
+    for sel in ((device_class.get("spec") or {}).get("selectors")) or ():
+        expr = ((sel or {}).get("cel") or {}).get("expression") or ""
+        out.update(_DRIVER.findall(str(expr)))
+    return out
+
+
+def capacity_policies(
+    classes: Iterable[Mapping[str, Any]], slices: Iterable[Mapping[str, Any]]
+) -> dict[str, RequestPolicy]:
+    """Device class name -> the ``memory`` requestPolicy of the shareable devices it selects:
+    devices with ``allowMultipleAllocations`` in ResourceSlices of the class's drivers
+    (v1 devices, or v1beta1's ``basic``). A class is left out when its devices state no
+    policy, or state different ones (nothing single to round to). Pure."""
+    by_driver: dict[str, set[RequestPolicy | None]] = {}
+    for s in slices:
+        spec = s.get("spec") or {}
+        driver = str(spec.get("driver") or "")
+        for dev in spec.get("devices") or ():
+            d = (dev or {}).get("basic") or dev or {}
+            if not d.get("allowMultipleAllocations"):
+                continue
+            cap = (d.get("capacity") or {}).get(CAPACITY_MEMORY)
+            if not isinstance(cap, Mapping):
+                continue
+            by_driver.setdefault(driver, set()).add(
+                RequestPolicy.from_json(cap.get("requestPolicy"))
+            )
+    out: dict[str, RequestPolicy] = {}
+    for c in classes:
+        name = str((c.get("metadata") or {}).get("name") or "")
+        seen: set[RequestPolicy | None] = set()
+        for drv in class_drivers(c):
+            seen |= by_driver.get(drv, set())
+        if len(seen) == 1 and (only := next(iter(seen))) is not None:
+            out[name] = only
+    return out
+
+
+def quantity(n: int) -> str:
+    """Bytes as a Kubernetes quantity: ``Gi`` or ``Mi`` when whole, else plain bytes."""
+    if n and n % GiB == 0:
+        return f"{n // GiB}Gi"
+    if n and n % MiB == 0:
+        return f"{n // MiB}Mi"
+    return str(n)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimSizing:
+    """What the lookup answers for a ResourceClaim: the recommendation of the workload of
+    the pod the claim was created for, and the known requestPolicies (device class name ->
+    :class:`RequestPolicy`)."""
+
+    rec: Recommendation
+    policies: Mapping[str, RequestPolicy] = field(default_factory=dict)
+    pod: str = ""
+
+
+Lookup = Callable[[Mapping[str, Any], str], "Recommendation | ClaimSizing | None | str"]
+"""``(object, namespace) -> recommendation``, or a string: why the object is left alone. The
+object is a pod, or a ResourceClaim (``kind: ResourceClaim``): for a claim the answer is a
+:class:`ClaimSizing` (a bare recommendation means no requestPolicy is known)."""
 
 
 class ReviewError(ValueError):
@@ -172,6 +323,95 @@ def resize_patch(
     return ops, summary
 
 
+def _claim_targets(claim: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """(JSON Pointer of the device request, the request) for every ``exactly`` request and
+    ``firstAvailable`` alternative of the claim."""
+    out: list[tuple[str, Mapping[str, Any]]] = []
+    reqs = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or ()
+    for i, r in enumerate(reqs):
+        if not isinstance(r, Mapping):
+            continue
+        if isinstance(r.get("exactly"), Mapping):
+            out.append((f"/spec/devices/requests/{i}/exactly", r["exactly"]))
+        for j, sub in enumerate(r.get("firstAvailable") or ()):
+            if isinstance(sub, Mapping):
+                out.append((f"/spec/devices/requests/{i}/firstAvailable/{j}", sub))
+    return out
+
+
+def claim_patch(claim: Mapping[str, Any], sizing: ClaimSizing) -> tuple[list[dict[str, Any]], str]:
+    """The JSONPatch that writes ``sizing`` into a ResourceClaim's memory capacity requests,
+    and a one-line summary; an empty patch with the reason when the claim is left alone.
+    Pure: ``claim`` is not changed."""
+    rec = sizing.rec
+    targets = [
+        (path, t)
+        for path, t in _claim_targets(claim)
+        if CAPACITY_MEMORY in (((t.get("capacity") or {}).get("requests")) or {})
+    ]
+    if not targets:
+        return [], "the claim requests no memory capacity (whole devices)"
+    if rec.mode not in CLAIM_MODES:
+        return (
+            [],
+            f"recommended mode {rec.mode} is not a capacity request: the claim is left as written",
+        )
+    ops: list[dict[str, Any]] = []
+    written: dict[str, str] = {}
+    notes: list[str] = []
+    for path, t in targets:
+        cls = str(t.get("deviceClassName") or "")
+        pol = sizing.policies.get(cls)
+        want = math.ceil(rec.gpu_memory_limit_bytes / MiB) * MiB
+        size = pol.round_up(want) if pol is not None else want
+        if size is None:
+            assert pol is not None
+            notes.append(
+                f"{cls}: {want / GiB:.1f} GiB is above its requestPolicy ({pol.describe()})"
+            )
+            continue
+        value = quantity(size)
+        stated = t["capacity"]["requests"][CAPACITY_MEMORY]
+        try:
+            same = parse_quantity_int(stated) == size
+        except (TypeError, ValueError):
+            same = False
+        if not same:
+            ops.append(
+                {
+                    "op": "replace",
+                    "path": f"{path}/capacity/requests/{CAPACITY_MEMORY}",
+                    "value": value,
+                }
+            )
+        written[path.removeprefix("/spec/devices/requests/")] = value
+        if pol is not None:
+            notes.append(f"{cls}: rounded to its requestPolicy ({pol.describe()})")
+    if not written:
+        return [], "; ".join(notes)
+    shown = ", ".join(f"{k} memory={v}" for k, v in written.items())
+    summary = f"{rec.workload}: {shown} ({rec.mode}; {rec.reason})"
+    note = orjson.dumps(
+        {
+            "workload": rec.workload,
+            "pod": sizing.pod,
+            "gpu_memory_limit_bytes": rec.gpu_memory_limit_bytes,
+            "gpu_compute_ratio": rec.gpu_compute_ratio,
+            "mode": rec.mode,
+            "backend": DRA_CAPACITY,
+            "requests": written,
+            "reason": "; ".join([rec.reason, *notes]),
+        }
+    ).decode()
+    if (claim.get("metadata") or {}).get("annotations") is None:
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": {ANNOTATION: note}})
+    else:
+        ops.append(
+            {"op": "add", "path": f"/metadata/annotations/{_escape(ANNOTATION)}", "value": note}
+        )
+    return ops, summary
+
+
 def review_response(review: Any, lookup: Lookup, gpushare_unit_mib: int = 1024) -> dict[str, Any]:
     """The AdmissionReview answering ``review`` (a decoded JSON value).
 
@@ -190,23 +430,31 @@ def review_response(review: Any, lookup: Lookup, gpushare_unit_mib: int = 1024) 
         raise ReviewError("AdmissionReview.request.uid is missing")
     answer: dict[str, Any] = {"uid": req["uid"], "allowed": True}
     out = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": answer}
-    kind = req.get("kind") or {}
-    pod = req.get("object")
+    kind = (req.get("kind") or {}).get("group"), (req.get("kind") or {}).get("kind")
+    obj = req.get("object")
     why: str
-    if (kind.get("group"), kind.get("kind")) != ("", "Pod") or req.get("operation") != "CREATE":
-        why = "not a pod creation"
-    elif not isinstance(pod, Mapping):
-        why = "request.object is not a pod"
+    ops: list[dict[str, Any]] = []
+    if kind not in (("", "Pod"), (DRA_GROUP, "ResourceClaim")) or req.get("operation") != "CREATE":
+        why = "not a pod or ResourceClaim creation"
+    elif not isinstance(obj, Mapping):
+        why = "request.object is not a " + ("pod" if kind[1] == "Pod" else "ResourceClaim")
     else:
-        namespace = str(req.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "")
-        found = lookup(pod, namespace)
+        namespace = str(req.get("namespace") or (obj.get("metadata") or {}).get("namespace") or "")
+        if kind[1] == "ResourceClaim" and obj.get("kind") != "ResourceClaim":
+            obj = {**obj, "kind": "ResourceClaim"}  # the lookup tells claims by their kind
+        found = lookup(obj, namespace)
         if isinstance(found, str) or found is None:
             why = found or "no recommendation"
+        elif kind[1] == "ResourceClaim":
+            sizing = found if isinstance(found, ClaimSizing) else ClaimSizing(found)
+            ops, why = claim_patch(obj, sizing)
+        elif isinstance(found, ClaimSizing):
+            why = "the lookup answered a claim sizing for a pod"
         else:
-            ops, why = resize_patch(pod, found, gpushare_unit_mib)
-            if ops:
-                answer["patchType"] = "JSONPatch"
-                answer["patch"] = base64.b64encode(orjson.dumps(ops)).decode()
+            ops, why = resize_patch(obj, found, gpushare_unit_mib)
+    if ops:
+        answer["patchType"] = "JSONPatch"
+        answer["patch"] = base64.b64encode(orjson.dumps(ops)).decode()
     answer["status"] = {"code": 200, "message": why}
     return out
 

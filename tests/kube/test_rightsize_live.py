@@ -21,6 +21,13 @@ creation not blocked once the webhook is down.
 * **Recreate**: while the budget allows no disruption, evictions are refused (429) and
   counted ``blocked``; once it allows one, exactly one pod is evicted, and the other waits.
 * **Webhook down**: topoplace stopped, a new pod is created at once, unchanged.
+* **DRA capacity claims** (a test of its own, run first; resource.k8s.io/v1 only, skipped on
+  older planes): a DeviceClass and a ResourceSlice whose device allows multiple allocations
+  with a ``memory`` requestPolicy (1Gi steps), a ResourceClaimTemplate asking 75Gi and a pod
+  of the workload naming it; the claim the resourceclaim controller would create (built by
+  the cluster's stand-in, ``benchmarks/cluster/claims.py``) is created through the real
+  kube-apiserver, which calls the webhook: the claim gets the workload's size rounded up to
+  the 1Gi step, and the annotation saying why.
 
 Ports (``TOPOPLACE_KUBE_PORT`` + 20..23 unless set): ``TOPOPLACE_KUBE_RIGHTSIZE_PORT``
 (topoplace), ``_WEBHOOK_PORT``, ``_PROMETHEUS_PORT``, ``_EXPORTER_PORT``.
@@ -418,6 +425,234 @@ def budget(policy: Any, ns: str, allowed: int) -> None:
 
 def inspect(tp: Topoplace) -> dict[str, Any]:
     return tp.get("/v1/inspect/rightsize")
+
+
+CLAIM_DRIVER = "gpu.rightsize.topoplace.io"
+CLAIM_TEMPLATE = "gpu-share"
+
+
+def test_template_claim_gets_the_size(
+    stack: dict[str, Any], core: Any, namespace: str, kubeconfig: str
+) -> None:
+    """DRA consumable capacity (resource.k8s.io/v1, 1.34+): the real kube-apiserver calls the
+    webhook for a ResourceClaim created from a pod's template, and the claim's
+    ``capacity.requests.memory`` becomes the workload's size rounded to the device's
+    requestPolicy. Runs before the Recreate test and removes what it made (its pod is never
+    bound, so it is gone at once)."""
+    from kubernetes import client
+
+    from benchmarks.cluster.claims import template_claims
+    from benchmarks.live.kubeapi import Api
+
+    api = Api(kubeconfig)
+    served = {
+        v["version"]
+        for g in (api.get("/apis") or {}).get("groups") or []
+        if g.get("name") == "resource.k8s.io"
+        for v in g.get("versions") or []
+    }
+    if "v1" not in served:
+        pytest.skip(f"resource.k8s.io/v1 not served ({sorted(served)}): no consumable capacity")
+    tp: Topoplace = stack["tp"]
+    view = wait_for(lambda: (v := inspect(tp)) and v["workloads"] and v, 60, "a recommendation", 1)
+    (rec,) = view["workloads"]
+    assert rec["mode"] == "memory-share", rec["reason"]
+    limit = rec["gpu_memory_limit_bytes"]
+    want = f"{math.ceil(limit / GiB)}Gi"  # the device's requestPolicy: 1Gi steps
+    cls_name, slice_name = f"rightsize-{namespace}", f"rightsize-{namespace}-gpus"
+    adm = client.AdmissionregistrationV1Api(core.api_client)
+    pod_name = f"{RS_NAME}-c1a1m"
+    try:
+        api.call(
+            "POST",
+            "/apis/resource.k8s.io/v1/deviceclasses",
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": cls_name},
+                "spec": {
+                    "selectors": [{"cel": {"expression": f'device.driver == "{CLAIM_DRIVER}"'}}]
+                },
+            },
+        )
+        api.call(
+            "POST",
+            "/apis/resource.k8s.io/v1/resourceslices",
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"name": slice_name},
+                "spec": {
+                    "driver": CLAIM_DRIVER,
+                    "nodeName": f"rightsize-{namespace}-nowhere",
+                    "pool": {"name": slice_name, "generation": 1, "resourceSliceCount": 1},
+                    "devices": [
+                        {
+                            "name": "gpu-0",
+                            "allowMultipleAllocations": True,
+                            "capacity": {
+                                "memory": {
+                                    "value": "80Gi",
+                                    "requestPolicy": {
+                                        "default": "8Gi",
+                                        "validRange": {"min": "1Gi", "step": "1Gi", "max": "80Gi"},
+                                    },
+                                }
+                            },
+                        }
+                    ],
+                },
+            },
+        )
+        template = api.call(
+            "POST",
+            f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates",
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaimTemplate",
+                "metadata": {"name": CLAIM_TEMPLATE},
+                "spec": {
+                    "spec": {
+                        "devices": {
+                            "requests": [
+                                {
+                                    "name": "gpu",
+                                    "exactly": {
+                                        "deviceClassName": cls_name,
+                                        "capacity": {"requests": {"memory": "75Gi"}},
+                                    },
+                                }
+                            ]
+                        }
+                    }
+                },
+            },
+        )
+        caps = template["spec"]["spec"]["devices"]["requests"][0]["exactly"].get("capacity")
+        if not caps:
+            pytest.skip("this API server drops capacity requests (DRAConsumableCapacity off)")
+        adm.create_mutating_webhook_configuration(
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "MutatingWebhookConfiguration",
+                "metadata": {
+                    "name": f"topoplace-rightsize-claims-{namespace}",
+                    "labels": {"topoplace-it-ns": namespace},
+                },
+                "webhooks": [
+                    {
+                        "name": "claims.rightsize.topoplace.io",
+                        "admissionReviewVersions": ["v1"],
+                        "sideEffects": "None",
+                        "failurePolicy": "Ignore",
+                        "timeoutSeconds": 2,
+                        "reinvocationPolicy": "Never",
+                        "matchPolicy": "Equivalent",
+                        "clientConfig": {
+                            "url": f"https://127.0.0.1:{WEBHOOK_PORT}/mutate/rightsize",
+                            "caBundle": base64.b64encode(stack["ca"]).decode(),
+                        },
+                        "namespaceSelector": {"matchLabels": {OPT_IN: "enabled"}},
+                        "rules": [
+                            {
+                                "apiGroups": ["resource.k8s.io"],
+                                "apiVersions": ["v1"],
+                                "operations": ["CREATE"],
+                                "resources": ["resourceclaims"],
+                                "scope": "Namespaced",
+                            }
+                        ],
+                    }
+                ],
+            }
+        )
+        core.patch_namespace(namespace, {"metadata": {"labels": {OPT_IN: "enabled"}}})
+        # the pod of the workload naming the template (never bound: nobody schedules it)
+        pod = api.call(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/pods",
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": pod_name,
+                    "labels": {"app-claims": WORKLOAD},
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "apps/v1",
+                            "kind": "ReplicaSet",
+                            "name": RS_NAME,
+                            "uid": stack["rs_uid"],
+                            "controller": True,
+                            "blockOwnerDeletion": True,
+                        }
+                    ],
+                },
+                "spec": {
+                    "schedulerName": SCHEDULER,
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [
+                        {
+                            "name": "server",
+                            "image": "registry.k8s.io/pause:3.10",
+                            "resources": {"claims": [{"name": "gpu"}]},
+                        }
+                    ],
+                    "resourceClaims": [
+                        {"name": "gpu", "resourceClaimTemplateName": CLAIM_TEMPLATE}
+                    ],
+                },
+            },
+        )
+        # the claim the resourceclaim controller creates for it (the cluster's stand-in
+        # builds the controller's body; the create goes through the real API server)
+        (new,), _ = template_claims([pod], [], {(namespace, CLAIM_TEMPLATE): template}, "v1")
+        claims_path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+
+        def dry_run_rounded() -> bool:  # the requestPolicy is read every 10 s
+            got = api.call("POST", claims_path, new.body, params={"dryRun": "All"})
+            return (
+                got["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"]["memory"]
+                == want
+            )
+
+        wait_for(dry_run_rounded, 40, f"the webhook writing {want} into a dry-run claim", 1)
+        claim = api.call("POST", claims_path, new.body)
+        exactly = claim["spec"]["devices"]["requests"][0]["exactly"]
+        assert exactly["capacity"]["requests"]["memory"] == want
+        assert exactly["deviceClassName"] == cls_name
+        meta = claim["metadata"]
+        assert meta["annotations"]["resource.kubernetes.io/pod-claim-name"] == "gpu"
+        applied = json.loads(meta["annotations"][OPT_IN])
+        assert applied["workload"] == f"{namespace}/{WORKLOAD}"
+        assert applied["pod"] == f"{namespace}/{pod_name}"
+        assert applied["backend"] == "dra-capacity" and applied["gpu_memory_limit_bytes"] == limit
+        assert "requestPolicy (min 1Gi step 1Gi max 80Gi)" in applied["reason"]
+        print(
+            f"\nrightsize claim live: template asked 75Gi, claim {meta['name']} got {want} "
+            f"({limit / GiB:.2f} GiB recommended, rounded to the 1Gi step)"
+        )
+    finally:
+        api.call(
+            "DELETE",
+            f"/api/v1/namespaces/{namespace}/pods/{pod_name}",
+            params={"gracePeriodSeconds": "0"},
+            ok=(404,),
+        )
+        api.call(
+            "DELETE", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims", ok=(404,)
+        )
+        api.call(
+            "DELETE",
+            f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates/{CLAIM_TEMPLATE}",
+            ok=(404,),
+        )
+        api.call("DELETE", f"/apis/resource.k8s.io/v1/resourceslices/{slice_name}", ok=(404,))
+        api.call("DELETE", f"/apis/resource.k8s.io/v1/deviceclasses/{cls_name}", ok=(404,))
+        adm.delete_collection_mutating_webhook_configuration(
+            field_selector=f"metadata.name=topoplace-rightsize-claims-{namespace}"
+        )
+        api.close()
 
 
 def test_rightsizer_live(stack: dict[str, Any], core: Any, namespace: str) -> None:

@@ -238,7 +238,9 @@ def test_pods_allowed_unchanged(desc: str, pod: Any, recs: Any, message: str) ->
 def test_update_and_other_kinds_are_allowed_unchanged() -> None:
     app = WebhookApp(lookup_of({"serving/infer": REC}))
     resp = answer(app, hami_pod(), operation="UPDATE")
-    assert "patch" not in resp and resp["status"]["message"] == "not a pod creation"
+    assert (
+        "patch" not in resp and resp["status"]["message"] == "not a pod or ResourceClaim creation"
+    )
     resp = answer(app, hami_pod(), kind={"group": "apps", "version": "v1", "kind": "Deployment"})
     assert "patch" not in resp
 
