@@ -22,6 +22,14 @@ the GPU's slice; from 1.35 a slice holds devices or counters, so the sets go to 
 ``DRAPartitionableDevices`` gate (off before 1.36); without it the API server drops the
 counters silently, which :func:`publish` detects.
 
+``shared=S`` makes the next S GPUs (after the partitionable ones) shared devices, as
+consumable capacity publishes them (``DRAConsumableCapacity``, beta and on by default from
+1.34; v1 and v1beta2 only): ``allowMultipleAllocations: true``, capacity ``memory`` (the
+GPU's, ``requestPolicy`` default the whole memory, ``validRange`` min 1Gi step 1Gi) and
+``compute`` (100, percent of the SMs; ``requestPolicy`` ``validValues`` 10/25/50/100,
+default 10). Several claims then share such a GPU by memory and compute; a claim that asks
+no capacity takes all its memory.
+
 v1beta1 nests a device's attributes and capacity under ``basic``; v1beta2 and v1 do not.
 """
 
@@ -38,6 +46,8 @@ from benchmarks.cluster.nodes import MANAGED_BY, MANAGED_LABEL
 GROUP = "resource.k8s.io"
 DRIVER = "gpu.nvidia.com"
 MIG_CLASS = "mig.nvidia.com"
+SHARED_CLASS = "shared-gpu.nvidia.com"
+"""DeviceClass of the shared GPUs (``device.allowMultipleAllocations == true``)."""
 MEMORY_SLICES = 8
 MAX_COUNTER_SETS_PER_SLICE = 8
 
@@ -72,17 +82,33 @@ def gpu_uuid(node: str, i: int) -> str:
     return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{node}/gpu-{i}"))
 
 
+SHARE_MEMORY_MIN = "1Gi"
+"""``validRange.min`` and ``step`` of a shared GPU's memory."""
+SHARE_COMPUTE_VALUES = ("10", "25", "50", "100")
+"""``validValues`` of a shared GPU's ``compute`` (percent of its SMs)."""
+SHARE_COMPUTE_DEFAULT = "10"
+
+
 def _device(
     version: str,
     name: str,
     attributes: Mapping[str, Any],
     capacity: Mapping[str, str],
     consumes: list[dict[str, Any]] | None = None,
+    policies: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "attributes": dict(attributes),
-        "capacity": {k: {"value": v} for k, v in capacity.items()},
+        "capacity": {
+            k: {
+                "value": v,
+                **({"requestPolicy": dict(policies[k])} if policies and k in policies else {}),
+            }
+            for k, v in capacity.items()
+        },
     }
+    if policies is not None:
+        body["allowMultipleAllocations"] = True
     if consumes:
         body["consumesCounters"] = consumes
     return {"name": name, "basic": body} if version == "v1beta1" else {"name": name, **body}
@@ -128,6 +154,26 @@ def _gpu_device(
     )
 
 
+def shared_gpu_device(version: str, node: str, i: int, shape: GpuShape) -> dict[str, Any]:
+    """Full GPU ``i`` of ``node`` as a shared device (consumable capacity: see the module
+    docstring)."""
+    policies = {
+        "memory": {
+            "default": shape.memory,
+            "validRange": {"min": SHARE_MEMORY_MIN, "step": SHARE_MEMORY_MIN},
+        },
+        "compute": {"default": SHARE_COMPUTE_DEFAULT, "validValues": list(SHARE_COMPUTE_VALUES)},
+    }
+    return _device(
+        version,
+        f"gpu-{i}",
+        gpu_attributes(node, i, shape),
+        {"memory": shape.memory, "compute": "100"},
+        None,
+        policies,
+    )
+
+
 def mig_devices(
     version: str, node: str, i: int, shape: GpuShape, counter_set: str
 ) -> list[dict[str, Any]]:
@@ -165,15 +211,24 @@ def node_slices(
     mig: int = 0,
     separate_counters: bool = False,
     driver: str = DRIVER,
+    shared: int = 0,
 ) -> list[dict[str, Any]]:
     """The ResourceSlice objects of one node (counter slices first), ready to POST:
     ``apiVersion``, ``kind``, ``metadata`` (name, managed-by label), ``spec`` with the pool
-    (name = node, generation 1, ``resourceSliceCount``)."""
+    (name = node, generation 1, ``resourceSliceCount``). ``shared``: GPUs after the
+    partitionable ones published as shared devices (:func:`shared_gpu_device`)."""
     base = f"{node}-{driver}"
     mig = max(0, min(mig, gpus))
+    shared = max(0, min(shared, gpus - mig))
+
+    def full(i: int) -> dict[str, Any]:
+        if mig <= i < mig + shared:
+            return shared_gpu_device(version, node, i, shape)
+        return _gpu_device(version, node, i, shape)
+
     specs: list[tuple[str, dict[str, Any]]] = []
     if mig == 0:
-        devs = [_gpu_device(version, node, i, shape) for i in range(gpus)]
+        devs = [full(i) for i in range(gpus)]
         specs.append((base, {"devices": devs}))
     else:
         sets = [
@@ -197,7 +252,7 @@ def node_slices(
                 spec["sharedCounters"] = [sets[i]]
             specs.append((f"{base}-gpu-{i}", spec))
         if gpus > mig:
-            devs = [_gpu_device(version, node, i, shape) for i in range(mig, gpus)]
+            devs = [full(i) for i in range(mig, gpus)]
             specs.append((f"{base}-rest", {"devices": devs}))
     out = []
     for name, spec in specs:
@@ -218,11 +273,17 @@ def node_slices(
 
 
 def device_class(
-    version: str, name: str = DRIVER, kind: str = "gpu", driver: str = DRIVER
+    version: str,
+    name: str = DRIVER,
+    kind: str = "gpu",
+    driver: str = DRIVER,
+    shared: bool = False,
 ) -> dict[str, Any]:
     """The DeviceClass that selects ``driver``'s devices of ``type`` ``kind`` (the NVIDIA
-    chart's CEL selector)."""
+    chart's CEL selector); ``shared``: only shared devices (consumable capacity)."""
     expr = f"device.driver == '{driver}' && device.attributes['{driver}'].type == '{kind}'"
+    if shared:
+        expr += " && device.allowMultipleAllocations == true"
     return {
         "apiVersion": f"{GROUP}/{version}",
         "kind": "DeviceClass",
@@ -269,14 +330,18 @@ def publish(
     shape: GpuShape = GpuShape(),
     mig: int = 0,
     device_classes: bool = True,
+    shared: int = 0,
 ) -> str:
     """Write the DeviceClass(es) and every node's slices through ``api`` (a
     :class:`benchmarks.live.kubeapi.Api`); slices of an earlier layout of those nodes are
-    deleted. Returns the ``resource.k8s.io`` version written.
+    deleted. Returns the ``resource.k8s.io`` version written. ``shared``: shared GPUs per
+    node (consumable capacity, :func:`node_slices`).
 
     Raises:
-        PublishError: the server serves no DRA, or dropped the counters of a partitionable
-            slice (``DRAPartitionableDevices`` off); that slice is deleted again.
+        PublishError: the server serves no DRA, dropped the counters of a partitionable
+            slice (``DRAPartitionableDevices`` off; that slice is deleted again), or
+            ``shared`` is asked of a server without consumable capacity (v1beta1 only, or
+            ``DRAConsumableCapacity`` off: the server drops ``allowMultipleAllocations``).
     """
     served = served_versions(api)
     if not served:
@@ -285,16 +350,30 @@ def publish(
             "(Kubernetes >= 1.32)"
         )
     version = slice_api_version(server_version, served)
+    if shared and version == "v1beta1":
+        raise PublishError(
+            "shared devices (consumable capacity) need resource.k8s.io v1beta2 or v1: "
+            f"this server writes {version}"
+        )
     if device_classes:
         _upsert(api, version, "deviceclasses", device_class(version))
         if mig:
             _upsert(api, version, "deviceclasses", device_class(version, MIG_CLASS, "mig"))
+        if shared:
+            body = device_class(version, SHARED_CLASS, shared=True)
+            _upsert(api, version, "deviceclasses", body)
     separate = separate_counter_slices(server_version)
     base = f"/apis/{GROUP}/{version}/resourceslices"
     mine = api.get(base, labelSelector=f"{MANAGED_LABEL}={MANAGED_BY}").get("items") or []
     for node in nodes:
         wanted = node_slices(
-            node, version, gpus=gpus, shape=shape, mig=mig, separate_counters=separate
+            node,
+            version,
+            gpus=gpus,
+            shape=shape,
+            mig=mig,
+            separate_counters=separate,
+            shared=shared,
         )
         names = {s["metadata"]["name"] for s in wanted}
         for old in mine:
@@ -302,6 +381,13 @@ def publish(
                 api.call("DELETE", f"{base}/{old['metadata']['name']}", ok=(404,))
         for body in wanted:
             got = _upsert(api, version, "resourceslices", body)
+            if _shares(body) and not _shares(got):
+                api.call("DELETE", f"{base}/{body['metadata']['name']}", ok=(404,))
+                raise PublishError(
+                    f"kube-apiserver dropped allowMultipleAllocations of "
+                    f"{body['metadata']['name']}: turn the DRAConsumableCapacity feature gate "
+                    "on (kube-apiserver and kube-scheduler) or publish without shared GPUs"
+                )
             if body["spec"].get("sharedCounters") and not got["spec"].get("sharedCounters"):
                 api.call("DELETE", f"{base}/{body['metadata']['name']}", ok=(404,))
                 raise PublishError(
@@ -310,6 +396,11 @@ def publish(
                     "kube-scheduler) or publish without partitions"
                 )
     return version
+
+
+def _shares(body: Mapping[str, Any]) -> bool:
+    """Whether a slice has a shared device (``allowMultipleAllocations``)."""
+    return any(d.get("allowMultipleAllocations") is True for d in body["spec"].get("devices") or ())
 
 
 def delete_slices(api: Any, version: str, nodes: Sequence[str]) -> int:

@@ -37,6 +37,7 @@ prediction assumes slice-name order (:attr:`Inventory.exact_order` says which no
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
@@ -133,6 +134,13 @@ class Device:
     capacity: Mapping[str, str] = field(default_factory=lambda: EMPTY_MAP, compare=False)
     taints: tuple[tuple[str, str, str], ...] = ()
     consumes: tuple[tuple[str, Mapping[str, int]], ...] = ()
+    shared: bool = False
+    """``allowMultipleAllocations``: several claims take parts of its capacity."""
+    capacities: Mapping[str, Capacity] = field(default_factory=lambda: EMPTY_MAP, compare=False)
+    """Capacity name (the driver's domain stripped) -> value and request policy."""
+    plain: bool = True
+    """Neither shared nor with a capacity request policy: a request without capacity
+    requests takes it whole, as before consumable capacity (the quick first fit holds)."""
     id: DeviceId = field(init=False, compare=False, repr=False)
     """(driver, pool, name), made once (the allocator's prediction looks it up per device)."""
 
@@ -143,6 +151,11 @@ class Device:
     def whole_gpu(self) -> bool:
         """A full GPU (not a partition)."""
         return self.gpu is not None and self.kind == "gpu"
+
+    @property
+    def partition(self) -> bool:
+        """A part of a GPU held by one claim (a MIG device: not a full GPU)."""
+        return self.gpu is not None and self.kind != "gpu"
 
     def attribute(self, qualified: str) -> Any:
         """Attribute value by fully qualified name (``driver/name`` finds plain ``name``)."""
@@ -210,11 +223,274 @@ def _blocking_taints(body: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...
     )
 
 
+# ---- consumable capacity (DRAConsumableCapacity: shared devices) ------------------------------
+#
+# A device with ``allowMultipleAllocations: true`` is shared: several claims each take part of
+# its capacity (``capacity[name].value``), and the allocator keeps their sum within it. A
+# request's ``exactly.capacity.requests`` is rounded by the capacity's ``requestPolicy``
+# (``default`` for a capacity not requested, ``validValues``: the first value not below the
+# request, ``validRange``: up to ``min``, then up to ``min + k * step``); a result that breaks
+# the policy (above ``max``, off the step grid, not one of the values) does not match the
+# device. A capacity the request names and the device lacks does not match either. Each
+# shared result carries ``consumedCapacity`` (every capacity of the device) and a ``shareID``
+# (k8s.io/dynamic-resource-allocation/structured, ``consumable_capacity.go``, 1.34-1.37).
+
+MEMORY_CAPACITY = "memory"
+"""The capacity a GPU's memory is published under (bytes)."""
+COMPUTE_CAPACITIES = ("compute", "cores", "multiprocessors")
+"""Capacities read as a GPU's compute (the first one a device publishes), as a fraction of
+its value."""
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """One capacity of a device: its value and request policy, in base units.
+
+    Attributes:
+        value: the capacity (``capacity[name].value``).
+        default: ``requestPolicy.default`` (None: the whole value).
+        valid_values: ``requestPolicy.validValues`` ascending (None: not set).
+        min / max / step: ``requestPolicy.validRange`` (None: not set).
+    """
+
+    value: int
+    default: int | None = None
+    valid_values: tuple[int, ...] | None = None
+    min: int | None = None
+    max: int | None = None
+    step: int | None = None
+
+    @property
+    def has_policy(self) -> bool:
+        """Whether a request policy is published."""
+        return (
+            self.default is not None
+            or self.valid_values is not None
+            or self.min is not None
+            or self.max is not None
+        )
+
+    def consumed(self, requested: int | None) -> int:
+        """What a request of ``requested`` (None: not requested) consumes, rounded as the
+        allocator rounds it."""
+        if requested is None:
+            return self.default if self.default is not None else self.value
+        if not self.has_policy:
+            return requested
+        if self.min is not None:
+            if requested < self.min:
+                return self.min
+            if not self.step:
+                return requested
+            n = -(-(requested - self.min) // self.step)
+            return self.min + n * self.step
+        if self.valid_values is not None:
+            return next((v for v in self.valid_values if requested <= v), requested)
+        return requested
+
+    def violated(self, consumed: int) -> bool:
+        """Whether ``consumed`` breaks the policy (the default never does)."""
+        if not self.has_policy or (self.default is not None and consumed == self.default):
+            return False
+        if self.min is not None or self.max is not None:
+            if self.max is not None and consumed > self.max:
+                return True
+            return bool(self.step and (consumed - (self.min or 0)) % self.step)
+        if self.valid_values:
+            return consumed not in self.valid_values
+        return False
+
+
+def _capacities(driver: str, raw: Mapping[str, Any]) -> dict[str, Capacity]:
+    """A device's ``capacity`` map read into :class:`Capacity` by plain name (a name
+    qualified with the device's own driver wins over the same plain name, as upstream)."""
+    out: dict[str, Capacity] = {}
+    prefix = driver + "/"
+    for qualified in sorted(raw, key=lambda k: not str(k).startswith(prefix)):
+        name = str(qualified)
+        plain = name[len(prefix) :] if name.startswith(prefix) else name
+        if plain in out:
+            continue
+        c = _map(raw[qualified])
+        pol = _map(c.get("requestPolicy"))
+        rng = _map(pol.get("validRange"))
+        values = _seq(pol.get("validValues"))
+
+        def q(v: Any) -> int | None:
+            return None if v is None else quantity_int(v)
+
+        out[plain] = Capacity(
+            value=quantity_int(c.get("value")),
+            default=q(pol.get("default")),
+            valid_values=tuple(sorted(quantity_int(v) for v in values)) if values else None,
+            min=q(rng.get("min")),
+            max=q(rng.get("max")),
+            step=q(rng.get("step")),
+        )
+    return out
+
+
+def _plain(name: str, driver: str) -> str:
+    prefix = driver + "/"
+    return name[len(prefix) :] if name.startswith(prefix) else name
+
+
+def consumption(device: Device, requests: Sequence[tuple[str, int]]) -> dict[str, int] | None:
+    """What a request with capacity ``requests`` (name -> base units) consumes of
+    ``device``, every capacity of it (None: the device lacks a requested capacity or the
+    rounded request breaks its policy). Does not look at what others consume."""
+    asked: dict[str, int] = {}
+    for name, v in requests:
+        plain = _plain(name, device.driver)
+        if plain not in device.capacities:
+            return None
+        asked[plain] = v
+    out: dict[str, int] = {}
+    for name, cap in device.capacities.items():
+        got = cap.consumed(asked.get(name))
+        if got < 0 or cap.violated(got):
+            return None
+        out[name] = got
+    return out
+
+
+def capacity_fits(
+    device: Device, take: Mapping[str, int], used: Mapping[str, int] = EMPTY_MAP
+) -> bool:
+    """Whether ``take`` fits in ``device``'s capacity beside ``used`` (consumed already)."""
+    caps = device.capacities
+    return all(used.get(n, 0) + v <= caps[n].value for n, v in take.items() if n in caps)
+
+
+def shared_results(claim: Mapping[str, Any]) -> list[tuple[DeviceId, str, dict[str, int]]]:
+    """The shared results of an allocated claim (those with a ``shareID`` or a
+    ``consumedCapacity``): (device, shareID, capacity name -> consumed base units)."""
+    alloc = _map(_map(claim.get("status")).get("allocation"))
+    out = []
+    for r in _seq(_map(alloc.get("devices")).get("results")):
+        r = _map(r)
+        consumed = _map(r.get("consumedCapacity"))
+        share = _str(r.get("shareID"))
+        if not share and not consumed:
+            continue
+        driver = _str(r.get("driver"))
+        did = (driver, _str(r.get("pool")), _str(r.get("device")))
+        out.append(
+            (did, share, {_plain(str(k), driver): quantity_int(v) for k, v in consumed.items()})
+        )
+    return out
+
+
+def exclusive_ids(claim: Mapping[str, Any]) -> tuple[DeviceId, ...]:
+    """The devices an allocated claim holds alone (its results without a ``shareID``)."""
+    alloc = _map(_map(claim.get("status")).get("allocation"))
+    out = []
+    for r in _seq(_map(alloc.get("devices")).get("results")):
+        r = _map(r)
+        if _str(r.get("shareID")) or _map(r.get("consumedCapacity")):
+            continue
+        out.append((_str(r.get("driver")), _str(r.get("pool")), _str(r.get("device"))))
+    return tuple(out)
+
+
+Consumed = Mapping[DeviceId, Mapping[str, int]]
+"""Shared device -> capacity name -> consumed base units (what allocated claims hold)."""
+
+
+def consumed_by_device(claims: Iterable[Mapping[str, Any]]) -> dict[DeviceId, dict[str, int]]:
+    """The capacity allocated claims consume of each shared device, summed."""
+    out: dict[DeviceId, dict[str, int]] = {}
+    for c in claims:
+        if not isinstance(c, Mapping):
+            continue
+        for did, _, amounts in shared_results(c):
+            slot = out.setdefault(did, {})
+            for n, v in amounts.items():
+                slot[n] = slot.get(n, 0) + v
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Overcommit:
+    """A shared device whose allocated claims consume more than its capacity.
+
+    Attributes:
+        device: the device.
+        capacity: the capacity name over.
+        consumed / value: the sum allocated claims consume, and the capacity.
+        claims: the claims with a share of it (keys, sorted).
+    """
+
+    device: DeviceId
+    capacity: str
+    consumed: int
+    value: int
+    claims: tuple[str, ...]
+
+
+def overcommits(claims: Iterable[Mapping[str, Any]], inv: Inventory) -> list[Overcommit]:
+    """Every shared device of ``inv`` over a capacity (whoever allocated the claims), in
+    device order; empty when the allocators kept the sums within capacity."""
+    holders: dict[DeviceId, set[str]] = {}
+    total: dict[DeviceId, dict[str, int]] = {}
+    for c in claims:
+        if not isinstance(c, Mapping):
+            continue
+        for did, _, amounts in shared_results(c):
+            holders.setdefault(did, set()).add(object_key(c))
+            slot = total.setdefault(did, {})
+            for n, v in amounts.items():
+                slot[n] = slot.get(n, 0) + v
+    out = []
+    for did in sorted(total):
+        d = inv.by_id.get(did)
+        if d is None:
+            continue
+        for n, v in sorted(total[did].items()):
+            cap = d.capacities.get(n)
+            if cap is not None and v > cap.value:
+                out.append(Overcommit(did, n, v, cap.value, tuple(sorted(holders[did]))))
+    return out
+
+
+def share_id(salt: str, request: str, device: DeviceId, slot: int) -> str:
+    """A ``shareID`` for one shared result: a UUID (lowercase, 8-4-4-4-12) derived from the
+    claim (``salt``: its UID, else its key), the request, the device and the result's
+    position, so a claim's allocation is written the same whatever retries it takes, and
+    two claims never share one."""
+    name = f"topoplace/{salt}/{request}/{'/'.join(device)}/{slot}"
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, name))
+
+
+def gpu_share(
+    device: Device, amounts: Mapping[str, int], ledger_memory_mib: int = 0
+) -> tuple[int, int]:
+    """(memory MiB, compute milli) a share of ``device`` holds on its GPU in the per-GPU
+    ledger: the same fraction of ``ledger_memory_mib`` (the GPU's memory as the ledger
+    knows it; 0: the share's own MiB) as of the device's memory capacity, and of 1000 as
+    of its compute capacity (0 when it publishes none)."""
+    mem = amounts.get(MEMORY_CAPACITY, 0)
+    cap = device.capacities.get(MEMORY_CAPACITY)
+    if ledger_memory_mib > 0 and cap is not None and cap.value > 0:
+        mib = -(-mem * ledger_memory_mib // cap.value)
+    else:
+        mib = -(-mem // (1 << 20))
+    milli = 0
+    for name in COMPUTE_CAPACITIES:
+        c = device.capacities.get(name)
+        if c is not None:
+            milli = -(-amounts.get(name, 0) * 1000 // c.value) if c.value > 0 else 0
+            break
+    return mib, min(milli, 1000)
+
+
 def _device(
     driver: str, pool: str, sname: str, node: str, raw: Mapping[str, Any], position: int
 ) -> Device:
     body = _body(raw)
     attrs = {str(k): _scalar(v) for k, v in _map(body.get("attributes")).items()}
+    shared = body.get("allowMultipleAllocations") is True
+    caps = _capacities(driver, _map(body.get("capacity")))
     name = _str(raw.get("name"))
     kind = _str(attrs.get("type")).lower()
     m = _GPU_NAME.match(name)
@@ -253,6 +529,9 @@ def _device(
         ),
         taints=taints,
         consumes=consumes,
+        shared=shared,
+        capacities=MappingProxyType(caps),
+        plain=not shared and not any(c.has_policy for c in caps.values()),
     )
 
 
@@ -525,6 +804,8 @@ class Request:
     selectors: tuple[str, ...] = ()
     tolerations: tuple[tuple[str, str, str, str], ...] = ()
     supported: bool = True
+    capacity: tuple[tuple[str, int], ...] = ()
+    """``exactly.capacity.requests``: (capacity name, base units), sorted by name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -567,6 +848,12 @@ def _request(raw: Mapping[str, Any]) -> Request:
         selectors=sels,
         tolerations=tols,
         supported=ok,
+        capacity=tuple(
+            sorted(
+                (str(k), quantity_int(v))
+                for k, v in _map(_map(exact.get("capacity")).get("requests")).items()
+            )
+        ),
     )
 
 
@@ -596,6 +883,7 @@ def gpus_requested(spec: ClaimSpec) -> int:
 _LIT = r"""(?:'(?P<s1>[^']*)'|"(?P<s2>[^"]*)"|(?P<i>-?[0-9]+)|(?P<b>true|false))"""
 _KEY = r"""(?:'(?P<k1>[^']*)'|"(?P<k2>[^"]*)")"""
 _DRIVER = re.compile(rf"^device\.driver\s*(?P<op>==|!=)\s*{_LIT}$")
+_MULTIPLE = re.compile(r"^device\.allowMultipleAllocations\s*(?P<op>==|!=)\s*(?P<b>true|false)$")
 _ATTR = re.compile(
     rf"^device\.attributes\[{_KEY}\]\s*\.\s*(?P<name>[A-Za-z][A-Za-z0-9_]*)"
     rf"\s*(?P<op>==|!=)\s*{_LIT}$"
@@ -621,6 +909,10 @@ def _atom(text: str) -> Predicate | None:
     if m:
         want, eq = _literal(m), m.group("op") == "=="
         return lambda d: (d.driver == want) == eq
+    m = _MULTIPLE.match(t)
+    if m:
+        flag = (m.group("b") == "true") == (m.group("op") == "==")
+        return lambda d: d.shared == flag
     m = _ATTR.match(t)
     if m:
         domain = m.group("k1") if m.group("k1") is not None else m.group("k2")
@@ -776,6 +1068,8 @@ class CompiledClaims:
         r = e.request
         if r is None or e.preds is None or r.all_devices or self.claims[e.claim].constraints:
             return None
+        if r.capacity:
+            return None  # capacity requests: the search checks capacity per device
         return e
 
 
@@ -819,6 +1113,7 @@ def first_fit(
     classes: Mapping[str, Any],
     in_use: Iterable[DeviceId],
     max_steps: int = MAX_STEPS,
+    consumed: Consumed = EMPTY_MAP,
 ) -> Prediction:
     """The devices kube-scheduler's allocator picks for ``claims`` on ``node``.
 
@@ -829,13 +1124,21 @@ def first_fit(
         classes: DeviceClass objects by name.
         in_use: devices other claims hold (allocated, or being allocated).
         max_steps: search budget; past it the prediction is unknown.
+        consumed: capacity allocated claims consume of shared devices
+            (:func:`consumed_by_device`).
 
     Returns:
         The prediction (``known=False`` when a request, class or selector is outside the
         modelled subset, or the budget ran out).
     """
     return first_fit_compiled(
-        inv, node, compile_claims(claims, classes), frozenset(in_use), None, max_steps
+        inv,
+        node,
+        compile_claims(claims, classes),
+        frozenset(in_use),
+        None,
+        max_steps,
+        consumed,
     )
 
 
@@ -846,6 +1149,7 @@ def first_fit_compiled(
     in_use: AbstractSet[DeviceId],
     candidates: Callable[[str, FitEntry], Sequence[Device]] | None = None,
     max_steps: int = MAX_STEPS,
+    consumed: Consumed = EMPTY_MAP,
 ) -> Prediction:
     """:func:`first_fit` for claims compiled once (:func:`compile_claims`).
 
@@ -856,6 +1160,8 @@ def first_fit_compiled(
             devices, and the shared counters of its pools).
         candidates: (node, entry) -> :func:`request_candidates` of the node's devices
             (a memo's); None computes them.
+        consumed: capacity allocated claims consume of shared devices
+            (:func:`consumed_by_device`; only ``node``'s devices matter).
     """
     devices = inv.by_node.get(node, ())
     claims = compiled.claims
@@ -880,7 +1186,7 @@ def first_fit_compiled(
             slots.extend((e.claim, r, (d,)) for d in cands)
         else:
             slots.extend((e.claim, r, cands) for _ in range(r.count))
-    return _search(inv, claims, slots, in_use, max_steps)
+    return _search(inv, claims, slots, in_use, max_steps, consumed)
 
 
 def _first_free(
@@ -902,7 +1208,7 @@ def _first_free(
     chosen: list[Device] = []
     steps = 0
     for pos, d in enumerate(cands):
-        if d.consumes:
+        if d.consumes or not d.plain:
             return None
         if d.id in in_use:
             continue
@@ -991,7 +1297,7 @@ def greedy_table(
     pos: dict[DeviceId, tuple[int, int]] = {}
     for r, c in enumerate(cands):
         if len(c) > GREEDY_WIDTH or any(
-            d.consumes or (d.gpu is not None and not 0 <= d.gpu < 63) for d in c
+            d.consumes or not d.plain or (d.gpu is not None and not 0 <= d.gpu < 63) for d in c
         ):
             exact[r] = False
             continue
@@ -1070,10 +1376,19 @@ def _search(
     slots: Sequence[tuple[int, Request, Sequence[Device]]],
     in_use: AbstractSet[DeviceId],
     max_steps: int,
+    consumed: Consumed = EMPTY_MAP,
 ) -> Prediction:
     """The allocator's search over ``slots``: the first full solution in slot and device
-    order, backtracking over constraints and counters."""
+    order, backtracking over constraints, counters and capacity.
+
+    Capacity (:func:`consumption`): every device's capacity is checked against a request's
+    rounded capacity requests; a shared device is never in use, it takes a request while
+    what allocated claims (``consumed``) and the search so far consume leaves room, as the
+    allocator's ``allocatingCapacity``, once per claim (kube-scheduler 1.36 gives a claim
+    of two devices two shared devices, never one twice)."""
     busy = set(in_use)
+    taking: dict[DeviceId, dict[str, int]] = {}
+    claim_has: set[tuple[int, DeviceId]] = set()
     used: dict[tuple[str, str, str], dict[str, int]] = {}
     for did in busy:
         d = inv.by_id.get(did)
@@ -1100,8 +1415,28 @@ def _search(
             steps[0] += 1
             if steps[0] > max_steps:
                 return None
-            if d.id in busy or not _consumption_ok(d, inv, used):
+            if d.shared:
+                if (ci, d.id) in claim_has:
+                    continue
+            elif d.id in busy:
                 continue
+            if not _consumption_ok(d, inv, used):
+                continue
+            take: dict[str, int] | None = None
+            if d.capacities:
+                take = consumption(d, r.capacity)
+                if take is None:
+                    continue
+                if d.shared:
+                    now = dict(consumed.get(d.id, EMPTY_MAP))
+                    for n, v in taking.get(d.id, {}).items():
+                        now[n] = now.get(n, 0) + v
+                    if not capacity_fits(d, take, now):
+                        continue
+                elif not capacity_fits(d, take):
+                    continue
+            elif r.capacity:
+                continue  # a requested capacity the device lacks
             touched: list[tuple[list[Any], Any]] = []
             good = True
             for k, attr in cons:
@@ -1116,13 +1451,25 @@ def _search(
             for st, v in touched:
                 st[0] = v
                 st[1] += 1
-            busy.add(d.id)
+            if d.shared and take is not None:
+                slot = taking.setdefault(d.id, {})
+                for n, v in take.items():
+                    slot[n] = slot.get(n, 0) + v
+                claim_has.add((ci, d.id))
+            else:
+                busy.add(d.id)
             _add_consumption(d, used, 1)
             chosen[i] = d
             res = place(i + 1)
             if res is None or res:
                 return res
-            busy.discard(d.id)
+            if d.shared and take is not None:
+                slot = taking[d.id]
+                for n, v in take.items():
+                    slot[n] -= v
+                claim_has.discard((ci, d.id))
+            else:
+                busy.discard(d.id)
             _add_consumption(d, used, -1)
             chosen[i] = None
             for st, _ in touched:
@@ -1147,11 +1494,12 @@ def _search(
 
 
 def held_device_ids(claims: Iterable[Mapping[str, Any]]) -> frozenset[DeviceId]:
-    """Every device some allocated claim holds."""
+    """Every device some allocated claim holds alone (a share of a shared device does not
+    hold it: :func:`consumed_by_device` counts those)."""
     out: set[DeviceId] = set()
     for c in claims:
         if isinstance(c, Mapping):
-            out.update(allocated_ids(c))
+            out.update(exclusive_ids(c))
     return frozenset(out)
 
 
@@ -1331,6 +1679,7 @@ def plan_pod(
     extra: Mapping[str, Any],
     held: frozenset[DeviceId],
     in_flight: frozenset[DeviceId] = frozenset(),
+    consumed: Consumed | None = None,
 ) -> PodPlan:
     """The devices a claim pod gets on ``node`` if kube-scheduler allocates its claims.
 
@@ -1342,8 +1691,13 @@ def plan_pod(
         held: devices allocated claims hold (what kube-scheduler knows).
         in_flight: devices topoplace is allocating and kube-scheduler may not see yet;
             a node whose first fit would take one is refused.
+        consumed: what allocated claims consume of shared devices (None: read from
+            ``extra``'s claims, :func:`consumed_by_device`).
     """
-    return plan_prepared(prepare_claim_pod(pod, inv, extra), node, inv, held, in_flight)
+    if consumed is None:
+        consumed = consumed_by_device(_map(extra.get(CLAIMS_KEY)).values())
+    prep = prepare_claim_pod(pod, inv, extra)
+    return plan_prepared(prep, node, inv, held, in_flight, None, consumed)
 
 
 def plan_prepared(
@@ -1353,9 +1707,10 @@ def plan_prepared(
     held: AbstractSet[DeviceId],
     in_flight: AbstractSet[DeviceId] = frozenset(),
     candidates: Callable[[str, FitEntry], Sequence[Device]] | None = None,
+    consumed: Consumed = EMPTY_MAP,
 ) -> PodPlan:
     """:func:`plan_pod` for a pod prepared once (:func:`prepare_claim_pod`). ``held``
-    needs only the devices of ``node``'s pools; ``candidates`` as for
+    needs only the devices of ``node``'s pools; ``candidates`` and ``consumed`` as for
     :func:`first_fit_compiled`."""
     if prep.pins and (len(prep.pins) > 1 or node not in prep.pins):
         return PodPlan(node, UNKNOWN, (), REASON_CLAIM_PINNED)
@@ -1364,7 +1719,7 @@ def plan_prepared(
         return PodPlan(node, UNKNOWN, tuple(sorted(gpus)))
     if prep.pending is None:
         return PodPlan(node, Prediction(True, True), tuple(sorted(gpus)))
-    p = first_fit_compiled(inv, node, prep.pending, held, candidates)
+    p = first_fit_compiled(inv, node, prep.pending, held, candidates, consumed=consumed)
     if not p.known:
         return PodPlan(node, p, tuple(sorted(gpus)))
     if not p.feasible:
@@ -1638,7 +1993,7 @@ def conflicts(
     out: dict[str, set[str]] = {}
     for c in claims:
         k = object_key(c)
-        for i in allocated_ids(c):
+        for i in exclusive_ids(c):
             o = owner.get(i)
             if o is not None and o != k:
                 out.setdefault(o, set()).add(k)

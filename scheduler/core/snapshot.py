@@ -42,12 +42,19 @@ from typing import Any
 import numpy as np
 
 from scheduler.core import dra
-from scheduler.core.fractional import SHARE_RECORD_KEYS, add_share, bound_shares, check_shares
+from scheduler.core.fractional import (
+    SHARE_RECORD_KEYS,
+    add_share,
+    bound_shares,
+    check_shares,
+    node_devices,
+)
 from scheduler.core.health import NOW_KEY, RESOURCESLICES_KEY, devices_by_node, parse_time
 from scheduler.core.linkclass import LINK_CLASSES, feasible_sizes
 from scheduler.core.model import (
     EMPTY_MAP,
     GPU_RESOURCE,
+    GpuShare,
     Health,
     NodeHealth,
     NodeInfo,
@@ -528,8 +535,8 @@ def build_snapshot(
     mem: dict[str, int] = {}
     replicas: dict[str, int] = {}
     pods: dict[str, PodInfo] = {}
-    taken.update(_claim_holdings(extra or EMPTY_MAP, nodes, pods, inventory))  # DRA first
     shared: dict[str, NodeInfo] = {}  # nodes carrying the share ledger built so far
+    taken.update(_claim_holdings(extra or EMPTY_MAP, nodes, pods, inventory, shared))  # DRA first
     for p, node_name in bound:
         node = nodes.get(node_name)
         if node is None:
@@ -582,26 +589,43 @@ def _claim_holdings(
     nodes: Mapping[str, NodeInfo],
     pods: dict[str, PodInfo],
     inv: dra.Inventory | None = None,
+    shared: dict[str, NodeInfo] | None = None,
 ) -> dict[str, int]:
     """Allocated ResourceClaims of ``extra`` as ledger holdings (``dra.HOLDER_PREFIX`` keys)
-    added to ``pods``; returns the GPU masks they hold per node. Claims are exact facts
-    (device names), so they are counted before pods whose indices may be inferred."""
+    added to ``pods``; returns the GPU masks they hold whole per node, and puts the nodes
+    whose GPUs their shares (consumable capacity, MIG partitions) use in ``shared`` (with
+    ``share_used``). Claims are exact facts (device names), so they are counted before
+    pods whose indices may be inferred. A claim that would overcommit a GPU (a device two
+    claims hold whole, shares past a GPU's memory or compute) is logged and not counted."""
     claims = extra.get(dra.CLAIMS_KEY)
     if not claims:
         return {}
     values = claims.values() if isinstance(claims, Mapping) else claims
     if inv is None:
         inv = dra.inventory(extra.get(RESOURCESLICES_KEY))
+    if shared is None:
+        shared = {}
     taken: dict[str, int] = {}
     for c in sorted((c for c in values if isinstance(c, Mapping)), key=dra.object_key):
         info = claim_holding_info(c, inv, nodes.get)
         if info is None:
             continue
         mask = indices_to_mask(info.gpus)
-        if mask & taken.get(info.node, 0):
+        cur = shared.get(info.node, nodes[info.node])
+        held = taken.get(info.node, 0)
+        if mask & (held | cur.shared_mask):
             log.warning("claim %s names a GPU another claim holds; not counted", info.key)
             continue
-        taken[info.node] = taken.get(info.node, 0) | mask
+        if info.shares:
+            why = check_shares(replace(cur, used_mask=held | cur.shared_mask), info.shares)
+            if why:
+                log.warning("claim %s overcommits a shared GPU (%s); not counted", info.key, why)
+                continue
+            share_used, _ = add_share(
+                replace(cur, used_mask=held | cur.shared_mask | mask), info.shares
+            )
+            shared[info.node] = replace(cur, share_used=share_used)
+        taken[info.node] = held | mask
         pods[info.key] = info
     return taken
 
@@ -610,25 +634,84 @@ def claim_holding_info(
     claim: Mapping[str, Any], inv: dra.Inventory, node_of: Any, assumed: bool = False
 ) -> PodInfo | None:
     """The ledger holding of an allocated claim (None: it holds no GPU of a known node).
-    ``node_of(name)`` returns the snapshot's NodeInfo or None."""
+    ``node_of(name)`` returns the snapshot's NodeInfo or None.
+
+    Full GPUs a claim holds alone are held whole (``gpus``). Its shares of shared devices
+    (consumable capacity, ``consumedCapacity``) and its MIG partitions are shares of their
+    GPU (``shares``, :func:`claim_shares`): whole-GPU pods see the GPU used, shares see
+    what is left of its memory and compute."""
     held = dra.claim_holding(claim, inv)
     if held is None:
         return None
     node = node_of(held[0])
     if node is None:
         return None
-    gpus = tuple(g for g in held[1] if g < node.gpu_capacity)
-    if not gpus:
+    whole, shares = claim_shares(claim, inv, node)
+    if not whole and not shares:
         return None
     uid = meta(claim).get("uid")
     return PodInfo(
         key=dra.holder_key(dra.object_key(claim)),
         uid=uid if isinstance(uid, str) else "",
         node=node.name,
-        gpus=gpus,
+        gpus=whole,
         assumed=assumed,
         raw=claim,
+        gpu_indices_known=True,
+        shares=shares,
     )
+
+
+def claim_shares(
+    claim: Mapping[str, Any], inv: dra.Inventory, node: NodeInfo
+) -> tuple[tuple[int, ...], tuple[GpuShare, ...]]:
+    """(GPUs an allocated claim holds whole, its shares of GPUs) on ``node``, in the
+    ledger's units.
+
+    A share of a shared device (``dra.shared_results``) holds the same fraction of its
+    GPU's memory as it consumes of the device's memory capacity, and of 1000 milli as of
+    its compute capacity (``dra.gpu_share``). A MIG partition holds its memory as a
+    fraction of its parent's, and the same fraction of compute. GPUs beyond the node's
+    capacity are left out."""
+    devs = node_devices(node)
+
+    def ledger_mib(g: int) -> int:
+        return devs[g].memory_mib if 0 <= g < len(devs) else 0
+
+    shared_ids = set()
+    shares: list[GpuShare] = []
+    for did, _, amounts in dra.shared_results(claim):
+        shared_ids.add(did)
+        d = inv.by_id.get(did)
+        if d is None or d.gpu is None or not 0 <= d.gpu < node.gpu_capacity:
+            continue
+        mib, milli = dra.gpu_share(d, amounts, ledger_mib(d.gpu))
+        shares.append(GpuShare(d.gpu, mib, milli))
+    whole: set[int] = set()
+    for did in dra.exclusive_ids(claim):
+        d = inv.by_id.get(did)
+        if d is None or d.gpu is None or not 0 <= d.gpu < node.gpu_capacity:
+            continue
+        if not d.partition:
+            whole.add(d.gpu)
+            continue
+        mine = d.capacities.get(dra.MEMORY_CAPACITY)
+        parent = next(
+            (
+                p.capacities.get(dra.MEMORY_CAPACITY)
+                for p in inv.by_node.get(d.node, ())
+                if p.whole_gpu and p.gpu == d.gpu
+            ),
+            None,
+        )
+        if mine is None or parent is None or parent.value <= 0:
+            whole.add(d.gpu)  # a partition of unknown size: the GPU, whole
+            continue
+        frac_milli = -(-mine.value * 1000 // parent.value)
+        ledger = ledger_mib(d.gpu)
+        mib = -(-mine.value * ledger // parent.value) if ledger else -(-mine.value // (1 << 20))
+        shares.append(GpuShare(d.gpu, mib, min(1000, frac_milli)))
+    return tuple(sorted(whole)), tuple(shares)
 
 
 def _bound_node(pod: Any) -> str | None:

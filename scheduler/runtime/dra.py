@@ -25,6 +25,7 @@ as node by node (``tests/dra/test_vectorized.py``). No I/O.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -49,6 +50,8 @@ from scheduler.core.schedule import (
 from scheduler.core.snapshot import ClusterSnapshot, gpus_by_dra
 from scheduler.runtime.cache import ClusterCache
 from topology.select import ring_bottleneck
+
+log = logging.getLogger(__name__)
 
 PICKS_TTL_S = 10.0
 """How long the devices a filtered claim pod may get stay avoided by topoplace's allocator
@@ -266,6 +269,9 @@ class DraRouter:
         """Checks at bind the claims kube-scheduler allocated for a pod against the devices
         topoplace allocated (``GateAllocator.check_bind``, set by the allocator itself)."""
         self._own_memo: tuple[Any, Any, Mapping[str, Mapping[Any, str]]] | None = None
+        self._consumed_memo: tuple[Any, dra.Consumed, Mapping[str, Any]] | None = None
+        self._over_memo: tuple[Any, tuple[dra.Overcommit, ...]] = (None, ())
+        self._over_seen: set[tuple[Any, ...]] = set()
 
     # ---- extended resources backed by DRA (nvidia.com/gpu on DRA nodes) -------------------
 
@@ -350,12 +356,12 @@ class DraRouter:
             for c in values:
                 if dra.allocated_by_topoplace(c) and dra.is_allocated(c):
                     mine = by_node.setdefault(dra.allocation_node(c), {})
-                    for i in dra.allocated_ids(c):
+                    for i in dra.exclusive_ids(c):  # a share of a shared device is no clash
                         mine[i] = dra.object_key(c)
             for k, p in snap.pods.items():
                 if p.assumed and k.startswith(dra.HOLDER_PREFIX) and p.raw:
                     mine = by_node.setdefault(p.node, {})
-                    for i in dra.allocated_ids(p.raw):
+                    for i in dra.exclusive_ids(p.raw):
                         mine[i] = k[len(dra.HOLDER_PREFIX) :]
             inv = self.cache.dra_inventory(snap)
             for k, ids in self.uncounted().items():
@@ -547,6 +553,54 @@ class DraRouter:
                 self._recent_memo = memo
         return memo[1], memo[2]
 
+    def consumed(self, snap: ClusterSnapshot | None = None) -> dra.Consumed:
+        """What allocated claims consume of shared devices (``dra.consumed_by_device``),
+        made once per claims object."""
+        return self._consumed(snap or self.cache.snapshot())[0]
+
+    def _consumed(self, snap: ClusterSnapshot) -> tuple[dra.Consumed, Mapping[str, Any]]:
+        """(:meth:`consumed`, node -> a key of its devices' consumption)."""
+        claims = snap.extra.get(dra.CLAIMS_KEY) or EMPTY_MAP
+        memo = self._consumed_memo
+        if memo is None or memo[0] is not claims:
+            values = claims.values() if isinstance(claims, Mapping) else claims
+            got = dra.consumed_by_device(values)
+            inv = self.cache.dra_inventory(snap)
+            per: dict[str, list[Any]] = {}
+            for did in sorted(got):
+                d = inv.by_id.get(did)
+                if d is not None:
+                    per.setdefault(d.node, []).append((did, tuple(sorted(got[did].items()))))
+            memo = (claims, MappingProxyType(got), {n: tuple(v) for n, v in per.items()})
+            self._consumed_memo = memo
+        return memo[1], memo[2]
+
+    def overcommits(self) -> tuple[dra.Overcommit, ...]:
+        """Shared devices whose allocated claims consume more than their capacity, whoever
+        allocated them (``dra.overcommits``); each is logged once. Made once per claims
+        object."""
+        snap = self.cache.snapshot()
+        claims = snap.extra.get(dra.CLAIMS_KEY) or EMPTY_MAP
+        memo = self._over_memo
+        if memo[0] is not claims:
+            values = claims.values() if isinstance(claims, Mapping) else claims
+            got = tuple(dra.overcommits(values, self.cache.dra_inventory(snap)))
+            for o in got:
+                k = (o.device, o.capacity, o.consumed, o.claims)
+                if k not in self._over_seen:
+                    self._over_seen.add(k)
+                    log.warning(
+                        "shared device %s is overcommitted: %s %d of %d by claims %s",
+                        "/".join(o.device),
+                        o.capacity,
+                        o.consumed,
+                        o.value,
+                        ", ".join(o.claims),
+                    )
+            memo = (claims, got)
+            self._over_memo = memo
+        return memo[1]
+
     def _held(self, snap: ClusterSnapshot) -> tuple[frozenset[Any], frozenset[Any]]:
         memo = self._memo
         claims = snap.extra.get(dra.CLAIMS_KEY)
@@ -607,6 +661,7 @@ class DraRouter:
         if not also_held and last is not None and _same_basis(last[0], basis, last[1], own):
             known = last[2]
         by_pool = self._by_pool(held)
+        consumed, consumed_at = self._consumed(snap)
         more = _grouped(also_held) if also_held else EMPTY_MAP
         cands, pools = self._inventory_memo(inv)
 
@@ -655,6 +710,8 @@ class DraRouter:
                     )
                 if recent_pools and any(p in recent_pools for p in mine):
                     busy = busy - frozenset().union(*(recent_pools.get(p, ()) for p in mine))
+                if consumed_at:  # shares of the node's shared devices: read by its plan too
+                    busy = (busy, consumed_at.get(name, ()))
                 prev = known.get(name)  # a plan reads the node's held devices, not the node
                 if prev is not None and prev[1] == busy:
                     plan = prev[0]
@@ -665,7 +722,10 @@ class DraRouter:
                             if extended
                             else dra.prepare_claim_pod(pod, inv, snap.extra)
                         )
-                    plan = dra.plan_prepared(prep, name, inv, busy, flying, candidates)
+                    held_here = busy[0] if consumed_at else busy
+                    plan = dra.plan_prepared(
+                        prep, name, inv, held_here, flying, candidates, consumed
+                    )
             out.append(plan)
             made[name] = (plan, busy)
         if not also_held and not domain:
