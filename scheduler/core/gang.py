@@ -84,6 +84,12 @@ NVLINK_LEVEL = "nvlink-domain"
 SLOT_SEPARATOR = "#"
 """Separates the gang key from the slot id in placeholders and reservation keys."""
 
+DRA_CHOICE_ANNOTATION = "topoplace.io/dra-gang-choice"
+"""Written ``"true"`` on a gang member whose ``nvidia.com/gpu`` a DeviceClass backs with DRA
+when the gate ``topoplace.io/allocate`` is removed from it (it opted in): on a DRA node the
+member is planned with the solver's (NVLink-best) GPU set, which is given to its special
+claim at bind, instead of the set kube-scheduler's allocator would pick (its first fit)."""
+
 REASON_GANG_SIZE_CONFLICT = "gang members declare different gang sizes"
 """Filter reason for a member of a gang whose members' ``topoplace.io/gang-size``
 annotations disagree (see "Declared sizes" in the module docstring)."""

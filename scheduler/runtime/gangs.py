@@ -90,6 +90,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scheduler.core.gang import (
+    DRA_CHOICE_ANNOTATION,
     GangRequest,
     GangSizeError,
     RecoveredPlan,
@@ -112,6 +113,7 @@ from scheduler.core.model import (
     Health,
     PodInfo,
     PodRequest,
+    indices_to_mask,
     mask_to_indices,
 )
 from scheduler.core.objects import ObjectError, PlanRecord, request_from_pod
@@ -119,6 +121,7 @@ from scheduler.core.policies.registry import DEFAULT_GANG_POLICY, GANG_POLICIES,
 from scheduler.core.preemption import without_lower
 from scheduler.core.schedule import Assignment, FilterOutcome, PlacementResult
 from scheduler.core.snapshot import ClusterSnapshot, DoubleBookingError, gpus_by_dra
+from scheduler.runtime.dra import ExtendedPick
 from scheduler.runtime.parked import WAKE_BACKOFF_SECONDS, free_gpus
 from scheduler.runtime.stranded import gang_record_key
 
@@ -568,6 +571,32 @@ class GangRuntime:
         mapped = router.extended_resources(pod)
         return (pod, mapped) if mapped else None
 
+    @staticmethod
+    def _chosen(pod: Mapping[str, Any]) -> bool:
+        """Whether the member opted in to topoplace's GPU choice on DRA nodes (the gate
+        ``topoplace.io/allocate``, removed with :data:`DRA_CHOICE_ANNOTATION` written)."""
+        notes = (pod.get("metadata") or {}).get("annotations") or {}
+        return str(notes.get(DRA_CHOICE_ANNOTATION, "")).lower() == "true"
+
+    def _hand_over(self, ext: Any, plan: GangPlan, slot: Slot) -> None:
+        """For an opted-in member (:meth:`_chosen`) whose slot is on a DRA node: remember the
+        slot's GPUs as topoplace's choice for it in the DRA router (``ExtendedPick``), so
+        that its bind gives them to the special claim kube-scheduler makes
+        (``DraRouter.before_bind``), as for a gated pod alone. Cache lock held."""
+        got = self._dra_pod(ext, slot.member) if slot.member else None
+        n = ext.cache.snapshot().node(slot.node)
+        if got is None or n is None or not gpus_by_dra(n) or not self._chosen(got[0]):
+            return
+        inv = ext.cache.dra_inventory()
+        by_gpu = {d.gpu: d for d in inv.by_node.get(slot.node, ()) if d.kind == "gpu"}
+        if any(g not in by_gpu for g in slot.gpus):
+            return
+        devs = tuple(by_gpu[g] for g in sorted(slot.gpus))
+        hold = reservation_key(plan.gang, slot.slot)
+        ext.dra.pick_extended(
+            slot.member, ExtendedPick(slot.node, devs, tuple(sorted(slot.gpus)), hold)
+        )
+
     def _claim_gpus(self, ext: Any, req: PodRequest, node: str) -> tuple[int, ...] | None:
         """For a member whose GPUs DRA backs, bound to a DRA ``node``: the GPUs its special
         claim holds there (``()`` while the watch has not shown the claim yet); None for
@@ -618,7 +647,9 @@ class GangRuntime:
         the ledger holds for something kube-scheduler does not see (another gang's
         reservation), the solver's sets are kept, all of them; whichever set the member's claim really
         gets is what it holds at bind (:meth:`choose`), and the slots it displaced are
-        seated again (:meth:`_reseat`)."""
+        seated again (:meth:`_reseat`). A gang whose members opted in to topoplace's choice
+        (:meth:`_chosen`) keeps the solver's sets: each member's claim is given its set at
+        bind (:meth:`_hand_over`)."""
         if not result.ok or getattr(ext, "dra", None) is None:
             return result
         pods = {}
@@ -629,6 +660,8 @@ class GangRuntime:
         if not pods:
             return result
         template = next(iter(pods.values()))
+        if self._chosen(template[0]):  # topoplace gives the claims its own sets at bind
+            return result
         order = sorted(
             result.assignments, key=lambda a: _slot_order(slot_of_assignment(greq, a.pod))
         )
@@ -655,8 +688,9 @@ class GangRuntime:
         """Reserve again the unbound ``slot`` of ``plan`` whose reservation is gone, when its
         members' ``nvidia.com/gpu`` DRA backs and its node is a DRA node: a member's special
         claim (kube-scheduler's first fit) took GPUs the slot held, which happens when
-        members on one node bind in another order than their slots. The slot gets the
-        first fit of what is free now. Cache lock held; True when it holds GPUs again
+        members on one node bind in another order than their slots, or for a moment before
+        an opted-in member's claim is given its planned GPUs. The slot gets its own GPUs
+        again when they are free, else the first fit of what is free now. Cache lock held; True when it holds GPUs again
         (nothing changes otherwise)."""
         cache = ext.cache
         key = reservation_key(plan.gang, slot.slot)
@@ -674,7 +708,12 @@ class GangRuntime:
         if member is None:
             return False
         taken = set(mask_to_indices(node.used_mask))
-        gpus = self._first_fit(ext, snap, slot.node, member, taken, len(slot.gpus))
+        if not taken & set(slot.gpus) and not (
+            indices_to_mask(slot.gpus) & ~node.usable_mask
+        ):  # the GPUs it held are free again (a claim took them for a moment)
+            gpus: tuple[int, ...] | None = slot.gpus
+        else:
+            gpus = self._first_fit(ext, snap, slot.node, member, taken, len(slot.gpus))
         if gpus is None:
             return False
         role = next((r for r in plan.request.roles if r.name == slot.role), None)
@@ -703,6 +742,8 @@ class GangRuntime:
             )
             slot.gpus = gpus
             plan.record = None
+        if slot.member and ext.dra.extended_pick(slot.member) is not None:
+            self._hand_over(ext, plan, slot)
         return True
 
     # ---- GangHandler ----------------------------------------------------------------------
@@ -737,6 +778,8 @@ class GangRuntime:
                         self._drop(ext, req.gang, None, "member without a slot")
                 else:
                     self._parked.get(req.gang, set()).discard(req.key)
+                    with cache.lock:
+                        self._hand_over(ext, plan, slot)
                     return _outcome(names, slot.node)
             event = "replanned" if req.gang in self._planned_before else "planned"
             ref = self._refusals.get(req.gang)
@@ -767,6 +810,8 @@ class GangRuntime:
             self._wake_parked(ext, req.gang, f"planned {out.plan_id}", besides=req.key)
             with cache.lock:
                 slot = self._claim(out, req)
+                if slot is not None:
+                    self._hand_over(ext, out, slot)
             if slot is None:  # pragma: no cover - the plan covers every member seen
                 return _refused(names)
             return _outcome(names, slot.node)

@@ -13,12 +13,14 @@ from collections.abc import Callable
 from typing import Any
 
 from scheduler.core import dra
-from scheduler.core.gang import recover_plans
+from scheduler.core.gang import DRA_CHOICE_ANNOTATION, recover_plans
 from scheduler.core.params import SchedParams
+from scheduler.kube import allocator as al
 from scheduler.runtime.cache import ClusterCache
 from scheduler.runtime.gangs import GangRuntime
 from scheduler.server.extender import Extender
 from tests.dra import recorded
+from tests.dra.test_extended_resource import PodClaimApi
 from tests.helpers import with_reasons
 
 PARAMS = SchedParams()
@@ -125,7 +127,13 @@ def _slots(ext: Extender) -> dict[str, tuple[str, tuple[int, ...], str]]:
     }
 
 
-def _prebind(ext: Extender, pod: dict[str, Any], node: str, gpus: list[int]) -> None:
+def _prebind(
+    ext: Extender,
+    pod: dict[str, Any],
+    node: str,
+    gpus: list[int],
+    api: PodClaimApi | None = None,
+) -> None:
     """What kube-scheduler's PreBind leaves for ``pod``: its special claim (the recorded
     claim's shape), allocated ``gpus`` of ``node`` and reserved for it, and the pod's
     ``status.extendedResourceClaimStatus`` naming it."""
@@ -149,8 +157,11 @@ def _prebind(ext: Extender, pod: dict[str, Any], node: str, gpus: list[int]) -> 
     made["status"]["reservedFor"] = [
         {"name": name, "resource": "pods", "uid": pod["metadata"]["uid"]}
     ]
-    ext.cache.apply_claim(dra.object_key(made), made)
+    ext.cache.apply_claim(dra.object_key(made), copy.deepcopy(made))
     pod["status"] = {"extendedResourceClaimStatus": {"resourceClaimName": made["metadata"]["name"]}}
+    if api is not None:  # the API server holds them too
+        api.claims[dra.object_key(made)] = made
+        api.pods[f"default/{name}"] = copy.deepcopy(pod)
 
 
 def _bind(ext: Extender, pod: dict[str, Any], node: str) -> str:
@@ -263,3 +274,41 @@ def test_a_gang_spans_device_plugin_and_dra_nodes_all_or_nothing() -> None:
     five = _ext(["er-a"], ["dp-a"])
     assert _filter(five, _member(0, 4, 5), names) == []
     assert five.cache.snapshot().node("dp-a").used_mask == 0  # type: ignore[union-attr]
+
+
+def test_members_that_opted_in_get_the_plans_nvlink_sets_in_their_claims() -> None:
+    """The gate removed with the choice annotation (the members opted in): on a DGX-1 DRA
+    node the plan keeps the solver's NVLink-best pairs, gpu-0, gpu-3 and gpu-1, gpu-2 (two
+    NVLinks each), and at bind each member's special claim, made by kube-scheduler's first
+    fit, is given its slot's pair (``GateAllocator.reallocate``). The first claim's first
+    fit (gpu-0, gpu-1) displaces the other slot for a moment; it gets its pair back."""
+    ext = _ext(["dgx-a"], topology="dgx1-v100")
+    api = PodClaimApi(ext.cache, {}, {})
+    alloc = al.GateAllocator(
+        ext.cache, api, lambda: [], settle_s=0.0, clock=lambda: 1_796_601_600.0, router=ext.dra
+    )
+    ext.dra.reallocate = alloc.reallocate
+    pods = [_member(i, 2, 2) for i in range(2)]
+    for p in pods:
+        p["metadata"]["annotations"][DRA_CHOICE_ANNOTATION] = "true"
+        assert _filter(ext, p, ["dgx-a"]) == ["dgx-a"]
+    assert _slots(ext) == {
+        "default/g-0": ("dgx-a", (0, 3), "reserved"),
+        "default/g-1": ("dgx-a", (1, 2), "reserved"),
+    }
+    pick = ext.dra.extended_pick("default/g-0")
+    assert pick is not None and pick.gpus == (0, 3)
+    _prebind(ext, pods[0], "dgx-a", [0, 1], api)  # kube-scheduler's first fit
+    assert _bind(ext, pods[0], "dgx-a") == ""
+    claim0 = api.claims["default/g-0-extended-resources-abcde"]
+    assert [d for _, _, d in dra.allocated_ids(claim0)] == ["gpu-0", "gpu-3"]
+    assert _slots(ext)["default/g-1"] == ("dgx-a", (1, 2), "reserved")
+    _prebind(ext, pods[1], "dgx-a", [1, 2], api)  # first fit beside gpu-0, gpu-3
+    assert _bind(ext, pods[1], "dgx-a") == ""
+    claim1 = api.claims["default/g-1-extended-resources-abcde"]
+    assert [d for _, _, d in dra.allocated_ids(claim1)] == ["gpu-1", "gpu-2"]
+    snap = ext.cache.snapshot()
+    assert snap.pods["resourceclaim:default/g-0-extended-resources-abcde"].gpus == (0, 3)
+    assert snap.pods["resourceclaim:default/g-1-extended-resources-abcde"].gpus == (1, 2)
+    assert snap.node("dgx-a").used_mask == 0b1111  # type: ignore[union-attr]
+    assert ext.gangs.describe_plans(ext)[GANG]["state"] == "complete"  # type: ignore[union-attr]
