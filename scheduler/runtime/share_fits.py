@@ -14,12 +14,34 @@ offline replay (300 openb nodes, 1,600 HAMi pods): 25.1 ms -> 9.7 ms per pod, th
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections import Counter, OrderedDict
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from scheduler.core.fractional import Fit, ShareRequest, fit_form, node_fits
-from scheduler.core.model import NodeInfo
+import numpy as np
+
+from scheduler.core.fractional import (
+    ContainerAsk,
+    Fit,
+    PodShape,
+    ShareRequest,
+    fit_form,
+    node_fits,
+    pod_shapes,
+)
+from scheduler.core.model import NodeInfo, PodInfo
+from scheduler.core.podmap import PodMap
+from scheduler.core.share_table import (
+    GPU_FIELDS,
+    RowKey,
+    RowsVerdict,
+    ShareRow,
+    StateFits,
+    decide_rows,
+    fit_states,
+    share_row,
+)
+from scheduler.core.sharing import TaskShape, TypicalDistribution
 
 MAX_FORMS = 64
 """Request forms kept (the least recently used is dropped first)."""
@@ -28,14 +50,20 @@ MAX_NODES_PER_FORM = 100_000
 
 
 class FitMemo:
-    """Fits per request form (:func:`~scheduler.core.fractional.fit_form`), by node name.
-    Thread-safe: a prioritize may run on a worker thread beside filter."""
+    """Fits per request form (:func:`~scheduler.core.fractional.fit_form`), by node name,
+    for the per-node path; and, for the vector path, the nodes' share columns
+    (:attr:`rows`) and the held pods' shape counts (:attr:`shapes`). Thread-safe: a
+    prioritize may run on a worker thread beside filter."""
 
     def __init__(self, forms: int = MAX_FORMS, nodes_per_form: int = MAX_NODES_PER_FORM) -> None:
         self._forms: OrderedDict[Any, dict[str, Fit]] = OrderedDict()
         self._size = forms
         self._nodes = nodes_per_form
         self._lock = threading.Lock()
+        self.rows = ShareRows()
+        """The nodes' share columns, for the vector path (``scheduler.core.share_table``)."""
+        self.shapes = ShapeCounts()
+        """The held pods' shape counts (FGD's target workload), kept between pods."""
 
     def fits(
         self, nodes: Sequence[NodeInfo], req: ShareRequest, selection_policy: str
@@ -61,3 +89,239 @@ class FitMemo:
         """How many request forms are kept."""
         with self._lock:
             return len(self._forms)
+
+
+class ShareRows:
+    """The :func:`~scheduler.core.share_table.share_row` of every node of the latest
+    snapshot seen, as columns, with each row's state id; brought up to date per call by
+    recomputing only the rows whose node object changed (a snapshot replaces a node's
+    object whenever anything on it changes, and keeps it otherwise).
+
+    Thread-safe: one lock around the update and the decision that reads the columns (a
+    prioritize may run on a worker thread beside filter). The nodes tuple last seen is held,
+    so the object ids compared stay those of live objects."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._nodes: tuple[NodeInfo, ...] | None = None
+        self._ids = np.zeros(0, dtype=np.int64)
+        self._gpu = np.zeros((0, 0, len(GPU_FIELDS)), dtype=np.int64)
+        self._form = np.zeros(0, dtype=np.int64)
+        self._capacity = np.zeros(0, dtype=np.int64)
+        self._cpu_free = np.zeros(0, dtype=np.int64)
+        self._cpu_capacity = np.zeros(0, dtype=np.int64)
+        self._models: list[str] = []
+        self._state_of = np.zeros(0, dtype=np.int64)
+        self._states: dict[RowKey, int] = {}
+        self._fits: OrderedDict[ContainerAsk, StateFits] = OrderedDict()
+        self._done: dict[ContainerAsk, np.ndarray] = {}
+        self.rebuilds = 0
+        """Full rebuilds so far (a new node set, or a node wider than the columns)."""
+        self.epoch = 0
+        """Bumped whenever the node set or a node's devices changed: the shapes of held
+        shares must then be read again (:class:`ShapeCounts`)."""
+
+    def _put(self, i: int, row: ShareRow) -> None:
+        self._form[i] = row.form
+        self._capacity[i] = row.capacity
+        self._cpu_free[i] = row.cpu_free
+        self._cpu_capacity[i] = row.cpu_capacity
+        self._models[i] = row.model
+        g = self._gpu[i]
+        g[:] = 0
+        if row.gpus:
+            g[: len(row.gpus)] = row.gpus
+        key = row.key
+        sid = self._states.get(key)
+        if sid is None:
+            sid = self._states[key] = len(self._states)
+        self._state_of[i] = sid
+
+    def _rebuild(self, nodes: tuple[NodeInfo, ...]) -> None:
+        n = len(nodes)
+        rows = [share_row(node) for node in nodes]
+        width = max([8, *(r.capacity for r in rows)])
+        self._gpu = np.zeros((n, width, len(GPU_FIELDS)), dtype=np.int64)
+        self._form = np.zeros(n, dtype=np.int64)
+        self._capacity = np.zeros(n, dtype=np.int64)
+        self._cpu_free = np.zeros(n, dtype=np.int64)
+        self._cpu_capacity = np.zeros(n, dtype=np.int64)
+        self._models = [""] * n
+        self._state_of = np.zeros(n, dtype=np.int64)
+        self._states = {}
+        self._fits.clear()  # state ids are given afresh
+        self._done.clear()
+        for i, r in enumerate(rows):
+            self._put(i, r)
+        self.rebuilds += 1
+
+    def _update(self, nodes: tuple[NodeInfo, ...]) -> bool:
+        """Bring the columns to ``nodes``; True when a node's devices (what a held share's
+        shape is read against) may have changed, or the node set did."""
+        if nodes is self._nodes:
+            return False
+        ids = np.fromiter(map(id, nodes), dtype=np.int64, count=len(nodes))
+        old = self._nodes
+        if old is None or len(old) != len(nodes):
+            self._rebuild(nodes)
+            self._nodes, self._ids = nodes, ids
+            return True
+        devices_changed = False
+        width = self._gpu.shape[1]
+        changed = np.flatnonzero(ids != self._ids).tolist()
+        for i in changed:
+            if old[i].name != nodes[i].name or nodes[i].gpu_capacity > width:
+                self._rebuild(nodes)
+                self._nodes, self._ids = nodes, ids
+                return True
+        for i in changed:
+            if old[i].devices != nodes[i].devices or old[i].gpu_capacity != nodes[i].gpu_capacity:
+                devices_changed = True
+            self._put(i, share_row(nodes[i]))
+        if len(self._states) > MAX_STATES_PER_ROW * len(nodes) + 1024:
+            self._rebuild(nodes)  # drop the states no row is in any more
+        self._nodes, self._ids = nodes, ids
+        return devices_changed
+
+    def refresh(self, nodes: tuple[NodeInfo, ...]) -> int:
+        """Bring the columns to ``nodes`` (a snapshot's); the :attr:`epoch` after it."""
+        with self._lock:
+            if self._update(nodes):
+                self.epoch += 1
+            return self.epoch
+
+    def decide(
+        self,
+        nodes: tuple[NodeInfo, ...],
+        pos: np.ndarray,
+        form: int,
+        ask: ContainerAsk,
+        cpu_milli: int,
+        dist: TypicalDistribution,
+        policy: str,
+    ) -> tuple[RowsVerdict, np.ndarray, np.ndarray]:
+        """(the verdict of the rows of ``pos`` whose backend is ``form`` and that have a
+        GPU, the rows of ``pos`` of another backend, the rows with no GPU) on ``nodes``."""
+        with self._lock:
+            if self._update(nodes):
+                self.epoch += 1
+            forms = self._form[pos]
+            other = pos[forms != form]
+            mine = pos[forms == form]
+            too_few = mine[self._capacity[mine] < 1]
+            mine = mine[self._capacity[mine] >= 1]
+            verdict = decide_rows(
+                self._state_of,
+                self._gpu,
+                self._capacity,
+                self._cpu_free,
+                self._cpu_capacity,
+                self._models,
+                mine,
+                ask,
+                cpu_milli,
+                dist,
+                policy,
+                lambda states, reps: self._fitted(ask, states, reps),
+            )
+        return verdict, other, too_few
+
+    def _fitted(self, ask: ContainerAsk, states: np.ndarray, reps: np.ndarray) -> StateFits:
+        """The fits of ``ask`` on ``states`` (``reps``: a row of each), computed once per
+        state and ask (a state's id names the same values until the next rebuild)."""
+        known = self._fits.get(ask)
+        size = len(self._states)
+        if known is None or len(known.fits) < size:
+            room = max(64, 2 * size)  # grown geometrically: states come one at a time
+            grown = fit_states(
+                np.zeros((room, self._gpu.shape[1], len(GPU_FIELDS)), dtype=np.int64),
+                np.zeros(room, dtype=np.int64),
+                ask,
+            )
+            done = np.zeros(room, dtype=bool)
+            if known is not None:
+                old = len(known.fits)
+                for f in StateFits.__dataclass_fields__:
+                    getattr(grown, f)[:old] = getattr(known, f)
+                done[:old] = self._done[ask][:old]
+            self._fits[ask] = known = grown
+            self._done[ask] = done
+            while len(self._fits) > MAX_FORMS:
+                gone, _ = self._fits.popitem(last=False)
+                self._done.pop(gone, None)
+        self._fits.move_to_end(ask)
+        done = self._done[ask]
+        todo = ~done[states]
+        if todo.any():
+            new = fit_states(self._gpu[reps[todo]], self._capacity[reps[todo]], ask)
+            at = states[todo]
+            for f in StateFits.__dataclass_fields__:
+                getattr(known, f)[at] = getattr(new, f)
+            done[at] = True
+        return known.take(states)
+
+
+MAX_STATES_PER_ROW = 4
+"""States remembered per node before the state table starts afresh."""
+
+
+class ShapeCounts:
+    """FGD's target workload counts (:func:`~scheduler.core.fractional.pod_shapes` of the
+    held pods), kept between pods: a snapshot's pods are a ``PodMap`` whose versions share
+    their base dict, so only the keys in either version's changes are read again (all of
+    them when the base was flattened, or when :meth:`counts` is told devices changed).
+    Thread-safe (one lock)."""
+
+    def __init__(self) -> None:
+        self._pods: Mapping[str, PodInfo] | None = None
+        self._shapes: dict[str, PodShape] = {}
+        self._counts: Counter[TaskShape] = Counter()
+        self._epoch = -1
+        self._lock = threading.Lock()
+
+    def _full(self, nodes: Sequence[NodeInfo], pods: Mapping[str, PodInfo]) -> None:
+        self._shapes = pod_shapes(nodes, pods.values(), self._shapes)
+        self._counts = Counter(s for _, _, s in self._shapes.values())
+
+    def counts(
+        self,
+        nodes: Sequence[NodeInfo],
+        index: Mapping[str, int],
+        pods: Mapping[str, PodInfo],
+        epoch: int,
+    ) -> Counter[TaskShape]:
+        """The shape counts of ``pods`` on ``nodes`` (``index``: name -> position); a
+        copy the caller may change. ``epoch``: :attr:`ShareRows.epoch` of ``nodes`` (all
+        pods are read again when it moved)."""
+        with self._lock:
+            old = self._pods
+            keys = None if epoch != self._epoch or old is None else changed_keys(old, pods)
+            self._epoch = epoch
+            if keys is None:
+                self._full(nodes, pods)
+            else:
+                for k in keys:
+                    before = self._shapes.pop(k, None)
+                    if before is not None:
+                        self._counts[before[2]] -= 1
+                    p = pods.get(k)
+                    if p is None:
+                        continue
+                    i = index.get(p.node)
+                    got = pod_shapes((nodes[i],), (p,)) if i is not None else {}
+                    if k in got:
+                        self._shapes[k] = got[k]
+                        self._counts[got[k][2]] += 1
+            self._pods = pods
+            return +self._counts
+
+
+def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any]) -> set[str] | None:
+    """The keys whose value may differ between two ``PodMap`` versions that share their
+    base dict (their changes and deletions), else None (compare everything)."""
+    if not isinstance(old, PodMap) or not isinstance(new, PodMap):
+        return None
+    if old._base is not new._base:  # noqa: SLF001 - PodMap's own versions
+        return None
+    keys = set(old._delta) | set(new._delta) | set(old._gone) | set(new._gone)  # noqa: SLF001
+    return {k for k in keys if old.get(k) is not new.get(k)}

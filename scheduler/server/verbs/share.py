@@ -26,12 +26,19 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
+import orjson
 
 from scheduler.core.fractional import (
     BACKEND_GPUSHARE,
     BACKEND_HAMI,
+    REASON_NO_BACKEND,
     REASON_NO_SHARE_ROOM,
+    REASON_TOO_MANY_DEVICES,
+    ContainerAsk,
     ShareDecision,
     ShareError,
     ShareRequest,
@@ -49,7 +56,17 @@ from scheduler.core.fractional import (
 from scheduler.core.model import PodInfo, PodRequest
 from scheduler.core.objects import bound_pod, pod_resource
 from scheduler.core.quantity import cpu_milli, quantity_int
-from scheduler.core.schedule import REASON_NOT_CHOSEN, REASON_UNKNOWN_NODE, verdict_reason
+from scheduler.core.schedule import (
+    MAX_SCORE,
+    REASON_NODE_SELECTOR,
+    REASON_NOT_CHOSEN,
+    REASON_UNKNOWN_NODE,
+    known_positions,
+    selector_matches,
+    verdict_reason,
+)
+from scheduler.core.share_table import FORMS, RowsVerdict, name_devices, vector_request
+from scheduler.core.sharing import typical_from_counts
 from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.server import wire
 from scheduler.server.verbs.base import (
@@ -175,6 +192,19 @@ def share_explanation(
     next nodes by score with why they lost, and the reason counts of the nodes that
     cannot take it. Deterministic (ties by node name, as :func:`best_decision`)."""
     order = sorted(got.values(), key=lambda d: (-d.score, d.node))
+    reasons: dict[str, int] = {}
+    for r in (*failed.values(), *unres.values()):
+        if r != REASON_NOT_CHOSEN:
+            reasons[r] = reasons.get(r, 0) + 1
+    return explanation_of(policy, order[: 1 + runners_up], len(order), reasons)
+
+
+def explanation_of(
+    policy: str, top: list[ShareDecision], feasible: int, reasons: Mapping[str, int]
+) -> dict[str, Any]:
+    """:func:`share_explanation` from its parts: the best decisions, best first (the
+    choice, then the runners-up), how many nodes fit, and the reason counts of the nodes
+    that do not (``REASON_NOT_CHOSEN`` left out)."""
 
     def row(d: ShareDecision) -> dict[str, Any]:
         score = d.score // 10
@@ -186,17 +216,13 @@ def share_explanation(
             "points": {f"sharing policy {policy}": score},
         }
 
-    reasons: dict[str, int] = {}
-    for r in (*failed.values(), *unres.values()):
-        if r != REASON_NOT_CHOSEN:
-            reasons[r] = reasons.get(r, 0) + 1
-    chosen = row(order[0]) if order else None
+    chosen = row(top[0]) if top else None
     runners = []
-    for d in order[1 : 1 + runners_up]:
+    for d in top[1:]:
         r = row(d)
         r["why_lost"] = (
-            f"policy score {d.score} < {order[0].score}"
-            if d.score < order[0].score
+            f"policy score {d.score} < {top[0].score}"
+            if d.score < top[0].score
             else f"tied at {d.score}, lost the tie-break by name"
         )
         runners.append(r)
@@ -206,7 +232,7 @@ def share_explanation(
         "outcome": "placed" if chosen else "pending",
         "chosen": chosen,
         "runners_up": runners,
-        "feasible": len(order),
+        "feasible": feasible,
         "reasons": dict(sorted(reasons.items())),
     }
 
@@ -316,6 +342,229 @@ def share_bind_start(
     return BindWrite(key, pod, dict(handoff), pod_req, node, ())
 
 
+# ---- the vector path: every offered node at once -----------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class VectorVerdict:
+    """A share pod's filter over offered positions, from columns
+    (``scheduler.core.share_table``): what :func:`_decisions` gives, as arrays.
+
+    Attributes:
+        verdict: the rows that fit and their scores.
+        groups: (unresolvable, reason, rows) of every row that cannot take the pod.
+    """
+
+    verdict: RowsVerdict
+    groups: list[tuple[bool, str, np.ndarray]]
+
+    def reasons(self) -> dict[str, int]:
+        """Reason counts of the rows that cannot take the pod."""
+        out: dict[str, int] = {}
+        for _, reason, rows in self.groups:
+            out[reason] = out.get(reason, 0) + len(rows)
+        return out
+
+
+def _vector_distribution(
+    ext: Host, snap: ClusterSnapshot, req: ShareRequest, ask: ContainerAsk
+) -> Any:
+    """:func:`_distribution` from the held pods' shape counts kept between pods
+    (``FitMemo.shapes``), read again only for the pods that changed."""
+    memo = ext.share_fits
+    epoch = memo.rows.refresh(snap.nodes)
+    counts = memo.shapes.counts(snap.nodes, snap.index, snap.pods, epoch)
+    for n in snap.nodes:
+        if n.sharing == req.form and n.devices:
+            d = n.devices[0]
+            counts[share_shape(req.cpu_milli, resolve(ask, d), d)] += 1
+            break
+    return typical_from_counts(counts, ext.params.sharing.popularity)
+
+
+def _vector(
+    ext: Host,
+    snap: ClusterSnapshot,
+    pod_req: PodRequest,
+    req: ShareRequest,
+    ask: ContainerAsk,
+    pos: np.ndarray,
+) -> VectorVerdict:
+    """The verdict of every offered position (all known): the checks of :func:`precheck`
+    and ``node_verdict`` in their order, then the fit and the policy's score of the rest
+    by their distinct states."""
+    groups: list[tuple[bool, str, np.ndarray]] = []
+    blocked = snap.arrays.blocked[pos]
+    rest = pos[blocked == 0]
+    if len(rest) < len(pos):
+        by_reason: dict[str, list[int]] = {}
+        for i in pos[blocked != 0].tolist():
+            by_reason.setdefault(verdict_reason(snap, int(snap.arrays.blocked[i]), i), []).append(i)
+        groups.extend((True, r, np.array(v, dtype=np.int64)) for r, v in by_reason.items())
+    if pod_req.node_selector:
+        sel = pod_req.node_selector
+        ok = np.array(
+            [selector_matches(snap.nodes[i].labels, sel) for i in rest.tolist()], dtype=bool
+        )
+        if not ok.all():
+            groups.append((True, REASON_NODE_SELECTOR, rest[~ok]))
+        rest = rest[ok] if len(rest) else rest
+    dist = _vector_distribution(ext, snap, req, ask)
+    verdict, other, too_few = ext.share_fits.rows.decide(
+        snap.nodes,
+        rest,
+        FORMS.index(req.form),
+        ask,
+        req.cpu_milli,
+        dist,
+        ext.params.sharing.policy,
+    )
+    for never, reason, rows in (
+        (True, REASON_NO_BACKEND, other),
+        (True, REASON_TOO_MANY_DEVICES, too_few),
+        (False, REASON_NO_SHARE_ROOM, verdict.no_room),
+    ):
+        if len(rows):
+            groups.append((never, reason, rows))
+    return VectorVerdict(verdict, groups)
+
+
+def _named(
+    ext: Host, snap: ClusterSnapshot, req: ShareRequest, v: RowsVerdict, at: np.ndarray
+) -> list[ShareDecision]:
+    """The decisions (with their devices) of the fitting rows ``v.rows[at]``."""
+    return [
+        name_devices(
+            v.scored,
+            int(v.states[j]),
+            snap.nodes[int(v.rows[j])],
+            req,
+            ext.params.sharing.policy,
+            ext.params.selection_policy,
+        )
+        for j in at.tolist()
+    ]
+
+
+RUNNERS_UP = 3
+"""Runners-up a share decision's record names (:func:`share_explanation`'s default)."""
+
+
+def _record_vector(
+    ext: Host,
+    verb: str,
+    snap: ClusterSnapshot,
+    pod_req: PodRequest,
+    req: ShareRequest,
+    out: VectorVerdict,
+    top: list[ShareDecision] | None = None,
+) -> None:
+    """Record the decision as :func:`_record_share` does (``top``: the best decisions,
+    already named, when the caller has them)."""
+    decisions = getattr(ext, "decisions", None)
+    if decisions is None:
+        return
+    v = out.verdict
+    if top is None:
+        top = _named(ext, snap, req, v, v.order(1 + RUNNERS_UP))
+    info = explanation_of(ext.params.sharing.policy, top, len(v.rows), out.reasons())
+    decisions.record_info(verb, pod_req.key, pod_req.gang, info)
+
+
+def share_filter_fast(
+    ext: Host,
+    pod: Mapping[str, Any],
+    pod_req: PodRequest,
+    names: Any,
+    items: list[Mapping[str, Any]] | None,
+) -> bytes | None:
+    """:func:`share_filter` answered from columns and serialized from node positions, or
+    None (the general path: Node objects sent, a name unknown, a request
+    ``share_table.vector_request`` does not cover, or a malformed one). The same answer:
+    the same nodes fit, the same winner with the same shares held."""
+    if items is not None:
+        return None
+    try:
+        req = pod_share_request(ext, pod)
+    except ShareError:
+        return None
+    ask = vector_request(req, ext.params.sharing.policy)
+    if ask is None:
+        return None
+    with ext.cache.lock:
+        snap = ext.cache.snapshot()
+        pos = known_positions(snap, names)
+        table = ext.name_table(snap)
+        if pos is None or table is None:
+            return None
+        ext.cache.remember_pending(pod)
+        snap = ext.decision_snapshot(pod_req)
+        out = _vector(ext, snap, pod_req, req, ask, pos)
+        v = out.verdict
+        order = v.order(1 + RUNNERS_UP)
+        best = _named(ext, snap, req, v, order)
+        chosen = None
+        if (
+            best
+            and ext.params.extender.decide_in_filter
+            and ext.ours(pod)
+            and hold_on(ext, pod, pod_req, best[0].node, shares=best[0].shares)
+        ):
+            chosen = int(v.rows[order[0]])
+    _record_vector(ext, "filter", snap, pod_req, req, out, best)
+    fit = np.zeros(len(snap.nodes), dtype=bool)
+    if chosen is not None:
+        fit[chosen] = True
+    else:
+        fit[v.rows] = True
+    feasible = pos[fit[pos]]
+    not_chosen = len(v.rows) - len(feasible)
+    room: list[str] = []
+    if not len(feasible):
+        room = [snap.nodes[int(i)].name for i in v.no_room.tolist()]
+    ext.note_outcome(pod, pod_req, len(feasible) > 0, room)
+    sizes = [(never, reason, len(rows)) for never, reason, rows in out.groups]
+    ext.count_groups(len(feasible), sizes, not_chosen)
+    if not ext.send_reasons(len(feasible)):
+        return bytes(table.filter_result(feasible, []))
+    return bytes(table.filter_result(feasible, out.groups))
+
+
+def share_score_fast(
+    ext: Host, pod: Mapping[str, Any], pod_req: PodRequest, names: Any
+) -> bytes | None:
+    """:func:`share_prioritize` answered from columns, or None (as
+    :func:`share_filter_fast`)."""
+    try:
+        req = pod_share_request(ext, pod)
+    except ShareError:
+        return None
+    ask = vector_request(req, ext.params.sharing.policy)
+    if ask is None:
+        return None
+    snap = ext.cache.snapshot()
+    pos = known_positions(snap, names)
+    table = ext.name_table(snap)
+    if pos is None or table is None:
+        return None
+    out = _vector(ext, snap, pod_req, req, ask, pos)
+    _record_vector(ext, "prioritize", snap, pod_req, req, out)
+    v = out.verdict
+    score = np.zeros(len(snap.nodes), dtype=np.int64)
+    score[v.rows] = v.scores // 10
+    mine = score[pos]
+    if len(mine) and (mine.min() < 0 or mine.max() > MAX_SCORE):
+        # a baseline policy's score out of 0..10 (BestFit's on a node with much CPU):
+        # the name table serializes 0..10 only
+        return orjson.dumps(
+            [
+                {"Host": snap.nodes[int(i)].name, "Score": int(s)}
+                for i, s in zip(pos, mine, strict=True)
+            ]
+        )
+    return bytes(table.host_priorities(pos, mine))
+
+
 class Shares(PodKind):
     """Pods asking for a share of a GPU (HAMi, gpushare): ``is_share_pod``."""
 
@@ -337,6 +586,23 @@ class Shares(PodKind):
     ) -> list[dict[str, Any]]:
         """See :func:`share_prioritize`."""
         return share_prioritize(ext, pod, req, names)
+
+    def filter_fast(
+        self,
+        ext: Host,
+        pod: Mapping[str, Any],
+        req: PodRequest,
+        names: Any,
+        items: list[Mapping[str, Any]] | None,
+    ) -> bytes | None:
+        """See :func:`share_filter_fast`."""
+        return share_filter_fast(ext, pod, req, names, items)
+
+    def score_fast(
+        self, ext: Host, pod: Mapping[str, Any], req: PodRequest, names: Any
+    ) -> bytes | None:
+        """See :func:`share_score_fast`."""
+        return share_score_fast(ext, pod, req, names)
 
     def bind(
         self, ext: Host, key: str, pod: Mapping[str, Any], req: PodRequest, node: str, uid: str
