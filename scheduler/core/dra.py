@@ -1503,8 +1503,20 @@ def held_device_ids(claims: Iterable[Mapping[str, Any]]) -> frozenset[DeviceId]:
     return frozenset(out)
 
 
+def quantity_text(v: int) -> str:
+    """A base-unit integer as a quantity (binary suffix when exact: ``10Gi``, ``512Mi``)."""
+    for suffix, unit in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+        if v >= unit and v % unit == 0:
+            return f"{v // unit}{suffix}"
+    return str(v)
+
+
 def allocation_status(
-    node: str, claim: ClaimSpec, devices: Sequence[Device], timestamp: str = ""
+    node: str,
+    claim: ClaimSpec,
+    devices: Sequence[Device],
+    timestamp: str = "",
+    salt: str = "",
 ) -> dict[str, Any]:
     """``status.allocation`` for ``claim`` given ``devices`` in request order (the shape
     kube-scheduler writes: results per device, ``nodeSelector`` on ``metadata.name``, and
@@ -1514,15 +1526,29 @@ def allocation_status(
     (``DRADeviceBindingConditions`` on by default) kube-scheduler's PreBind sets it on a
     pre-allocated claim that lacks it, in the same status update that adds the pod to
     ``reservedFor``, and the API server refuses that update (``status.allocation`` is
-    immutable once set), on every retry. Servers before 1.34 drop the unknown field."""
+    immutable once set), on every retry. Servers before 1.34 drop the unknown field.
+
+    A shared device's result carries what the allocator writes for it: ``consumedCapacity``
+    (every capacity of the device, the request rounded by its policy, :func:`consumption`)
+    and a ``shareID`` (:func:`share_id` of ``salt``, the claim's UID, else its key)."""
     results = []
     it = iter(devices)
+    slot = 0
     for r in claim.requests:
         for _ in range(r.count):
             d = next(it)
-            results.append(
-                {"request": r.name, "driver": d.driver, "pool": d.pool, "device": d.name}
-            )
+            res: dict[str, Any] = {
+                "request": r.name,
+                "driver": d.driver,
+                "pool": d.pool,
+                "device": d.name,
+            }
+            if d.shared:
+                take = consumption(d, r.capacity) or {}
+                res["consumedCapacity"] = {n: quantity_text(v) for n, v in sorted(take.items())}
+                res["shareID"] = share_id(salt or claim.key, r.name, d.id, slot)
+            results.append(res)
+            slot += 1
     out: dict[str, Any] = {
         "devices": {"results": results},
         "nodeSelector": {
@@ -1903,6 +1929,8 @@ def pick_for_pod(
     extra: Mapping[str, Any],
     policy: str,
     unavailable: Iterable[DeviceId] = (),
+    pods: Iterable[Any] = (),
+    sharing: Any = None,
 ) -> Pick | str:
     """Node and NVLink-best devices for a gated pod's unallocated claims, or why not.
 
@@ -1910,6 +1938,11 @@ def pick_for_pod(
     matching the pod's nodeSelector: the caller filters). The best node has the highest
     ring bottleneck for the set, then the fewest free GPUs left (packing), then the lowest
     risk, then the name. ``unavailable``: devices kube-scheduler may be allocating now.
+
+    A claim of one shared device (consumable capacity) goes to :func:`pick_share` (the
+    sharing policy's node and device), a claim of MIG partitions to
+    :func:`pick_partition`; ``pods`` (the snapshot's) and ``sharing``
+    (``SchedParams.sharing``) serve those.
     """
     claims, complete = pod_claims(pod, _map(extra.get(CLAIMS_KEY)))
     if not complete:
@@ -1917,6 +1950,13 @@ def pick_for_pod(
     claims = gpu_claims(claims, _map(extra.get(CLASSES_KEY)))
     pending = [(object_key(c), claim_spec(c)) for c in claims if not is_allocated(c)]
     specs = [s for _, s in pending]
+    one = _single_request(specs)
+    if one is not None:
+        kind = request_kind(inv, (n.name for n in nodes), one, _map(extra.get(CLASSES_KEY)))
+        if kind == "shared":
+            return pick_share(pod, nodes, inv, extra, pods, sharing, policy, unavailable)
+        if kind == "partition":
+            return pick_partition(pod, nodes, inv, extra, pods, unavailable)
     k = sum(gpus_requested(s) for s in specs)
     if not pending or k <= 0:
         return REASON_CLAIMS_UNSUPPORTED
@@ -1949,6 +1989,254 @@ def pick_for_pod(
     return best[1]
 
 
+# ---- topoplace's choice for shared devices and MIG partitions (gated pods) --------------------
+
+REASON_NO_SHARE_ROOM = "no shared DRA GPU has the memory and compute the claim asks"
+REASON_NO_PARTITION = "no free DRA partition fits the shared counters of its GPU"
+
+
+def _single_request(specs: Sequence[ClaimSpec]) -> Request | None:
+    """The one request of ``specs`` when they are one claim with one ``ExactCount``
+    request in the modelled subset, else None."""
+    if len(specs) != 1 or not specs[0].supported or specs[0].constraints:
+        return None
+    if len(specs[0].requests) != 1:
+        return None
+    r = specs[0].requests[0]
+    return None if r.all_devices else r
+
+
+def _selected(inv: Inventory, node: str, r: Request, preds: Sequence[Predicate]) -> list[Device]:
+    """``node``'s devices request ``r`` may take (selectors true, blocking taints
+    tolerated), in allocator order."""
+    return [
+        d
+        for d in inv.by_node.get(node, ())
+        if all(p(d) for p in preds) and all(_tolerated(t, r.tolerations) for t in d.taints)
+    ]
+
+
+def request_kind(
+    inv: Inventory, nodes: Iterable[str], r: Request, classes: Mapping[str, Any]
+) -> str:
+    """What request ``r`` selects on ``nodes``: ``shared`` (shared devices only),
+    ``partition`` (MIG partitions only), ``whole`` (neither: full GPUs), or ``mixed`` / ""
+    (several kinds, or outside the CEL subset / an unknown class: not chosen by topoplace)."""
+    preds = _request_predicates(classes, r)
+    if preds is None:
+        return ""
+    kinds: set[str] = set()
+    for n in nodes:
+        for d in _selected(inv, n, r, preds):
+            kinds.add("shared" if d.shared else "partition" if d.partition else "whole")
+    if len(kinds) == 1:
+        return kinds.pop()
+    return "mixed" if kinds else "whole"
+
+
+def _assumed_claims(pods: Iterable[Any]) -> list[Mapping[str, Any]]:
+    """The claim bodies of topoplace's assumed holdings among snapshot ``pods``
+    (allocations being written, not in the API's claims yet)."""
+    return [
+        p.raw
+        for p in pods
+        if getattr(p, "assumed", False)
+        and str(getattr(p, "key", "")).startswith(HOLDER_PREFIX)
+        and isinstance(getattr(p, "raw", None), Mapping)
+    ]
+
+
+def _ledger_mib(node: Any, d: Device) -> int:
+    """The memory the ledger knows for ``d``'s GPU (the node's published GPU memory, else
+    the device's own memory capacity, MiB)."""
+    from scheduler.core.fractional import node_devices
+
+    devs = node_devices(node)
+    g = d.gpu if d.gpu is not None else -1
+    if 0 <= g < len(devs) and devs[g].memory_mib > 0:
+        return int(devs[g].memory_mib)
+    cap = d.capacities.get(MEMORY_CAPACITY)
+    return -(-cap.value // (1 << 20)) if cap is not None else 0
+
+
+def pick_share(
+    pod: Mapping[str, Any],
+    nodes: Sequence[Any],
+    inv: Inventory,
+    extra: Mapping[str, Any],
+    pods: Iterable[Any] = (),
+    sharing: Any = None,
+    selection_policy: str = "nvidia-best-effort",
+    unavailable: Iterable[DeviceId] = (),
+) -> Pick | str:
+    """Node and shared device for a gated pod's one claim of one shared device
+    (consumable capacity), decided by the sharing policy (``sharing.policy``,
+    topoplace-share by default) as for a HAMi pod: memory and compute its own dimensions,
+    on the per-GPU ledger (``scheduler.core.fractional.decide``), or why not.
+
+    The request's capacity is first rounded on each device (:func:`consumption`); a device
+    is a candidate when that fits its capacity beside what allocated claims and
+    topoplace's assumed allocations consume (the exact check kube-scheduler's allocator
+    makes), and the policy then sees each GPU's share in ledger units (the same fraction of
+    the GPU's memory, :func:`gpu_share`). ``pods``: the snapshot's pods (the target
+    workload of the policy, and topoplace's assumed allocations); ``unavailable``: devices
+    kube-scheduler may be allocating now (left out)."""
+    from scheduler.core.fractional import (
+        ContainerAsk,
+        ShareRequest,
+        best_decision,
+        decide,
+        share_shape,
+        workload_distribution,
+    )
+    from scheduler.core.model import GpuDevice, GpuShare
+    from scheduler.core.params import SharingParams
+
+    sharing = sharing if sharing is not None else SharingParams()
+    claims, complete = pod_claims(pod, _map(extra.get(CLAIMS_KEY)))
+    if not complete:
+        return REASON_CLAIMS_UNKNOWN
+    classes = _map(extra.get(CLASSES_KEY))
+    claims = gpu_claims(claims, classes)
+    pending = [(object_key(c), c, claim_spec(c)) for c in claims if not is_allocated(c)]
+    r = _single_request([s for _, _, s in pending])
+    if r is None or r.count != 1:
+        return REASON_CLAIMS_UNSUPPORTED
+    preds = _request_predicates(classes, r)
+    if preds is None:
+        return REASON_CLAIMS_UNSUPPORTED
+    pods = list(pods)
+    everyone = list(_map(extra.get(CLAIMS_KEY)).values()) + _assumed_claims(pods)
+    used = consumed_by_device(everyone)
+    busy = frozenset(unavailable)
+    # per node: the candidate devices by GPU, the projected node, the request in ledger units
+    forms: dict[tuple[int, int], list[Any]] = {}
+    devices_of: dict[str, dict[int, tuple[Device, dict[str, int]]]] = {}
+    for node in nodes:
+        mine: dict[int, tuple[Device, dict[str, int]]] = {}
+        for d in _selected(inv, node.name, r, preds):
+            if not d.shared or d.gpu is None or d.id in busy or d.gpu in mine:
+                continue
+            take = consumption(d, r.capacity)
+            if take is None or not capacity_fits(d, take, used.get(d.id, EMPTY_MAP)):
+                continue
+            mine[d.gpu] = (d, take)
+        if not mine:
+            continue
+        asks = {gpu_share(d, take, _ledger_mib(node, d)) for d, take in mine.values()}
+        mib = max(a[0] for a in asks)
+        milli = max(a[1] for a in asks)
+        ledger = {g: _ledger_mib(node, d) for g, (d, _) in mine.items()}
+        devs = tuple(
+            GpuDevice(index=g, memory_mib=ledger.get(g, 0), cores=100)
+            for g in range(node.gpu_capacity)
+        )
+        # only the candidates' GPUs usable: a GPU outside them has memory 0 (none placed)
+        projected = replace(node, sharing="dra", devices=devs)
+        devices_of[node.name] = mine
+        forms.setdefault((mib, -(-milli // 10)), []).append(projected)
+    if not forms:
+        return REASON_NO_SHARE_ROOM
+    best = None
+    params = replace(sharing, backends=("dra",))
+    for (mib, cores), group in sorted(forms.items()):
+        req = ShareRequest("dra", (ContainerAsk(1, memory_mib=mib, cores=cores),))
+        dev = GpuDevice(index=0, memory_mib=max(1, mib), cores=100)
+        shape = share_shape(0, GpuShare(0, mib, cores * 10), dev)
+        dist = workload_distribution(nodes, pods, (shape,), sharing.popularity)
+        got = best_decision(decide(group, req, dist, params, selection_policy))
+        if got is not None and (best is None or (-got.score, got.node) < (-best.score, best.node)):
+            best = got
+    if best is None:
+        return REASON_NO_SHARE_ROOM
+    gpu = best.shares[0].gpu
+    d, _ = devices_of[best.node][gpu]
+    ck, _, spec = pending[0]
+    return Pick(best.node, ((ck, spec, (d,)),), (gpu,), 0.0)
+
+
+def pick_partition(
+    pod: Mapping[str, Any],
+    nodes: Sequence[Any],
+    inv: Inventory,
+    extra: Mapping[str, Any],
+    pods: Iterable[Any] = (),
+    unavailable: Iterable[DeviceId] = (),
+) -> Pick | str:
+    """Node and MIG partitions for a gated pod's one claim of partitions (devices that
+    consume a GPU's shared counters), or why not.
+
+    A partition is free when no allocated claim (or assumed allocation of topoplace's)
+    holds it, kube-scheduler is not allocating it (``unavailable``), its parent GPU is not
+    held whole by anything else in the ledger, and its counters fit what the held devices
+    of its pool consume (so no two partitions overlap, and none overlaps a full GPU held
+    through the counters). Slots are filled one by one, each with the partition that
+    leaves its counter set the least room (the GPUs already cut are filled first, whole
+    GPUs stay whole); the node whose choice leaves the least room and then the fewest free
+    GPUs wins, then the lowest risk, then the name."""
+    claims, complete = pod_claims(pod, _map(extra.get(CLAIMS_KEY)))
+    if not complete:
+        return REASON_CLAIMS_UNKNOWN
+    classes = _map(extra.get(CLASSES_KEY))
+    claims = gpu_claims(claims, classes)
+    pending = [(object_key(c), claim_spec(c)) for c in claims if not is_allocated(c)]
+    r = _single_request([s for _, s in pending])
+    if r is None or r.capacity:
+        return REASON_CLAIMS_UNSUPPORTED
+    preds = _request_predicates(classes, r)
+    if preds is None:
+        return REASON_CLAIMS_UNSUPPORTED
+    everyone = list(_map(extra.get(CLAIMS_KEY)).values()) + _assumed_claims(pods)
+    held = held_device_ids(everyone) | frozenset(unavailable)
+    best: tuple[tuple[Any, ...], Pick] | None = None
+    for node in nodes:
+        cands = [
+            d
+            for d in _selected(inv, node.name, r, preds)
+            if d.partition and d.id not in held and d.consumes
+        ]
+        if not cands:
+            continue
+        used: dict[tuple[str, str, str], dict[str, int]] = {}
+        for d in inv.by_node.get(node.name, ()):
+            if d.id in held:
+                _add_consumption(d, used, 1)
+        # a parent GPU held whole by another holding (a device-plugin pod, a full-GPU claim)
+        whole = node.used_mask & ~node.shared_mask
+        chosen: list[Device] = []
+        room = 0
+        for _ in range(r.count):
+            options = []
+            for d in cands:
+                if d in chosen or (d.gpu is not None and whole >> d.gpu & 1):
+                    continue
+                if not _consumption_ok(d, inv, used):
+                    continue
+                left = 0
+                for cs, amounts in d.consumes:
+                    total = inv.counters.get((d.driver, d.pool, cs), EMPTY_MAP)
+                    have = used.get((d.driver, d.pool, cs), EMPTY_MAP)
+                    left += sum(total.get(c, 0) - have.get(c, 0) - n for c, n in amounts.items())
+                options.append((left, d))
+            if not options:
+                break
+            left, d = min(options, key=lambda o: o[0])  # ties: allocator order (min is stable)
+            chosen.append(d)
+            room += left
+            _add_consumption(d, used, 1)
+        if len(chosen) < r.count:
+            continue
+        gpus = tuple(sorted({d.gpu for d in chosen if d.gpu is not None}))
+        free_left = (node.free_mask & ~sum(1 << g for g in gpus)).bit_count()
+        key = (room, free_left, float(node.health.risk), node.name)
+        if best is None or key < best[0]:
+            ck, spec = pending[0]
+            best = (key, Pick(node.name, ((ck, spec, tuple(chosen)),), gpus, 0.0))
+    if best is None:
+        return REASON_NO_PARTITION
+    return best[1]
+
+
 def allocated_claim(
     claim: Mapping[str, Any],
     node: str,
@@ -1971,7 +2259,8 @@ def allocated_claim(
         ann[CD_ANNOTATION] = domain
     meta["annotations"] = ann
     status = dict(_map(claim.get("status")))
-    status["allocation"] = allocation_status(node, spec, devices, timestamp)
+    salt = _str(_map(claim.get("metadata")).get("uid")) or spec.key
+    status["allocation"] = allocation_status(node, spec, devices, timestamp, salt)
     return {**claim, "metadata": meta, "status": status}
 
 

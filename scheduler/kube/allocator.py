@@ -98,6 +98,7 @@ from scheduler.core.snapshot import (
     ClusterSnapshot,
     DoubleBookingError,
     build_snapshot,
+    claim_holding_info,
     gpus_by_dra,
     with_pod,
 )
@@ -588,7 +589,14 @@ class GateAllocator:
             inv = self.cache.dra_inventory(snap)
             nodes = self._nodes(snap, pod, inv, next(iter(pins), ""), domain)
             pick = dra.pick_for_pod(
-                pod, nodes, inv, snap.extra, self.cache.params.selection_policy, picks
+                pod,
+                nodes,
+                inv,
+                snap.extra,
+                self.cache.params.selection_policy,
+                picks,
+                snap.pods.values(),
+                self.cache.params.sharing,
             )
             if isinstance(pick, str):
                 return Outcome(key, WAITING, reason=pick)
@@ -1033,8 +1041,15 @@ class GateAllocator:
         self, pick: dra.Pick, claims: Mapping[str, Mapping[str, Any]], domain: str = ""
     ) -> None:
         """Hold the picked GPUs in the ledger (cache lock held by the caller)."""
+        snap = self.cache.snapshot()
+        inv = self.cache.dra_inventory(snap)
         for ck, spec, devs in pick.claims:
             body = dra.allocated_claim(claims[ck], pick.node, spec, devs, domain)
+            # shares of shared devices and MIG partitions hold shares, full GPUs whole
+            held = claim_holding_info(body, inv, snap.node, assumed=True)
+            if held is not None:
+                self.cache.assume(held)
+                continue
             info = PodInfo(
                 key=dra.holder_key(ck),
                 uid=str((claims[ck].get("metadata") or {}).get("uid") or ""),

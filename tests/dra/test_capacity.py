@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,9 @@ from scheduler.core import dra
 from scheduler.core.model import GpuShare
 from scheduler.core.params import SchedParams
 from scheduler.core.snapshot import build_snapshot, with_pod
+from scheduler.kube import allocator as al
+from scheduler.runtime.cache import ClusterCache
+from tests.dra.test_allocator import MockClaimApi
 
 DIR = Path(__file__).resolve().parents[1] / "fixtures" / "kube" / "dra-1.36" / "capacity"
 GI = 1 << 30
@@ -238,3 +242,149 @@ def test_a_whole_gpu_holding_is_refused_on_a_shared_gpu() -> None:
 
     with pytest.raises(DoubleBookingError):
         with_pod(snap, replace(whole, key="p/whole", gpus=(1,), shares=()))
+
+
+# ---- topoplace's choice for gated pods ----------------------------------------------------
+
+NOW = 1_796_601_600.0  # 2026-12-07T00:00:00Z
+SHARED = "shared-gpu.nvidia.com"
+UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def _claim(
+    name: str, cls: str, caps: dict[str, str] | None = None, profile: str = ""
+) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": cls, "allocationMode": "ExactCount", "count": 1}
+    if caps:
+        exactly["capacity"] = {"requests": caps}
+    if profile:
+        expr = f"device.attributes['gpu.nvidia.com'].profile == '{profile}'"
+        exactly["selectors"] = [{"cel": {"expression": expr}}]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+        "status": {},
+    }
+
+
+def _gated_pod(name: str, claim: str) -> dict[str, Any]:
+    return {
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
+        "spec": {
+            "schedulingGates": [{"name": dra.ALLOCATE_GATE}],
+            "resourceClaims": [{"name": "g", "resourceClaimName": claim}],
+            "containers": [{"name": "c", "resources": {"claims": [{"name": "g"}]}}],
+        },
+    }
+
+
+def _allocator(
+    new: list[dict[str, Any]], pods: list[dict[str, Any]]
+) -> tuple[MockClaimApi, al.GateAllocator, ClusterCache]:
+    claims = _claims()
+    for c in new:
+        claims[dra.object_key(c)] = c
+    cache = ClusterCache.from_objects(
+        _items("nodes.json", "Node"), [], SchedParams(), extra=_extra(claims)
+    )
+    api = MockClaimApi(cache, claims)
+    alloc = al.GateAllocator(cache, api, lambda: list(pods), settle_s=0.0, clock=lambda: NOW)
+    return api, alloc, cache
+
+
+def _results(api: MockClaimApi, key: str) -> list[dict[str, Any]]:
+    return api.claims[key]["status"]["allocation"]["devices"]["results"]
+
+
+def test_a_gated_share_goes_where_topoplace_share_packs_it_with_consumed_capacity() -> None:
+    """20Gi: kube-scheduler's first fit would take gpu-node-0's gpu-1 (17Gi used: 43Gi left
+    after); topoplace-share takes gpu-node-1's gpu-1 (35Gi used: 25Gi left, the tightest
+    fit), written as the allocator writes a share."""
+    pods = [_gated_pod("ps", "gs")]
+    api, alloc, cache = _allocator([_claim("gs", SHARED, {"memory": "20Gi"})], pods)
+    inv = dra.inventory(_slices())
+    spec = dra.claim_spec(api.claims["default/gs"])
+    kube = dra.first_fit(
+        inv, NODE, [spec], _classes(), (), consumed=dra.consumed_by_device(_claims().values())
+    )
+    assert kube.devices[0][0].name == "gpu-1"
+    (out,) = alloc.step()
+    assert (out.state, out.node, out.devices) == (al.RELEASED, "gpu-node-1", ("gpu-1",))
+    (res,) = _results(api, "default/gs")
+    assert res["consumedCapacity"] == {"compute": "10", "memory": "20Gi"}
+    assert UUID.match(res["shareID"])
+    assert res["device"] == "gpu-1" and res["pool"] == "gpu-node-1"
+    # the same result fields as kube-scheduler 1.36 wrote for its shares
+    kube_res = _claims()["default/share-a"]["status"]["allocation"]["devices"]["results"][0]
+    assert sorted(res) == sorted(kube_res)
+    # the ledger holds a share of gpu-1, not the GPU: 35Gi + 20Gi of it
+    n = cache.snapshot().node("gpu-node-1")
+    assert n is not None
+    each = [-(-g * 81559 // 80) for g in (35, 20)]  # each share rounded up on its own
+    assert n.share_used[1][2] == 2 and n.share_used[1][0] == sum(each)
+    assert dra.overcommits(api.claims.values(), inv) == []
+
+
+def test_gated_shares_fill_gpus_without_overcommit_and_then_wait() -> None:
+    """Ten 30Gi shares on what is left (node-0: 63Gi on gpu-1, 10Gi on gpu-3, 80Gi on
+    gpu-4; node-1: 45Gi on gpu-1 and gpu-2, 80Gi on gpu-3 and gpu-4): 2 + 2 + 1 + 1 + 2
+    + 2 = 10 fit, two per 80Gi GPU, one per GPU with 45Gi or 63Gi left; the eleventh
+    waits."""
+    new = [_claim(f"s{i}", SHARED, {"memory": "30Gi"}) for i in range(11)]
+    pods = [_gated_pod(f"p{i:02d}", f"s{i}") for i in range(11)]
+    api, alloc, cache = _allocator(new, pods)
+    outs = []
+    for _ in range(12):
+        outs += alloc.step()
+        pods[:] = [
+            p
+            for p in pods
+            if p["metadata"]["name"] not in {o.pod[8:] for o in outs if o.state == al.RELEASED}
+        ]
+    released = [o for o in outs if o.state == al.RELEASED]
+    assert len(released) == 10
+    waiting = [o for o in outs if o.state == al.WAITING]
+    assert waiting and waiting[-1].reason == dra.REASON_NO_SHARE_ROOM
+    inv = dra.inventory(_slices())
+    assert dra.overcommits(api.claims.values(), inv) == []
+    used = dra.consumed_by_device(api.claims.values())
+    for did, amounts in used.items():
+        assert amounts["memory"] <= 80 * GI, did
+
+
+def test_a_gated_mig_claim_takes_a_free_slice_of_the_gpu_already_cut() -> None:
+    """2g.20gb: gpu-node-0's gpu-0 holds mig-small (1g at slice 0): the 2g partition goes
+    at slices 2-3 of that GPU, gpu-node-1's gpu-0 stays whole; a second 2g goes at 4-5,
+    never over a slice held."""
+    pods = [_gated_pod("pm", "gm"), _gated_pod("pn", "gn")]
+    api, alloc, cache = _allocator(
+        [
+            _claim("gm", dra_mig_class(), profile="2g.20gb"),
+            _claim("gn", dra_mig_class(), profile="2g.20gb"),
+        ],
+        pods,
+    )
+    outs = alloc.step()
+    got = sorted((o.pod, o.node, o.devices) for o in outs)
+    assert got == [
+        ("default/pm", NODE, ("gpu-0-mig-2g20gb-14-2",)),
+        ("default/pn", NODE, ("gpu-0-mig-2g20gb-14-4",)),
+    ]
+    for k in ("default/gm", "default/gn"):
+        (res,) = _results(api, k)
+        assert "shareID" not in res and "consumedCapacity" not in res
+    n = cache.snapshot().node(NODE)
+    assert n is not None and n.share_used[0][2] == 3 and not (n.free_mask & 1)
+    # the shared counters of gpu-0 hold every partition: the full GPU no longer fits there
+    inv = dra.inventory(_slices())
+    whole = dra.ClaimSpec("w", (dra.Request("gpu", "gpu.nvidia.com", 1),))
+    held = dra.held_device_ids(api.claims.values())
+    p = dra.first_fit(inv, NODE, [whole], _classes(), held)
+    assert p.devices[0][0].name != "gpu-0"
+
+
+def dra_mig_class() -> str:
+    return "mig.nvidia.com"
