@@ -39,6 +39,14 @@ recommender and changed where GPUs differ:
 * **The sharing mode** (:func:`choose_mode`) follows from the measured compute, the memory
   limit, the guard and what the nodes offer (MIG profiles), with a one-line reason.
 
+Why the memory limit is not tighter: on the shared GenAI pods, which idle near 22 GiB and
+burst without warning to 40-47 GiB for an hour at a time, a limit with no OOM must hold the
+burst level all day. Tighter models (a factor or a byte headroom over the maximum so far, a
+steady floor plus scaled growth, slowly decaying peaks, fleet priors on peaks and on jumps
+above a peak, each tuned on half the pods) have OOM samples on the other half at 1.8-2.1x;
+this model keeps none at about 2.3x (``benchmarks/results/rightsize.md``,
+``docs/rightsizing.md``).
+
 Entry points: :class:`Recommender` (feed samples in time order, ask for the recommendation in
 force) and :func:`replay` (a whole series -> the rows of ``recommendations.csv``; each row is
 decided from data strictly before its timestamp).

@@ -66,3 +66,25 @@ def test_flags_fit_the_runner_s_common_parser() -> None:
     add_arguments(p.add_argument_group("rightsize flags"))
     args = p.parse_args(["--only", "azure", "--out", "x"])
     assert (args.only, args.out) == ("azure", "x")
+
+
+def test_generalisation_split_is_by_name_and_priors_are_online() -> None:
+    from benchmarks.rightsize import FleetStats, Pod, oracle_piecewise, split_of
+
+    assert split_of("81202f3feffc31e32dbfcb7c74b72b61") == split_of(
+        "81202f3feffc31e32dbfcb7c74b72b61"
+    )
+    assert {split_of(f"pod-{i}") for i in range(20)} == {"tune", "held-out"}
+    h = 3600.0
+    ts = [i * h for i in range(9)]
+    a = Pod("a", "a", ts, [10.0, 10, 10, 10, 10, 10, 10, 30, 30], [0.0] * 9)
+    b = Pod("b", "b", ts, [5.0] * 9, [0.0] * 9)
+    fleet = FleetStats({"a": a, "b": b})
+    # a's jump of 20 above its peak at 7 h is seen only after 7 h
+    assert fleet.jump(7 * h, 1.0) == 0.0 and fleet.jump(8 * h, 1.0) == 20.0
+    # peaks of pods with 6 h of history, from samples before t
+    assert fleet.peak(5 * h, 1.0) == 0.0 and fleet.peak(7 * h, 1.0) == 10.0
+    assert fleet.peak(8 * h, 1.0) == 30.0 and fleet.peak(8 * h, 0.0) == 5.0
+    # the hindsight optimum with 4 changes follows the step exactly; one segment is the max
+    assert oracle_piecewise({"a": a}, 0.0, segments=5, block=1) == 1.0
+    assert oracle_piecewise({"a": a}, 0.0, segments=1, block=1) == 30 * 9 / 130
