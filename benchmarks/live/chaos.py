@@ -78,6 +78,7 @@ from benchmarks.cluster.claims import FINALIZER, ClaimController
 from benchmarks.cluster.cluster import Cluster, Ports, apiserver_args, recorded_pid
 from benchmarks.cluster.dra import delete_slices, publish
 from benchmarks.cluster.nodes import Heartbeat, gpu_node, now_rfc3339
+from benchmarks.cluster.pki import write_kubeconfig
 from benchmarks.clusters import resource_claim
 from benchmarks.live.invariants import (
     KINDS,
@@ -91,7 +92,7 @@ from benchmarks.live.invariants import (
     topoplace_ledger,
 )
 from benchmarks.live.kubeapi import Api
-from benchmarks.live.kubesched import REPO, KubeScheduler, Topoplace
+from benchmarks.live.kubesched import REPO, KubeScheduler, Topoplace, load_shipped, render_config
 from benchmarks.live.proxy import FaultProxy
 
 NAMESPACE = "chaos"
@@ -111,7 +112,20 @@ FAULT_KINDS = (
     "node-notready",
     "gpu-fault",
     "node-delete",
+    "leader-kill",
+    "api-throttle",
+    "api-error",
+    "api-slow",
+    "node-labels",
 )
+HA_FAULTS = frozenset({"leader-kill"})
+"""Fault kinds that need the standby replica (``--replicas 2``)."""
+API_FAULTS = frozenset({"api-throttle", "api-error", "api-slow"})
+"""Fault kinds done by the API proxy in front of kube-apiserver."""
+LEASE_NS = "topoplace-system"
+LEASE = "topoplace-chaos"
+LEASE_TIMING = {"leaseDuration": "15s", "renewDeadline": "10s", "retryPeriod": "2s"}
+"""kube-scheduler's (client-go's) defaults, spelled out."""
 POD_KINDS = ("whole", "gang", "gang-topology", "share", "dra", "dra-gated")
 DRA_GATE = "topoplace.io/allocate"
 """The scheduling gate of ``dra-gated`` pods: topoplace allocates their claims."""
@@ -125,7 +139,8 @@ LEAF_GANG_SHAPES = ((2, 4), (2, 8), (3, 4), (4, 4))
 
 @dataclass(frozen=True, slots=True)
 class ChaosPorts:
-    """Loopback ports of one chaos run (apiserver, etcd, kube-scheduler, topoplace, proxy)."""
+    """Loopback ports of one chaos run (apiserver, etcd, kube-scheduler, topoplace, the
+    extender proxy; the standby replica's three; the API proxy)."""
 
     api: int = 19443
     etcd: int = 26790
@@ -133,6 +148,10 @@ class ChaosPorts:
     scheduler: int = 13259
     topoplace: int = 6888
     proxy: int = 6890
+    standby_proxy: int = 6891
+    api_proxy: int = 6892
+    standby_topoplace: int = 6895
+    standby_scheduler: int = 6896
 
 
 def log(msg: str) -> None:
@@ -351,6 +370,40 @@ def _keep_log(path: Path) -> None:
         path.rename(kept)
 
 
+@dataclass
+class Replica:
+    """One pod of the shipped Deployment: kube-scheduler and topoplace beside it (the
+    extender hop through a fault proxy of its own). With leader election each
+    kube-scheduler runs in a UTS namespace of its own under ``name`` as hostname (its Lease
+    identity is ``<name>_<uuid>``) and topoplace follows that Lease as ``name``.
+
+    Attributes:
+        busy: a fault is being done to it (the watchdog leaves it alone).
+        restarts: kube-scheduler restarts by the watchdog (it exits when it loses the
+            Lease, as a container the kubelet restarts).
+    """
+
+    name: str
+    tp: Topoplace
+    ks: KubeScheduler
+    proxy: FaultProxy
+    busy: bool = False
+    restarts: int = 0
+
+
+def _unshare_wrapper(path: Path, kube_scheduler: Path, hostname: str) -> Path:
+    """A script that runs ``kube_scheduler`` with the script's arguments in a UTS namespace
+    of its own whose hostname is ``hostname``; every step ``exec``s, so the pid started is
+    kube-scheduler's."""
+    path.write_text(
+        "#!/bin/sh\n"
+        f'exec unshare -u /bin/sh -c \'hostname "$0" && exec "$@"\' {hostname} '
+        f'{kube_scheduler} "$@"\n'
+    )
+    path.chmod(0o755)
+    return path
+
+
 class Plane:
     """The processes of a run and the faults done to them (each fault method returns when
     the fault is over: the component answers again, or the condition is lifted)."""
@@ -362,11 +415,18 @@ class Plane:
         ports: ChaosPorts,
         rng: random.Random,
         cluster: Cluster | None = None,
+        replicas: int = 1,
+        api_proxy: bool = False,
     ) -> None:
         """``cluster``: a plane that is up already (the live suite's), used as it is and
         left up (its API server is restarted in place by ``api-kill``); None: a plane of
         this run's own on ``ports``, brought up and down with it. Either way its
-        kube-apiserver, etcd and etcdctl come from its ``kube_bin``."""
+        kube-apiserver, etcd and etcdctl come from its ``kube_bin``. ``replicas``: 1, or 2
+        (leader election on a Lease, the second replica standing by); ``api_proxy``:
+        topoplace and kube-scheduler reach kube-apiserver through a TLS fault proxy (the
+        runner's own reads go direct)."""
+        if replicas not in (1, 2):
+            raise ValueError("replicas must be 1 or 2")
         self.owned = cluster is None
         self.cluster = cluster or Cluster(
             kube_bin,
@@ -380,9 +440,14 @@ class Plane:
         self.ports = ports
         self.rng = rng
         self.api: Api | None = None
-        self.ks: KubeScheduler | None = None
-        self.tp: Topoplace | None = None
-        self.proxy = FaultProxy(ports.proxy, ports.topoplace)
+        self.n_replicas = replicas
+        self.replicas: list[Replica] = []
+        self.lead = 0
+        self.use_api_proxy = api_proxy
+        self.api_proxy: FaultProxy | None = None
+        self.takeovers: list[float] = []
+        self._watchdog_stop = threading.Event()
+        self._watchdog: threading.Thread | None = None
         self.heartbeat: Heartbeat | None = None
         self.work_nodes: list[str] = []
         self.dra_nodes: list[str] = []
@@ -390,6 +455,119 @@ class Plane:
         self.claim_controller: ClaimController | None = None
         self.deleted: dict[str, dict[str, Any]] = {}
         self._api_proc: subprocess.Popen[bytes] | None = None
+
+    # ---- the leading replica ------------------------------------------------------------------
+
+    @property
+    def tp(self) -> Topoplace | None:
+        """The leading replica's topoplace (None before :meth:`up`)."""
+        return self.replicas[self.lead].tp if self.replicas else None
+
+    @property
+    def ks(self) -> KubeScheduler | None:
+        """The leading replica's kube-scheduler."""
+        return self.replicas[self.lead].ks if self.replicas else None
+
+    @property
+    def proxy(self) -> FaultProxy | None:
+        """The leading replica's extender proxy."""
+        return self.replicas[self.lead].proxy if self.replicas else None
+
+    def leading(self, rep: Replica) -> bool:
+        """``rep``'s topoplace says it acts (``topoplace_leader 1``); always True with one
+        replica."""
+        if self.n_replicas == 1:
+            return True
+        try:
+            text = rep.tp.metrics()
+        except Exception:
+            return False
+        return "topoplace_leader 1.0" in text.splitlines()
+
+    def sync_leader(self, timeout: float = 0.0) -> bool:
+        """Point :attr:`lead` at the replica whose topoplace leads; with ``timeout`` wait
+        that long for one to. False when none leads (the last one is kept)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for i, rep in enumerate(self.replicas):
+                if self.leading(rep):
+                    self.lead = i
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)
+
+    def _replica(self, i: int, kc: str) -> Replica:
+        """Replica ``i`` (0: the ports of :class:`ChaosPorts`; 1: the standby's)."""
+        name = f"chaos-{'ab'[i]}"
+        p = self.ports
+        tp_port, px_port, ks_port = (
+            (p.topoplace, p.proxy, p.scheduler)
+            if i == 0
+            else (p.standby_topoplace, p.standby_proxy, p.standby_scheduler)
+        )
+        env = {"TOPOPLACE_SCHEDULER_NAMES": PROFILE}
+        if self.n_replicas > 1:
+            env |= {
+                "TOPOPLACE_LEADER_LEASE": f"{LEASE_NS}/{LEASE}",
+                "TOPOPLACE_LEADER_IDENTITY": name,
+            }
+        tp = Topoplace(
+            kc, self.work / "topoplace", port=tp_port, policy=policy_file(self.work), env=env
+        )
+        url = f"http://127.0.0.1:{px_port}/scheduler"
+        config = None
+        if self.n_replicas > 1:
+            config = render_config(load_shipped(), kc, url)
+            config["leaderElection"] = {
+                "leaderElect": True,
+                "resourceLock": "leases",
+                "resourceName": LEASE,
+                "resourceNamespace": LEASE_NS,
+                **LEASE_TIMING,
+            }
+        ks = KubeScheduler(
+            kc,
+            url,
+            self.work / "kube-scheduler",
+            port=ks_port,
+            kube_bin=self.kube_bin,
+            extra_args=tuple(self.cluster.flags.scheduler_args()),
+            config=config,
+        )
+        if self.n_replicas > 1:
+            (self.work / "kube-scheduler").mkdir(parents=True, exist_ok=True)
+            ks.binary = _unshare_wrapper(
+                self.work / "kube-scheduler" / f"kube-scheduler-{name}.sh",
+                Path(self.kube_bin) / "kube-scheduler",
+                name,
+            )
+        return Replica(name, tp, ks, FaultProxy(px_port, tp_port))
+
+    def start_ks(self, rep: Replica) -> float:
+        """Start ``rep``'s kube-scheduler (under its hostname); seconds to healthy."""
+        _keep_log(rep.ks.log_file)
+        return rep.ks.start()
+
+    def _watch(self) -> None:
+        """The kubelet's part: a kube-scheduler that exited (it does when it loses the
+        Lease) and that no fault is being done to is started again."""
+        while not self._watchdog_stop.wait(1.0):
+            for rep in self.replicas:
+                proc = rep.ks.proc
+                if rep.busy or proc is None or proc.poll() is None:
+                    continue
+                rep.busy = True
+                try:
+                    log(
+                        f"watchdog: kube-scheduler of {rep.name} exited ({proc.returncode}); restarting"
+                    )
+                    rep.restarts += 1
+                    self.start_ks(rep)
+                except Exception as exc:
+                    log(f"watchdog: restart of {rep.name} failed: {exc!r}")
+                finally:
+                    rep.busy = False
 
     # ---- up and down ----------------------------------------------------------------------
 
@@ -449,41 +627,61 @@ class Plane:
                 ok=(409,),
             )
         self.api.ensure_namespace(NAMESPACE)
-        self.proxy.start()
-        self.tp = Topoplace(
-            kc,
-            self.work / "topoplace",
-            port=self.ports.topoplace,
-            policy=policy_file(self.work),
-            env={"TOPOPLACE_SCHEDULER_NAMES": PROFILE},
-        )
-        self.tp.start()
-        self.ks = KubeScheduler(
-            kc,
-            f"http://127.0.0.1:{self.ports.proxy}/scheduler",
-            self.work / "kube-scheduler",
-            port=self.ports.scheduler,
-            kube_bin=self.kube_bin,
-            extra_args=tuple(self.cluster.flags.scheduler_args()),
-        )
-        self.ks.start()
+        if self.use_api_proxy:
+            assert self.cluster.pki is not None
+            pki = self.cluster.pki
+            server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            server.load_cert_chain(str(pki.cert), str(pki.key))
+            server.set_alpn_protocols(["http/1.1"])
+            upstream = ssl.create_default_context(cafile=str(pki.ca))
+            upstream.set_alpn_protocols(["http/1.1"])
+            self.api_proxy = FaultProxy(
+                self.ports.api_proxy,
+                self.cluster.ports.api,
+                server_ssl=server,
+                upstream_ssl=upstream,
+            ).start()
+            kc = str(
+                write_kubeconfig(
+                    self.work / "kubeconfig-api-proxy",
+                    f"https://127.0.0.1:{self.ports.api_proxy}",
+                    pki,
+                )
+            )
+        if self.n_replicas > 1:
+            self.api.ensure_namespace(LEASE_NS)
+        self.replicas = [self._replica(i, kc) for i in range(self.n_replicas)]
+        for rep in self.replicas:
+            rep.proxy.start()
+            rep.tp.start()
+        for rep in self.replicas:
+            self.start_ks(rep)
+        if self.n_replicas > 1:
+            if not self.sync_leader(120):
+                raise RuntimeError("no replica took the lead within 120 s")
+            self._watchdog = threading.Thread(
+                target=self._watch, name="chaos-watchdog", daemon=True
+            )
+            self._watchdog.start()
 
     def down(self) -> None:
         """Stop everything this run started (by pid); idempotent. On a plane it does not
         own, its objects (pods, nodes, PriorityClasses, namespace) are deleted instead."""
         if self.heartbeat is not None:
             self.heartbeat.stop()
-        if self.tp is not None and self.tp.proc is not None and self.tp.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.tp.proc.pid, signal.SIGCONT)
-        for stop in (
-            (self.ks.stop if self.ks else None),
-            (self.tp.stop if self.tp else None),
-            self.proxy.stop,
-        ):
-            if stop is not None:
+        self._watchdog_stop.set()
+        if self._watchdog is not None:
+            self._watchdog.join(30)
+        for rep in self.replicas:
+            if rep.tp.proc is not None and rep.tp.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(rep.tp.proc.pid, signal.SIGCONT)
+            for stop in (rep.ks.stop, rep.tp.stop, rep.proxy.stop):
                 with contextlib.suppress(Exception):
                     stop()
+        if self.api_proxy is not None:
+            with contextlib.suppress(Exception):
+                self.api_proxy.stop()
         if not self.owned:
             if self.api is not None:
                 self.cleanup()
@@ -562,8 +760,15 @@ class Plane:
     # ---- faults -----------------------------------------------------------------------------
 
     def inject(self, kind: str) -> tuple[str, str]:
-        """Do fault ``kind`` and return (target, note) once it is over."""
-        return getattr(self, "_" + kind.replace("-", "_"))()  # type: ignore[no-any-return]
+        """Do fault ``kind`` and return (target, note) once it is over. Faults to one
+        component hit the leading replica's."""
+        self.sync_leader()
+        rep = self.replicas[self.lead]
+        rep.busy = True
+        try:
+            return getattr(self, "_" + kind.replace("-", "_"))()  # type: ignore[no-any-return]
+        finally:
+            rep.busy = False
 
     def _tp_kill(self) -> tuple[str, str]:
         assert self.tp is not None and self.tp.proc is not None
@@ -573,6 +778,113 @@ class Plane:
         _keep_log(self.tp.log_file)
         took = self.tp.start()
         return "topoplace", f"ready {took:.1f}s after start"
+
+    def _leader_kill(self) -> tuple[str, str]:
+        """SIGKILL both processes of the leading replica (its Lease is not released), wait
+        until the standby's topoplace leads, then start the killed replica again (it
+        stands by)."""
+        if len(self.replicas) < 2:
+            raise RuntimeError("leader-kill needs the standby replica (--replicas 2)")
+        old = self.replicas[self.lead]
+        other = self.replicas[1 - self.lead]
+        for proc in (old.ks.proc, old.tp.proc):
+            assert proc is not None
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+        t0 = time.monotonic()
+        self._wait(lambda: self.leading(other), 120, f"standby {other.name} taking the lead")
+        took = time.monotonic() - t0
+        self.takeovers.append(took)
+        self.lead = 1 - self.lead
+        time.sleep(self.rng.uniform(0.5, 2.0))
+        _keep_log(old.tp.log_file)
+        old.tp.start()
+        self.start_ks(old)
+        return old.name, f"{other.name} leads {took:.1f}s after the kill"
+
+    def _api_answer(self, statuses: Sequence[int]) -> tuple[str, str]:
+        """The API proxy cuts the open connections (watches end) and answers every new
+        request itself with one of ``statuses`` for a few seconds (shorter than
+        kube-scheduler's lease ``renewDeadline``)."""
+        if self.api_proxy is None:
+            raise RuntimeError("API faults need the API proxy")
+        hold = self.rng.uniform(3.0, 8.0)
+        status = self.rng.choice(list(statuses))
+        self.api_proxy.set_mode("answer", status=status)
+        time.sleep(hold)
+        self.api_proxy.set_mode("pass")
+        return "api-proxy", f"answered {status} for {hold:.1f}s"
+
+    def _api_throttle(self) -> tuple[str, str]:
+        return self._api_answer((429,))
+
+    def _api_error(self) -> tuple[str, str]:
+        return self._api_answer((500, 503))
+
+    def _api_slow(self) -> tuple[str, str]:
+        """Every chunk a client sends to kube-apiserver waits 0.5-3 s for a few seconds."""
+        if self.api_proxy is None:
+            raise RuntimeError("API faults need the API proxy")
+        hold = self.rng.uniform(4.0, 8.0)
+        delay = self.rng.uniform(0.5, 3.0)
+        self.api_proxy.set_mode("delay", delay)
+        time.sleep(hold)
+        self.api_proxy.set_mode("pass")
+        return "api-proxy", f"delayed {delay:.1f}s per chunk for {hold:.1f}s"
+
+    def _node_labels(self) -> tuple[str, str]:
+        """A node's GPU Feature Discovery / topology labels change shape for a while:
+        removed, renamed (the old keys gone, the values under other keys) or given odd
+        values; then the original labels come back. The pool label stays (pods select
+        on it)."""
+        assert self.api is not None
+        node = self._live_work_node()
+        orig = self.node_objs[node]["metadata"]["labels"]
+        keys = [k for k in orig if k.startswith(("nvidia.com/gpu.", "network.topology."))]
+        how = self.rng.choice(("removed", "renamed", "odd"))
+        patch: dict[str, str | None] = {}
+        if how == "removed":
+            patch = {k: None for k in self.rng.sample(keys, self.rng.randint(1, len(keys)))}
+        elif how == "renamed":
+            for k in self.rng.sample(keys, self.rng.randint(1, len(keys))):
+                patch[k] = None
+                patch[k.replace("nvidia.com/", "nvidia.com/old-").replace("network.", "net.")] = (
+                    orig[k]
+                )
+        else:
+            odd = ("", "-1", "0", "999999", "abc", "8.5", "NaN", "x" * 63)
+            patch = {
+                k: self.rng.choice(odd)
+                for k in self.rng.sample(keys, self.rng.randint(1, len(keys)))
+            }
+        hold = self.rng.uniform(5.0, 12.0)
+        self._patch_labels(node, patch)
+        try:
+            time.sleep(hold)
+        finally:
+            back: dict[str, str | None] = {k: None for k in patch if k not in orig}
+            back |= {k: orig[k] for k in patch if k in orig}
+            self._patch_labels(node, back, tries=60)
+        return node, f"{how} {sorted(patch)} {hold:.1f}s"
+
+    def _patch_labels(self, node: str, labels: Mapping[str, str | None], tries: int = 1) -> None:
+        """Merge-patch ``labels`` (None: remove) on ``node``; ``tries`` attempts 0.5 s apart
+        (the restore must get through an API fault)."""
+        assert self.api is not None
+        for i in range(tries):
+            try:
+                self.api.call(
+                    "PATCH",
+                    f"/api/v1/nodes/{node}",
+                    {"metadata": {"labels": dict(labels)}},
+                    content_type="application/merge-patch+json",
+                    ok=(404,),
+                )
+                return
+            except Exception:
+                if i == tries - 1:
+                    raise
+                time.sleep(0.5)
 
     def _tp_stop(self) -> tuple[str, str]:
         assert self.tp is not None and self.tp.proc is not None
@@ -589,8 +901,7 @@ class Plane:
         self.ks.proc.send_signal(signal.SIGKILL)
         self.ks.proc.wait(30)
         time.sleep(self.rng.uniform(0.5, 3.0))
-        _keep_log(self.ks.log_file)
-        took = self.ks.start()
+        took = self.start_ks(self.replicas[self.lead])
         return "kube-scheduler", f"healthy {took:.1f}s after start"
 
     def _api_kill(self) -> tuple[str, str]:
@@ -646,6 +957,7 @@ class Plane:
 
     def _proxy_drop(self) -> tuple[str, str]:
         hold = self.rng.uniform(2.0, 6.0)
+        assert self.proxy is not None
         self.proxy.set_mode("drop")
         time.sleep(hold)
         self.proxy.set_mode("pass")
@@ -654,6 +966,7 @@ class Plane:
     def _proxy_delay(self) -> tuple[str, str]:
         hold = self.rng.uniform(4.0, 8.0)
         delay = HTTP_TIMEOUT + 1.0
+        assert self.proxy is not None
         self.proxy.set_mode("delay", delay)
         time.sleep(hold)
         self.proxy.set_mode("pass")
@@ -789,6 +1102,7 @@ class Result:
     created: Counter[str] = field(default_factory=Counter)
     bound: Counter[str] = field(default_factory=Counter)
     pods_bound: int = 0
+    ks_restarts: int = 0
     lost: Counter[str] = field(default_factory=Counter)
     violations: list[tuple[float, Violation]] = field(default_factory=list)
     reads: int = 0
@@ -998,12 +1312,14 @@ class Driver:
             time.sleep(0.5)
         self.result.pending_after_settle = pending
         log(f"settle: {len(pending)} pending after {time.monotonic() - t0:.1f}s")
-        # the ledgers: no job ends while they are compared
+        # the ledgers (the leading replica's): no job ends while they are compared
+        self.plane.sync_leader(30)
         deadline = time.monotonic() + 15
         diff: list[str] = ["not compared"]
         while time.monotonic() < deadline:
             try:
                 state = self.poller.read()
+                assert self.plane.tp is not None
                 served = self.plane.tp.get("/v1/inspect/placements")
                 state2 = self.poller.read()
             except Exception as exc:
@@ -1080,6 +1396,7 @@ def rows(r: Result) -> list[tuple[Any, ...]]:
     for k in KINDS:
         out.append((r.seed, "violations", k, c.get(k, 0), "", ""))
     out.append((r.seed, "probes unbound", "", r.probes_unbound, "", ""))
+    out.append((r.seed, "kube-scheduler restarts (lost Lease)", "", r.ks_restarts, "", ""))
     out.append(
         (
             r.seed,
@@ -1207,6 +1524,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--dra-nodes", type=int, default=2, help="8-GPU DRA nodes (0: no DRA claim pods)"
     )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        help="1, or 2 (leader election, a standby); default 2 when leader-kill is asked",
+    )
     p.add_argument("--poll", type=float, default=0.5)
     p.add_argument("--gang-grace", type=float, default=30.0)
     p.add_argument("--settle", type=float, default=120.0)
@@ -1223,6 +1546,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     bad = [k for k in args.faults if k not in FAULT_KINDS]
     if bad:
         p.error(f"unknown fault kinds {bad}; known: {', '.join(FAULT_KINDS)}")
+    if args.replicas == 0:
+        args.replicas = 2 if HA_FAULTS & set(args.faults) else 1
+    if args.replicas not in (1, 2):
+        p.error("--replicas must be 1 or 2")
+    if args.replicas == 1 and HA_FAULTS & set(args.faults):
+        p.error("leader-kill needs --replicas 2")
     return args
 
 
@@ -1246,7 +1575,13 @@ def run(
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="topoplace-chaos-"))
     plane = Plane(
-        Path(args.kube_bin), work, ports, random.Random(args.seed * 131 + 17), cluster=cluster
+        Path(args.kube_bin),
+        work,
+        ports,
+        random.Random(args.seed * 131 + 17),
+        cluster=cluster,
+        replicas=args.replicas,
+        api_proxy=bool(API_FAULTS & set(args.faults)),
     )
     poller: Poller | None = None
     try:
@@ -1262,6 +1597,7 @@ def run(
         finally:
             if stop is not None:
                 stop()
+        result.ks_restarts = sum(r.restarts for r in plane.replicas)
         return result, version
     finally:
         if poller is not None:
@@ -1274,8 +1610,20 @@ def run(
             shutil.rmtree(work, ignore_errors=True)
 
 
+def stop_on_sigterm() -> None:
+    """SIGTERM (and SIGINT, ignored in a background job) end the run as an exception does:
+    the plane is stopped and its logs kept (``finally`` blocks run)."""
+
+    def _raise(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _raise)
+    signal.signal(signal.SIGINT, _raise)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    stop_on_sigterm()
     for b in ("etcd", "etcdctl", "kube-apiserver", "kube-scheduler"):
         if not os.access(Path(args.kube_bin) / b, os.X_OK):
             print(f"{args.kube_bin} lacks {b}", file=sys.stderr)

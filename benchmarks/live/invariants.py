@@ -18,6 +18,15 @@ Kubernetes (and the device plugins reading it) would see it:
   compute the node's ``hami.io/node-nvidia-register`` publishes for that device.
 * **No DRA device in two claims** (:data:`DRA_HELD_TWICE`): a ``(driver, pool, device)``
   allocated by two different claims.
+
+  A claim holds its devices (here and as a GPU holder above) unless it is *provisional*:
+  reserved for no pod, and every live pod naming it still carries topoplace's scheduling
+  gate ``topoplace.io/allocate``. That is the gated DRA path's allocation in flight:
+  topoplace writes it while kube-scheduler may be allocating the same devices to an
+  ungated claim from a view that does not show it yet, checks it against the claims it
+  then sees, gives it back on a clash and lifts the gate only when it stands; no pod can
+  be scheduled with it before. A clash that outlives the gate (or involves a claim
+  reserved for a pod) is a violation.
 * **Every bound pod of topoplace's profile carries its record** (:data:`NO_RECORD`): a
   bound pod whose ``schedulerName`` is one of ``profiles`` and which asks for a resource
   the extender manages (``nvidia.com/gpu`` or a HAMi share) has a placement record naming
@@ -163,6 +172,35 @@ def _claim_pods(claim: Mapping[str, Any]) -> list[str]:
     return sorted(out)
 
 
+GATE = "topoplace.io/allocate"
+"""The scheduling gate of the gated DRA path (topoplace allocates the pod's claims)."""
+
+
+def _provisional_claims(state: ApiState) -> set[str]:
+    """``namespace/name`` of the claims that are provisional (see the module docstring)."""
+    users: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for pod in state.pods:
+        if pod_terminated(pod) or meta(pod).get("deletionTimestamp"):
+            continue
+        ns = meta(pod).get("namespace") or "default"
+        for ref in (pod.get("spec") or {}).get("resourceClaims") or ():
+            name = ref.get("resourceClaimName") if isinstance(ref, Mapping) else None
+            if name:
+                users[f"{ns}/{name}"].append(pod)
+    out = set()
+    for claim in state.claims:
+        key = dra.object_key(claim)
+        pods = users.get(key)
+        if not pods or _claim_pods(claim):
+            continue
+        if all(
+            any(g.get("name") == GATE for g in (p.get("spec") or {}).get("schedulingGates") or ())
+            for p in pods
+        ):
+            out.add(key)
+    return out
+
+
 def check(
     state: ApiState, profiles: Sequence[str] = ("topoplace",), gang_grace: float = 5.0
 ) -> list[Violation]:
@@ -264,10 +302,13 @@ def check(
 
     # ---- DRA: devices, and claims as GPU holders ------------------------------------------
     device_claims: dict[tuple[str, str, str], list[str]] = defaultdict(list)
+    provisional = _provisional_claims(state)
     for claim in state.claims:
         if not dra.is_allocated(claim):
             continue
         ckey = dra.object_key(claim)
+        if ckey in provisional:
+            continue
         for did in dra.allocated_ids(claim):
             device_claims[did].append(ckey)
         held = dra.claim_holding(claim, inv)

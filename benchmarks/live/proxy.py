@@ -196,12 +196,18 @@ class FaultProxy:
             _reset(writer)
             return
         self._open.update((writer, up_w))
+        up = asyncio.ensure_future(self._pipe(reader, up_w, upstream=True))
+        down = asyncio.ensure_future(self._pipe(up_r, writer, upstream=False))
         try:
-            await asyncio.gather(
-                self._pipe(reader, up_w, upstream=True),
-                self._pipe(up_r, writer, upstream=False),
-            )
+            # The target's end ends the connection (a client waiting on a watch must see its
+            # server gone, and TLS has no half-close to tell it); the client's end is passed
+            # on as a half-close where the transport has one, else it ends the connection.
+            await asyncio.wait((up, down), return_when=asyncio.FIRST_COMPLETED)
+            if up.done() and not down.done() and up_w.can_write_eof():
+                await down
         finally:
+            for t in (up, down):
+                t.cancel()
             for w in (writer, up_w):
                 self._open.discard(w)
                 with contextlib.suppress(Exception):

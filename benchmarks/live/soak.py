@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.live import chaos
+from benchmarks.live.chaos import stop_on_sigterm
 from benchmarks.live.kubesched import REPO
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -468,6 +469,7 @@ def write(
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    stop_on_sigterm()
     command = "python -m benchmarks.live.soak " + " ".join(sys.argv[1:] if argv is None else argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -83,11 +83,14 @@ def test_the_stream_is_seeded_and_every_job_fits_its_pool() -> None:
 
 
 def test_fault_schedule_rounds_cover_every_kind() -> None:
-    got = fault_schedule(3, FAULT_KINDS, 35)
-    assert len(got) == 35 and got == fault_schedule(3, FAULT_KINDS, 35)
+    n = len(FAULT_KINDS)
+    assert n == 15
+    got = fault_schedule(3, FAULT_KINDS, 3 * n + 5)
+    assert len(got) == 3 * n + 5 and got == fault_schedule(3, FAULT_KINDS, 3 * n + 5)
     for r in range(3):
-        assert sorted(got[r * 10 : (r + 1) * 10]) == sorted(FAULT_KINDS)
-    assert got != fault_schedule(4, FAULT_KINDS, 35)
+        assert sorted(got[r * n : (r + 1) * n]) == sorted(FAULT_KINDS)
+    assert got != fault_schedule(4, FAULT_KINDS, 3 * n + 5)
+    assert fault_schedule(3, [], 10) == []  # a soak: no faults, and no endless loop
 
 
 def test_quantile_nearest_rank() -> None:

@@ -179,6 +179,39 @@ def test_a_device_in_two_claims() -> None:
     assert got == {DRA_HELD_TWICE: 2, GPU_HELD_TWICE: 2}
 
 
+def _twin_state(gated: bool, reserved: bool) -> ApiState:
+    """The recorded plane plus claim ``twin`` allocated the devices of ``two-gpus`` (held by
+    its bound pod) for a pending pod ``twin-pod``, gated or not, reserved for it or not."""
+    from benchmarks.clusters import claim_pod
+
+    claims = _items("resourceclaims.v1.json")
+    twin = copy.deepcopy(next(c for c in claims if c["metadata"]["name"] == "two-gpus"))
+    twin["metadata"]["name"] = "twin"
+    if reserved:
+        twin["status"]["reservedFor"][0]["name"] = "twin-pod"
+    else:
+        del twin["status"]["reservedFor"]
+    pod = claim_pod("twin-pod", "twin", namespace=twin["metadata"]["namespace"])
+    if gated:
+        pod["spec"]["schedulingGates"] = [{"name": "topoplace.io/allocate"}]
+    return ApiState(
+        tuple(_items("nodes.json")),
+        (*_items("pods.json"), pod),
+        (*claims, twin),
+        tuple(_items("resourceslices.v1.json")),
+        at=NOW,
+    )
+
+
+def test_provisional_gated_allocation_clashing_is_not_a_violation_until_ungated() -> None:
+    """topoplace's allocation for a still-gated pod, reserved for nobody, that clashes with
+    kube-scheduler's (it gives it back before lifting the gate) holds nothing; the same
+    clash once the gate is gone, or with the claim reserved, is a violation."""
+    assert kinds(_twin_state(gated=True, reserved=False)) == {}
+    assert kinds(_twin_state(gated=False, reserved=False)) == {DRA_HELD_TWICE: 2, GPU_HELD_TWICE: 2}
+    assert kinds(_twin_state(gated=True, reserved=True)) == {DRA_HELD_TWICE: 2, GPU_HELD_TWICE: 2}
+
+
 def test_claim_and_record_disagree() -> None:
     """The gated nvidia.com/gpu path: the pod's record says GPUs 0..3, its claim holds 4..7."""
     claims = _items("resourceclaims.v1.json")

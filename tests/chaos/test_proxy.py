@@ -3,8 +3,11 @@ loopback: bytes pass, connections are cut in ``drop``, chunks wait in ``delay``.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import socketserver
+import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -125,10 +128,48 @@ def test_answer_cuts_open_connections_and_answers_new_requests(
     assert proxy.answered == 1
 
 
-def test_tls_on_both_sides_forwards_bytes(tmp_path) -> None:
-    """A TLS client -> proxy (TLS terminated) -> TLS echo server; only http/1.1 offered."""
-    import ssl
-    import subprocess
+class _Hangup(socketserver.BaseRequestHandler):
+    """Answers one chunk, then closes its end (a kube-apiserver going away under a watch)."""
+
+    def handle(self) -> None:
+        if data := self.request.recv(4096):
+            self.request.sendall(data)
+        self.request.close()
+
+
+def test_tls_target_gone_ends_the_client_connection(tmp_path) -> None:
+    """TLS has no half-close: when the target closes, the client's connection must end too
+    (a watch client otherwise waits on a dead stream for ever)."""
+    srv_ctx, cli_ctx = _tls_contexts(tmp_path)
+
+    class TlsHangup(socketserver.ThreadingTCPServer):
+        daemon_threads = True
+
+        def get_request(self):  # type: ignore[no-untyped-def]
+            sock, addr = super().get_request()
+            return srv_ctx.wrap_socket(sock, server_side=True), addr
+
+    server = TlsHangup(("127.0.0.1", 0), _Hangup)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    p = FaultProxy(_free_port(), server.server_address[1], server_ssl=srv_ctx, upstream_ssl=cli_ctx)
+    try:
+        with (
+            p,
+            socket.create_connection(("127.0.0.1", p.listen), timeout=5) as raw,
+            cli_ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s,
+        ):
+            s.sendall(b"watch")
+            assert s.recv(64) == b"watch"
+            s.settimeout(3)
+            with contextlib.suppress(ConnectionResetError, ssl.SSLError):  # an end, not a timeout
+                assert s.recv(64) == b""
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _tls_contexts(tmp_path):  # type: ignore[no-untyped-def]
+    """A self-signed pair for 127.0.0.1: (server context, client context trusting it)."""
 
     key, crt = tmp_path / "k.pem", tmp_path / "c.pem"
     subprocess.run(
@@ -140,6 +181,12 @@ def test_tls_on_both_sides_forwards_bytes(tmp_path) -> None:
     srv_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     srv_ctx.load_cert_chain(crt, key)
     cli_ctx = ssl.create_default_context(cafile=str(crt))
+    return srv_ctx, cli_ctx
+
+
+def test_tls_on_both_sides_forwards_bytes(tmp_path) -> None:
+    """A TLS client -> proxy (TLS terminated) -> TLS echo server; only http/1.1 offered."""
+    srv_ctx, cli_ctx = _tls_contexts(tmp_path)
 
     class TlsEcho(socketserver.ThreadingTCPServer):
         daemon_threads = True
