@@ -1163,14 +1163,16 @@ class DraRouter:
         return list(zip(names, dra.plan_scores(plans, snap.node), strict=True))
 
     def _expire_picks(self) -> None:
-        """Forget the picks of pods whose claims show allocated, or older than
-        :attr:`picks_ttl_s`."""
+        """Forget the picks of pods whose claims show allocated or that are bound, or
+        older than :attr:`picks_ttl_s`."""
         if not self._picks:
             return
         now = self._clock()
         snap = self.cache.snapshot()
         claims = snap.extra.get(dra.CLAIMS_KEY) or EMPTY_MAP
-        seen = self._expired_with is claims  # no claim changed: only deadlines to check
+        was = self._expired_with
+        # no claim changed and no pod bound: only deadlines to check
+        seen = was is not None and was[0] is claims and was[1] is snap.pods
         with self._lock:
             for key, (deadline, _) in list(self._picks.items()):
                 if deadline < now:
@@ -1179,12 +1181,13 @@ class DraRouter:
                 if seen and key in self._expire_checked:
                     continue
                 pod = self.cache.pending(key)
-                done = pod is not None and all(
-                    dra.is_allocated(c) for c in dra.pod_claims(pod, claims)[0]
-                )
+                if pod is None:  # bound (kube-scheduler's PreBind wrote its claims) or gone
+                    done = key in snap.pods
+                else:
+                    done = all(dra.is_allocated(c) for c in dra.pod_claims(pod, claims)[0])
                 if done:
                     self._drop_picks(key)
-            self._expired_with = claims
+            self._expired_with = (claims, snap.pods)
             self._expire_checked = set(self._picks)
 
     def likely_kube_picks(self, exclude: str = "") -> frozenset[dra.DeviceId]:
