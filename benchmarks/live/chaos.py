@@ -4,19 +4,35 @@ faults hurts every component, with invariants checked from the API server all al
     python -m benchmarks.live.chaos --kube-bin ~/kube-bin-1.36 --seed 1 --duration 600 \\
         --out out/live-chaos
 
-What runs, on loopback (ports: :class:`Ports`):
+What runs, on loopback (ports: :class:`ChaosPorts`):
 
 * **The plane**: the project's test cluster (:class:`benchmarks.cluster.Cluster`: etcd,
   kube-apiserver, DRA served); kube-scheduler with the configuration topoplace ships
   (:class:`benchmarks.live.kubesched.KubeScheduler`), its extender URL pointing at a
   :class:`benchmarks.live.proxy.FaultProxy` in front of ``topoplace serve`` (the shipped
   policy with ``sharing.hami_lock: release``: no HAMi device plugin here).
+  With ``--replicas 2`` (the default when ``leader-kill`` is asked) two replicas of the
+  shipped Deployment run: each a kube-scheduler with leader election on a Lease
+  (``topoplace-system/topoplace-chaos``, client-go's 15 s lease) in a UTS namespace of its
+  own (hostname ``chaos-a`` / ``chaos-b``) and a topoplace following that Lease
+  (:class:`Replica`); a watchdog starts again a kube-scheduler that exited (it does when it
+  loses the Lease), as the kubelet would. Faults to one component hit the leader's. When an
+  API fault is asked, topoplace and kube-scheduler reach kube-apiserver through a TLS fault
+  proxy (:class:`benchmarks.live.proxy.FaultProxy` with the apiserver's serving pair and a
+  kubeconfig of its own); the runner's own reads go direct.
 * **Nodes**: ``--nodes`` 8-GPU H100 nodes on two leaves (pool ``work``), ``--hami-nodes``
-  HAMi nodes (pool ``hami``: whole-GPU pods and shares mix there), and one probe node
-  (pool ``probe``, never faulted, used only to time recovery). A kubelet-like heartbeat.
+  HAMi nodes (pool ``hami``: whole-GPU pods and shares mix there), ``--dra-nodes`` nodes
+  whose GPUs are DRA devices (pool ``dra``: no ``nvidia.com/gpu``, one ResourceSlice each,
+  DeviceClass ``gpu.nvidia.com``; a claim controller stand-in,
+  :class:`benchmarks.cluster.claims.ClaimController`, deallocates the claims of deleted
+  pods), and one probe node (pool ``probe``, never faulted, used only to time recovery).
+  A kubelet-like heartbeat.
 * **Work** (:class:`Workload`, seeded): every ``--arrival`` seconds on average a job:
   a whole-GPU pod of 1, 2, 4 or 8 GPUs; a gang of 2-4 members (4 or 8 GPUs each), half of
-  them with ``topoplace.io/topology-required: leaf``; or a HAMi share (memory and cores).
+  them with ``topoplace.io/topology-required: leaf``; a HAMi share (memory and cores); or a
+  DRA claim pod (a ResourceClaim of 1, 2, 4 or 8 GPUs created first), ungated
+  (kube-scheduler allocates it) or gated with ``topoplace.io/allocate`` (topoplace
+  allocates it and lifts the gate).
   Three PriorityClasses (low, mid, high; high preempts). A job runs ``--lifetime`` seconds
   (seeded spread) after its last member binds, then the runner deletes its pods (the job
   ends). A job some of whose pods disappeared (preempted, evicted by remediation) or sit
@@ -30,7 +46,14 @@ What runs, on loopback (ports: :class:`Ports`):
   ``proxy-drop`` (the kube-scheduler -> topoplace connections reset for a few seconds),
   ``proxy-delay`` (held longer than ``httpTimeout``), ``node-notready`` (a work node's
   Ready condition False for a while), ``gpu-fault`` (NVSentinel's ``GpuXidError`` condition
-  on a work node for a while), ``node-delete`` (a work node deleted, re-created later).
+  on a work node for a while), ``node-delete`` (a work node deleted, re-created later),
+  ``leader-kill`` (SIGKILL both processes of the leading replica: the standby takes the
+  Lease; the killed one comes back as standby), ``api-throttle`` / ``api-error`` (the API
+  proxy cuts open connections, watches included, and answers every request itself with 429
+  and ``Retry-After``, or 500 / 503, for a few seconds), ``api-slow`` (every chunk a client
+  sends kube-apiserver waits 0.5-3 s), ``node-labels`` (a node's GPU Feature Discovery and
+  topology labels removed, renamed or given odd values, then restored). ``--hold`` scales
+  how long the lasting ones are held.
 * **Recovery** of a fault: seconds from its end (the component answers again, the condition
   is lifted) until a fresh 1-GPU probe pod on the probe node is bound.
 * **Invariants** (:mod:`benchmarks.live.invariants`): the API server is read every
@@ -44,7 +67,11 @@ What runs, on loopback (ports: :class:`Ports`):
 
 Output (``--out``): ``summary.md``, ``summary.csv``, ``faults.csv`` (every fault with its
 times), ``violations.txt``, the plane's and topoplace's logs; ``--results`` also writes the
-table to ``benchmarks/results/live-chaos.md`` and ``.csv``.
+table to ``benchmarks/results/live-chaos.md`` and ``.csv``. Seeds run in parallel on
+planes of their own (their own ports) are pooled into one table by
+``python -m benchmarks.live.chaos --combine OUT... [--results]`` (:func:`combine`).
+
+A soak (the stream without faults, sampled for drift) is :mod:`benchmarks.live.soak`.
 """
 
 from __future__ import annotations
@@ -417,6 +444,7 @@ class Plane:
         cluster: Cluster | None = None,
         replicas: int = 1,
         api_proxy: bool = False,
+        hold_scale: float = 1.0,
     ) -> None:
         """``cluster``: a plane that is up already (the live suite's), used as it is and
         left up (its API server is restarted in place by ``api-kill``); None: a plane of
@@ -424,7 +452,9 @@ class Plane:
         kube-apiserver, etcd and etcdctl come from its ``kube_bin``. ``replicas``: 1, or 2
         (leader election on a Lease, the second replica standing by); ``api_proxy``:
         topoplace and kube-scheduler reach kube-apiserver through a TLS fault proxy (the
-        runner's own reads go direct)."""
+        runner's own reads go direct). ``hold_scale``: multiplies how long the faults
+        that last (a condition, a node away, a proxy mode) are held; a hang of topoplace
+        and the extender delay always outlast ``httpTimeout``."""
         if replicas not in (1, 2):
             raise ValueError("replicas must be 1 or 2")
         self.owned = cluster is None
@@ -441,6 +471,7 @@ class Plane:
         self.rng = rng
         self.api: Api | None = None
         self.n_replicas = replicas
+        self.hold_scale = hold_scale
         self.replicas: list[Replica] = []
         self.lead = 0
         self.use_api_proxy = api_proxy
@@ -770,6 +801,10 @@ class Plane:
         finally:
             rep.busy = False
 
+    def _hold(self, lo: float, hi: float) -> float:
+        """A seeded hold time in [lo, hi] seconds, times ``hold_scale``."""
+        return self.rng.uniform(lo, hi) * self.hold_scale
+
     def _tp_kill(self) -> tuple[str, str]:
         assert self.tp is not None and self.tp.proc is not None
         self.tp.proc.send_signal(signal.SIGKILL)
@@ -808,7 +843,7 @@ class Plane:
         kube-scheduler's lease ``renewDeadline``)."""
         if self.api_proxy is None:
             raise RuntimeError("API faults need the API proxy")
-        hold = self.rng.uniform(3.0, 8.0)
+        hold = self._hold(3.0, 8.0)
         status = self.rng.choice(list(statuses))
         self.api_proxy.set_mode("answer", status=status)
         time.sleep(hold)
@@ -825,7 +860,7 @@ class Plane:
         """Every chunk a client sends to kube-apiserver waits 0.5-3 s for a few seconds."""
         if self.api_proxy is None:
             raise RuntimeError("API faults need the API proxy")
-        hold = self.rng.uniform(4.0, 8.0)
+        hold = self._hold(4.0, 8.0)
         delay = self.rng.uniform(0.5, 3.0)
         self.api_proxy.set_mode("delay", delay)
         time.sleep(hold)
@@ -857,7 +892,7 @@ class Plane:
                 k: self.rng.choice(odd)
                 for k in self.rng.sample(keys, self.rng.randint(1, len(keys)))
             }
-        hold = self.rng.uniform(5.0, 12.0)
+        hold = self._hold(5.0, 12.0)
         self._patch_labels(node, patch)
         try:
             time.sleep(hold)
@@ -956,7 +991,7 @@ class Plane:
         return "etcd", f"compacted at revision {rev}"
 
     def _proxy_drop(self) -> tuple[str, str]:
-        hold = self.rng.uniform(2.0, 6.0)
+        hold = self._hold(2.0, 6.0)
         assert self.proxy is not None
         self.proxy.set_mode("drop")
         time.sleep(hold)
@@ -964,7 +999,7 @@ class Plane:
         return "proxy", f"dropped {hold:.1f}s"
 
     def _proxy_delay(self) -> tuple[str, str]:
-        hold = self.rng.uniform(4.0, 8.0)
+        hold = self._hold(4.0, 8.0)
         delay = HTTP_TIMEOUT + 1.0
         assert self.proxy is not None
         self.proxy.set_mode("delay", delay)
@@ -1006,7 +1041,7 @@ class Plane:
 
     def _node_notready(self) -> tuple[str, str]:
         node = self._live_work_node()
-        hold = self.rng.uniform(5.0, 12.0)
+        hold = self._hold(5.0, 12.0)
         self._conditions(node, ready=False, xid=False)
         time.sleep(hold)
         self._conditions(node, ready=True, xid=False)
@@ -1014,7 +1049,7 @@ class Plane:
 
     def _gpu_fault(self) -> tuple[str, str]:
         node = self._live_work_node()
-        hold = self.rng.uniform(5.0, 12.0)
+        hold = self._hold(5.0, 12.0)
         self._conditions(node, ready=True, xid=True)
         time.sleep(hold)
         self._conditions(node, ready=True, xid=False)
@@ -1025,7 +1060,7 @@ class Plane:
         node = self._live_work_node()
         self.deleted[node] = self.node_objs[node]
         self.api.call("DELETE", f"/api/v1/nodes/{node}", ok=(404,))
-        hold = self.rng.uniform(4.0, 10.0)
+        hold = self._hold(4.0, 10.0)
         time.sleep(hold)
         obj = json.loads(json.dumps(self.node_objs[node]))
         obj["metadata"].pop("resourceVersion", None)
@@ -1442,11 +1477,14 @@ def write(out: Path, r: Result, args: argparse.Namespace, version: str, command:
     conditions = (
         f"Kubernetes {version} (the project's test cluster, DRA served), kube-scheduler with "
         f"the shipped configuration through a fault proxy, topoplace with the shipped policy "
-        f"(hami_lock: release); {args.nodes} 8-GPU work nodes on {max(1, args.nodes // 2)} "
+        f"(hami_lock: release), {args.replicas} replica(s) of the two"
+        f"{' (leader election on a Lease, 15 s)' if args.replicas > 1 else ''}"
+        f"{'; both reach kube-apiserver through a TLS fault proxy' if API_FAULTS & set(args.faults) else ''}"
+        f"; {args.nodes} 8-GPU work nodes on {max(1, args.nodes // 2)} "
         f"leaves, {args.hami_nodes} HAMi nodes, {args.dra_nodes} DRA nodes (GPUs as "
         f"ResourceSlices, claims allocated by kube-scheduler or, gated, by topoplace), "
         f"one probe node; seed {r.seed}; "
-        f"{len(r.faults)} faults over {args.duration:.0f}s at most (gap ~{args.gap:.0f}s), "
+        f"{len(r.faults)} faults over {args.duration:.0f}s at most (gap ~{args.gap:.0f}s, holds x{args.hold:g}), "
         f"arrivals every {args.arrival:.1f}s on average, lifetime ~{args.lifetime:.0f}s, "
         f"at most {args.max_pending} pods pending; invariants read every {args.poll}s; "
         f"gang grace {args.gang_grace:.0f}s past the plan TTL; settle bound {args.settle:.0f}s; "
@@ -1493,6 +1531,108 @@ def write(out: Path, r: Result, args: argparse.Namespace, version: str, command:
     return md
 
 
+# ---- several seeds in one table -------------------------------------------------------------------
+
+
+def combine(outs: Sequence[Path]) -> tuple[list[tuple[Any, ...]], list[str], list[str]]:
+    """The runs written in ``outs`` (each a run's ``--out``: summary.csv, faults.csv,
+    summary.md) as one table: faults by kind over every seed with recovery p50/p99 pooled,
+    jobs and violations summed (seed ``all``), then each seed's own settle, ledger, probe,
+    restart and read rows. Also each run's command and conditions lines."""
+    recs: dict[str, list[float]] = defaultdict(list)
+    counts: Counter[str] = Counter()
+    sums: Counter[tuple[str, str]] = Counter()
+    per_seed: list[tuple[Any, ...]] = []
+    commands: list[str] = []
+    conditions: list[str] = []
+    for out in outs:
+        with open(out / "faults.csv") as f:
+            for row in csv.DictReader(f):
+                counts[row["kind"]] += 1
+                rec = float(row["recovery_s"])
+                if not math.isnan(rec):
+                    recs[row["kind"]].append(rec)
+        with open(out / "summary.csv") as f:
+            for row in csv.DictReader(f):
+                m = row["measure"]
+                if m in ("jobs created", "jobs bound", "jobs lost", "violations"):
+                    sums[(m, row["kind"])] += int(row["value"])
+                elif m != "faults":
+                    per_seed.append(tuple(row[c] for c in COLUMNS))
+        md = (out / "summary.md").read_text().splitlines()
+        i = md.index("```bash")
+        commands.append(md[i + 1])
+        conditions += [line for line in md if line.startswith("Conditions:")]
+    table: list[tuple[Any, ...]] = []
+    for k in FAULT_KINDS:
+        if counts[k]:
+            r = recs[k]
+            table.append(
+                (
+                    "all",
+                    "faults",
+                    k,
+                    counts[k],
+                    round(quantile(r, 0.5), 2),
+                    round(quantile(r, 0.99), 2),
+                )
+            )
+    allrec = [x for v in recs.values() for x in v]
+    table.append(
+        (
+            "all",
+            "faults",
+            "all",
+            sum(counts.values()),
+            round(quantile(allrec, 0.5), 2),
+            round(quantile(allrec, 0.99), 2),
+        )
+    )
+    for m in ("jobs created", "jobs bound", "jobs lost"):
+        for k in POD_KINDS:
+            table.append(("all", m, k, sums[(m, k)], "", ""))
+    for k in KINDS:
+        table.append(("all", "violations", k, sums[("violations", k)], "", ""))
+    return table + per_seed, commands, conditions
+
+
+def write_combined(outs: Sequence[Path], dest: Path | None) -> str:
+    """:func:`combine` as Markdown (and CSV beside it when ``dest`` names the .md)."""
+    table, commands, conditions = combine(outs)
+    md = "\n".join(
+        [
+            "# live-chaos",
+            "",
+            "Faults injected through the real control plane while a seeded stream of work "
+            "runs; invariants checked from the API server (benchmarks/live/chaos.py). Several "
+            "seeds, each on a plane of its own, run at the same time; the rows of seed `all` "
+            "pool them.",
+            "",
+            "Commands (one per seed, run in parallel), then combined with "
+            "`python -m benchmarks.live.chaos --combine OUT... --results`:",
+            "",
+            "```bash",
+            *commands,
+            "```",
+            "",
+            *conditions,
+            "",
+            markdown(table),
+            "",
+            "Recovery: seconds from a fault's end (component answering again, condition "
+            "lifted; leader-kill: the standby leads and the killed replica is back as standby) "
+            "until a fresh 1-GPU probe pod on the never-faulted probe node is bound. Jobs "
+            "lost: ended by the runner because a pod vanished (preempted, evicted) or its node "
+            "was deleted. Violations: distinct (kind, subject) pairs seen in any read.",
+            "",
+        ]
+    )
+    if dest is not None:
+        dest.write_text(md)
+        dest.with_suffix(".csv").write_text(csv_text(table))
+    return md
+
+
 # ---- command line ------------------------------------------------------------------------------
 
 
@@ -1516,6 +1656,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--faults", type=lambda s: [k for k in s.split(",") if k], default=list(FAULT_KINDS)
     )
     p.add_argument("--gap", type=float, default=4.0, help="mean seconds between faults")
+    p.add_argument(
+        "--hold",
+        type=float,
+        default=1.0,
+        help="scale of how long lasting faults are held (conditions, node away, proxy modes)",
+    )
     p.add_argument("--arrival", type=float, default=1.5, help="mean seconds between jobs")
     p.add_argument("--lifetime", type=float, default=30.0, help="mean seconds a job runs")
     p.add_argument("--max-pending", type=int, default=12)
@@ -1582,6 +1728,7 @@ def run(
         cluster=cluster,
         replicas=args.replicas,
         api_proxy=bool(API_FAULTS & set(args.faults)),
+        hold_scale=args.hold,
     )
     poller: Poller | None = None
     try:
@@ -1622,6 +1769,12 @@ def stop_on_sigterm() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "--combine":
+        outs = [Path(a) for a in argv[1:] if a != "--results"]
+        dest = REPO / "benchmarks" / "results" / "live-chaos.md" if "--results" in argv else None
+        print(write_combined(outs, dest))
+        return 0
     args = parse_args(argv)
     stop_on_sigterm()
     for b in ("etcd", "etcdctl", "kube-apiserver", "kube-scheduler"):

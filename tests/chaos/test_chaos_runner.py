@@ -124,3 +124,38 @@ def test_flags_are_checked() -> None:
         parse_args(["--nodes", "2"])
     a = parse_args(["--faults", "tp-kill,proxy-drop", "--topoplace-port", "7000"])
     assert a.faults == ["tp-kill", "proxy-drop"] and a.topoplace_port == 7000
+    assert a.replicas == 1
+    assert parse_args(["--faults", "leader-kill,tp-kill"]).replicas == 2
+    with pytest.raises(SystemExit):
+        parse_args(["--faults", "leader-kill", "--replicas", "1"])
+
+
+def test_seeds_combine_into_one_table(tmp_path) -> None:
+    """Two seeds' outputs pool: fault counts and recovery quantiles over both, jobs and
+    violations summed, each seed's own settle rows kept."""
+    from benchmarks.live.chaos import combine, write
+
+    outs = []
+    for seed, recs in ((1, (1.0, 3.0)), (2, (2.0, 10.0))):
+        r = Result(seed=seed, duration=60.0, settle_bound=120.0)
+        r.faults = [FaultRecord("leader-kill", "chaos-a", 0, 1, recovery=x) for x in recs]
+        r.faults.append(FaultRecord("api-throttle", "api-proxy", 2, 3, recovery=0.5))
+        r.created.update(dra=seed, share=1)
+        if seed == 2:
+            r.violations = [(1.0, Violation(GANG_PARTLY_BOUND, "chaos/j1", "1/2 bound"))]
+        args = parse_args(["--seed", str(seed), "--faults", "leader-kill,api-throttle"])
+        out = tmp_path / f"s{seed}"
+        out.mkdir()
+        write(out, r, args, "v1.36.2", f"python -m benchmarks.live.chaos --seed {seed}")
+        outs.append(out)
+    table, commands, conditions = combine(outs)
+    got = {(s, m, k): (v, p50, p99) for s, m, k, v, p50, p99 in table}
+    assert got[("all", "faults", "leader-kill")] == (4, 2.0, 10.0)
+    assert got[("all", "faults", "api-throttle")] == (2, 0.5, 0.5)
+    assert got[("all", "faults", "all")][0] == 6
+    assert got[("all", "jobs created", "dra")][0] == 3
+    assert got[("all", "jobs created", "share")][0] == 2
+    assert got[("all", "violations", GANG_PARTLY_BOUND)][0] == 1
+    assert {s for s, m, *_ in table if m == "ledger differences"} == {"1", "2"}
+    assert commands == [f"python -m benchmarks.live.chaos --seed {s}" for s in (1, 2)]
+    assert len(conditions) == 2 and "2 replica(s)" in conditions[0]
