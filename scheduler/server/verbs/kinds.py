@@ -5,7 +5,9 @@ In order, first match wins:
 1. a share of a GPU (HAMi, gpushare: ``core.fractional.is_share_pod``) -> ``share.SHARES``;
 2. GPU replicas (time-slicing / MPS, opted in) -> ``replica.REPLICAS``;
 3. no GPU by count but DRA claims (``core.dra.uses_claims``) -> ``claim.CLAIMS``;
-4. a gang member, when the extender has a gang handler -> ``gang.GANG``;
+4. a gang member, when the extender has a gang handler -> ``gang.GANG`` (also when a
+   DeviceClass backs its ``nvidia.com/gpu``: the gang is planned over device-plugin and DRA
+   nodes alike, and on a DRA node the member's special claim holds the planned GPUs);
 5. GPUs by count that a DeviceClass backs with DRA (``DraRouter.extended_resources``) ->
    ``extended.EXTENDED``;
 6. anything else: whole GPUs, or none -> ``whole.WHOLE``.
