@@ -14,6 +14,10 @@ went beta, GA, and was locked to its default; ``pkg/controlplane``: which
 * ``DRAPartitionableDevices`` (MIG-like partitions with shared counters): alpha and off in
   1.33 to 1.35, beta and on from 1.36. From 1.35 a ResourceSlice holds either devices or
   ``sharedCounters``, not both.
+* ``DRAConsumableCapacity`` (shared devices: ``allowMultipleAllocations``, request
+  ``capacity.requests``, result ``consumedCapacity`` and ``shareID``): alpha and off in 1.34
+  and 1.35, beta and on from 1.36; unknown to 1.33 (its ``resource.k8s.io`` drops the
+  fields).
 
 A gate locked to its default may only be set to that default; :func:`usable_gates`
 drops the entries a version would refuse, so callers can ask for what they want
@@ -43,6 +47,7 @@ SINCE: dict[str, Version] = {
     "SchedulerQueueingHints": (1, 28),
     "DRADeviceTaints": (1, 33),
     "DRAPartitionableDevices": (1, 33),
+    "DRAConsumableCapacity": (1, 34),
     "DRADeviceTaintRules": (1, 35),
     "GenericWorkload": (1, 35),
     "GangScheduling": (1, 35),

@@ -10,9 +10,10 @@ first fit and picks the node); gated ones (``topoplace.io/allocate``) by topopla
 (topoplace-share's node and device; MIG: a free partition of a GPU already cut). After all
 bind, no shared device holds more than its capacity, read from the API.
 
-Consumable capacity is served from 1.34 (``DRAConsumableCapacity``); on an older server the
-publisher fails (the API server drops ``allowMultipleAllocations``) and the tests skip with
-that reason.
+Consumable capacity is served from 1.34 (``DRAConsumableCapacity``, beta and on from 1.36):
+a 1.33.0 API server stores a v1beta2 slice without ``allowMultipleAllocations`` and
+``requestPolicy`` (dropped silently; the harness writes v1beta1 there, which has neither), so
+the tests skip there with that reason.
 """
 
 from __future__ import annotations
@@ -100,7 +101,9 @@ def cap_nodes(
         pytest.skip(
             f"Kubernetes {kube_version[0]}.{kube_version[1]}: consumable capacity "
             "(allowMultipleAllocations, capacity.requests, consumedCapacity) is served from "
-            "1.34 (DRAConsumableCapacity); 1.33's resource.k8s.io has none of it"
+            "1.34 (DRAConsumableCapacity); a 1.33.0 API server stores a v1beta2 slice "
+            "without allowMultipleAllocations and requestPolicy (dropped silently), so no "
+            "device can be shared there"
         )
     c = CapacityNodes(core, kubeconfig, run_id, request.node.name[-20:].replace("_", "-"))
     yield c
