@@ -1,10 +1,13 @@
 """A short seeded chaos run on the live suite's plane (benchmarks/live/chaos.py).
 
-A stream of whole-GPU pods, gangs (with and without a leaf constraint) and HAMi shares runs
-through the shipped kube-scheduler configuration, with the extender hop through the
-runner's fault proxy, while a seeded schedule kills and restarts topoplace, hangs it past
-the extender's ``httpTimeout``, kills kube-scheduler and kube-apiserver, compacts etcd and
-drops the extender connections. Asserted: no invariant read from the API server is ever
+A stream of whole-GPU pods, gangs (with and without a leaf constraint), HAMi shares and DRA
+claim pods (gated with ``topoplace.io/allocate`` and ungated) runs through the shipped
+kube-scheduler configuration, with the extender hop through the runner's fault proxy and
+both topoplace and kube-scheduler reaching kube-apiserver through its TLS API proxy, while
+a seeded schedule kills and restarts topoplace, hangs it past the extender's
+``httpTimeout``, kills kube-scheduler and kube-apiserver, compacts etcd, drops the extender
+connections, has the API proxy answer 429 (``Retry-After``) and 500/503 with open watches
+cut, and changes a node's GPU and topology labels' shape. Asserted: no invariant read from the API server is ever
 broken, every fault is followed by a probe pod bound within 60 s, every pending pod is
 bound within the settle bound once the faults stop, and topoplace's ledger then equals the
 one rebuilt from the API server.
@@ -12,9 +15,10 @@ one rebuilt from the API server.
 Needs the suite's own plane (``KUBE_BIN`` without ``KUBECONFIG``: the runner restarts its
 kube-apiserver in place) and ``etcdctl`` beside the binaries for the compaction. Ports: its
 topoplace at ``TOPOPLACE_KUBE_PORT`` + 4 (``TOPOPLACE_KUBE_CHAOS_PORT``), its proxy at
-+ 2 (``TOPOPLACE_KUBE_CHAOS_PROXY_PORT``), its kube-scheduler at
-``TOPOPLACE_KUBE_SCHED_PORT`` + 4; ``TOPOPLACE_KUBE_CHAOS_SECONDS`` (default 90) bounds the
-faulted part, ``TOPOPLACE_KUBE_CHAOS_SEED`` (default 3) picks the run.
++ 2 (``TOPOPLACE_KUBE_CHAOS_PROXY_PORT``), its API proxy at + 30
+(``TOPOPLACE_KUBE_CHAOS_API_PROXY_PORT``), its kube-scheduler at
+``TOPOPLACE_KUBE_SCHED_PORT`` + 4; ``TOPOPLACE_KUBE_CHAOS_SECONDS`` (default 120) bounds
+the faulted part, ``TOPOPLACE_KUBE_CHAOS_SEED`` (default 3) picks the run.
 """
 
 from __future__ import annotations
@@ -28,7 +32,17 @@ import pytest
 
 from tests.kube.conftest import _CLUSTER, SHIPPED_SCHED_PORT, derived_port
 
-FAULTS = ("tp-kill", "tp-stop", "ks-kill", "api-kill", "etcd-compact", "proxy-drop")
+FAULTS = (
+    "tp-kill",
+    "tp-stop",
+    "ks-kill",
+    "api-kill",
+    "etcd-compact",
+    "proxy-drop",
+    "api-throttle",
+    "api-error",
+    "node-labels",
+)
 RECOVERY_BOUND_S = 60.0
 SETTLE_BOUND_S = 150.0
 
@@ -49,15 +63,17 @@ def test_short_chaos_run_breaks_nothing(
         [
             "--out", str(out),
             "--seed", os.environ.get("TOPOPLACE_KUBE_CHAOS_SEED", "3"),
-            "--duration", os.environ.get("TOPOPLACE_KUBE_CHAOS_SECONDS", "90"),
+            "--duration", os.environ.get("TOPOPLACE_KUBE_CHAOS_SECONDS", "120"),
             "--faults", ",".join(kinds),
             "--gap", "3",
+            "--hold", "0.6",
             "--arrival", "1.5",
             "--lifetime", "20",
             "--settle", str(SETTLE_BOUND_S),
             "--probe-timeout", str(RECOVERY_BOUND_S),
             "--topoplace-port", str(derived_port("TOPOPLACE_KUBE_CHAOS_PORT", 4)),
             "--proxy-port", str(derived_port("TOPOPLACE_KUBE_CHAOS_PROXY_PORT", 2)),
+            "--api-proxy-port", str(derived_port("TOPOPLACE_KUBE_CHAOS_API_PROXY_PORT", 30)),
             "--scheduler-port", str(SHIPPED_SCHED_PORT + 4),
         ]
     )  # fmt: skip
@@ -73,3 +89,5 @@ def test_short_chaos_run_breaks_nothing(
     assert result.pending_after_settle == [], where
     assert result.ledger_checked and result.ledger_diff == [], where
     assert sum(result.bound.values()) > 0 and result.reads > 0
+    dra = {k: result.bound[k] for k in ("dra", "dra-gated")}
+    assert all(n > 0 for n in dra.values()), (dict(result.created), dra, where)
