@@ -132,6 +132,16 @@ MAX_CONTAINERS = 64
 REASON_NO_BACKEND = "node has no GPU-sharing backend for this request"
 REASON_NO_SHARE_ROOM = "not enough free GPU memory or compute on any GPU"
 REASON_TOO_MANY_DEVICES = "pod asks for more shared GPUs than the node has"
+REASON_TENANTS = "every GPU with room already holds the right-sizer's most tenants per GPU"
+REASON_COMPUTE_P95 = (
+    "every GPU with room would exceed the right-sizer's compute limit at its tenants' p95"
+)
+
+RIGHTSIZE_ANNOTATION = "topoplace.io/rightsize"
+"""The right-sizer's note on a pod (JSON, written by its admission webhook): the size it
+applied and, for placement, the workload's measured compute p95 and its policy's tenancy
+limits (:func:`tenant_limits`)."""
+MAX_NOTE_CHARS = 8192
 
 
 class ShareError(ValueError):
@@ -307,6 +317,112 @@ def node_inventory(
     return backend, devices
 
 
+# ---- what the right-sizer learned ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TenantLimits:
+    """What the right-sizer says of a pod's workload, for co-location (milli of a GPU).
+
+    Attributes:
+        p95_milli: the workload's measured compute p95 (None: not measured).
+        max_tenants: its policy's most tenants on one GPU (0: no bound).
+        limit_milli: its policy's compute limit for one GPU's tenants together, each at
+            its p95 (0: no bound).
+    """
+
+    p95_milli: int | None = None
+    max_tenants: int = 0
+    limit_milli: int = 0
+
+
+def _ratio_milli(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not 0 <= value <= 64:  # a ratio of one GPU (a limit may exceed 1: oversubscription)
+        return None
+    return int(-(-round(value * 1_000_000) // 1000))  # milli, rounded up
+
+
+def tenant_limits(annotations: Mapping[str, Any]) -> TenantLimits | None:
+    """The right-sizer's limits a pod carries (``topoplace.io/rightsize``), or None.
+
+    Read from the note's ``compute_p95`` (else ``gpu_compute_ratio``, the compute share
+    it sized from the p95 with its margin: an upper bound), ``max_tenants_per_gpu`` and
+    ``gpu_compute_limit`` (ratios of one GPU). Lenient: a note that is not JSON, or a
+    value out of range, counts as absent (the pod is admitted already)."""
+    text = annotations.get(RIGHTSIZE_ANNOTATION)
+    if not isinstance(text, str) or len(text) > MAX_NOTE_CHARS:
+        return None
+    try:
+        note = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(note, Mapping):
+        return None
+    p95 = _ratio_milli(note.get("compute_p95"))
+    if p95 is None:
+        p95 = _ratio_milli(note.get("gpu_compute_ratio"))
+    tenants = note.get("max_tenants_per_gpu")
+    if isinstance(tenants, bool) or not isinstance(tenants, int) or not 1 <= tenants <= 1 << 16:
+        tenants = 0
+    limit = _ratio_milli(note.get("gpu_compute_limit")) or 0
+    if p95 is None and not tenants and not limit:
+        return None
+    return TenantLimits(p95, tenants, limit)
+
+
+GpuTenancy = tuple[int, int, int]
+"""One GPU's tenants as the right-sizer sees them: (their compute p95 summed, milli; the
+least ``max_tenants`` among them, 0: none; the least ``limit_milli``, 0: none). A tenant
+without a measured p95 counts its compute share (what it may use)."""
+NodeTenancy = tuple[GpuTenancy, ...]
+"""Per GPU index of a node (GPUs without tenants: ``(0, 0, 0)``)."""
+NO_TENANCY: GpuTenancy = (0, 0, 0)
+
+
+def node_tenancy(node: NodeInfo, pods: Iterable[PodInfo]) -> NodeTenancy:
+    """The tenancy of ``node``'s GPUs from the share pods on it (``pods``: those whose
+    ``node`` is this node; others are skipped)."""
+    out = [list(NO_TENANCY) for _ in range(node.gpu_capacity)]
+    for p in pods:
+        if p.node != node.name or not p.shares:
+            continue
+        lim = tenant_limits(_map(_map(p.raw.get("metadata")).get("annotations")))
+        for sh in p.shares:
+            if not 0 <= sh.gpu < node.gpu_capacity:
+                continue
+            t = out[sh.gpu]
+            t[0] += lim.p95_milli if lim is not None and lim.p95_milli is not None else sh.milli
+            if lim is not None and lim.max_tenants:
+                t[1] = min(t[1], lim.max_tenants) if t[1] else lim.max_tenants
+            if lim is not None and lim.limit_milli:
+                t[2] = min(t[2], lim.limit_milli) if t[2] else lim.limit_milli
+    return tuple((a, b, c) for a, b, c in out)
+
+
+def tenancy_refusal(
+    tasks: int, gpu: GpuTenancy, limits: TenantLimits | None, share_milli: int
+) -> str:
+    """Why the right-sizer's limits refuse one more tenant (``limits``, taking
+    ``share_milli`` of compute) on a GPU that holds ``tasks`` shares with tenancy ``gpu``
+    ("" when they allow it). A pod alone on a GPU is never refused (the limits are about
+    co-location); otherwise every tenant's policy holds, the newcomer's included: at most
+    the least ``max_tenants`` of them, and their compute p95 together within the least
+    ``limit_milli``."""
+    if tasks <= 0:
+        return ""
+    caps = [c for c in (gpu[1], limits.max_tenants if limits else 0) if c > 0]
+    if caps and tasks + 1 > min(caps):
+        return REASON_TENANTS
+    lims = [c for c in (gpu[2], limits.limit_milli if limits else 0) if c > 0]
+    if lims:
+        own = limits.p95_milli if limits is not None and limits.p95_milli is not None else None
+        if gpu[0] + (share_milli if own is None else own) > min(lims):
+            return REASON_COMPUTE_P95
+    return ""
+
+
 # ---- requests -------------------------------------------------------------------------------
 
 
@@ -334,6 +450,8 @@ class ShareRequest:
         use_types / nouse_types / use_uuids / nouse_uuids: HAMi's device selectors.
         units: gpushare: ``aliyun.com/gpu-mem`` units requested (written back as
             ``ALIYUN_COM_GPU_MEM_POD``).
+        limits: what the right-sizer says of the pod's workload (:func:`tenant_limits`),
+            or None.
     """
 
     form: str
@@ -344,6 +462,7 @@ class ShareRequest:
     use_uuids: tuple[str, ...] = ()
     nouse_uuids: tuple[str, ...] = ()
     units: int = 0
+    limits: TenantLimits | None = None
 
     @property
     def devices(self) -> int:
@@ -441,8 +560,9 @@ def share_request(
             if not isinstance(v, str):
                 raise ShareError(f"{key}: not a string")
             selectors[field_] = _list_of_words(v, key)
+    limits = tenant_limits(ann)
     if hami:
-        return ShareRequest(BACKEND_HAMI, tuple(asks), cpu_milli, **selectors)
+        return ShareRequest(BACKEND_HAMI, tuple(asks), cpu_milli, **selectors, limits=limits)
     if units <= 0:
         return None
     n = 1
@@ -461,7 +581,7 @@ def share_request(
     containers = tuple(
         ContainerAsk(1, mib, 0, 0) if i == first else ContainerAsk(0) for i in range(len(items))
     )
-    return ShareRequest(BACKEND_GPUSHARE, containers, cpu_milli, units=units)
+    return ShareRequest(BACKEND_GPUSHARE, containers, cpu_milli, units=units, limits=limits)
 
 
 def kai_request(pod: Mapping[str, Any]) -> ShareRequest | None:
@@ -531,11 +651,14 @@ def device_fits(
     share: GpuShare,
     used: tuple[int, int, int] | None = None,
     req: ShareRequest | None = None,
+    tenancy: GpuTenancy | None = None,
 ) -> bool:
     """Whether ``share`` fits on ``dev`` now (HAMi's ``Fit`` rules): the GPU is healthy,
     not held whole, not cordoned, its memory is known; memory and compute fit; fewer tasks
     than its split count; a 100 % compute share needs an idle GPU and a share without a
-    compute bound does not go on a GPU whose compute is fully held."""
+    compute bound does not go on a GPU whose compute is fully held. With ``tenancy`` (the
+    GPU's, :func:`node_tenancy`) the right-sizer's limits hold too
+    (:func:`tenancy_refusal`)."""
     i = dev.index
     bit = 1 << i
     if not dev.healthy or not node.usable_mask & bit:
@@ -554,7 +677,15 @@ def device_fits(
         return False
     if share.milli == 0 and milli >= cap:
         return False
+    if tenancy is not None and tenancy_refusal(
+        tasks, tenancy, req.limits if req is not None else None, share.milli
+    ):
+        return False
     return req is None or _selected(req, dev)
+
+
+def _gpu_tenancy(tenancy: NodeTenancy | None, gpu: int) -> GpuTenancy | None:
+    return tenancy[gpu] if tenancy is not None and gpu < len(tenancy) else None
 
 
 def add_share(
@@ -721,6 +852,7 @@ def choose_devices(
     req: ShareRequest,
     first: int | None = None,
     policy: str = "nvidia-best-effort",
+    tenancy: NodeTenancy | None = None,
 ) -> list[list[GpuShare]] | None:
     """Per container, the devices ``req`` gets on ``node`` (None if it does not fit).
 
@@ -728,7 +860,8 @@ def choose_devices(
     container's devices are distinct GPUs. One device: ``first`` when given (the sharing
     policy's choice) and it fits, else the tightest fit (least memory left, then lowest
     index). Several devices: among the GPUs that fit, the best-connected set of the node's
-    topology (``topology.select.best_set``), the tightest otherwise.
+    topology (``topology.select.best_set``), the tightest otherwise. ``tenancy``: the
+    node's (:func:`node_tenancy`), whose limits a device must keep (None: not checked).
     """
     from topology.select import best_set
 
@@ -742,7 +875,7 @@ def choose_devices(
         fits = []
         for d in devs:
             s = resolve(ask, d)
-            if device_fits(node, d, s, used[d.index], req):
+            if device_fits(node, d, s, used[d.index], req, _gpu_tenancy(tenancy, d.index)):
                 fits.append((d.memory_mib - used[d.index][0] - s.memory_mib, d.index, s))
         if len(fits) < ask.count:
             return None
@@ -1003,6 +1136,7 @@ class Fit:
         free_dims: per GPU index, the free (compute, memory) per mille, clamped to the
             exact fit like ``free``.
         need_dims: the request's (compute, memory) per mille there.
+        tenancy: the node's tenancy the fit kept (:func:`node_tenancy`; None: none).
     """
 
     node: NodeInfo
@@ -1012,6 +1146,7 @@ class Fit:
     model: str = ""
     free_dims: tuple[tuple[int, int], ...] = ()
     need_dims: tuple[int, int] = (0, 0)
+    tenancy: NodeTenancy | None = None
 
 
 def fit_form(req: ShareRequest, selection_policy: str) -> tuple[ShareRequest, str]:
@@ -1030,11 +1165,18 @@ def node_verdict(node: NodeInfo, req: ShareRequest) -> str:
     return ""
 
 
-def _fit(node: NodeInfo, req: ShareRequest, ask: ContainerAsk, selection_policy: str) -> Fit:
-    """``node``'s :class:`Fit` for ``req`` (``ask``: its first container asking devices)."""
-    got = choose_devices(node, req, None, selection_policy)
+def _fit(
+    node: NodeInfo,
+    req: ShareRequest,
+    ask: ContainerAsk,
+    selection_policy: str,
+    tenancy: NodeTenancy | None = None,
+) -> Fit:
+    """``node``'s :class:`Fit` for ``req`` (``ask``: its first container asking devices;
+    ``tenancy``: the node's, kept by the right-sizer's limits)."""
+    got = choose_devices(node, req, None, selection_policy, tenancy)
     if got is None:
-        return Fit(node, None)
+        return Fit(node, None, tenancy=tenancy)
     devs = node_devices(node)
     free = [0] * node.gpu_capacity
     free_dims = [(0, 0)] * node.gpu_capacity
@@ -1047,7 +1189,7 @@ def _fit(node: NodeInfo, req: ShareRequest, ask: ContainerAsk, selection_policy:
         tc, tm = share_dims(s, d)
         f = free_milli(node, d, u)
         fc, fm = free_dims_of(node, d, u)
-        if device_fits(node, d, s, u, req):
+        if device_fits(node, d, s, u, req, _gpu_tenancy(tenancy, d.index)):
             f = max(f, m)
             fc, fm = max(fc, tc), max(fm, tm)
         else:
@@ -1061,7 +1203,14 @@ def _fit(node: NodeInfo, req: ShareRequest, ask: ContainerAsk, selection_policy:
         if m > need:
             need, need_dims = m, (tc, tm)
     return Fit(
-        node, got, tuple(free), need, devs[0].type if devs else "", tuple(free_dims), need_dims
+        node,
+        got,
+        tuple(free),
+        need,
+        devs[0].type if devs else "",
+        tuple(free_dims),
+        need_dims,
+        tenancy,
     )
 
 
@@ -1070,22 +1219,30 @@ def node_fits(
     req: ShareRequest,
     selection_policy: str = "nvidia-best-effort",
     known: Mapping[str, Fit] | None = None,
+    tenancy: Mapping[str, NodeTenancy] | None = None,
 ) -> dict[str, Fit]:
     """The :class:`Fit` of every node of ``nodes`` that ``req``'s form may go on
     (:func:`node_verdict`), by name. A fit in ``known`` (of the same form, see
     :func:`fit_form`) is taken again when its node is the very object given: a snapshot
     replaces a node's object whenever anything on it changes (its objects are immutable),
-    so a fit is reused only for the state it was computed on."""
+    so a fit is reused only for the state it was computed on (and the same tenancy,
+    ``tenancy``: per node name, :func:`node_tenancy`; a node not in it has no tenant the
+    right-sizer's limits count)."""
     ask = next((c for c in req.containers if c.count), None)
     out: dict[str, Fit] = {}
     if ask is None:
         return out
     known = known or {}
+    tenancy = tenancy or EMPTY_MAP
     for n in nodes:
         if node_verdict(n, req):
             continue
         f = known.get(n.name)
-        out[n.name] = f if f is not None and f.node is n else _fit(n, req, ask, selection_policy)
+        t = tenancy.get(n.name)
+        if f is not None and f.node is n and f.tenancy == t:
+            out[n.name] = f
+        else:
+            out[n.name] = _fit(n, req, ask, selection_policy, t)
     return out
 
 
@@ -1096,6 +1253,7 @@ def decide(
     params: SharingParams,
     selection_policy: str = "nvidia-best-effort",
     fits: Mapping[str, Fit] | None = None,
+    tenancy: Mapping[str, NodeTenancy] | None = None,
 ) -> dict[str, ShareDecision]:
     """Score every node of ``nodes`` that can take ``req`` now, with its devices.
 
@@ -1113,6 +1271,9 @@ def decide(
     changed are fitted again. A single-device pod's devices on a node are
     named when its decision's ``containers`` are first read. Either way the decisions are
     exactly those computed afresh.
+
+    ``tenancy`` (per node name, :func:`node_tenancy`): a GPU that the right-sizer's limits
+    refuse (:func:`tenancy_refusal`) takes no share, as one without room.
     """
     policy = get_sharing_policy(params.policy)
     out: dict[str, ShareDecision] = {}
@@ -1121,13 +1282,15 @@ def decide(
     if ask is None:
         return out
     fits = fits or {}
+    tenancy = tenancy or EMPTY_MAP
     fit_nodes: list[Fit] = []
     for n in sorted(nodes, key=lambda n: n.name):
         f = fits.get(n.name)
-        if f is None or f.node is not n:  # not given for this very node: fit it here
+        t = tenancy.get(n.name)
+        if f is None or f.node is not n or f.tenancy != t:  # not for this very node: fit it
             if node_verdict(n, req):
                 continue
-            f = _fit(n, req, ask, selection_policy)
+            f = _fit(n, req, ask, selection_policy, t)
         if f.got is not None:
             fit_nodes.append(f)
     if not fit_nodes:
@@ -1226,10 +1389,50 @@ class _ScoredGroup:
         fit's."""
         r = self.result
         one = SharingScores(r.nodes[j : j + 1], r.scores[j : j + 1], r.gpus[j : j + 1])
-        _, gpus = place_on_view(self.view, self.task, self.policy, one)
+        first = policy_device(self.view, self.task, self.policy, one)
         f = self.fits[int(r.nodes[j])]
-        got = choose_devices(f.node, self.req, gpus[0], self.selection_policy) or f.got or []
+        got = (
+            choose_devices(f.node, self.req, first, self.selection_policy, f.tenancy) or f.got or []
+        )
         return tuple(tuple(c) for c in got)
+
+
+def policy_device(
+    view: SharingClusterView, task: SharingTask, policy: SharingPolicy, one: SharingScores
+) -> int | None:
+    """The device :func:`place_on_view` names for ``task`` on the one node ``one`` scores,
+    or None when the view's own allocation refuses it there: a share of a whole device
+    (100 % of its compute) the policy leaves to the selection rule, on a node whose free
+    CPU the view counts short (the share's fit reads no CPU; kube-scheduler checks it).
+    The caller then takes the fit's tightest device."""
+    try:
+        _, gpus = place_on_view(view, task, policy, one)
+    except RuntimeError:
+        return None
+    return gpus[0] if gpus else None
+
+
+def tenancy_reason(node: NodeInfo, req: ShareRequest, tenancy: NodeTenancy | None) -> str:
+    """Why ``req`` does not fit ``node`` when only the right-sizer's limits refuse it
+    (:data:`REASON_TENANTS` if any GPU with room is at its most tenants, else
+    :data:`REASON_COMPUTE_P95`), "" otherwise (no room at all, or it fits)."""
+    if tenancy is None or choose_devices(node, req, None, "nvidia-best-effort", tenancy):
+        return ""
+    if choose_devices(node, req) is None:
+        return ""
+    ask = next((c for c in req.containers if c.count), None)
+    if ask is not None:
+        for d in node_devices(node):
+            s = resolve(ask, d)
+            u = usage_of(node, d.index)
+            t = _gpu_tenancy(tenancy, d.index)
+            if (
+                t is not None
+                and device_fits(node, d, s, u, req)
+                and tenancy_refusal(u[2], t, req.limits, s.milli) == REASON_TENANTS
+            ):
+                return REASON_TENANTS
+    return REASON_COMPUTE_P95
 
 
 def best_decision(decisions: Mapping[str, ShareDecision]) -> ShareDecision | None:

@@ -37,13 +37,16 @@ import numpy as np
 from scheduler.core.fractional import (
     BACKEND_GPUSHARE,
     BACKEND_HAMI,
+    NO_TENANCY,
     ContainerAsk,
+    NodeTenancy,
     ShareDecision,
     ShareRequest,
+    TenantLimits,
     choose_devices,
     milli_capacity,
     node_devices,
-    place_on_view,
+    policy_device,
     usage_of,
 )
 from scheduler.core.model import GpuShare, NodeInfo
@@ -69,8 +72,22 @@ NO_CPU_BOUND = 1 << 40
 """Free CPU of a node that publishes none (as ``decide`` counts it)."""
 
 # Per-GPU columns of a row, in this order (see :func:`share_row`).
-GPU_FIELDS = ("memory", "cap", "used_memory", "used_milli", "tasks", "split", "ok")
-_MEM, _CAP, _UMEM, _UMILLI, _TASKS, _SPLIT, _OK = range(len(GPU_FIELDS))
+GPU_FIELDS = (
+    "memory",
+    "cap",
+    "used_memory",
+    "used_milli",
+    "tasks",
+    "split",
+    "ok",
+    "tenants_p95",
+    "tenants_max",
+    "tenants_limit",
+)
+_MEM, _CAP, _UMEM, _UMILLI, _TASKS, _SPLIT, _OK, _TP95, _TMAX, _TLIM = range(len(GPU_FIELDS))
+NO_BOUND = 1 << 40
+WHY_NONE, WHY_TENANTS, WHY_COMPUTE_P95 = 0, 1, 2
+"""Why a state that has room refuses the request (:attr:`StateFits.why`)."""
 
 RowKey = tuple[object, ...]
 FitsOf = Callable[[IntArray, IntArray], "StateFits"]
@@ -89,7 +106,8 @@ class ShareRow:
         cpu_capacity: CPU milli of the node.
         model: the first device's type ("" without devices).
         gpus: per GPU index, :data:`GPU_FIELDS` (``ok`` 1 when a share may go there:
-            healthy, usable, not held whole).
+            healthy, usable, not held whole; the last three: the GPU's tenancy,
+            ``fractional.node_tenancy``).
     """
 
     form: int
@@ -105,9 +123,10 @@ class ShareRow:
         return (self.form, self.capacity, self.cpu_free, self.cpu_capacity, self.model, self.gpus)
 
 
-def share_row(node: NodeInfo) -> ShareRow:
+def share_row(node: NodeInfo, tenancy: NodeTenancy | None = None) -> ShareRow:
     """``node``'s row: what :func:`~scheduler.core.fractional.decide` reads of it for a
-    single-device share without selectors."""
+    single-device share without selectors (``tenancy``: the node's, as ``decide`` is
+    given it)."""
     form = FORMS.index(node.sharing) if node.sharing in FORMS else 0
     devs = node_devices(node)
     usable, used = node.usable_mask, node.used_mask
@@ -116,7 +135,10 @@ def share_row(node: NodeInfo) -> ShareRow:
         mem, milli, tasks = usage_of(node, d.index)
         bit = 1 << d.index
         ok = d.healthy and bool(usable & bit) and not (used & bit and not tasks)
-        gpus.append((d.memory_mib, milli_capacity(d), mem, milli, tasks, d.split, 1 if ok else 0))
+        t = tenancy[d.index] if tenancy is not None and d.index < len(tenancy) else NO_TENANCY
+        gpus.append(
+            (d.memory_mib, milli_capacity(d), mem, milli, tasks, d.split, 1 if ok else 0, *t)
+        )
     cpu_free = max(0, node.cpu_milli - node.cpu_used_milli) if node.cpu_milli else NO_CPU_BOUND
     return ShareRow(
         form,
@@ -154,6 +176,8 @@ class StateFits:
         need_dims: the request's (compute, memory) there.
         dev_fits: per GPU, the request fits it (``device_fits``).
         share_mem: per GPU, the memory (MiB) the request takes there (``resolve``).
+        why: per state, why it refuses the request although a GPU has room
+            (``WHY_*``: the right-sizer's limits; ``WHY_NONE``: it fits, or no room).
     """
 
     fits: np.ndarray
@@ -163,6 +187,7 @@ class StateFits:
     need_dims: IntArray
     dev_fits: np.ndarray
     share_mem: IntArray
+    why: IntArray
 
     def take(self, at: IntArray) -> StateFits:
         """The fits of the states ``at`` (indices into these)."""
@@ -174,6 +199,7 @@ class StateFits:
             self.need_dims[at],
             self.dev_fits[at],
             self.share_mem[at],
+            self.why[at],
         )
 
 
@@ -184,7 +210,9 @@ def _up(part: IntArray, whole: IntArray) -> IntArray:
     return out
 
 
-def fit_states(gpu: IntArray, capacity: IntArray, ask: ContainerAsk) -> StateFits:
+def fit_states(
+    gpu: IntArray, capacity: IntArray, ask: ContainerAsk, limits: TenantLimits | None = None
+) -> StateFits:
     """The fit of ``ask`` on each state, as ``decide``'s ``_fit`` computes it per node.
 
     Args:
@@ -192,6 +220,7 @@ def fit_states(gpu: IntArray, capacity: IntArray, ask: ContainerAsk) -> StateFit
             GPUs).
         capacity: ``(states,)`` GPU count of each state.
         ask: the one device asked for.
+        limits: the right-sizer's limits of the request (``tenancy_refusal``, vectorized).
     """
     devmem, cap = gpu[:, :, _MEM], gpu[:, :, _CAP]
     umem, umilli, tasks = gpu[:, :, _UMEM], gpu[:, :, _UMILLI], gpu[:, :, _TASKS]
@@ -204,7 +233,7 @@ def fit_states(gpu: IntArray, capacity: IntArray, ask: ContainerAsk) -> StateFit
         else devmem * ask.memory_percent // 100
     )
     milli = ask.cores * 10
-    fits = (
+    room = (
         valid
         & ok
         & ~((devmem <= 0) & (smem > 0))
@@ -214,6 +243,23 @@ def fit_states(gpu: IntArray, capacity: IntArray, ask: ContainerAsk) -> StateFit
         & ~((milli >= cap) & (tasks > 0))
         & ~((milli == 0) & (umilli >= cap))
     )
+    # The right-sizer's limits (tenancy_refusal): on a GPU with tenants, at most the least
+    # max_tenants among them and the request, and their p95 together within the least limit.
+    tmax, tlim = gpu[:, :, _TMAX], gpu[:, :, _TLIM]
+    cap_t = np.where(tmax > 0, tmax, NO_BOUND)
+    lim = np.where(tlim > 0, tlim, NO_BOUND)
+    own = milli
+    if limits is not None:
+        if limits.max_tenants:
+            cap_t = np.minimum(cap_t, limits.max_tenants)
+        if limits.limit_milli:
+            lim = np.minimum(lim, limits.limit_milli)
+        if limits.p95_milli is not None:
+            own = limits.p95_milli
+    busy = tasks > 0
+    refuse_t = busy & (tasks + 1 > cap_t)
+    refuse_c = busy & ~refuse_t & (lim < NO_BOUND) & (gpu[:, :, _TP95] + own > lim)
+    fits = room & ~refuse_t & ~refuse_c
     tc = np.minimum(MILLI, _up(np.full_like(cap, milli), cap))
     tm = np.minimum(MILLI, _up(smem, devmem))
     neither = (tc == 0) & (tm == 0)
@@ -236,7 +282,13 @@ def fit_states(gpu: IntArray, capacity: IntArray, ask: ContainerAsk) -> StateFit
     rows = np.arange(len(capacity))
     need = m[rows, first]
     need_dims = np.stack([tc[rows, first], tm[rows, first]], axis=1)
-    return StateFits(fits.any(axis=1) & (capacity > 0), free, dims, need, need_dims, fits, smem)
+    fit_any = fits.any(axis=1) & (capacity > 0)
+    why = np.where(
+        fit_any | ~room.any(axis=1),
+        WHY_NONE,
+        np.where((room & refuse_t).any(axis=1), WHY_TENANTS, WHY_COMPUTE_P95),
+    )
+    return StateFits(fit_any, free, dims, need, need_dims, fits, smem, why)
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,10 +384,12 @@ def name_devices(
     req: ShareRequest,
     policy_name: str,
     selection_policy: str,
+    tenancy: NodeTenancy | None = None,
 ) -> ShareDecision:
     """The decision ``decide`` gives ``node`` (in state ``state``, which fits): its
     state's score and the devices the policy named for it (``place_on_view`` on that
-    node's own scores, then ``choose_devices`` with that device first)."""
+    node's own scores, then ``choose_devices`` with that device first; ``tenancy``: the
+    node's)."""
     assert scored.view is not None
     row = int(scored.at[state])
     policy: SharingPolicy = get_sharing_policy(policy_name)
@@ -359,8 +413,8 @@ def name_devices(
             one = SharingScores(
                 result.nodes[j : j + 1], result.scores[j : j + 1], result.gpus[j : j + 1]
             )
-            _, gpus = place_on_view(scored.view, task, policy, one)
-            found = choose_devices(node, req, gpus[0], selection_policy) or []
+            first = policy_device(scored.view, task, policy, one)
+            found = choose_devices(node, req, first, selection_policy, tenancy) or []
             return ShareDecision(node.name, tuple(tuple(c) for c in found), int(result.scores[j]))
     raise ValueError(f"state {state} was not scored")  # pragma: no cover - callers pass fits
 
@@ -375,6 +429,8 @@ class RowsVerdict:
         states: their states (indices into ``scored``), aligned with ``rows``.
         no_room: the offered rows that do not fit.
         scored: the states' verdict (for :func:`name_devices`).
+        why: per row of ``no_room``, ``WHY_*``: refused by the right-sizer's limits
+            although a GPU has room (``WHY_NONE``: no room).
     """
 
     rows: IntArray
@@ -382,6 +438,7 @@ class RowsVerdict:
     states: IntArray
     no_room: IntArray
     scored: StateScores
+    why: IntArray
 
     def order(self, top: int) -> IntArray:
         """Indices into ``rows`` of the ``top`` best (highest score, ties to the lowest
@@ -415,6 +472,7 @@ def decide_rows(
     dist: TypicalDistribution,
     policy_name: str,
     fitted: FitsOf | None = None,
+    limits: TenantLimits | None = None,
 ) -> RowsVerdict:
     """Fit and score the offered ``rows`` (of a snapshot's node order, backend and GPU
     count already checked) by their distinct states.
@@ -428,7 +486,9 @@ def decide_rows(
         dist: the target workload of the sharing policy.
         policy_name: the sharing policy.
         fitted: the fits of given states (ids, a row of each) when a caller keeps them
-            (they depend on the state and ``ask`` alone); else :func:`fit_states`.
+            (they depend on the state, ``ask`` and ``limits`` alone); else
+            :func:`fit_states`.
+        limits: the right-sizer's limits of the request.
     """
     ids = state_of[rows]
     # Rows of one state are alike: any of them stands for it (no sort needed).
@@ -442,7 +502,11 @@ def decide_rows(
     index[states] = np.arange(len(states))
     inverse = index[ids]
     reps = rep_of[states]
-    sf = fitted(states, reps) if fitted is not None else fit_states(gpu[reps], capacity[reps], ask)
+    sf = (
+        fitted(states, reps)
+        if fitted is not None
+        else fit_states(gpu[reps], capacity[reps], ask, limits)
+    )
     scored = score_states(
         sf,
         capacity[reps],
@@ -455,4 +519,5 @@ def decide_rows(
         policy_name,
     )
     fit = scored.fits[inverse]
-    return RowsVerdict(rows[fit], scored.score[inverse][fit], inverse[fit], rows[~fit], scored)
+    why = sf.why[inverse][~fit]
+    return RowsVerdict(rows[fit], scored.score[inverse][fit], inverse[fit], rows[~fit], scored, why)

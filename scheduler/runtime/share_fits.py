@@ -14,7 +14,7 @@ offline replay (300 openb nodes, 1,600 HAMi pods): 25.1 ms -> 9.7 ms per pod, th
 from __future__ import annotations
 
 import threading
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,10 +23,13 @@ import numpy as np
 from scheduler.core.fractional import (
     ContainerAsk,
     Fit,
+    NodeTenancy,
     PodShape,
     ShareRequest,
+    TenantLimits,
     fit_form,
     node_fits,
+    node_tenancy,
     pod_shapes,
 )
 from scheduler.core.model import NodeInfo, PodInfo
@@ -52,7 +55,7 @@ MAX_NODES_PER_FORM = 100_000
 class FitMemo:
     """Fits per request form (:func:`~scheduler.core.fractional.fit_form`), by node name,
     for the per-node path; and, for the vector path, the nodes' share columns
-    (:attr:`rows`) and the held pods' shape counts (:attr:`shapes`). Thread-safe: a
+    (:attr:`rows`) and what the held pods mean for the next (:attr:`held`). Thread-safe: a
     prioritize may run on a worker thread beside filter."""
 
     def __init__(self, forms: int = MAX_FORMS, nodes_per_form: int = MAX_NODES_PER_FORM) -> None:
@@ -62,20 +65,24 @@ class FitMemo:
         self._lock = threading.Lock()
         self.rows = ShareRows()
         """The nodes' share columns, for the vector path (``scheduler.core.share_table``)."""
-        self.shapes = ShapeCounts()
-        """The held pods' shape counts (FGD's target workload), kept between pods."""
+        self.held = HeldShares()
+        """The held pods' shape counts (FGD's target workload) and the nodes' tenancy."""
 
     def fits(
-        self, nodes: Sequence[NodeInfo], req: ShareRequest, selection_policy: str
+        self,
+        nodes: Sequence[NodeInfo],
+        req: ShareRequest,
+        selection_policy: str,
+        tenancy: Mapping[str, NodeTenancy] | None = None,
     ) -> dict[str, Fit]:
-        """:func:`~scheduler.core.fractional.node_fits` of ``nodes``, reusing and then
-        keeping this form's fits."""
+        """:func:`~scheduler.core.fractional.node_fits` of ``nodes`` (with ``tenancy``),
+        reusing and then keeping this form's fits."""
         key = fit_form(req, selection_policy)
         with self._lock:
             known = self._forms.get(key)
             if known is not None:
                 self._forms.move_to_end(key)
-        got = node_fits(nodes, req, selection_policy, known)
+        got = node_fits(nodes, req, selection_policy, known, tenancy)
         with self._lock:
             table = self._forms.get(key)
             if table is None or len(table) + len(got) > self._nodes:
@@ -113,13 +120,15 @@ class ShareRows:
         self._models: list[str] = []
         self._state_of = np.zeros(0, dtype=np.int64)
         self._states: dict[RowKey, int] = {}
-        self._fits: OrderedDict[ContainerAsk, StateFits] = OrderedDict()
-        self._done: dict[ContainerAsk, np.ndarray] = {}
+        self._fits: OrderedDict[FitKey, StateFits] = OrderedDict()
+        self._done: dict[FitKey, np.ndarray] = {}
+        self._tenancy: Mapping[str, NodeTenancy] = {}
+        self._tversion = 0
         self.rebuilds = 0
         """Full rebuilds so far (a new node set, or a node wider than the columns)."""
         self.epoch = 0
         """Bumped whenever the node set or a node's devices changed: the shapes of held
-        shares must then be read again (:class:`ShapeCounts`)."""
+        shares must then be read again (:class:`HeldShares`)."""
 
     def _put(self, i: int, row: ShareRow) -> None:
         self._form[i] = row.form
@@ -137,9 +146,12 @@ class ShareRows:
             sid = self._states[key] = len(self._states)
         self._state_of[i] = sid
 
+    def _row(self, node: NodeInfo) -> ShareRow:
+        return share_row(node, self._tenancy.get(node.name))
+
     def _rebuild(self, nodes: tuple[NodeInfo, ...]) -> None:
         n = len(nodes)
-        rows = [share_row(node) for node in nodes]
+        rows = [self._row(node) for node in nodes]
         width = max([8, *(r.capacity for r in rows)])
         self._gpu = np.zeros((n, width, len(GPU_FIELDS)), dtype=np.int64)
         self._form = np.zeros(n, dtype=np.int64)
@@ -177,7 +189,7 @@ class ShareRows:
         for i in changed:
             if old[i].devices != nodes[i].devices or old[i].gpu_capacity != nodes[i].gpu_capacity:
                 devices_changed = True
-            self._put(i, share_row(nodes[i]))
+            self._put(i, self._row(nodes[i]))
         if len(self._states) > MAX_STATES_PER_ROW * len(nodes) + 1024:
             self._rebuild(nodes)  # drop the states no row is in any more
         self._nodes, self._ids = nodes, ids
@@ -196,15 +208,34 @@ class ShareRows:
         pos: np.ndarray,
         form: int,
         ask: ContainerAsk,
+        limits: TenantLimits | None,
         cpu_milli: int,
         dist: TypicalDistribution,
         policy: str,
+        held: HeldShares,
+        index: Mapping[str, int],
+        tenancy: Mapping[str, NodeTenancy],
+        version: int,
     ) -> tuple[RowsVerdict, np.ndarray, np.ndarray]:
         """(the verdict of the rows of ``pos`` whose backend is ``form`` and that have a
-        GPU, the rows of ``pos`` of another backend, the rows with no GPU) on ``nodes``."""
+        GPU, the rows of ``pos`` of another backend, the rows with no GPU) on ``nodes``
+        (``index``: name -> position), with the nodes' ``tenancy`` at ``version`` of
+        ``held``."""
         with self._lock:
+            # Take the tenancy: the rows of the nodes whose tenancy changed since the last
+            # one taken are read again (every row when too many changes were missed).
+            names: set[str] | None = set()
+            if version != self._tversion or tenancy is not self._tenancy:
+                names = held.changed_since(self._tversion)
+                if names is None:
+                    self._nodes = None
+                self._tenancy, self._tversion = tenancy, version
             if self._update(nodes):
                 self.epoch += 1
+            for name in names or ():
+                i = index.get(name)
+                if i is not None:
+                    self._put(i, self._row(nodes[i]))
             forms = self._form[pos]
             other = pos[forms != form]
             mine = pos[forms == form]
@@ -222,14 +253,17 @@ class ShareRows:
                 cpu_milli,
                 dist,
                 policy,
-                lambda states, reps: self._fitted(ask, states, reps),
+                lambda states, reps: self._fitted((ask, limits), states, reps),
+                limits,
             )
         return verdict, other, too_few
 
-    def _fitted(self, ask: ContainerAsk, states: np.ndarray, reps: np.ndarray) -> StateFits:
-        """The fits of ``ask`` on ``states`` (``reps``: a row of each), computed once per
-        state and ask (a state's id names the same values until the next rebuild)."""
-        known = self._fits.get(ask)
+    def _fitted(self, key: FitKey, states: np.ndarray, reps: np.ndarray) -> StateFits:
+        """The fits of ``key`` (an ask and its limits) on ``states`` (``reps``: a row of
+        each), computed once per state and key (a state's id names the same values until
+        the next rebuild)."""
+        ask, limits = key
+        known = self._fits.get(key)
         size = len(self._states)
         if known is None or len(known.fits) < size:
             room = max(64, 2 * size)  # grown geometrically: states come one at a time
@@ -237,23 +271,24 @@ class ShareRows:
                 np.zeros((room, self._gpu.shape[1], len(GPU_FIELDS)), dtype=np.int64),
                 np.zeros(room, dtype=np.int64),
                 ask,
+                limits,
             )
             done = np.zeros(room, dtype=bool)
             if known is not None:
                 old = len(known.fits)
                 for f in StateFits.__dataclass_fields__:
                     getattr(grown, f)[:old] = getattr(known, f)
-                done[:old] = self._done[ask][:old]
-            self._fits[ask] = known = grown
-            self._done[ask] = done
+                done[:old] = self._done[key][:old]
+            self._fits[key] = known = grown
+            self._done[key] = done
             while len(self._fits) > MAX_FORMS:
                 gone, _ = self._fits.popitem(last=False)
                 self._done.pop(gone, None)
-        self._fits.move_to_end(ask)
-        done = self._done[ask]
+        self._fits.move_to_end(key)
+        done = self._done[key]
         todo = ~done[states]
         if todo.any():
-            new = fit_states(self._gpu[reps[todo]], self._capacity[reps[todo]], ask)
+            new = fit_states(self._gpu[reps[todo]], self._capacity[reps[todo]], ask, limits)
             at = states[todo]
             for f in StateFits.__dataclass_fields__:
                 getattr(known, f)[at] = getattr(new, f)
@@ -261,59 +296,119 @@ class ShareRows:
         return known.take(states)
 
 
+TENANCY_LOG = 256
+"""Tenancy changes remembered for :meth:`HeldShares.changed_since`."""
 MAX_STATES_PER_ROW = 4
 """States remembered per node before the state table starts afresh."""
 
 
-class ShapeCounts:
-    """FGD's target workload counts (:func:`~scheduler.core.fractional.pod_shapes` of the
-    held pods), kept between pods: a snapshot's pods are a ``PodMap`` whose versions share
-    their base dict, so only the keys in either version's changes are read again (all of
-    them when the base was flattened, or when :meth:`counts` is told devices changed).
-    Thread-safe (one lock)."""
+FitKey = tuple[ContainerAsk, TenantLimits | None]
+"""What a state's fit depends on besides the state: the ask and the request's limits."""
+
+
+class HeldShares:
+    """What the pods holding GPUs mean for the next share pod, kept between pods: FGD's
+    target workload counts (:func:`~scheduler.core.fractional.pod_shapes`) and the
+    tenancy of every node holding shares (:func:`~scheduler.core.fractional.node_tenancy`).
+
+    A snapshot's pods are a ``PodMap`` whose versions share their base dict, so only the
+    keys in either version's changes are read again (all of them when the base was
+    flattened, or when the epoch moved: devices changed). Thread-safe (one lock); the
+    tenancy mapping handed out is never changed afterwards (a change makes a new one)."""
 
     def __init__(self) -> None:
         self._pods: Mapping[str, PodInfo] | None = None
         self._shapes: dict[str, PodShape] = {}
         self._counts: Counter[TaskShape] = Counter()
+        self._on: dict[str, set[str]] = {}  # node -> keys of the share pods on it
+        self._tenancy: dict[str, NodeTenancy] = {}
         self._epoch = -1
         self._lock = threading.Lock()
+        self.version = 0
+        """Bumped with every change of the tenancy mapping."""
+        self._log: deque[tuple[int, frozenset[str]]] = deque(maxlen=TENANCY_LOG)
 
     def _full(self, nodes: Sequence[NodeInfo], pods: Mapping[str, PodInfo]) -> None:
         self._shapes = pod_shapes(nodes, pods.values(), self._shapes)
         self._counts = Counter(s for _, _, s in self._shapes.values())
+        self._on = {}
+        for k, p in pods.items():
+            if p.shares:
+                self._on.setdefault(p.node, set()).add(k)
 
-    def counts(
+    def update(
         self,
         nodes: Sequence[NodeInfo],
         index: Mapping[str, int],
         pods: Mapping[str, PodInfo],
         epoch: int,
-    ) -> Counter[TaskShape]:
-        """The shape counts of ``pods`` on ``nodes`` (``index``: name -> position); a
-        copy the caller may change. ``epoch``: :attr:`ShareRows.epoch` of ``nodes`` (all
-        pods are read again when it moved)."""
+    ) -> tuple[Counter[TaskShape], Mapping[str, NodeTenancy], int]:
+        """(the shape counts of ``pods`` on ``nodes``, a copy the caller may change; the
+        tenancy per node holding shares; its :attr:`version`). ``index``: name ->
+        position; ``epoch``: :attr:`ShareRows.epoch` of ``nodes`` (all pods are read again
+        when it moved)."""
         with self._lock:
             old = self._pods
             keys = None if epoch != self._epoch or old is None else changed_keys(old, pods)
             self._epoch = epoch
+            touched: set[str] = set()
             if keys is None:
                 self._full(nodes, pods)
+                touched = set(self._on) | set(self._tenancy)
             else:
                 for k in keys:
                     before = self._shapes.pop(k, None)
                     if before is not None:
                         self._counts[before[2]] -= 1
+                    was = old.get(k) if old is not None else None
+                    if was is not None and was.shares:
+                        self._on.get(was.node, set()).discard(k)
+                        touched.add(was.node)
                     p = pods.get(k)
                     if p is None:
                         continue
+                    if p.shares:
+                        self._on.setdefault(p.node, set()).add(k)
+                        touched.add(p.node)
                     i = index.get(p.node)
                     got = pod_shapes((nodes[i],), (p,)) if i is not None else {}
                     if k in got:
                         self._shapes[k] = got[k]
                         self._counts[got[k][2]] += 1
             self._pods = pods
-            return +self._counts
+            changed: set[str] = set()
+            if touched:
+                tenancy = dict(self._tenancy)
+                for name in touched:
+                    i = index.get(name)
+                    held = self._on.get(name)
+                    if i is None or not held:
+                        self._on.pop(name, None)
+                        if tenancy.pop(name, None) is not None:
+                            changed.add(name)
+                        continue
+                    t = node_tenancy(nodes[i], [pods[k] for k in held if k in pods])
+                    if tenancy.get(name) != t:
+                        tenancy[name] = t
+                        changed.add(name)
+                if changed:
+                    self._tenancy = tenancy
+                    self.version += 1
+                    self._log.append((self.version, frozenset(changed)))
+            return +self._counts, self._tenancy, self.version
+
+    def changed_since(self, version: int) -> set[str] | None:
+        """Nodes whose tenancy changed after ``version`` (None: too long ago to say)."""
+        with self._lock:
+            if version == self.version:
+                return set()
+            if not self._log or self._log[0][0] > version + 1:
+                return None
+            out: set[str] = set()
+            for v, names in self._log:
+                if v > version:
+                    out |= names
+            return out
 
 
 def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any]) -> set[str] | None:

@@ -15,6 +15,7 @@ import pytest
 
 from benchmarks.clusters import make_node, make_pod
 from scheduler.cli.main import load_params
+from scheduler.core.fractional import REASON_COMPUTE_P95, REASON_TENANTS, RIGHTSIZE_ANNOTATION
 from scheduler.core.share_table import vector_request
 from scheduler.runtime.cache import ClusterCache
 from scheduler.runtime.gangs import GangRuntime
@@ -30,9 +31,23 @@ from tests.sharing.builders import (
 )
 
 
-def _cluster(seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _note(rng: random.Random, pod: dict[str, Any], on: bool) -> dict[str, Any]:
+    """``pod`` with, when ``on`` and at random, the right-sizer's note: a measured compute
+    p95 and its policy's tenancy limits (``fractional.tenant_limits``)."""
+    if on and rng.random() < 0.6:
+        note: dict[str, Any] = {"compute_p95": rng.choice([0.1, 0.2, 0.35, 0.5])}
+        if rng.random() < 0.7:
+            note["max_tenants_per_gpu"] = rng.choice([1, 2, 3])
+        if rng.random() < 0.7:
+            note["gpu_compute_limit"] = rng.choice([0.5, 0.8, 1.0])
+        pod["metadata"]["annotations"][RIGHTSIZE_ANNOTATION] = orjson.dumps(note).decode()
+    return pod
+
+
+def _cluster(seed: int, limits: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """HAMi nodes of two kinds (some GPUs unhealthy, some cordoned, some split 2), gpushare
-    nodes, nodes without a backend, labels for selectors; whole-GPU pods and shares bound."""
+    nodes, nodes without a backend, labels for selectors; whole-GPU pods and shares bound
+    (with ``limits``, some with the right-sizer's note)."""
     rng = random.Random(seed)
     nodes, pods = [], []
     for i in range(rng.randint(20, 40)):
@@ -69,19 +84,22 @@ def _cluster(seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     for k, name in enumerate(rng.sample(hami, len(hami) // 3)):
         pods.append(make_pod(f"whole-{k}", 1, namespace="busy", node=name, gpu_indices=[3]))
     for k, name in enumerate(rng.sample(hami, len(hami) // 3)):
-        pods.append(
-            hami_bound(
-                f"held-{k}",
-                rng.randint(0, 1),
-                rng.choice([2000, 6000]),
-                node=name,
-                cores=rng.choice([10, 30]),
-            )
+        held = hami_bound(
+            f"held-{k}",
+            rng.randint(0, 1),
+            rng.choice([2000, 6000]),
+            node=name,
+            cores=rng.choice([10, 30]),
         )
+        pods.append(_note(rng, held, limits))
     return nodes, pods
 
 
-def _pod(rng: random.Random, k: int) -> dict[str, Any]:
+def _pod(rng: random.Random, k: int, limits: bool = False) -> dict[str, Any]:
+    return _note(rng, _pod_of(rng, k), limits)
+
+
+def _pod_of(rng: random.Random, k: int) -> dict[str, Any]:
     r = rng.random()
     if r < 0.12:
         return aliyun_pod(f"g{k}", rng.choice([2, 4, 8]))
@@ -116,14 +134,17 @@ def _extender(
 @pytest.mark.parametrize("policy", ["topoplace-share", "fgd"])
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
 def test_vector_path_answers_as_the_per_node_path(seed: int, policy: str) -> None:
-    nodes, bound = _cluster(seed)
+    """Odd seeds: some pods carry the right-sizer's note (tenancy limits refuse GPUs)."""
+    limits = seed % 2 == 1
+    nodes, bound = _cluster(seed, limits)
     per_node, rec_a = _extender(nodes, bound, policy)
     vector, rec_b = _extender(nodes, bound, policy)
     rng = random.Random(seed * 1000)
     names = [n["metadata"]["name"] for n in nodes]
     vector_answered = placed = 0
+    refused: set[str] = set()
     for k in range(70):
-        pod = _pod(rng, k)
+        pod = _pod(rng, k, limits)
         offered = rng.sample(names, rng.randint(len(names) // 2, len(names)))
         body = {"Pod": pod, "Nodes": None, "NodeNames": offered}
         raw = orjson.dumps(body)
@@ -140,6 +161,9 @@ def test_vector_path_answers_as_the_per_node_path(seed: int, policy: str) -> Non
         )
         assert rec_b[-1] == rec_a[-1]
         placed += held_a is not None
+        refused.update(
+            r for r in new["FailedNodes"].values() if r in (REASON_TENANTS, REASON_COMPUTE_P95)
+        )
         req = pod_share_request(per_node, pod)
         vector_answered += vector_request(req, policy) is not None
         # prioritize over every offered node (not only the kept one): every score equal
@@ -151,6 +175,8 @@ def test_vector_path_answers_as_the_per_node_path(seed: int, policy: str) -> Non
         assert rec_b[-1] == rec_a[-1]
     assert vector_answered >= 50  # the vector path answered most pods
     assert placed >= 30  # and the cluster filled up as they were held
+    if limits:  # and the right-sizer's limits refused nodes
+        assert refused
 
 
 def test_vector_path_keeps_columns_between_pods() -> None:

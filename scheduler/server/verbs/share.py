@@ -35,10 +35,13 @@ import orjson
 from scheduler.core.fractional import (
     BACKEND_GPUSHARE,
     BACKEND_HAMI,
+    REASON_COMPUTE_P95,
     REASON_NO_BACKEND,
     REASON_NO_SHARE_ROOM,
+    REASON_TENANTS,
     REASON_TOO_MANY_DEVICES,
     ContainerAsk,
+    NodeTenancy,
     ShareDecision,
     ShareError,
     ShareRequest,
@@ -52,6 +55,7 @@ from scheduler.core.fractional import (
     shapes_distribution,
     share_request,
     share_shape,
+    tenancy_reason,
 )
 from scheduler.core.model import PodInfo, PodRequest
 from scheduler.core.objects import bound_pod, pod_resource
@@ -65,7 +69,15 @@ from scheduler.core.schedule import (
     selector_matches,
     verdict_reason,
 )
-from scheduler.core.share_table import FORMS, RowsVerdict, name_devices, vector_request
+from scheduler.core.share_table import (
+    FORMS,
+    WHY_COMPUTE_P95,
+    WHY_NONE,
+    WHY_TENANTS,
+    RowsVerdict,
+    name_devices,
+    vector_request,
+)
 from scheduler.core.sharing import typical_from_counts
 from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.server import wire
@@ -110,10 +122,19 @@ def _distribution(ext: Host, snap: ClusterSnapshot, req: ShareRequest) -> Any:
     return dist
 
 
+def _held(ext: Host, snap: ClusterSnapshot) -> tuple[Any, Mapping[str, NodeTenancy], int]:
+    """(the held pods' shape counts, the nodes' tenancy, its version) for ``snap``, kept
+    between pods (``FitMemo.held``)."""
+    memo = ext.share_fits
+    epoch = memo.rows.refresh(snap.nodes)
+    return memo.held.update(snap.nodes, snap.index, snap.pods, epoch)
+
+
 def _decisions(
     ext: Host, snap: ClusterSnapshot, pod_req: PodRequest, req: ShareRequest, names: list[str]
 ) -> tuple[dict[str, ShareDecision], dict[str, str], dict[str, str]]:
-    """(decisions of the nodes that fit, failed, unresolvable) over ``names``."""
+    """(decisions of the nodes that fit, failed, unresolvable) over ``names``; a node
+    whose GPUs with room the right-sizer's limits all refuse fails with their reason."""
     failed: dict[str, str] = {}
     unres: dict[str, str] = {}
     cands = []
@@ -128,17 +149,20 @@ def _decisions(
             continue
         cands.append(node)
     policy = ext.params.selection_policy
+    _, tenancy, _ = _held(ext, snap)
     got = decide(
         cands,
         req,
         _distribution(ext, snap, req),
         ext.params.sharing,
         policy,
-        ext.share_fits.fits(cands, req, policy),
+        ext.share_fits.fits(cands, req, policy, tenancy),
+        tenancy,
     )
     for n in cands:
         if n.name not in got:
-            failed[n.name] = REASON_NO_SHARE_ROOM
+            why = tenancy_reason(n, req, tenancy.get(n.name)) if tenancy else ""
+            failed[n.name] = why or REASON_NO_SHARE_ROOM
     return got, failed, unres
 
 
@@ -353,10 +377,12 @@ class VectorVerdict:
     Attributes:
         verdict: the rows that fit and their scores.
         groups: (unresolvable, reason, rows) of every row that cannot take the pod.
+        tenancy: the nodes' tenancy it was decided with.
     """
 
     verdict: RowsVerdict
     groups: list[tuple[bool, str, np.ndarray]]
+    tenancy: Mapping[str, NodeTenancy]
 
     def reasons(self) -> dict[str, int]:
         """Reason counts of the rows that cannot take the pod."""
@@ -367,13 +393,10 @@ class VectorVerdict:
 
 
 def _vector_distribution(
-    ext: Host, snap: ClusterSnapshot, req: ShareRequest, ask: ContainerAsk
+    ext: Host, snap: ClusterSnapshot, req: ShareRequest, ask: ContainerAsk, counts: Any
 ) -> Any:
-    """:func:`_distribution` from the held pods' shape counts kept between pods
-    (``FitMemo.shapes``), read again only for the pods that changed."""
-    memo = ext.share_fits
-    epoch = memo.rows.refresh(snap.nodes)
-    counts = memo.shapes.counts(snap.nodes, snap.index, snap.pods, epoch)
+    """:func:`_distribution` from the held pods' shape ``counts`` kept between pods
+    (:func:`_held`, read again only for the pods that changed; changed here)."""
     for n in snap.nodes:
         if n.sharing == req.form and n.devices:
             d = n.devices[0]
@@ -409,41 +432,56 @@ def _vector(
         if not ok.all():
             groups.append((True, REASON_NODE_SELECTOR, rest[~ok]))
         rest = rest[ok] if len(rest) else rest
-    dist = _vector_distribution(ext, snap, req, ask)
-    verdict, other, too_few = ext.share_fits.rows.decide(
+    memo = ext.share_fits
+    counts, tenancy, version = _held(ext, snap)
+    dist = _vector_distribution(ext, snap, req, ask, counts)
+    verdict, other, too_few = memo.rows.decide(
         snap.nodes,
         rest,
         FORMS.index(req.form),
         ask,
+        req.limits,
         req.cpu_milli,
         dist,
         ext.params.sharing.policy,
+        memo.held,
+        snap.index,
+        tenancy,
+        version,
     )
+    no_room, why = verdict.no_room, verdict.why
     for never, reason, rows in (
         (True, REASON_NO_BACKEND, other),
         (True, REASON_TOO_MANY_DEVICES, too_few),
-        (False, REASON_NO_SHARE_ROOM, verdict.no_room),
+        (False, REASON_NO_SHARE_ROOM, no_room[why == WHY_NONE]),
+        (False, REASON_TENANTS, no_room[why == WHY_TENANTS]),
+        (False, REASON_COMPUTE_P95, no_room[why == WHY_COMPUTE_P95]),
     ):
         if len(rows):
             groups.append((never, reason, rows))
-    return VectorVerdict(verdict, groups)
+    return VectorVerdict(verdict, groups, tenancy)
 
 
 def _named(
-    ext: Host, snap: ClusterSnapshot, req: ShareRequest, v: RowsVerdict, at: np.ndarray
+    ext: Host, snap: ClusterSnapshot, req: ShareRequest, out: VectorVerdict, at: np.ndarray
 ) -> list[ShareDecision]:
-    """The decisions (with their devices) of the fitting rows ``v.rows[at]``."""
-    return [
-        name_devices(
-            v.scored,
-            int(v.states[j]),
-            snap.nodes[int(v.rows[j])],
-            req,
-            ext.params.sharing.policy,
-            ext.params.selection_policy,
+    """The decisions (with their devices) of the fitting rows ``out.verdict.rows[at]``."""
+    v = out.verdict
+    found = []
+    for j in at.tolist():
+        node = snap.nodes[int(v.rows[j])]
+        found.append(
+            name_devices(
+                v.scored,
+                int(v.states[j]),
+                node,
+                req,
+                ext.params.sharing.policy,
+                ext.params.selection_policy,
+                out.tenancy.get(node.name),
+            )
         )
-        for j in at.tolist()
-    ]
+    return found
 
 
 RUNNERS_UP = 3
@@ -466,7 +504,7 @@ def _record_vector(
         return
     v = out.verdict
     if top is None:
-        top = _named(ext, snap, req, v, v.order(1 + RUNNERS_UP))
+        top = _named(ext, snap, req, out, v.order(1 + RUNNERS_UP))
     info = explanation_of(ext.params.sharing.policy, top, len(v.rows), out.reasons())
     decisions.record_info(verb, pod_req.key, pod_req.gang, info)
 
@@ -502,7 +540,7 @@ def share_filter_fast(
         out = _vector(ext, snap, pod_req, req, ask, pos)
         v = out.verdict
         order = v.order(1 + RUNNERS_UP)
-        best = _named(ext, snap, req, v, order)
+        best = _named(ext, snap, req, out, order)
         chosen = None
         if (
             best
