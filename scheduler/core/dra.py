@@ -1072,6 +1072,20 @@ class CompiledClaims:
             return None  # capacity requests: the search checks capacity per device
         return e
 
+    @property
+    def capacity_greedy(self) -> FitEntry | None:
+        """The one entry when the claims are one modelled ``ExactCount`` request without
+        constraints, with or without capacity requests: its first fit is the first
+        ``count`` candidates whose capacity fits (:func:`capacity_fit_masks`), each device
+        once (a claim never takes a shared device twice), else None."""
+        if len(self.entries) != 1:
+            return None
+        e = self.entries[0]
+        r = e.request
+        if r is None or e.preds is None or r.all_devices or self.claims[e.claim].constraints:
+            return None
+        return e
+
 
 def compile_claims(claims: Sequence[ClaimSpec], classes: Mapping[str, Any]) -> CompiledClaims:
     """``claims`` (in the pod's order) with each request's selectors compiled."""
@@ -1262,6 +1276,8 @@ class GreedyTable:
     pos: Mapping[DeviceId, tuple[int, int]]
     ident: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     """bool per row: candidate k is GPU k for every k (then GPU bits = candidate bits)."""
+    cap: CapacityColumns | None = None
+    """The candidates' capacities (a table made with ``capacity=True``), else None."""
 
     def id_masks(self, ids: Iterable[DeviceId]) -> np.ndarray:
         """int64 per row: the bits of those of ``ids`` that are candidates."""
@@ -1284,11 +1300,97 @@ class GreedyTable:
         return tuple(c[k] for k in range(len(c)) if mask >> k & 1)
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class CapacityColumns:
+    """The capacities of a :class:`GreedyTable`'s candidates, as arrays (read-only).
+
+    Attributes:
+        names: capacity names, one per column ``c``.
+        value: int64 [rows, width, names]: candidate k's capacity (0 where it has none).
+        shared: bool [rows, width]: candidate k is a shared device.
+        sig: int64 [rows, width]: index of candidate k's capacities in ``sigs``
+            (``len(sigs)``: no capacities, or no candidate).
+        sigs: distinct (driver, capacities) of the candidates.
+        shared_bits: int64 per row: the shared candidates' bits (never in use: the
+            devices other pods may get hold capacity, not the device).
+    """
+
+    names: tuple[str, ...]
+    value: np.ndarray
+    shared: np.ndarray
+    sig: np.ndarray
+    sigs: tuple[tuple[str, tuple[tuple[str, Capacity], ...]], ...]
+    shared_bits: np.ndarray
+
+    def take(self, requests: Sequence[tuple[str, int]]) -> tuple[np.ndarray, np.ndarray]:
+        """(int64 [rows, width, names]: what a request of capacity ``requests`` consumes of
+        each candidate, bool [rows, width]: it may not take the candidate even alone (a
+        capacity it lacks, a broken policy, over the capacity)), as :func:`consumption`."""
+        n = len(self.names)
+        col = {name: i for i, name in enumerate(self.names)}
+        rows = np.zeros((len(self.sigs) + 1, max(1, n)), dtype=np.int64)
+        bad = np.zeros(len(self.sigs) + 1, dtype=bool)
+        bad[-1] = bool(requests)  # no capacities: a capacity request never fits
+        for i, (driver, caps) in enumerate(self.sigs):
+            d = Device(
+                driver, "", "", "", "", None, "", "", capacities=MappingProxyType(dict(caps))
+            )
+            got = consumption(d, requests)
+            if got is None or not capacity_fits(d, got):
+                bad[i] = True
+                continue
+            for name, v in got.items():
+                rows[i, col[name]] = v
+        return rows[self.sig], bad[self.sig]
+
+
+def capacity_fit_masks(
+    table: GreedyTable,
+    take: np.ndarray,
+    bad: np.ndarray,
+    used: np.ndarray | None,
+) -> np.ndarray:
+    """int64 per row: the candidates whose capacity takes a request (``take`` / ``bad``
+    from :meth:`CapacityColumns.take`) beside ``used`` (int64 [rows, width, names]: what
+    allocated claims consume of each candidate; None: nothing), as the search checks it
+    device by device."""
+    cap = table.cap
+    assert cap is not None
+    total = take if used is None else take + np.where(cap.shared[:, :, None], used, 0)
+    ok = ~bad & (total <= cap.value).all(axis=2)
+    width = ok.shape[1]
+    bits = np.left_shift(np.int64(1), np.arange(width, dtype=np.int64))
+    return (ok * bits).sum(axis=1).astype(np.int64) & table.full
+
+
+def capacity_used(table: GreedyTable, consumed: Consumed) -> np.ndarray:
+    """int64 [rows, width, names]: what ``consumed`` holds of each candidate."""
+    cap = table.cap
+    assert cap is not None
+    out = np.zeros_like(cap.value)
+    col = {name: i for i, name in enumerate(cap.names)}
+    pos = table.pos
+    for did, amounts in consumed.items():
+        rb = pos.get(did)
+        if rb is None:
+            continue
+        for name, v in amounts.items():
+            c = col.get(name)
+            if c is not None:
+                out[rb[0], rb[1], c] += v
+    out.setflags(write=False)
+    return out
+
+
 def greedy_table(
-    nodes: Sequence[str], candidates: Callable[[str], Sequence[Device]]
+    nodes: Sequence[str],
+    candidates: Callable[[str], Sequence[Device]],
+    capacity: bool = False,
 ) -> GreedyTable:
     """The :class:`GreedyTable` of ``nodes`` (``candidates``: a node's candidates for the
-    request form, :func:`request_candidates`)."""
+    request form, :func:`request_candidates`). ``capacity``: for requests whose devices
+    may be shared or have request policies (:attr:`CompiledClaims.capacity_greedy`): such
+    rows are exact too, and the table carries :class:`CapacityColumns`."""
     cands = tuple(tuple(candidates(n)) for n in nodes)
     width = max((min(len(c), GREEDY_WIDTH) for c in cands), default=0) or 1
     full = np.zeros(len(nodes), dtype=np.int64)
@@ -1297,7 +1399,10 @@ def greedy_table(
     pos: dict[DeviceId, tuple[int, int]] = {}
     for r, c in enumerate(cands):
         if len(c) > GREEDY_WIDTH or any(
-            d.consumes or not d.plain or (d.gpu is not None and not 0 <= d.gpu < 63) for d in c
+            d.consumes
+            or (not d.plain and not capacity)
+            or (d.gpu is not None and not 0 <= d.gpu < 63)
+            for d in c
         ):
             exact[r] = False
             continue
@@ -1312,6 +1417,7 @@ def greedy_table(
     ).all(axis=1)
     for a in (full, gpu, exact, ident):
         a.setflags(write=False)
+    cols = _capacity_columns(cands, exact, width) if capacity else None
     return GreedyTable(
         tuple(nodes),
         MappingProxyType({n: i for i, n in enumerate(nodes)}),
@@ -1321,7 +1427,42 @@ def greedy_table(
         exact,
         MappingProxyType(pos),
         ident,
+        cols,
     )
+
+
+def _capacity_columns(
+    cands: Sequence[Sequence[Device]], exact: np.ndarray, width: int
+) -> CapacityColumns:
+    names = sorted({n for c in cands for d in c for n in d.capacities})
+    col = {n: i for i, n in enumerate(names)}
+    value = np.zeros((len(cands), width, max(1, len(names))), dtype=np.int64)
+    shared = np.zeros((len(cands), width), dtype=bool)
+    sigs: dict[tuple[Any, ...], int] = {}
+    sig_rows: list[list[tuple[int, int]]] = []
+    for r, c in enumerate(cands):
+        if not exact[r]:
+            continue
+        for k, d in enumerate(c):
+            shared[r, k] = d.shared
+            if not d.capacities:
+                continue
+            key = (d.driver, tuple(sorted(d.capacities.items())))
+            i = sigs.setdefault(key, len(sigs))
+            if i == len(sig_rows):
+                sig_rows.append([])
+            sig_rows[i].append((r, k))
+            for n, cap in d.capacities.items():
+                value[r, k, col[n]] = cap.value
+    sig = np.full((len(cands), width), len(sigs), dtype=np.int64)
+    for i, at in enumerate(sig_rows):
+        rr, kk = zip(*at, strict=True)
+        sig[np.asarray(rr), np.asarray(kk)] = i
+    bits = np.left_shift(np.int64(1), np.arange(width, dtype=np.int64))
+    shared_bits = (shared * bits).sum(axis=1).astype(np.int64)
+    for a in (value, shared, sig, shared_bits):
+        a.setflags(write=False)
+    return CapacityColumns(tuple(names), value, shared, sig, tuple(sigs), shared_bits)
 
 
 def first_free_masks(free: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:

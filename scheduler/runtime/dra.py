@@ -255,6 +255,7 @@ class DraRouter:
         # (table, flying) -> bits; names -> (rows, snapshot indices); snapshot nodes -> columns
         self._tables: tuple[Any, dict[Any, dra.GreedyTable]] | None = None
         self._bits_memo: dict[tuple[int, str], tuple[Any, Any, np.ndarray]] = {}
+        self._cap_memo: dict[Any, Any] = {}
         self._rows_memo: dict[Any, tuple[np.ndarray, np.ndarray]] = {}
         self._columns: tuple[Any, tuple[Any, ...]] | None = None
         self._mask_picks: dict[str, tuple[dra.GreedyTable, np.ndarray]] = {}
@@ -734,23 +735,60 @@ class DraRouter:
 
     # ---- greedy claim pods on every node at once --------------------------------------------
 
-    def _table(self, inv: dra.Inventory, entry: dra.FitEntry) -> dra.GreedyTable:
+    def _table(
+        self, inv: dra.Inventory, entry: dra.FitEntry, capacity: bool = False
+    ) -> dra.GreedyTable:
         """The :class:`dra.GreedyTable` of ``entry``'s request form over every DRA node,
-        made once per inventory."""
+        made once per inventory (``capacity``: with the candidates' capacities)."""
         memo = self._tables
         if memo is None or memo[0] is not inv:
             memo = (inv, {})
             self._tables = memo
             self._bits_memo.clear()
             self._rows_memo.clear()
-        table = memo[1].get(entry.key)
+            self._cap_memo.clear()
+        key = ("capacity", entry.key) if capacity else entry.key
+        table = memo[1].get(key)
         if table is None:
             devices = inv.by_node
             table = dra.greedy_table(
-                tuple(devices), lambda n: dra.request_candidates(devices.get(n, ()), entry)
+                tuple(devices),
+                lambda n: dra.request_candidates(devices.get(n, ()), entry),
+                capacity,
             )
-            memo[1][entry.key] = table
+            memo[1][key] = table
         return table
+
+    def _has_capacity(self, inv: dra.Inventory) -> bool:
+        """Whether ``inv`` has a shared device or one with a request policy (then every
+        greedy request takes the capacity masks), once per inventory."""
+        got = self._cap_memo.get("inventory")
+        if got is None or got[0] is not inv:
+            got = (inv, any(not d.plain for d in inv.by_id.values()))
+            self._cap_memo["inventory"] = got
+        return bool(got[1])
+
+    def _fit_bits(
+        self, table: dra.GreedyTable, requests: tuple[tuple[str, int], ...], snap: ClusterSnapshot
+    ) -> np.ndarray:
+        """Per row of a capacity table, the candidates a request of capacity ``requests``
+        fits beside what allocated claims consume (``dra.capacity_fit_masks``): the
+        request's consumption once per (table, requests), the claims' per (table, claims)."""
+        consumed = self.consumed(snap)
+        k_take = (id(table), "take", requests)
+        got = self._cap_memo.get(k_take)
+        if got is None or got[0] is not table:
+            got = (table, table.cap.take(requests) if table.cap is not None else None)
+            self._cap_memo[k_take] = got
+        take, bad = got[1]
+        k_used = (id(table), "used")
+        used = self._cap_memo.get(k_used)
+        if used is None or used[0] is not table or used[1] is not consumed:
+            used = (table, consumed, dra.capacity_used(table, consumed) if consumed else None)
+            self._cap_memo[k_used] = used
+        if len(self._cap_memo) > 64:
+            self._cap_memo.clear()
+        return dra.capacity_fit_masks(table, take, bad, used[2])
 
     def _bits(self, table: dra.GreedyTable, what: str, ids: frozenset[Any]) -> np.ndarray:
         """``table.id_masks(ids)``, made once per (table, what, ids object)."""
@@ -802,9 +840,15 @@ class DraRouter:
         if prep.pins or prep.holdings or not prep.complete or prep.pending is None:
             return None
         entry = prep.pending.greedy
+        capacity = False
+        if entry is None or self._has_capacity(inv):
+            # capacity requests, or shared devices / request policies in the cluster:
+            # masks of what fits
+            entry = prep.pending.capacity_greedy
+            capacity = entry is not None and entry.request is not None
         if entry is None or entry.count < 1:
             return None
-        table = self._table(inv, entry)
+        table = self._table(inv, entry, capacity)
         held, flying = self._held(snap)
         recent, _ = self.recent()
         if recent:
@@ -824,6 +868,8 @@ class DraRouter:
         tr = np.where(has, trows, 0)
         exact = has & table.exact[tr]
         free = np.where(exact, table.full[tr] & ~held_bits[tr], 0)
+        if capacity and entry.request is not None:
+            free &= self._fit_bits(table, entry.request.capacity, snap)[tr]
         sel, ok = dra.first_free_masks(free, entry.count)
         sel = np.where(ok & exact, sel, 0)
         code[ok & exact] = _OK
@@ -899,6 +945,8 @@ class DraRouter:
                 for p in self.plans(pod, redo, more, extended):
                     ids.update(d.id for c in p.prediction.devices for d in c)
         others = self._others_bits(table, key)
+        if others is not None and table.cap is not None:
+            others = others & ~table.cap.shared_bits  # a share holds capacity, not the device
         if others is not None and ok.any():
             tr = fast.trows[ok]
             moved = (fast.sel[ok] & others[tr]) != 0
