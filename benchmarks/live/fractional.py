@@ -32,9 +32,14 @@ extender in process (filter, then bind on the node it offers), with no kube-sche
 "placed as offline" counts pods that got exactly the node and the devices (memory and
 compute per GPU) of the offline replay.
 
-There is no default-scheduler arm: kube-scheduler alone cannot place these pods (no node
-advertises ``nvidia.com/gpumem-percentage`` or ``gpucores``), and HAMi's own scheduler is
-not available here.
+**Default** (``--arms ... default``, HAMi only): the same tasks counted as GPU replicas,
+time-slicing style, placed by kube-scheduler alone (one plain profile, no extender, its
+default plugins and node sampling, the same client limits as topoplace's: qps 500, burst
+1000): each node advertises ``nvidia.com/gpu`` as GPUs x 10 replicas (as it does for HAMi),
+a fractional task asks ``ceil(gpu_milli / 100)`` replicas and a whole-GPU task 10 per GPU.
+kube-scheduler counts replicas per node only (no GPU-level memory or compute), so this is
+the pace of plain counting, the floor of what a scheduler of shares can cost; the summary
+gives topoplace's pods/s over it.
 
 Reports pods bound and pods/s (first bind to last), nodes and GPUs in use, GPUs left
 untouched, the allocation ratio (GPU shares bound over the cluster's GPUs), shares that
@@ -182,10 +187,18 @@ def workload(
     return out
 
 
+def replicas(task: Task) -> int:
+    """``task`` in GPU replicas (:data:`SPLIT` per GPU): a share rounded up, whole GPUs."""
+    return task.gpus * SPLIT if task.milli >= MILLI else -(-task.milli * SPLIT // MILLI)
+
+
 def pod_object(task: Task, scheduler: str = SCHEDULER, backend: str = "hami") -> dict[str, Any]:
     """A HAMi pod for ``task`` (``nvidia.com/gpu`` with memory and compute percentages),
-    or a gpushare pod (``aliyun.com/gpu-mem``, :data:`GPUSHARE_TASK_GIB`; one GPU)."""
-    if backend == "gpushare":
+    a gpushare pod (``aliyun.com/gpu-mem``, :data:`GPUSHARE_TASK_GIB`; one GPU), or
+    (``replicas``) the task in ``nvidia.com/gpu`` replicas alone (:func:`replicas`)."""
+    if backend == "replicas":
+        limits = {"nvidia.com/gpu": str(replicas(task))}
+    elif backend == "gpushare":
         if task.gpus != 1:
             raise ValueError("gpushare shares one GPU per pod")
         limits = {ALIYUN_MEM: str(max(1, -(-task.milli * GPUSHARE_TASK_GIB // MILLI)))}
@@ -387,6 +400,30 @@ def run_arm(
     return row, placed
 
 
+DEFAULT_SCHEDULER = "default-scheduler"
+
+
+def run_default(
+    args: argparse.Namespace, api: Api, kc: str, logs: Path, work: list[Task]
+) -> dict[str, Any]:
+    """The default arm: the tasks as ``nvidia.com/gpu`` replicas (:func:`replicas`), a
+    backlog, kube-scheduler alone (no extender, no topoplace); pods bound and pods/s."""
+    from benchmarks.live.kubesched import render_default_config
+
+    cfg = render_default_config(kc, DEFAULT_SCHEDULER, percentage_of_nodes_to_score=None)
+    ks = KubeScheduler(
+        kc, "", logs, port=args.default_sched_port, kube_bin=args.kube_bin, config=cfg
+    )
+    try:
+        for t in work:
+            api.create_pod(NAMESPACE, pod_object(t, DEFAULT_SCHEDULER, "replicas"))
+        ks.start()
+        seen = wait_bound(api, NAMESPACE, len(work), args.timeout)
+    finally:
+        ks.stop()
+    return {"default_bound": len(seen), "default_pods_per_s": pods_per_s(list(seen.values()))}
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(DATA), help="the alibaba-gpu-v2023 folder")
@@ -396,6 +433,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--fill", type=float, default=0.9, help="GPU shares asked / GPUs")
     ap.add_argument("--backend", choices=BACKENDS, default="hami", help="how GPUs are shared")
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument(
+        "--arms",
+        nargs="+",
+        choices=("topoplace", "default"),
+        default=["topoplace", "default"],
+        help="live arms per run (default: HAMi only; see the module docstring)",
+    )
     add_plane_args(ap)
     return ap.parse_args(argv)
 
@@ -429,7 +473,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"offline: {len(want)} of {len(work)} placed in {time.monotonic() - t:.1f}s")
         order = [t.name for t in work]
         for run in range(1, args.runs + 1):
+            extra: dict[str, Any] = {}
+            if "default" in args.arms and args.backend == "hami":
+                extra = run_default(args, api, kc, work_dir / "logs", work)
+                log(
+                    f"run {run} default-scheduler: {extra['default_bound']}/{len(work)} "
+                    f"bound, {extra['default_pods_per_s']:.1f} pods/s"
+                )
+                api.delete_pods(NAMESPACE)
+            if "topoplace" not in args.arms:
+                rows.append({"run": run, **extra})
+                continue
             row, placed = run_arm(args, api, kc, work_dir / "logs", work)
+            row.update(extra)
+            if extra:
+                row["over_default"] = row["pods_per_s"] / extra["default_pods_per_s"]
             same = [p for p in order if p in want and placed.get(p) == want[p]]
             diverged = next((i for i, p in enumerate(order) if placed.get(p) != want.get(p)), -1)
             row.update(
@@ -444,7 +502,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             rows.append(row)
             api.delete_pods(NAMESPACE)
-        write(out, args, work, devices, rows, figures(want, work, devices))
+        if "topoplace" in args.arms:
+            write(out, args, work, devices, rows, figures(want, work, devices))
+        else:
+            write_default(out, rows)
     finally:
         down_plane(api, plane, work_dir, out)
     return 0
@@ -467,6 +528,18 @@ FIELDS = (
 )
 
 
+DEFAULT_FIELDS = ("default_bound", "default_pods_per_s", "over_default")
+
+
+def write_default(out: Path, rows: list[dict[str, Any]]) -> None:
+    """The default arm alone: pods bound and pods/s per run."""
+    lines = ["| run | pods bound | pods/s |", "|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['run']} | {r['default_bound']} | {r['default_pods_per_s']:.1f} |")
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def write(
     out: Path,
     args: argparse.Namespace,
@@ -476,7 +549,8 @@ def write(
     off: dict[str, Any],
 ) -> None:
     with open(out / "runs.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["run", *FIELDS], extrasaction="ignore")
+        have = [k for k in DEFAULT_FIELDS if all(k in r for r in rows)]
+        w = csv.DictWriter(f, fieldnames=["run", *FIELDS, *have], extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
     med = {k: statistics.median(float(r[k]) for r in rows) for k in FIELDS}
@@ -513,6 +587,19 @@ def write(
         f"| offline (topoplace's extender, in process) | {off['bound']} | | "
         f"{off['nodes_used']} | {off['gpus_used']} | {off['gpus_untouched']} | "
         f"{off['allocation']:.4f} | {off['overcommitted_gpus']} | | | |",
+        *(
+            [
+                f"| live default-scheduler, GPU replicas (median of {len(rows)}) | "
+                f"{statistics.median(r['default_bound'] for r in rows):.0f} | "
+                f"{statistics.median(r['default_pods_per_s'] for r in rows):.1f} | "
+                "| | | | | | | |",
+                "",
+                "topoplace's pods/s over default-scheduler's (median of runs): "
+                f"**{statistics.median(r['over_default'] for r in rows):.2f}x**",
+            ]
+            if all("over_default" in r for r in rows)
+            else []
+        ),
         "",
         "Per run:",
         "",

@@ -14,6 +14,18 @@ tests without HAMi's device plugin).
 :class:`HandoffBinder` wraps the :class:`~scheduler.kube.binder.KubeBinder`: binds whose
 annotations carry ``hami.io/vgpu-node`` take the lock first; every other bind passes
 through untouched (no extra API call on the whole-GPU path).
+
+With ``hold`` one bind per node runs at a time: the lock names the pod HAMi's device plugin
+is to allocate, and stays until it has. With ``release`` the lock only keeps other HAMi
+binders (HAMi's own scheduler) off the node while topoplace writes, so topoplace's binds to
+one node share it (:class:`_Session`): the first takes the lock (naming its pod), the binds
+that arrive meanwhile write their Bindings beside it, and the last one out releases it;
+at most :data:`MAX_SHARED_BINDS` binds share one take, so the node is let go between
+batches. Binds of one node overlapping never put two pods on one GPU's memory or compute:
+each bind's shares are held in topoplace's ledger, under the cache lock, before it is
+written (``share.share_bind_start``). Packing sends consecutive pods to one node; each
+bind was three API writes in a row behind the one before it (lock, Binding, release),
+and a burst of them queued there for seconds.
 """
 
 from __future__ import annotations
@@ -33,6 +45,8 @@ from scheduler.kube.client import ApiError
 log = logging.getLogger(__name__)
 
 ERR_NODE_LOCKED = "node is locked by another HAMi bind"
+MAX_SHARED_BINDS = 32
+"""Binds that may share one take of a node's lock (``release`` mode)."""
 ERR_LOCK_FAILED = "could not take HAMi's node lock"
 LOCK_RETRIES = 5
 
@@ -228,6 +242,20 @@ class HamiNodeLock:
                 return
 
 
+class _Session:
+    """One take of a node's HAMi lock shared by topoplace's binds to that node (``release``
+    mode): the pod the lock names, the take's outcome once known, the binds in it."""
+
+    __slots__ = ("owner", "taken", "members", "joined", "done")
+
+    def __init__(self, owner: tuple[str, str], taken: asyncio.Future[str]) -> None:
+        self.owner = owner
+        self.taken = taken
+        self.members = 0
+        self.joined = 0
+        self.done = asyncio.Event()
+
+
 class HandoffBinder:
     """A binder that takes HAMi's node lock around binds that hand a GPU to HAMi.
 
@@ -245,6 +273,9 @@ class HandoffBinder:
         self._mutex = threading.Lock()
         self._per_node: dict[str, threading.Lock] = {}
         self._per_node_async: dict[str, asyncio.Lock] = {}
+        self._sessions: dict[str, _Session] = {}
+        self.shared_binds = 0
+        """Binds that wrote beside another under one take of the lock (``release``)."""
 
     def fetch_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The inner binder's pod lookup."""
@@ -281,6 +312,8 @@ class HandoffBinder:
             return self.inner.bind(pod, node, annotations)
         m = meta(pod)
         ns, name = str(m.get("namespace") or "default"), str(m.get("name") or "")
+        if self.mode == "release":
+            return await self._bind_shared(pod, node, annotations, ns, name)
         async with self._node_alock(node):
             err = await self.lock.acquire_async(node, ns, name)
             if err:
@@ -297,6 +330,57 @@ class HandoffBinder:
                 else:
                     self.lock.keep(node, ns, name)
             return err
+
+    async def _join(self, node: str, ns: str, name: str) -> _Session:
+        """The node's open session, joined, or a new one whose lock take starts now (one
+        that is full is waited out: its lock is released before another take)."""
+        while True:
+            async with self._node_alock(node):
+                sess = self._sessions.get(node)
+                if sess is None:
+                    taken = asyncio.ensure_future(self.lock.acquire_async(node, ns, name))
+                    sess = self._sessions[node] = _Session((ns, name), taken)
+                if sess.joined < MAX_SHARED_BINDS:
+                    sess.members += 1
+                    sess.joined += 1
+                    if sess.joined > 1:
+                        self.shared_binds += 1
+                    return sess
+                done = sess.done
+            await done.wait()
+
+    async def _leave(self, node: str, sess: _Session, err: str) -> None:
+        """Leave ``sess``; the last one out releases the lock (under the node's asyncio
+        lock, so a new take waits for the release)."""
+        async with self._node_alock(node):
+            sess.members -= 1
+            if sess.members:
+                return
+            if self._sessions.get(node) is sess:
+                del self._sessions[node]
+            try:
+                if not err:
+                    await self.lock.release_async(node, *sess.owner)
+            finally:
+                sess.done.set()
+
+    async def _bind_shared(
+        self, pod: Mapping[str, Any], node: str, annotations: Mapping[str, str], ns: str, name: str
+    ) -> str:
+        """``release`` mode: the Binding written under a take of the node's lock shared
+        with the node's other binds in flight (see the module docstring)."""
+        sess = await self._join(node, ns, name)
+        taken = ""
+        try:
+            taken = await asyncio.shield(sess.taken)
+            if taken:
+                return taken
+            inner = getattr(self.inner, "bind_async", None)
+            if inner is not None:
+                return str(await inner(pod, node, annotations))
+            return str(await asyncio.to_thread(self.inner.bind, pod, node, annotations))
+        finally:
+            await self._leave(node, sess, taken)
 
     def bind(self, pod: Mapping[str, Any], node: str, annotations: Mapping[str, str]) -> str:
         """Bind through the inner binder; under HAMi's node lock for HAMi hand-offs."""

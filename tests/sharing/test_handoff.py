@@ -254,3 +254,70 @@ def test_hold_mode_keeps_nothing_per_pod_once_bound() -> None:
     assert HandoffBinder(RecordingBinder(), sync_lock).bind(POD, "infer-a", HAMI) == ""
     # The device plugin releases hold-mode locks: no version is kept for a release.
     assert lock._taken == {} and sync_lock._taken == {}
+
+
+class SlowAsyncBinder(AsyncRecordingBinder):
+    """Writes take a while (an API round trip), so binds to one node overlap; records the
+    most Bindings in flight at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_flight = 0
+        self.most = 0
+
+    async def bind_async(self, pod: Any, node: str, ann: Any) -> str:
+        import asyncio
+
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        await asyncio.sleep(0.01)
+        self.in_flight -= 1
+        return await super().bind_async(pod, node, ann)
+
+
+def _burst(b: HandoffBinder, n: int) -> list[str]:
+    import asyncio
+
+    pods = [{"metadata": {"namespace": "infer", "name": f"p{i}"}} for i in range(n)]
+
+    async def all_of() -> list[str]:
+        return list(await asyncio.gather(*(b.bind_async(p, "infer-a", HAMI) for p in pods)))
+
+    return asyncio.run(all_of())
+
+
+def test_release_mode_binds_to_one_node_share_one_take_of_the_lock() -> None:
+    api = AsyncInMemoryApiMock({("infer", f"p{i}") for i in range(6)})
+    inner = SlowAsyncBinder()
+    b = HandoffBinder(inner, HamiNodeLock(api, 300, lambda: NOW), "release")
+    assert _burst(b, 6) == [""] * 6
+    # One take (naming the first pod) and one release for the six Bindings, written at once.
+    assert api.patches == [{HAMI_LOCK: lock_value("infer", "p0", NOW)}, {HAMI_LOCK: None}]
+    assert inner.async_calls == ["infer-a"] * 6 and inner.most == 6
+    assert b.shared_binds == 5 and HAMI_LOCK not in api.node["metadata"]["annotations"]
+    # The next burst takes the lock again (the node was let go in between).
+    assert _burst(b, 2) == ["", ""] and len(api.patches) == 4
+
+
+def test_release_mode_burst_refused_together_while_another_binder_holds_the_node() -> None:
+    api = AsyncInMemoryApiMock({("infer", f"p{i}") for i in range(4)} | {("hami", "other")})
+    plant(api, lock_value("hami", "other", NOW))
+    inner = SlowAsyncBinder()
+    b = HandoffBinder(inner, HamiNodeLock(api, 300, lambda: NOW), "release")
+    got = _burst(b, 3)
+    assert all(g.startswith(ERR_NODE_LOCKED) for g in got)
+    assert inner.async_calls == [] and api.patches == []  # nothing written, nothing released
+    assert api.node["metadata"]["annotations"][HAMI_LOCK] == lock_value("hami", "other", NOW)
+
+
+def test_release_mode_lets_the_node_go_after_a_full_batch() -> None:
+    from scheduler.kube.handoff import MAX_SHARED_BINDS
+
+    n = MAX_SHARED_BINDS + 3
+    api = AsyncInMemoryApiMock({("infer", f"p{i}") for i in range(n)})
+    inner = SlowAsyncBinder()
+    b = HandoffBinder(inner, HamiNodeLock(api, 300, lambda: NOW), "release")
+    assert _burst(b, n) == [""] * n
+    # Two takes: the batch of MAX_SHARED_BINDS, released, then the three that waited.
+    assert [list(p.values())[0] is None for p in api.patches] == [False, True, False, True]
+    assert inner.most == MAX_SHARED_BINDS and len(inner.async_calls) == n
