@@ -149,6 +149,14 @@ HA_FAULTS = frozenset({"leader-kill"})
 """Fault kinds that need the standby replica (``--replicas 2``)."""
 API_FAULTS = frozenset({"api-throttle", "api-error", "api-slow"})
 """Fault kinds done by the API proxy in front of kube-apiserver."""
+DRA_VARIANT = REPO / "config" / "deploy" / "dra" / "scheduler-config-dra.yaml"
+"""The shipped configuration for claim pods (no ``managedResources``: kube-scheduler calls
+topoplace for every pod; docs/dra.md)."""
+HAMI_IGNORED = ("nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores")
+"""HAMi's per-device resources: not node resources. The default configuration says so with
+``managedResources: ignoredByScheduler``; the DRA variant has no ``managedResources``, so
+with DRA nodes the runner lists them in ``NodeResourcesFit``'s ``ignoredResources`` (else
+no HAMi share fits anywhere)."""
 LEASE_NS = "topoplace-system"
 LEASE = "topoplace-chaos"
 LEASE_TIMING = {"leaseDuration": "15s", "renewDeadline": "10s", "retryPeriod": "2s"}
@@ -397,6 +405,25 @@ def _keep_log(path: Path) -> None:
         path.rename(kept)
 
 
+def dra_variant_config(kubeconfig: str, url: str) -> dict[str, Any]:
+    """The DRA variant of the shipped configuration for a loopback run, with HAMi's
+    per-device resources in ``NodeResourcesFit``'s ``ignoredResources`` (:data:`HAMI_IGNORED`)."""
+    cfg = render_config(load_shipped(DRA_VARIANT), kubeconfig, url)
+    for prof in cfg.get("profiles") or []:
+        for pc in prof.setdefault("pluginConfig", []):
+            if pc.get("name") == "NodeResourcesFit":
+                args = pc.setdefault("args", {})
+                args["ignoredResources"] = sorted(
+                    {*args.get("ignoredResources", ()), *HAMI_IGNORED}
+                )
+                break
+        else:
+            prof["pluginConfig"].append(
+                {"name": "NodeResourcesFit", "args": {"ignoredResources": list(HAMI_IGNORED)}}
+            )
+    return cfg
+
+
 @dataclass
 class Replica:
     """One pod of the shipped Deployment: kube-scheduler and topoplace beside it (the
@@ -548,8 +575,10 @@ class Plane:
         )
         url = f"http://127.0.0.1:{px_port}/scheduler"
         config = None
+        if self.dra_nodes:
+            config = dra_variant_config(kc, url)
         if self.n_replicas > 1:
-            config = render_config(load_shipped(), kc, url)
+            config = config or render_config(load_shipped(), kc, url)
             config["leaderElection"] = {
                 "leaderElect": True,
                 "resourceLock": "leases",
@@ -1476,7 +1505,7 @@ def write(out: Path, r: Result, args: argparse.Namespace, version: str, command:
     table = rows(r)
     conditions = (
         f"Kubernetes {version} (the project's test cluster, DRA served), kube-scheduler with "
-        f"the shipped configuration through a fault proxy, topoplace with the shipped policy "
+        f"the shipped configuration{' (its DRA variant, HAMi resources ignored by NodeResourcesFit)' if args.dra_nodes else ''} through a fault proxy, topoplace with the shipped policy "
         f"(hami_lock: release), {args.replicas} replica(s) of the two"
         f"{' (leader election on a Lease, 15 s)' if args.replicas > 1 else ''}"
         f"{'; both reach kube-apiserver through a TLS fault proxy' if API_FAULTS & set(args.faults) else ''}"
