@@ -145,6 +145,8 @@ FAULT_KINDS = (
     "api-slow",
     "node-labels",
 )
+FAILED = "failed:"
+"""How the note of a fault whose injection failed begins (it is not counted as injected)."""
 HA_FAULTS = frozenset({"leader-kill"})
 """Fault kinds that need the standby replica (``--replicas 2``)."""
 API_FAULTS = frozenset({"api-throttle", "api-error", "api-slow"})
@@ -916,7 +918,8 @@ class Plane:
                     orig[k]
                 )
         else:
-            odd = ("", "-1", "0", "999999", "abc", "8.5", "NaN", "x" * 63)
+            # odd, but valid label values (the API server refuses the invalid ones)
+            odd = ("", "0", "999999", "abc", "8.5", "NaN", "x" * 63)
             patch = {
                 k: self.rng.choice(odd)
                 for k in self.rng.sample(keys, self.rng.randint(1, len(keys)))
@@ -1316,7 +1319,7 @@ class Driver:
                     target, note = self.plane.inject(kind)
                 except Exception as exc:
                     log(f"fault {kind} failed: {exc!r}")
-                    target, note = "", f"failed: {exc!r}"[:200]
+                    target, note = "", f"{FAILED} {exc!r}"[:200]
                 end = time.monotonic()
                 rec = FaultRecord(kind, target, start, end, note=note)
                 rec.recovery = self._probe(end)
@@ -1424,7 +1427,11 @@ def rows(r: Result) -> list[tuple[Any, ...]]:
     out: list[tuple[Any, ...]] = []
     by_kind: dict[str, list[float]] = defaultdict(list)
     counts: Counter[str] = Counter()
+    failed = 0
     for f in r.faults:
+        if f.note.startswith(FAILED):
+            failed += 1
+            continue
         counts[f.kind] += 1
         if not math.isnan(f.recovery):
             by_kind[f.kind].append(f.recovery)
@@ -1447,7 +1454,7 @@ def rows(r: Result) -> list[tuple[Any, ...]]:
             r.seed,
             "faults",
             "all",
-            len(r.faults),
+            sum(counts.values()),
             round(quantile(allrec, 0.5), 2),
             round(quantile(allrec, 0.99), 2),
         )
@@ -1459,6 +1466,7 @@ def rows(r: Result) -> list[tuple[Any, ...]]:
     c = Counter(v.kind for _, v in r.violations)
     for k in KINDS:
         out.append((r.seed, "violations", k, c.get(k, 0), "", ""))
+    out.append((r.seed, "faults not injected (the injection failed)", "", failed, "", ""))
     out.append((r.seed, "probes unbound", "", r.probes_unbound, "", ""))
     out.append((r.seed, "kube-scheduler restarts (lost Lease)", "", r.ks_restarts, "", ""))
     out.append(
@@ -1577,6 +1585,8 @@ def combine(outs: Sequence[Path]) -> tuple[list[tuple[Any, ...]], list[str], lis
     for out in outs:
         with open(out / "faults.csv") as f:
             for row in csv.DictReader(f):
+                if row["note"].startswith(FAILED):
+                    continue
                 counts[row["kind"]] += 1
                 rec = float(row["recovery_s"])
                 if not math.isnan(rec):

@@ -105,13 +105,16 @@ def test_table_counts_faults_pods_and_violations() -> None:
         FaultRecord("tp-kill", "topoplace", 0, 1, recovery=2.0),
         FaultRecord("tp-kill", "topoplace", 5, 6, recovery=4.0),
         FaultRecord("api-kill", "kube-apiserver", 9, 10, recovery=math.nan),
+        FaultRecord("node-labels", "", 11, 12, recovery=0.1, note="failed: ApiError(422)"),
     ]
     r.created.update(whole=3, gang=1)
     r.violations = [(1.0, Violation(GANG_PARTLY_BOUND, "chaos/j1", "1/2 bound"))]
     table = {(m, k): (v, p50, p99) for _, m, k, v, p50, p99 in rows(r)}
     assert table[("faults", "tp-kill")] == (2, 2.0, 4.0)
     assert table[("faults", "api-kill")][0] == 1 and math.isnan(table[("faults", "api-kill")][1])
-    assert table[("faults", "all")][0] == 3
+    assert table[("faults", "all")][0] == 3  # the failed injection is not a fault
+    assert ("faults", "node-labels") not in table
+    assert table[("faults not injected (the injection failed)", "")][0] == 1
     assert table[("jobs created", "whole")][0] == 3
     assert table[("violations", GANG_PARTLY_BOUND)][0] == 1
     assert table[("violations", "gpu-held-twice")][0] == 0
@@ -140,6 +143,7 @@ def test_seeds_combine_into_one_table(tmp_path) -> None:
         r = Result(seed=seed, duration=60.0, settle_bound=120.0)
         r.faults = [FaultRecord("leader-kill", "chaos-a", 0, 1, recovery=x) for x in recs]
         r.faults.append(FaultRecord("api-throttle", "api-proxy", 2, 3, recovery=0.5))
+        r.faults.append(FaultRecord("node-labels", "", 4, 5, note="failed: ApiError(422)"))
         r.created.update(dra=seed, share=1)
         if seed == 2:
             r.violations = [(1.0, Violation(GANG_PARTLY_BOUND, "chaos/j1", "1/2 bound"))]
