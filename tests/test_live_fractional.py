@@ -5,6 +5,7 @@ Needs the openb trace in ``../shared/data`` (skipped without it)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -123,3 +124,33 @@ def test_gpushare_nodes_pods_and_offline_replay(tmp_path: Path) -> None:
     assert fig["bound"] == len(want) >= 0.9 * len(work)
     assert fig["overcommitted_gpus"] == 0
     assert all(v[1].count(",") == 2 for v in want.values())
+
+
+def test_default_arm_counts_tasks_in_gpu_replicas() -> None:
+    from benchmarks.live.fractional import Task, pod_object, replicas
+
+    assert replicas(Task("a", 1, 250)) == 3  # 25 % of a GPU: 2.5 replicas, rounded up
+    assert replicas(Task("b", 1, 100)) == 1
+    assert replicas(Task("c", 2, 1000)) == 20  # two whole GPUs, 10 replicas each
+    pod = pod_object(Task("c", 2, 1000), "default-scheduler", "replicas")
+    assert pod["spec"]["schedulerName"] == "default-scheduler"
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "20"}
+
+
+def test_bind_times_come_from_kube_schedulers_log(tmp_path: Any) -> None:
+    from benchmarks.live.fractional import NAMESPACE, pods_per_s, scheduler_bind_times
+
+    lines = [
+        'I1207 23:59:59.500000   1 schedule_one.go:481] "Successfully bound pod to node" '
+        f'pod="{NAMESPACE}/a00000-x" node="n0" evaluatedNodes=3 feasibleNodes=3',
+        'I1207 23:59:59.600000   1 schedule_one.go:481] "Successfully bound pod to node" '
+        'pod="other/p" node="n0" evaluatedNodes=3 feasibleNodes=3',
+        'I1207 23:59:59.700000   1 schedule_one.go:300] "Unable to schedule pod" pod="x/y"',
+        'I1208 00:00:00.500000   1 schedule_one.go:481] "Successfully bound pod to node" '
+        f'pod="{NAMESPACE}/a00001-y" node="n1" evaluatedNodes=3 feasibleNodes=3',
+    ]
+    log = tmp_path / "kube-scheduler.log"
+    log.write_text("\n".join(lines) + "\n")
+    times = scheduler_bind_times(log)
+    assert times == [86399.5, 86400.5]  # the other namespace left out; midnight crossed
+    assert pods_per_s(times) == 1.0
