@@ -61,13 +61,30 @@ both the filter window on and off). A settle would only help where kube-schedule
 claim pods without topoplace (no DRA variant, so no (e)): a write landing within the
 settle would still be seen; ``TOPOPLACE_DRA_SETTLE_S`` sets one there, per allocation.
 
+**Liveness: the gate waits while kube-scheduler allocates on the node.** A conflict is
+repaired by writing the survivor again (above), which only a claim no pod has reserved
+allows: once the gate goes, kube-scheduler reserves topoplace's claim at once, and a
+conflict found later leaves kube-scheduler's count short of the device for as long as the
+claim lives (its pods are then kept off it: safe, but a pod pinned to that node may wait
+that long). Such a conflict comes from a kube-scheduler pod in flight on that node
+(filtered from a view without topoplace's write, its PreBind not yet written). So a
+checked allocation keeps its gate while kube-scheduler may be allocating claims there
+(:meth:`GateAllocator._kube_busy`: claim pods topoplace's filter let through on the node,
+or pending claim pods without the gate that may go there, whose claims are not allocated
+yet), up to :data:`HOLD_MAX_S`, and is checked again once they are: a conflict is then
+seen with the claim still free to write again. With no kube-scheduler allocation in flight
+there (every pod gated, or the node quiet) nothing is held.
+
 **Timing.** Nothing waits on a poll or on another pod. The watch wakes the allocator
 (:meth:`GateAllocator.notify`: a gated pod added or changed, a claim added, given back or
 deleted, a write of its own shown), with a slow poll (:data:`POLL_S`) as a safety net.
 Each allocation is a flight of its own: held in the ledger by the allocator's thread,
 written by one of a few writer threads (:data:`WRITERS`; one pod's writes stay in order:
 finalizer and mark, allocation, then the gate), settled on its own timer and checked as
-soon as its writes show, while the next pods are planned and written.
+soon as its writes show, while the next pods are planned and written. The node search
+reads only the nodes that can still hold the best choice (:meth:`GateAllocator._pick`: a
+branch and bound on ring bandwidth and packing), a few ms at 500 nodes, so the cache lock
+it holds is short.
 
 **Restart.** Nothing is kept in memory that the API does not hold: allocated claims come
 back through the watch as ledger holdings, a gated pod whose claims are all allocated is
@@ -105,6 +122,7 @@ from scheduler.core.snapshot import (
 from scheduler.kube.client import ApiError, ApiUnavailable
 from scheduler.runtime.cache import ClusterCache
 from scheduler.runtime.dra import DraRouter, ExtendedPick, all_claims, clique_reader
+from topology.select import best_bottlenecks
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +163,13 @@ HELD_OFF_S = 0.5
 CATCH_UP_S = 1.0
 """How long a written allocation's check waits for the watch to show the writes before it
 reads a consistent list from the API instead (a watch that is down or far behind)."""
+PICK_BATCH = 8
+"""Nodes read at a time in the search for a gated pod's node (:meth:`GateAllocator._pick`)."""
+HOLD_MAX_S = 2.0
+"""Longest a checked allocation keeps its gate while kube-scheduler allocates claims on the
+same node (:meth:`GateAllocator._kube_busy`; see "Liveness" in the module docstring)."""
+HOLD_POLL_S = 0.05
+"""Seconds between looks while an allocation is held so."""
 RECHECK_S = 0.5
 """Seconds before a pod whose claims are all allocated already (a restart; a conflict
 waiting for kube-scheduler's pod's bind check) is checked again: that check reads a list
@@ -332,6 +357,7 @@ class GateAllocator:
         self._flights: dict[str, _Flight] = {}  # name -> allocation on its way (the thread's)
         self._watched: frozenset[str] = frozenset()  # claims of the flights (read by notify)
         self._released: dict[str, str] = {}  # pod released -> its version still gated
+        self._whole_memo: tuple[dra.Inventory, bool] | None = None
         self._pool = futures.ThreadPoolExecutor(writers, thread_name_prefix="dra-writer")
         if router is not None:
             router.check_bind = self.check_bind
@@ -432,7 +458,7 @@ class GateAllocator:
         """Move every flight on: writes done start the settle; a settle passed checks the
         allocation (:meth:`_fresh`, :meth:`_verdict`) and hands a clean one's gate removal
         to a writer thread; a gate removal done ends the flight. ``force``: a check does
-        not wait for the watch (:meth:`step`).
+        not wait for the watch nor hold for kube-scheduler's allocations (:meth:`step`).
         Returns the outcomes of the flights that ended."""
         out: list[Outcome] = []
         listed: list[list[dict[str, Any]] | Outcome] = []  # one list per call at most
@@ -458,6 +484,9 @@ class GateAllocator:
                 f.due = f.next_check = now + self.settle_s
             if f.due > now:
                 continue
+            if not force and now - f.written_at < HOLD_MAX_S and self._kube_busy(f):
+                f.next_check = now + HOLD_POLL_S
+                continue
             fresh = self._fresh(f, now, force, listed)
             if fresh is None:  # the watch has not shown the writes yet: its event wakes
                 f.next_check = f.written_at + CATCH_UP_S
@@ -475,6 +504,35 @@ class GateAllocator:
             f.future = self._pool.submit(self._ungate, f.w, *verdict)
             f.future.add_done_callback(lambda _f: self._wake.set())
         return out
+
+    def _kube_busy(self, f: _Flight) -> bool:
+        """Whether kube-scheduler may be allocating claims on a node of ``f`` now: claim
+        pods topoplace's filter let through there whose claims are not allocated yet
+        (``DraRouter.likely_kube_picks``), or pending claim pods without the gate whose
+        claims are not all allocated and whose nodeSelector allows the node (kube-scheduler
+        has them queued, or filters them from a view that may lack ``f``'s writes)."""
+        snap = self.cache.snapshot()
+        claims = snap.extra.get(dra.CLAIMS_KEY) or {}
+        nodes = {pick.node for pick, _, _ in f.w.picks} or {
+            dra.allocation_node(claims[k]) for k in f.w.claims if k in claims
+        }
+        ids = self.kube_picks()
+        if ids:
+            inv = self.cache.dra_inventory(snap)
+            if any((d := inv.by_id.get(i)) is not None and d.node in nodes for i in ids):
+                return True
+        infos = [n for n in (snap.node(name) for name in sorted(nodes)) if n is not None]
+        for p in self.pending():
+            spec = p.get("spec") or {}
+            if not spec.get("resourceClaims") or dra.gated(p):
+                continue
+            theirs, _ = dra.pod_claims(p, claims)
+            if theirs and all(dra.is_allocated(c) for c in theirs):
+                continue
+            selector = spec.get("nodeSelector") or {}
+            if any(selector_matches(n.labels, selector) for n in infos):
+                return True
+        return False
 
     def idle(self, timeout: float | None = None) -> bool:
         """Wait until no writer thread has work of this allocator's flights under way (the
@@ -588,16 +646,7 @@ class GateAllocator:
             snap = self.cache.snapshot()
             inv = self.cache.dra_inventory(snap)
             nodes = self._nodes(snap, pod, inv, next(iter(pins), ""), domain)
-            pick = dra.pick_for_pod(
-                pod,
-                nodes,
-                inv,
-                snap.extra,
-                self.cache.params.selection_policy,
-                picks,
-                snap.pods.values(),
-                self.cache.params.sharing,
-            )
+            pick = self._pick(pod, claims, nodes, inv, snap, picks)
             if isinstance(pick, str):
                 return Outcome(key, WAITING, reason=pick)
             by_key = {object_key(c): c for c in claims}
@@ -611,6 +660,82 @@ class GateAllocator:
         )
         keys = tuple(object_key(c) for c in claims)
         return _Written((pod,), keys, picks=((pick, by_key, domain),))
+
+    def _pick(
+        self,
+        pod: Mapping[str, Any],
+        claims: Sequence[Mapping[str, Any]],
+        nodes: Sequence[NodeInfo],
+        inv: dra.Inventory,
+        snap: ClusterSnapshot,
+        picks: frozenset[dra.DeviceId],
+    ) -> dra.Pick | str:
+        """``dra.pick_for_pod`` over ``nodes``: the same answer, from the few nodes that
+        can hold it when every device is a whole GPU (the common cluster).
+
+        ``pick_for_pod`` reads every node's devices (hundreds of milliseconds at 500
+        nodes, under the cache lock). Its choice is the least (-ring bandwidth, free GPUs
+        left, risk, name). On a node with ``f`` free GPUs a set of ``k`` leaves exactly
+        ``f - k`` and its ring bandwidth is at most the best ring over any ``k`` of the free
+        GPUs (``topology.select.best_bottlenecks`` under the bandwidth-first policy): the
+        claims' selectors, taints and the devices to avoid only remove GPUs. So the nodes
+        are taken in the order of that optimistic key, a few at a time, until the next
+        one's optimistic key is worse than the best choice found: none after it can beat
+        it (branch and bound). Shared devices and partitions choose by other rules (the
+        sharing policy): any in the inventory, or nothing found, and every node is read."""
+        policy = self.cache.params.selection_policy
+        extra = snap.extra
+
+        def full(among: Sequence[NodeInfo]) -> dra.Pick | str:
+            return dra.pick_for_pod(
+                pod,
+                among,
+                inv,
+                extra,
+                policy,
+                picks,
+                snap.pods.values(),
+                self.cache.params.sharing,
+            )
+
+        specs = [dra.claim_spec(c) for c in claims if not dra.is_allocated(c)]
+        k = sum(dra.gpus_requested(s) for s in specs)
+        if len(nodes) <= PICK_BATCH or k <= 0 or not self._whole_only(inv):
+            return full(nodes)
+        ranked: list[tuple[tuple[float, int, float, str], NodeInfo]] = []
+        for n in nodes:
+            free = n.free_mask
+            f = free.bit_count()
+            if f < k:
+                continue  # no k free GPUs: nothing to choose there
+            try:
+                ub = best_bottlenecks(n.shape, free, "topoplace")[k]
+            except (ValueError, IndexError):
+                return full(nodes)
+            ranked.append(((-ub, f - k, float(n.health.risk), n.name), n))
+        ranked.sort(key=lambda r: r[0])
+        best: tuple[tuple[float, int, float, str], dra.Pick] | None = None
+        for i in range(0, len(ranked), PICK_BATCH):
+            if best is not None and ranked[i][0] > best[0]:
+                break
+            got = full([n for _, n in ranked[i : i + PICK_BATCH]])
+            if isinstance(got, dra.Pick):
+                n = snap.node(got.node)
+                assert n is not None
+                left = (n.free_mask & ~sum(1 << g for g in got.gpus)).bit_count()
+                key = (-got.bottleneck, left, float(n.health.risk), got.node)
+                if best is None or key < best[0]:
+                    best = (key, got)
+        return best[1] if best is not None else full(nodes)
+
+    def _whole_only(self, inv: dra.Inventory) -> bool:
+        """Whether ``inv`` has no shared device and no partition (memo per inventory)."""
+        memo = self._whole_memo
+        if memo is None or memo[0] is not inv:
+            flat = (d for devs in inv.by_node.values() for d in devs)
+            memo = (inv, not any(d.shared or d.partition for d in flat))
+            self._whole_memo = memo
+        return memo[1]
 
     # ---- nvidia.com/gpu backed by DRA ---------------------------------------------------
 

@@ -12,12 +12,16 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+from benchmarks.live.dra import NAMESPACE, pod_object
 from scheduler.core import dra
+from scheduler.core.params import SchedParams
 from scheduler.kube import allocator as al
 from scheduler.kube import dra as kdra
 from tests.dra import recorded
 from tests.dra.test_allocator import MockClaimApi, _claim, _pod, _setup
 from tests.dra.test_watch import _api, _watcher
+
+PARAMS_POLICY = SchedParams().selection_policy
 
 
 def _wait(cond: Any, timeout: float = 10.0) -> bool:
@@ -273,3 +277,188 @@ def test_the_watcher_reports_each_claim_event_after_the_cache_has_it() -> None:
     api.watches[claims.name] = deque([events])
     assert w.watch_once(w.streams[claims.name]) == len(events) == 3
     assert seen == [("resourceclaims", e["type"], True) for e in events]
+
+
+# ---- the search for a gated pod's node: the same choice from a few nodes ------------------------
+
+
+def _cluster(n_nodes: int, seed: int, topology: str) -> tuple[Any, list[tuple[str, int]]]:
+    """``n_nodes`` 8-GPU DRA nodes of ``topology``, a random part of their GPUs allocated
+    by claims, a few devices tainted; and (claim, GPUs) of free claims to place."""
+    import random
+
+    from benchmarks.cluster.dra import device_class, node_slices
+    from benchmarks.live.dra import claim_object, node_objects
+    from scheduler.runtime.cache import ClusterCache
+
+    rng = random.Random(seed)
+    nodes = node_objects(n_nodes, "pick")
+    for n in nodes:
+        n["metadata"].setdefault("annotations", {})["topoplace.io/gpu-topology"] = topology
+    slices = [s for n in nodes for s in node_slices(n["metadata"]["name"], "v1")]
+    for s in rng.sample(slices, max(1, n_nodes // 8)):
+        dev = rng.choice(s["spec"]["devices"])
+        dev["taints"] = [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}]
+    claims = []
+    for i, n in enumerate(nodes):
+        used = rng.sample(range(8), rng.choice((0, 0, 1, 2, 3, 4, 5, 6, 8)))
+        if not used:
+            continue
+        c = claim_object(f"held-{i}", len(used), "v1")
+        c["metadata"].update(uid=f"uid-held-{i}", resourceVersion="1")
+        name = n["metadata"]["name"]
+        c["status"] = {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "gpus",
+                            "driver": "gpu.nvidia.com",
+                            "pool": name,
+                            "device": f"gpu-{g}",
+                        }
+                        for g in sorted(used)
+                    ]  # fmt: skip
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": [name]}
+                            ]
+                        }  # fmt: skip
+                    ]
+                },
+            }
+        }
+        claims.append(c)
+    want = [(f"want-{k}", k) for k in (1, 2, 3, 4, 5, 6, 8)]
+    for name, k in want:
+        c = claim_object(name, k, "v1")
+        c["metadata"].update(uid=f"uid-{name}", resourceVersion="1")
+        claims.append(c)
+    extra = dra.extra_of([device_class("v1"), *slices, *claims])
+    return ClusterCache.from_objects(nodes, [], SchedParams(), extra=extra), want
+
+
+def test_the_node_search_chooses_what_reading_every_node_chooses() -> None:
+    """Random ledgers on NVLink (DGX-1) and NVSwitch nodes, every claim size, with devices
+    to avoid: the branch and bound returns the very pick of ``pick_for_pod`` over every
+    node, and reads fewer nodes."""
+    checked = 0
+    for seed, topology in [(1, "dgx1-v100"), (2, "dgx1-v100"), (3, "dgx-h100"), (4, "dgx1-v100")]:
+        cache, want = _cluster(60, seed, topology)
+        api = MockClaimApi(cache, cache.snapshot().extra[dra.CLAIMS_KEY])
+        alloc = al.GateAllocator(cache, api, list, settle_s=0.0)
+        snap = cache.snapshot()
+        inv = cache.dra_inventory(snap)
+        claims = snap.extra[dra.CLAIMS_KEY]
+        avoid = frozenset(d.id for d in list(inv.by_id.values())[:: 3 + seed % 2])
+        for name, _ in want:
+            pod = pod_object(f"p-{name}", name, "x", gated=True)
+            nodes = alloc._nodes(snap, pod, inv)
+            mine = [claims[f"{NAMESPACE}/{name}"]]
+            reads: list[int] = []
+            real = dra.pick_for_pod
+
+            def counting(
+                pod: Any, among: Any, *a: Any, real: Any = real, reads: list[int] = reads
+            ) -> Any:
+                reads.append(len(among))
+                return real(pod, among, *a)
+
+            dra.pick_for_pod = counting  # type: ignore[assignment]
+            try:
+                got = alloc._pick(pod, mine, nodes, inv, snap, avoid)
+            finally:
+                dra.pick_for_pod = real  # type: ignore[assignment]
+            full = dra.pick_for_pod(
+                pod, nodes, inv, snap.extra, PARAMS_POLICY, avoid, snap.pods.values(), None
+            )
+            assert got == full, (seed, name)
+            if isinstance(full, dra.Pick):
+                assert sum(reads) < len(nodes), (seed, name, reads)
+            checked += 1
+        alloc.stop()
+    assert checked == 28
+
+
+def test_the_gate_waits_while_kube_scheduler_allocates_on_the_node_at_most_hold_max() -> None:
+    """kube-scheduler has a claim pod in flight on gpu-node-0 (filtered, claim not yet
+    allocated): the checked allocation there keeps its gate until that pod's claim is
+    allocated (a conflict would then still find topoplace's claim unreserved, free to be
+    written again), and never longer than HOLD_MAX_S; one on another node goes at once."""
+    claims = {"default/c0": _claim("c0", 1), "default/c1": _claim("c1", 1)}
+    pods = [_pod("p0", "c0", node="gpu-node-0"), _pod("p1", "c1", node="gpu-node-1")]
+    for p in pods:
+        p["metadata"]["resourceVersion"] = "7"  # the watch shows them gated until it moves
+    cache, api, _ = _setup(claims, [])
+    now = [50.0]
+    flying = {("gpu.nvidia.com", "gpu-node-0", "gpu-7")}
+    alloc = al.GateAllocator(
+        cache, api, lambda: pods, settle_s=0.0, monotonic=lambda: now[0], kube_picks=lambda: flying
+    )
+    try:
+        alloc.tick()
+        done = _settled(alloc)
+        assert [(o.pod, o.state) for o in done] == [("default/p1", al.RELEASED)]
+        now[0] += 0.5
+        assert _settled(alloc) == [] and api.ungated == ["default/p1"]  # p0 held
+        flying.clear()  # kube-scheduler's claim shows allocated: no pod in flight there
+        (out,) = _settled(alloc)
+        assert (out.pod, out.state) == ("default/p0", al.RELEASED)
+    finally:
+        alloc.stop()
+    # Held no longer than HOLD_MAX_S, however long kube-scheduler stays busy.
+    cache, api, _ = _setup({"default/c0": _claim("c0", 1)}, [])
+    now = [50.0]
+    alloc = al.GateAllocator(
+        cache,
+        api,
+        lambda: pods[:1],
+        settle_s=0.0,
+        monotonic=lambda: now[0],
+        kube_picks=lambda: {("gpu.nvidia.com", "gpu-node-0", "gpu-7")},
+    )
+    try:
+        alloc.tick()
+        assert _settled(alloc) == []
+        now[0] += al.HOLD_MAX_S - 0.01
+        assert _settled(alloc) == []
+        now[0] += 0.02
+        (out,) = _settled(alloc)
+        assert out.state == al.RELEASED
+    finally:
+        alloc.stop()
+
+
+def test_the_gate_waits_for_an_ungated_claim_pod_kube_scheduler_has_queued_for_the_node() -> None:
+    """An ungated claim pod pinned to gpu-node-0, its claim not allocated yet (kube-scheduler
+    will allocate it, perhaps from a view without topoplace's write): the gated pod on
+    gpu-node-0 keeps its gate until that claim shows allocated."""
+    theirs = _claim("theirs", 1)
+    claims = {"default/c0": _claim("c0", 1), "default/theirs": theirs}
+    gated = _pod("p0", "c0", node="gpu-node-0")
+    gated["metadata"]["resourceVersion"] = "7"
+    queued = _pod("q", "theirs", node="gpu-node-0")
+    queued["spec"].pop("schedulingGates")
+    cache, api, _ = _setup(claims, [])
+    now = [50.0]
+    alloc = al.GateAllocator(
+        cache, api, lambda: [gated, queued], settle_s=0.0, monotonic=lambda: now[0]
+    )
+    try:
+        alloc.tick()
+        assert _settled(alloc) == []
+        now[0] += 0.5
+        assert _settled(alloc) == [] and api.ungated == []
+        inv = cache.dra_inventory()
+        d7 = [d for d in inv.by_node["gpu-node-0"] if d.name == "gpu-7"]
+        done = dra.allocated_claim(theirs, "gpu-node-0", dra.claim_spec(theirs), d7)
+        done["metadata"]["resourceVersion"] = "2000"
+        api.claims["default/theirs"] = done
+        cache.apply_claim("default/theirs", copy.deepcopy(done))  # its PreBind, watched
+        (out,) = _settled(alloc)
+        assert (out.pod, out.state) == ("default/p0", al.RELEASED)
+    finally:
+        alloc.stop()
