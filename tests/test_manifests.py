@@ -1891,7 +1891,8 @@ def test_rightsize_component_builds_schema_clean_and_adds_only_its_objects(
 @needs_kubectl
 def test_rightsize_webhook_never_blocks_pod_creation(built_rightsize: dict[str, Any]) -> None:
     """failurePolicy Ignore with a 2 s timeout (a right-sizer down or slow admits the pod
-    unchanged), no side effects (dry runs are safe), opt-in per namespace, pod CREATE only,
+    unchanged), no side effects (dry runs are safe), opt-in per namespace, pod and
+    ResourceClaim CREATE only (a claim from a pod's template gets its capacity request),
     AdmissionReview v1, and the API server verifies the serving certificate with the CA
     `topoplace certs` wrote."""
     import base64
@@ -1911,7 +1912,14 @@ def test_rightsize_webhook_never_blocks_pod_creation(built_rightsize: dict[str, 
             "operations": ["CREATE"],
             "resources": ["pods"],
             "scope": "Namespaced",
-        }
+        },
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE"],
+            "resources": ["resourceclaims"],
+            "scope": "Namespaced",
+        },
     ]
     ref = hook["clientConfig"]["service"]
     assert (ref["name"], ref["namespace"], ref["path"]) == (
