@@ -677,6 +677,13 @@ def _cd_pod(claims: Claims, name: str, gpu: str, channel: str, run_id: str, **kw
     claims.pod(name, gpu, run_id, more_claims=(channel,), **kw)
 
 
+def _seen(tp: Topoplace, claims: Claims, names: tuple[str, ...], allocated: bool) -> None:
+    """Wait until topoplace's view holds claims ``names`` (allocated or not): its watch
+    lags the API server, by seconds on a loaded host."""
+    for n in names:
+        wait_seen(tp, f"{claims.ns}/{n}", allocated, timeout=60)
+
+
 def test_compute_domains_one_per_node_and_one_nvlink_domain(
     topoplace: Topoplace,
     dra_scheduler: Any,
@@ -717,11 +724,17 @@ def test_compute_domains_one_per_node_and_one_nvlink_domain(
             assert ch_node == claims.node_of(f"pod-g{i}") and ch
         claims.create("h", 1)
         _channel_claim(claims, "h-ch", "cd-h")
+        _seen(topoplace, claims, ("h", "h-ch"), allocated=False)
         _cd_pod(claims, "pod-h", "h", "h-ch", run_id, selector=sel)
         assert claims.wait_allocated("h", 60)[0] == a
         wait_for(lambda: claims.node_of("pod-h") == a, 60, "pod-h bound to a")
         claims.create("i", 1)
         _channel_claim(claims, "i-ch", "cd-i")
+        # topoplace knows a serves cd-h only once its watch shows h's allocation
+        # (kube-scheduler wrote it in PreBind), and pod-i's domain only once it shows pod-i's
+        # claims: a pod filtered before that is not checked (docs/dra.md section 4)
+        _seen(topoplace, claims, ("h", "h-ch"), allocated=True)
+        _seen(topoplace, claims, ("i", "i-ch"), allocated=False)
         _cd_pod(claims, "pod-i", "i", "i-ch", run_id, selector=sel)
 
         def refused() -> str:
