@@ -333,7 +333,7 @@ class GangRuntime:
                 continue
             if s.state == RESERVED:
                 res = snap.pods.get(reservation_key(plan.gang, s.slot))
-                if res is None and not self._reseat(ext, plan, s):
+                if res is None and not self._reseat(ext, plan, s) and not self._by_claim(ext, s):
                     return "reservation lost"
                 snap = cache.snapshot()
             i = snap.index.get(s.node)
@@ -538,7 +538,8 @@ class GangRuntime:
             for f in greq.fixed:
                 sid = f"bound-{f.pod}"
                 role = _role_of(ext, snap.pods.get(f.pod))
-                slots[sid] = Slot(sid, role, f.node, tuple(f.gpus), f.pod, BOUND)
+                gpus = tuple(f.gpus) or _claim_held(ext, snap, f.pod, f.node)
+                slots[sid] = Slot(sid, role, f.node, gpus, f.pod, BOUND)
                 members[f.pod] = sid
             now = cache.now()
             plan = GangPlan(
@@ -592,7 +593,7 @@ class GangRuntime:
         if any(g not in by_gpu for g in slot.gpus):
             return
         devs = tuple(by_gpu[g] for g in sorted(slot.gpus))
-        hold = reservation_key(plan.gang, slot.slot)
+        hold = ""  # the slot's reservation holds the GPUs; dropping the choice frees nothing
         ext.dra.pick_extended(
             slot.member, ExtendedPick(slot.node, devs, tuple(sorted(slot.gpus)), hold)
         )
@@ -683,6 +684,21 @@ class GangRuntime:
         out = tuple(replace(a, gpus=sets.get(a.pod, a.gpus)) for a in result.assignments)
         details = {**result.details, "dra_first_fit_slots": len(sets)}
         return replace(result, assignments=out, details=details)
+
+    def _by_claim(self, ext: Any, slot: Slot) -> bool:
+        """Whether ``slot``'s member will hold its GPUs through a special claim (its
+        ``nvidia.com/gpu`` DRA backs, on a DRA node): its reservation only keeps others off
+        them meanwhile, and a reservation a claim event took that cannot be seated again
+        at once (a watch event older than topoplace's own write of the claim) does not
+        break the plan; kube-scheduler's DRA filter and the bind's claim check still
+        decide whether the member fits."""
+        n = ext.cache.snapshot().node(slot.node)
+        return (
+            n is not None
+            and gpus_by_dra(n)
+            and bool(slot.member)
+            and self._dra_pod(ext, slot.member) is not None
+        )
 
     def _reseat(self, ext: Any, plan: GangPlan, slot: Slot) -> bool:
         """Reserve again the unbound ``slot`` of ``plan`` whose reservation is gone, when its
@@ -1244,6 +1260,17 @@ class GangRuntime:
                 ttl=ttl,
             )
         log.info("gang %s: bound members recovered only (%s)", rp.gang, why)
+
+
+def _claim_held(ext: Any, snap: ClusterSnapshot, key: str, node: str) -> tuple[int, ...]:
+    """The GPUs the special claim of bound pod ``key`` holds on ``node`` (its
+    ``nvidia.com/gpu`` DRA backs; the pod itself holds none), else ()."""
+    pod = snap.pods.get(key)
+    router = getattr(ext, "dra", None)
+    if pod is None or not pod.raw or router is None:
+        return ()
+    held = router.extended_gpus(pod.raw, node)
+    return tuple(held) if held is not None else ()
 
 
 def _request_of(ext: Any, pod: PodInfo | None) -> PodRequest | None:

@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 
+from scheduler.core.gang import DRA_CHOICE_ANNOTATION
 from tests.kube.conftest import NODE_LABEL, Topoplace, make_gpu_node
 from tests.kube.test_dra import (  # noqa: F401  (fixtures)
+    DGX1,
     Claims,
     DraCluster,
     _gpu_set,
@@ -36,8 +38,17 @@ MEMBERS = 3
 GPUS = 4
 
 
-def _member(core: Any, ns: str, gang: str, i: int, profile: str, selector: dict) -> str:
-    """Member ``i`` of ``gang``: a pod asking ``nvidia.com/gpu: 4``."""
+def _member(
+    core: Any,
+    ns: str,
+    gang: str,
+    i: int,
+    profile: str,
+    selector: dict,
+    gpus: int = GPUS,
+    notes: dict[str, str] | None = None,
+) -> str:
+    """Member ``i`` of ``gang`` (:data:`MEMBERS`): a pod asking ``nvidia.com/gpu: gpus``."""
     name = f"{gang}-{i}"
     core.create_namespaced_pod(
         ns,
@@ -50,6 +61,7 @@ def _member(core: Any, ns: str, gang: str, i: int, profile: str, selector: dict)
                 "annotations": {
                     "topoplace.io/gang": gang,
                     "topoplace.io/gang-size": str(MEMBERS),
+                    **(notes or {}),
                 },
             },
             "spec": {
@@ -62,7 +74,7 @@ def _member(core: Any, ns: str, gang: str, i: int, profile: str, selector: dict)
                         "image": "registry.k8s.io/pause:3.9",
                         "resources": {
                             "requests": {"cpu": "1", "memory": "1Gi"},
-                            "limits": {"nvidia.com/gpu": str(GPUS)},
+                            "limits": {"nvidia.com/gpu": str(gpus)},
                         },
                     }
                 ],
@@ -120,6 +132,62 @@ def test_a_gang_of_gpu_pods_binds_whole_on_dra_nodes_as_on_device_plugin_nodes(
         assert sorted(i for i, _ in got["dra"]) in ([0, 0, 1], [0, 1, 1])
         for _, gpus in got["dra"]:
             assert len(gpus) == GPUS
+    finally:
+        for n in dp:
+            with contextlib.suppress(Exception):
+                core.delete_node(n)
+
+
+def test_members_that_opted_in_get_the_plans_nvlink_pairs_in_their_claims(
+    topoplace: Topoplace,
+    scheduler_name: str,
+    cluster: DraCluster,  # noqa: F811
+    er_class: str,  # noqa: F811
+    claims: Claims,  # noqa: F811
+    core: Any,
+    run_id: str,
+    namespace: str,
+) -> None:
+    """Three members of 2 GPUs on DGX-1 (V100) nodes, carrying the choice annotation the
+    allocator writes when it removes their ``topoplace.io/allocate`` gate: on the DRA side
+    the plan keeps the solver's NVLink pairs and each member's special claim (made by
+    kube-scheduler's first fit) is given its pair at bind; the device-plugin side lands on
+    the same node of its pair with the same GPUs."""
+    from topology.select import ring_bottleneck
+    from topology.shape import CATALOG
+
+    dp = [f"tp-dpn-{run_id}-{cluster.tag}-{i}"[:63] for i in range(2)]
+    for n in dp:
+        make_gpu_node(core, n, run_id, gpus=8, labels={"topoplace-dpn": cluster.tag})
+        core.patch_node(n, {"metadata": {"annotations": DGX1}})
+    try:
+        dra_nodes = cluster.add_nodes(2, annotations=DGX1)
+        _wait_nodes(topoplace, dra_nodes, "dgx1-v100")
+        _wait_nodes(topoplace, dp, "dgx1-v100")
+        got: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
+        notes = {DRA_CHOICE_ANNOTATION: "true"}
+        for side, nodes, label in (
+            ("dra", dra_nodes, {"topoplace-dra": cluster.tag}),
+            ("dp", dp, {"topoplace-dpn": cluster.tag}),
+        ):
+            gang = f"egn-{side}"
+            sel = {NODE_LABEL: run_id, **label}
+            names = [
+                _member(core, namespace, gang, i, scheduler_name, sel, gpus=2, notes=notes)
+                for i in range(MEMBERS)
+            ]
+            claims.pods += names
+            for n in names:
+                wait_for(lambda n=n: claims.node_of(n), 60, f"{n} bound")
+            held = {f"{namespace}/{n}": _gpu_set(claims, namespace, n) for n in names}
+            for node, gpus, member in _plan(topoplace, f"{namespace}/{gang}"):
+                assert held[member] == (node, gpus), (member, held)
+            got[side] = sorted((sorted(nodes).index(node), gpus) for node, gpus in held.values())
+        shape = CATALOG["dgx1-v100"]
+        bw = [ring_bottleneck(shape, list(g)) for _, g in got["dra"]]
+        print(f"\nDRA (opted in): {got['dra']} {bw} GB/s\ndevice plugin:  {got['dp']}")
+        assert got["dra"] == got["dp"]
+        assert all(b >= 50.0 for b in bw), bw  # pairs joined by two NVLinks each
     finally:
         for n in dp:
             with contextlib.suppress(Exception):
