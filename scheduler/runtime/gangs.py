@@ -32,6 +32,17 @@ Life of a gang
    member's filter, members already bound staying fixed. One planner runs at a time, so a
    gang is never split across two live plans.
 
+Members asking ``nvidia.com/gpu`` that a DeviceClass backs with DRA: on a DRA node (its GPUs
+ResourceSlice devices, ``nvidia.com/gpu`` not advertised) kube-scheduler's allocator takes
+such a member's GPUs in its PreBind, into a "special" claim, and the pod holds none itself.
+The plan counts those nodes' free GPUs from the ledger (not held by any allocated claim,
+healthy, untainted), places the gang over device-plugin and DRA nodes alike, and on DRA
+nodes gives each member the first fit the allocator will give it (predicted, slot after
+slot); members that opted in (``DRA_CHOICE_ANNOTATION``, written with the removal of the
+gate ``topoplace.io/allocate``) keep the solver's NVLink-best set, which their special claim
+is given at bind. At bind the member's slot takes the set its claim holds; a reservation a
+claim took meanwhile is seated again (its own GPUs when free, else the next first fit).
+
 Assumptions: without a declared size (no PodGroup minMember, no ``topoplace.io/gang-size``)
 the gang is the members seen so far; a member arriving later for which the plan has no slot
 of its role makes the gang re-plan (whole, bound members fixed). Refusals are remembered for
@@ -646,8 +657,8 @@ class GangRuntime:
         with the GPUs the ledger holds there and the earlier slots' taken (placeholders
         take the first member's pod). Where a first fit is unknown, or would take a GPU
         the ledger holds for something kube-scheduler does not see (another gang's
-        reservation), the solver's sets are kept, all of them; whichever set the member's claim really
-        gets is what it holds at bind (:meth:`choose`), and the slots it displaced are
+        reservation), the solver's sets are kept, all of them; whichever set the member's
+        claim really gets is what it holds at bind (:meth:`choose`), and the slots it displaced are
         seated again (:meth:`_reseat`). A gang whose members opted in to topoplace's choice
         (:meth:`_chosen`) keeps the solver's sets: each member's claim is given its set at
         bind (:meth:`_hand_over`)."""
@@ -706,8 +717,8 @@ class GangRuntime:
         claim (kube-scheduler's first fit) took GPUs the slot held, which happens when
         members on one node bind in another order than their slots, or for a moment before
         an opted-in member's claim is given its planned GPUs. The slot gets its own GPUs
-        again when they are free, else the first fit of what is free now. Cache lock held; True when it holds GPUs again
-        (nothing changes otherwise)."""
+        again when they are free, else the first fit of what is free now. Cache lock held;
+        True when it holds GPUs again (nothing changes otherwise)."""
         cache = ext.cache
         key = reservation_key(plan.gang, slot.slot)
         snap = cache.snapshot()
