@@ -35,7 +35,9 @@ Kubernetes (and the device plugins reading it) would see it:
   record's node is the pod's ``spec.nodeName``; its GPU count is the pod's request (not on
   a node whose GPUs are DRA devices: the claim holds them there); on a HAMi node the
   GPUs of the record are the devices HAMi's annotation names; a claim reserved for the pod
-  holds exactly the record's GPUs.
+  holds exactly the record's GPUs. A record's GPU indices are judged against the node's
+  GPU count as the project models it, except on a node it cannot model for now
+  (``NodeInfo.unmodeled``: GPU Feature Discovery labels with values it does not know).
 * **No gang partly bound beyond its plan's TTL** (:data:`GANG_PARTLY_BOUND`): a gang
   (``gang_of``: key and declared size) with some but not all members bound, whose oldest
   plan record (``created``) is older than its ``ttl`` plus ``gang_grace`` seconds.
@@ -262,7 +264,9 @@ def check(
                             f"record holds {len(gpus)} GPUs, pod asks {pod_gpus(pod)}",
                         )
                     )
-                bad = [g for g in gpus if g >= node.gpu_capacity]
+                # a node the project cannot model (its labels odd for a while) has no GPU
+                # count of the model's to judge an index by: its pods keep their GPUs
+                bad = [g for g in gpus if g >= node.gpu_capacity] if not node.unmodeled else []
                 if bad:
                     out.append(
                         Violation(

@@ -95,6 +95,21 @@ def test_record_naming_another_node_or_count() -> None:
     assert got == {(RECORD_DISAGREES, "default/moved"), (RECORD_DISAGREES, "default/short")}
 
 
+def test_records_on_a_node_with_odd_labels_for_now_are_not_out_of_range() -> None:
+    """A node whose GPU Feature Discovery labels turned odd (the chaos runner's node-labels
+    fault) is one the project cannot model for a while; the pods bound there still hold
+    their GPUs. Their records are not 'GPUs the node does not have'; two records on one GPU
+    there still are a violation."""
+    odd = make_node("n0")
+    odd["metadata"]["labels"]["nvidia.com/gpu.sharing-strategy"] = "abc"
+    snap = build_snapshot((odd,), (), SchedParams())
+    assert snap.nodes[0].unmodeled and snap.nodes[0].gpu_capacity == 0
+    pods = (whole("a", "n0", [0, 1, 2, 3]), whole("b", "n0", [4, 5, 6, 7]))
+    assert kinds(ApiState((odd,), pods, at=NOW)) == {}
+    clash = (whole("a", "n0", [0, 1, 2, 3]), whole("b", "n0", [3, 4]))
+    assert kinds(ApiState((odd,), clash, at=NOW)) == {GPU_HELD_TWICE: 1}
+
+
 # ---- HAMi ---------------------------------------------------------------------------------
 
 
