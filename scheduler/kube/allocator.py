@@ -107,7 +107,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scheduler.core import dra
-from scheduler.core.gang import GangSizeError, gang_request, plan_gangs
+from scheduler.core.gang import DRA_CHOICE_ANNOTATION, GangSizeError, gang_request, plan_gangs
 from scheduler.core.model import Health, NodeInfo, PodInfo
 from scheduler.core.objects import ObjectError, object_key, request_from_pod
 from scheduler.core.schedule import Assignment, place_pod, selector_matches
@@ -1031,7 +1031,12 @@ class GateAllocator:
             ]
         if not reqs:
             keys = [object_key(c) for p in members for c in claims_of[object_key(p)]]
-            return [_Written(tuple(members), tuple(keys), gang)]
+            # members whose nvidia.com/gpu DRA backs opted in: the gang runtime gives its
+            # plan's GPUs to their special claims at bind (scheduler.runtime.gangs)
+            router = self.router
+            chosen = router is not None and any(router.extended_resources(p) for p in members)
+            notes = {DRA_CHOICE_ANNOTATION: "true"} if chosen else {}
+            return [_Written(tuple(members), tuple(keys), gang, notes=notes)]
         picks = frozenset(self.kube_picks())
         with self.cache.lock:
             snap = self.cache.snapshot()

@@ -312,3 +312,32 @@ def test_members_that_opted_in_get_the_plans_nvlink_sets_in_their_claims() -> No
     assert snap.pods["resourceclaim:default/g-1-extended-resources-abcde"].gpus == (1, 2)
     assert snap.node("dgx-a").used_mask == 0b1111  # type: ignore[union-attr]
     assert ext.gangs.describe_plans(ext)[GANG]["state"] == "complete"  # type: ignore[union-attr]
+
+
+def test_the_allocator_releases_gated_members_with_the_choice_annotation() -> None:
+    """Members gated with ``topoplace.io/allocate`` have no claim to allocate (kube-scheduler
+    makes their special claims in PreBind): the allocator removes their gates together,
+    writing the choice annotation the gang runtime reads (the previous test's opt-in)."""
+    ext = _ext(["dgx-a"], topology="dgx1-v100")
+    pods = [_member(i, 2, 2) for i in range(2)]
+    for p in pods:
+        p["spec"]["schedulingGates"] = [{"name": dra.ALLOCATE_GATE}]
+    api = PodClaimApi(ext.cache, {}, {})
+    alloc = al.GateAllocator(ext.cache, api, lambda: pods, settle_s=0.0, router=ext.dra)
+    outs = alloc.step()
+    assert {o.state for o in outs} == {al.RELEASED}
+    assert sorted(api.ungated) == ["default/g-0", "default/g-1"]
+    assert api.notes == {
+        "default/g-0": {DRA_CHOICE_ANNOTATION: "true"},
+        "default/g-1": {DRA_CHOICE_ANNOTATION: "true"},
+    }
+    # a gang of pods asking for no GPU is released without it
+    plain = [_member(i, 2, 2) for i in range(2)]
+    for p in plain:
+        p["metadata"]["annotations"]["topoplace.io/gang"] = "cpu"
+        p["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "1"}}
+        p["spec"]["schedulingGates"] = [{"name": dra.ALLOCATE_GATE}]
+    api2 = PodClaimApi(ext.cache, {}, {})
+    alloc2 = al.GateAllocator(ext.cache, api2, lambda: plain, settle_s=0.0, router=ext.dra)
+    assert {o.state for o in alloc2.step()} == {al.RELEASED}
+    assert api2.notes == {}
