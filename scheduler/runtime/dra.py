@@ -31,6 +31,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from types import MappingProxyType
 from typing import Any
 
@@ -256,6 +257,7 @@ class DraRouter:
         self._tables: tuple[Any, dict[Any, dra.GreedyTable]] | None = None
         self._bits_memo: dict[tuple[int, str], tuple[Any, Any, np.ndarray]] = {}
         self._cap_memo: dict[Any, Any] = {}
+        self._row_of_index: dict[int, tuple[Any, Any, np.ndarray]] = {}
         self._rows_memo: dict[Any, tuple[np.ndarray, np.ndarray]] = {}
         self._columns: tuple[Any, tuple[Any, ...]] | None = None
         self._mask_picks: dict[str, tuple[dra.GreedyTable, np.ndarray]] = {}
@@ -786,9 +788,14 @@ class DraRouter:
         if used is None or used[0] is not table or used[1] is not consumed:
             used = (table, consumed, dra.capacity_used(table, consumed) if consumed else None)
             self._cap_memo[k_used] = used
+        k_fit = (id(table), "fit", requests)
+        fit = self._cap_memo.get(k_fit)
+        if fit is None or fit[0] is not table or fit[1] is not consumed:
+            fit = (table, consumed, dra.capacity_fit_masks(table, take, bad, used[2]))
+            self._cap_memo[k_fit] = fit
         if len(self._cap_memo) > 64:
             self._cap_memo.clear()
-        return dra.capacity_fit_masks(table, take, bad, used[2])
+        return fit[2]
 
     def _bits(self, table: dra.GreedyTable, what: str, ids: frozenset[Any]) -> np.ndarray:
         """``table.id_masks(ids)``, made once per (table, what, ids object)."""
@@ -802,15 +809,27 @@ class DraRouter:
     def _rows(
         self, table: dra.GreedyTable, snap: ClusterSnapshot, names: Sequence[str]
     ) -> tuple[np.ndarray, np.ndarray]:
-        """(table row, snapshot index) of each name (-1: none), for the last few lists."""
+        """(table row, snapshot index) of each name (-1: none; a name the snapshot does
+        not know has no row either: it is refused as unknown), for the last few lists.
+        A new list costs one dict lookup per name (kube-scheduler sends each pod's nodes
+        in an order of its own); rows come from snapshot indices by an array made once
+        per (table, snapshot nodes)."""
         key = (id(table), id(snap.index), tuple(names))
         got = self._rows_memo.get(key)
         if got is None:
-            rows, index = table.row, snap.index
-            got = (
-                np.fromiter((rows.get(n, -1) for n in names), np.int64, len(names)),
-                np.fromiter((index.get(n, -1) for n in names), np.int64, len(names)),
-            )
+            index = snap.index
+            by_index = self._row_of_index.get(id(table))
+            if by_index is None or by_index[0] is not table or by_index[1] is not index:
+                arr = np.full(len(index) + 1, -1, np.int64)  # the last: for index -1
+                rows = table.row
+                for name, i in index.items():
+                    arr[i] = rows.get(name, -1)
+                by_index = (table, index, arr)
+                if len(self._row_of_index) >= 8:
+                    self._row_of_index.clear()
+                self._row_of_index[id(table)] = by_index
+            sidx = np.fromiter(map(index.get, names, repeat(-1)), np.int64, len(names))
+            got = (by_index[2][sidx], sidx)
             if len(self._rows_memo) >= 8:
                 self._rows_memo.clear()
             self._rows_memo[key] = got

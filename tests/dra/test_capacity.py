@@ -388,3 +388,27 @@ def test_a_gated_mig_claim_takes_a_free_slice_of_the_gpu_already_cut() -> None:
 
 def dra_mig_class() -> str:
     return "mig.nvidia.com"
+
+
+def test_an_overcommitted_shared_device_is_counted_in_the_metric_at_filter() -> None:
+    from prometheus_client import generate_latest
+
+    from scheduler.runtime.dra import DraRouter
+    from scheduler.server.metrics import Metrics
+    from scheduler.server.verbs import claim as verb
+
+    claims = _claims()
+    twin = copy.deepcopy(claims["default/share-c"])  # gpu-3 again: 140Gi of 80Gi
+    twin["metadata"]["name"] = "share-z"
+    claims["default/share-z"] = twin
+    cache = ClusterCache.from_objects(
+        _items("nodes.json", "Node"), [], SchedParams(), extra=_extra(claims)
+    )
+
+    class Host:  # the two attributes the verb's helper reads
+        metrics = Metrics()
+        dra = DraRouter(cache)
+
+    verb.note_overcommits(Host)  # type: ignore[arg-type]
+    text = generate_latest(Host.metrics.registry).decode()
+    assert "topoplace_dra_overcommitted_devices 1.0" in text  # gpu-3 (memory and compute)

@@ -7,6 +7,8 @@ each node (:class:`scheduler.runtime.dra.DraRouter`) and filters and scores by t
   GET), narrowed to the best-scored node with ``extender.decide_in_filter``; a claim gang
   is placed whole by ``scheduler/kube/allocator.py``;
 * score: the predicted device set's bandwidth, 0..10;
+* shared devices over capacity (consumable capacity, whoever allocated the claims): logged
+  once each and counted in ``topoplace_dra_overcommitted_devices``, set at each filter;
 * bind: its claims are allocated by then; those kube-scheduler allocated are checked
   against the devices topoplace allocated (``DraRouter.before_bind_claims``), then a claim
   gang member binds as a pod alone (``whole.bind_start`` with its gang cleared);
@@ -15,15 +17,46 @@ each node (:class:`scheduler.runtime.dra.DraRouter`) and filters and scores by t
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
+from prometheus_client import Gauge
+
 from scheduler.core.model import PodRequest
 from scheduler.core.schedule import REASON_NOT_CHOSEN, FilterOutcome
 from scheduler.server.verbs import whole
 from scheduler.server.verbs.base import BindWrite, Host, PodKind
+
+_OVERCOMMIT_GAUGES: weakref.WeakKeyDictionary[Any, Gauge] = weakref.WeakKeyDictionary()
+
+
+def overcommit_gauge(ext: Host) -> Gauge | None:
+    """``topoplace_dra_overcommitted_devices`` on the extender's registry (made once per
+    registry; None when the extender has none)."""
+    registry = getattr(ext.metrics, "registry", None)
+    if registry is None:
+        return None
+    g = _OVERCOMMIT_GAUGES.get(registry)
+    if g is None:
+        g = Gauge(
+            "topoplace_dra_overcommitted_devices",
+            "Shared DRA devices whose allocated claims consume more than their capacity "
+            "(whoever allocated them; each is also logged once)",
+            registry=registry,
+        )
+        _OVERCOMMIT_GAUGES[registry] = g
+    return g
+
+
+def note_overcommits(ext: Host) -> None:
+    """Set the overcommit gauge from the DRA router (``DraRouter.overcommits``: made once
+    per claims object, so a claim pod's filter pays for it only after a claim changed)."""
+    g = overcommit_gauge(ext)
+    if g is not None:
+        g.set(len({o.device for o in ext.dra.overcommits()}))
 
 
 class Claims(PodKind):
@@ -44,6 +77,7 @@ class Claims(PodKind):
         failing as not chosen, as for whole-GPU pods: kube-scheduler then allocates there
         (the devices topoplace predicted and scored) and skips scoring."""
         ext.cache.remember_pending(pod)  # bind finds it without a GET
+        note_overcommits(ext)
         out = ext.dra.filter(pod, names)
         if len(out.feasible) > 1 and ext.params.extender.decide_in_filter and ext.ours(pod):
             top = ext.dra.best(pod, out.feasible)
