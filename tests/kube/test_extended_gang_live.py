@@ -46,9 +46,10 @@ def _member(
     profile: str,
     selector: dict,
     gpus: int = GPUS,
-    notes: dict[str, str] | None = None,
+    gated: bool = False,
 ) -> str:
-    """Member ``i`` of ``gang`` (:data:`MEMBERS`): a pod asking ``nvidia.com/gpu: gpus``."""
+    """Member ``i`` of ``gang`` (:data:`MEMBERS`): a pod asking ``nvidia.com/gpu: gpus``
+    (``gated``: with the scheduling gate ``topoplace.io/allocate``)."""
     name = f"{gang}-{i}"
     core.create_namespaced_pod(
         ns,
@@ -61,13 +62,13 @@ def _member(
                 "annotations": {
                     "topoplace.io/gang": gang,
                     "topoplace.io/gang-size": str(MEMBERS),
-                    **(notes or {}),
                 },
             },
             "spec": {
                 "schedulerName": profile,
                 "nodeSelector": selector,
                 "terminationGracePeriodSeconds": 0,
+                **({"schedulingGates": [{"name": "topoplace.io/allocate"}]} if gated else {}),
                 "containers": [
                     {
                         "name": "main",
@@ -138,7 +139,7 @@ def test_a_gang_of_gpu_pods_binds_whole_on_dra_nodes_as_on_device_plugin_nodes(
                 core.delete_node(n)
 
 
-def test_members_that_opted_in_get_the_plans_nvlink_pairs_in_their_claims(
+def test_gated_members_get_the_plans_nvlink_pairs_in_their_claims(
     topoplace: Topoplace,
     scheduler_name: str,
     cluster: DraCluster,  # noqa: F811
@@ -148,11 +149,11 @@ def test_members_that_opted_in_get_the_plans_nvlink_pairs_in_their_claims(
     run_id: str,
     namespace: str,
 ) -> None:
-    """Three members of 2 GPUs on DGX-1 (V100) nodes, carrying the choice annotation the
-    allocator writes when it removes their ``topoplace.io/allocate`` gate: on the DRA side
-    the plan keeps the solver's NVLink pairs and each member's special claim (made by
-    kube-scheduler's first fit) is given its pair at bind; the device-plugin side lands on
-    the same node of its pair with the same GPUs."""
+    """Three members of 2 GPUs on DGX-1 (V100) nodes, gated with ``topoplace.io/allocate``
+    on the DRA side (the allocator removes the gates and writes the choice annotation): the
+    plan keeps the solver's NVLink pairs and each member's special claim (made by
+    kube-scheduler's first fit) is given its pair at bind; the device-plugin side, ungated,
+    lands on the same node of its pair with the same GPUs."""
     from topology.select import ring_bottleneck
     from topology.shape import CATALOG
 
@@ -165,15 +166,15 @@ def test_members_that_opted_in_get_the_plans_nvlink_pairs_in_their_claims(
         _wait_nodes(topoplace, dra_nodes, "dgx1-v100")
         _wait_nodes(topoplace, dp, "dgx1-v100")
         got: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
-        notes = {DRA_CHOICE_ANNOTATION: "true"}
         for side, nodes, label in (
             ("dra", dra_nodes, {"topoplace-dra": cluster.tag}),
             ("dp", dp, {"topoplace-dpn": cluster.tag}),
         ):
             gang = f"egn-{side}"
             sel = {NODE_LABEL: run_id, **label}
+            gated = side == "dra"
             names = [
-                _member(core, namespace, gang, i, scheduler_name, sel, gpus=2, notes=notes)
+                _member(core, namespace, gang, i, scheduler_name, sel, gpus=2, gated=gated)
                 for i in range(MEMBERS)
             ]
             claims.pods += names
@@ -182,10 +183,14 @@ def test_members_that_opted_in_get_the_plans_nvlink_pairs_in_their_claims(
             held = {f"{namespace}/{n}": _gpu_set(claims, namespace, n) for n in names}
             for node, gpus, member in _plan(topoplace, f"{namespace}/{gang}"):
                 assert held[member] == (node, gpus), (member, held)
+            if gated:
+                for n in names:
+                    notes = core.read_namespaced_pod(n, namespace).metadata.annotations
+                    assert notes.get(DRA_CHOICE_ANNOTATION) == "true", n
             got[side] = sorted((sorted(nodes).index(node), gpus) for node, gpus in held.values())
         shape = CATALOG["dgx1-v100"]
         bw = [ring_bottleneck(shape, list(g)) for _, g in got["dra"]]
-        print(f"\nDRA (opted in): {got['dra']} {bw} GB/s\ndevice plugin:  {got['dp']}")
+        print(f"\nDRA (gated):    {got['dra']} {bw} GB/s\ndevice plugin:  {got['dp']}")
         assert got["dra"] == got["dp"]
         assert all(b >= 50.0 for b in bw), bw  # pairs joined by two NVLinks each
     finally:
