@@ -22,7 +22,8 @@ along as in a chaos run, and the settle and ledger comparison close it. Every
   ``binds_in_flight`` (``topoplace_kube_binds_in_flight``), ``decisions`` and
   ``decision_mb`` (the decision ring of ``/v1/inspect/decisions``), ``placements`` and
   ``placements_held`` (entries of ``/v1/inspect/placements``; held: any state but
-  ``bound``), ``gang_plans`` (its gangs), ``cache_pods`` / ``cache_nodes`` /
+  ``bound``), ``gang_plans`` (its gangs: ``gangs_live`` planned and not complete,
+  ``gangs_complete`` kept for inspection, ``gangs_refused``), ``cache_pods`` / ``cache_nodes`` /
   ``cache_claims`` / ``cache_slices`` (topoplace's watch cache, ``/v1/inspect/snapshot``),
   ``preemptions_recent`` / ``teardowns`` / ``stranded`` (``/v1/inspect/preemptions``);
   and, from the API server, ``api_pods`` (live pods of the chaos namespace: what the
@@ -36,7 +37,9 @@ fds, latencies and CPU per pod: ``|slope| x run hours`` at most ``--drift`` (def
 of the measure's median over the run (drift over the whole run smaller than a tenth of the
 level); sizes: the maximum at most a stated ceiling (decision ring: its own caps; the
 watch cache and placements: the live pods the API server has plus ``--max-pending``;
-parked and held: the pending pods at most, ``--max-pending`` plus a largest gang).
+parked and held: the pending pods at most, ``--max-pending`` plus a largest gang; gang
+plans: the live and refused ones the pending pods at most, the complete ones the
+runtime's ``DONE_KEPT``).
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from typing import Any
 from benchmarks.live import chaos
 from benchmarks.live.chaos import stop_on_sigterm
 from benchmarks.live.kubesched import REPO
+from scheduler.runtime.gangs import DONE_KEPT
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 DRIFT_MEASURES = (
@@ -77,6 +81,9 @@ SIZE_MEASURES = (
     "placements",
     "placements_held",
     "gang_plans",
+    "gangs_live",
+    "gangs_complete",
+    "gangs_refused",
     "cache_pods",
     "cache_nodes",
     "cache_claims",
@@ -247,6 +254,12 @@ class Sampler:
                 1 for p in placements["placements"] if p.get("state") != "bound"
             ),
             "gang_plans": len(placements["gangs"]),
+            **{
+                f"gangs_{state}": sum(
+                    1 for g in placements["gangs"].values() if g.get("state") == state
+                )
+                for state in ("live", "complete", "refused")
+            },
             "cache_pods": snap["Pod"],
             "cache_nodes": snap["Node"],
             "cache_claims": snap["ResourceClaim"],
@@ -358,6 +371,11 @@ def ceilings(
         "decision_mb": 64,
         "placements": live + args.max_pending,
         "placements_held": args.max_pending + largest_gang,
+        # the gang runtime keeps the last DONE_KEPT complete plans for inspection
+        "gangs_complete": DONE_KEPT,
+        "gangs_live": args.max_pending,
+        "gangs_refused": args.max_pending,
+        "gang_plans": DONE_KEPT + 2 * args.max_pending,
         "cache_pods": live + args.max_pending,
         "cache_nodes": nodes,
         "cache_claims": live + args.max_pending,

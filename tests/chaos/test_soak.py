@@ -1,0 +1,101 @@
+"""The soak's pure parts (benchmarks/live/soak.py): histogram windows, slopes, the drift
+table and its bounds, and the reads of a real process."""
+
+from __future__ import annotations
+
+import math
+import os
+
+from benchmarks.live.soak import (
+    DRIFT_MEASURES,
+    SIZE_MEASURES,
+    cpu_s,
+    drifts,
+    gauges,
+    histograms,
+    parse_args,
+    rss_mb,
+    slope_per_hour,
+    threads,
+    window_quantile,
+)
+
+EXPOSITION = """\
+# HELP topoplace_request_seconds Extender request latency by verb
+# TYPE topoplace_request_seconds histogram
+topoplace_request_seconds_bucket{le="0.005",verb="filter"} 90.0
+topoplace_request_seconds_bucket{le="0.01",verb="filter"} 99.0
+topoplace_request_seconds_bucket{le="0.05",verb="filter"} 100.0
+topoplace_request_seconds_bucket{le="+Inf",verb="filter"} 100.0
+topoplace_request_seconds_bucket{le="0.005",verb="bind"} 1.0
+topoplace_request_seconds_bucket{le="0.01",verb="bind"} 1.0
+topoplace_request_seconds_bucket{le="0.05",verb="bind"} 2.0
+topoplace_request_seconds_bucket{le="+Inf",verb="bind"} 3.0
+topoplace_parked_pods 4.0
+topoplace_binds_total{result="ok"} 7.0
+"""
+
+
+def test_histograms_and_gauges_are_read_from_an_exposition() -> None:
+    h = histograms(EXPOSITION)
+    assert h["filter"] == [(0.005, 90.0), (0.01, 99.0), (0.05, 100.0), (math.inf, 100.0)]
+    assert gauges(EXPOSITION) == {"topoplace_parked_pods": 4.0}
+
+
+def test_window_quantile_is_over_the_window_only() -> None:
+    before = histograms(EXPOSITION)["filter"]
+    # the next window: 100 more requests, 10 of them slow (0.01-0.05 s)
+    now = [(0.005, 180.0), (0.01, 190.0), (0.05, 200.0), (math.inf, 200.0)]
+    assert window_quantile(now, before, 0.99) == 0.05
+    assert window_quantile(now, before, 0.5) == 0.005
+    assert math.isnan(window_quantile(before, before, 0.99))  # nothing in the window
+    bind = histograms(EXPOSITION)["bind"]
+    assert window_quantile(bind, [], 0.99) == math.inf  # past the last finite bound
+
+
+def test_slope_per_hour() -> None:
+    ts = [0.0, 1800.0, 3600.0, 5400.0]
+    assert math.isclose(slope_per_hour(ts, [100.0, 101.0, 102.0, 103.0]), 2.0)
+    assert math.isclose(slope_per_hour(ts, [5.0, math.nan, 5.0, 5.0]), 0.0)
+    assert math.isnan(slope_per_hour([0.0], [1.0]))
+
+
+def _rows(rss: list[float], decisions: list[float]) -> list[dict[str, float]]:
+    out = []
+    for i, (r, d) in enumerate(zip(rss, decisions, strict=True)):
+        row = {m: 10.0 for m in (*DRIFT_MEASURES, *SIZE_MEASURES)}
+        row.update(t_s=600.0 * i, rss_mb=r, decisions=d, api_pods=20.0)
+        out.append(row)
+    return out
+
+
+def test_drift_bounds_hold_for_flat_and_fail_for_growing() -> None:
+    args = parse_args([])
+    flat = drifts(_rows([200.0] * 13, [100.0] * 13), 0.0, 0.10, {"decisions": 2048})
+    by = {d.measure: d for d in flat}
+    assert by["rss_mb"].holds and by["rss_mb"].start == 200.0 and by["rss_mb"].slope_h == 0.0
+    assert by["decisions"].holds and by["decisions"].peak == 100.0
+    # 200 MB growing 40 MB/h over 2 h: 80 MB, more than 10 % of the level
+    growing = drifts(
+        _rows([200.0 + 40.0 * i / 6 for i in range(13)], [100.0 + 200 * i for i in range(13)]),
+        0.0,
+        0.10,
+        {"decisions": 2048},
+    )
+    by = {d.measure: d for d in growing}
+    assert math.isclose(by["rss_mb"].slope_h, 40.0) and not by["rss_mb"].holds
+    assert by["decisions"].peak == 2500.0 and not by["decisions"].holds
+    assert args.duration == 7200 and args.fault_count == 0 and args.faults == []
+
+
+def test_warmup_samples_are_not_measured() -> None:
+    rows = _rows([100.0, 150.0] + [200.0] * 11, [1.0] * 13)
+    by = {d.measure: d for d in drifts(rows, 1200.0, 0.10, {})}
+    assert by["rss_mb"].start == 200.0 and by["rss_mb"].slope_h == 0.0
+
+
+def test_process_reads_of_this_process() -> None:
+    pid = os.getpid()
+    assert 10.0 < rss_mb(pid) < 100_000.0
+    assert threads(pid) >= 1
+    assert cpu_s(pid) > 0.0
