@@ -408,6 +408,20 @@ BOUND_LINE = re.compile(
 )
 
 
+def clear_pods(api: Api, tries: int = 3) -> None:
+    """Delete the namespace's pods between arms; a delete whose answer times out on a busy
+    API server (thousands of pods) is asked again (deleting is idempotent)."""
+    for attempt in range(1, tries + 1):
+        try:
+            api.delete_pods(NAMESPACE, timeout=300.0)
+            return
+        except Exception as exc:  # the client's read timeout, or the API's error
+            if attempt == tries:
+                raise
+            log(f"deleting the pods: {type(exc).__name__}; again")
+            time.sleep(5.0)
+
+
 def wait_all_bound(api: Api, total: int, timeout: float, patience: float = 30.0) -> int:
     """Wait until ``total`` pods of the namespace are bound, none more bound for
     ``patience`` seconds counted from the end of a list (a list may itself take seconds on
@@ -526,7 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"run {run} default-scheduler: {extra['default_bound']}/{len(work)} "
                     f"bound, {extra['default_pods_per_s']:.1f} pods/s"
                 )
-                api.delete_pods(NAMESPACE)
+                clear_pods(api)
             if "topoplace" not in args.arms:
                 rows.append({"run": run, **extra})
                 continue
@@ -547,7 +561,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{len(same)} placed as offline, {row['overcommitted_gpus']} overcommitted"
             )
             rows.append(row)
-            api.delete_pods(NAMESPACE)
+            clear_pods(api)
         if "topoplace" in args.arms:
             write(out, args, work, devices, rows, figures(want, work, devices))
         else:

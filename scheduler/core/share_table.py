@@ -91,6 +91,8 @@ WHY_NONE, WHY_TENANTS, WHY_COMPUTE_P95 = 0, 1, 2
 
 RowKey = tuple[object, ...]
 FitsOf = Callable[[IntArray, IntArray], "StateFits"]
+FragOf = Callable[[TypicalDistribution, tuple[str, ...]], FragmentationModel]
+"""(target workload, device types) -> ``FragmentationModel.build`` of them."""
 """(state ids, a row of each) -> their :class:`StateFits`."""
 """A row's values, hashable: equal keys are one state."""
 
@@ -328,11 +330,14 @@ def score_states(
     cpu_milli: int,
     dist: TypicalDistribution,
     policy_name: str,
+    frag_of: FragOf | None = None,
 ) -> StateScores:
     """Score the states that ``ask`` fits (``sf``: :func:`fit_states`) with the sharing
     policy ``policy_name`` as ``decide`` does (one policy call per share the request takes
     there, on one projected view); each state's GPU count, free CPU, CPU capacity and
-    device type as :func:`share_row` gives them."""
+    device type as :func:`share_row` gives them. ``frag_of``: the fragmentation model of
+    a target workload over device types, when a caller keeps them (a model is a pure
+    function of its arguments; its memo of expected waste then carries over)."""
     n = len(capacity)
     score = np.full(n, -1, dtype=np.int64)
     at = np.full(n, -1, dtype=np.int64)
@@ -356,7 +361,7 @@ def score_states(
         rank=np.arange(k, dtype=np.int64),
         gpu_free_dims=np.ascontiguousarray(sf.free_dims[keep], dtype=np.int64),
     )
-    frag = FragmentationModel.build(dist, view.model_names)
+    frag = (frag_of or FragmentationModel.build)(dist, view.model_names)
     policy = get_sharing_policy(policy_name)
     need = sf.need[keep]
     nd = sf.need_dims[keep]
@@ -473,6 +478,7 @@ def decide_rows(
     policy_name: str,
     fitted: FitsOf | None = None,
     limits: TenantLimits | None = None,
+    frag_of: FragOf | None = None,
 ) -> RowsVerdict:
     """Fit and score the offered ``rows`` (of a snapshot's node order, backend and GPU
     count already checked) by their distinct states.
@@ -489,6 +495,7 @@ def decide_rows(
             (they depend on the state, ``ask`` and ``limits`` alone); else
             :func:`fit_states`.
         limits: the right-sizer's limits of the request.
+        frag_of: see :func:`score_states`.
     """
     ids = state_of[rows]
     # Rows of one state are alike: any of them stands for it (no sort needed).
@@ -517,6 +524,7 @@ def decide_rows(
         cpu_milli,
         dist,
         policy_name,
+        frag_of,
     )
     fit = scored.fits[inverse]
     why = sf.why[inverse][~fit]

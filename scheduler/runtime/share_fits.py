@@ -44,7 +44,7 @@ from scheduler.core.share_table import (
     fit_states,
     share_row,
 )
-from scheduler.core.sharing import TaskShape, TypicalDistribution
+from scheduler.core.sharing import FragmentationModel, TaskShape, TypicalDistribution
 
 MAX_FORMS = 64
 """Request forms kept (the least recently used is dropped first)."""
@@ -124,6 +124,7 @@ class ShareRows:
         self._done: dict[FitKey, np.ndarray] = {}
         self._tenancy: Mapping[str, NodeTenancy] = {}
         self._tversion = 0
+        self._frags: OrderedDict[tuple[TypicalDistribution, tuple[str, ...]], Any] = OrderedDict()
         self.rebuilds = 0
         """Full rebuilds so far (a new node set, or a node wider than the columns)."""
         self.epoch = 0
@@ -255,8 +256,23 @@ class ShareRows:
                 policy,
                 lambda states, reps: self._fitted((ask, limits), states, reps),
                 limits,
+                self._frag,
             )
         return verdict, other, too_few
+
+    def _frag(self, dist: TypicalDistribution, models: tuple[str, ...]) -> Any:
+        """``FragmentationModel.build(dist, models)``, kept for the last few workloads: the
+        next pod's filter meets the workload the last prioritize (or the bind of the pod
+        before) left, and the model's memo of expected waste is costly to refill."""
+        key = (dist, models)
+        got = self._frags.get(key)
+        if got is None:
+            got = self._frags[key] = FragmentationModel.build(dist, models)
+            while len(self._frags) > MAX_FRAGS:
+                self._frags.popitem(last=False)
+        else:
+            self._frags.move_to_end(key)
+        return got
 
     def _fitted(self, key: FitKey, states: np.ndarray, reps: np.ndarray) -> StateFits:
         """The fits of ``key`` (an ask and its limits) on ``states`` (``reps``: a row of
@@ -296,6 +312,8 @@ class ShareRows:
         return known.take(states)
 
 
+MAX_FRAGS = 4
+"""Fragmentation models kept (:meth:`ShareRows._frag`)."""
 TENANCY_LOG = 256
 """Tenancy changes remembered for :meth:`HeldShares.changed_since`."""
 MAX_STATES_PER_ROW = 4

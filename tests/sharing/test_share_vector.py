@@ -121,7 +121,11 @@ def _extender(
     params = load_params(None)
     params = dataclasses.replace(
         params,
-        extender=dataclasses.replace(params.extender, reasons_when_placed=True),
+        # Holds never expire during the test: both extenders must see the same holds
+        # however long the machine takes between their calls.
+        extender=dataclasses.replace(
+            params.extender, reasons_when_placed=True, nomination_ttl_seconds=1e6
+        ),
         sharing=dataclasses.replace(params.sharing, policy=policy),
     )
     cache = ClusterCache.from_objects(nodes, pods, params)
