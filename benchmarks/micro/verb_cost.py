@@ -1,6 +1,6 @@
 """``verb-cost``: filter + prioritize CPU per pod kind, in process, as the server answers them.
 
-Four kinds of pod arrive one after another at a warm extender (the heap moved out of the
+Up to five kinds of pod arrive one after another at a warm extender (the heap moved out of the
 garbage collector's reach, as ``topoplace serve`` does after its start-up), each kind on a
 cluster of ``--nodes`` DGX H100 nodes (``benchmarks.clusters.dgx_h100_nodes``) of its own,
 ``--held`` of them (a seeded draw) holding 4 of their GPUs:
@@ -21,7 +21,12 @@ cluster of ``--nodes`` DGX H100 nodes (``benchmarks.clusters.dgx_h100_nodes``) o
   GPUs in turn; the held share holds an allocated 4-GPU claim. A claim pod reaches
   topoplace after kube-scheduler's DynamicResources filter, so filter is offered the nodes
   where its claim can be allocated (computed beforehand, outside the timing); topoplace
-  predicts the devices kube-scheduler's allocator will take (``DraRouter``).
+  predicts the devices kube-scheduler's allocator will take (``DraRouter``);
+* ``DRA share`` (run when named: ``--pods-of "DRA share"``): DRA consumable capacity:
+  nodes whose 8 GPUs are shared devices (v1, ``allowMultipleAllocations``, memory and
+  compute capacity), claims of one shared GPU with 10, 20, 40, 60 GiB in turn; the held
+  share has 40 GiB taken on 4 GPUs. Every node has room for every ask, so filter is offered
+  every node (shuffled).
 
 Each verb is called as the server calls it (JSON bytes through ``Extender.filter_json`` /
 ``prioritize_json``) and timed in CPU (``time.process_time``). Figures per kind: median
@@ -93,8 +98,10 @@ from benchmarks.stats import p99
 VERSION = "v1beta1"
 COUNTS = (1, 2, 4, 8)
 GANG_SIZE = 4
-KINDS = ("whole GPU", "gang member", "HAMi share", "DRA claim")
+KINDS = ("whole GPU", "gang member", "HAMi share", "DRA claim", "DRA share")
 """The pod kinds, in the order the figures list them."""
+DEFAULT_KINDS = KINDS[:4]
+"""The kinds run without ``--pods-of`` (``DRA share`` is asked for by name)."""
 
 Case = tuple[
     list[dict[str, Any]],
@@ -189,11 +196,54 @@ def dra_case(nodes: int, pods: int, held: float, seed: int) -> Case:
     return objs, [], extra, todo
 
 
+def dra_share_case(nodes: int, pods: int, held: float, seed: int) -> Case:
+    """DRA capacity claim pods (one shared GPU of 10, 20, 40, 60 GiB in turn) on nodes whose
+    8 GPUs are shared devices (``benchmarks.cluster.dra.node_slices`` with ``shared=8``,
+    v1); the held share of nodes has 40 GiB taken on each of 4 GPUs. Every node has a GPU
+    with room for every ask, so every node is offered (shuffled)."""
+    from benchmarks.cluster.dra import SHARED_CLASS, device_class
+    from benchmarks.cluster.dra import node_slices as shared_slices
+    from scheduler.core import dra
+
+    objs = dgx_h100_nodes(nodes)
+    names = [o["metadata"]["name"] for o in objs]
+    slices = [dict(s, kind="ResourceSlice") for n in names
+              for s in shared_slices(n, "v1", gpus=8, shared=8)]  # fmt: skip
+    classes = [dict(device_class("v1", SHARED_CLASS, shared=True), kind="DeviceClass")]
+    inv = dra.inventory(slices)
+
+    def claim(name: str, memory: str) -> dict[str, Any]:
+        req = {"name": "gpu", "exactly": {"deviceClassName": SHARED_CLASS, "count": 1,
+               "capacity": {"requests": {"memory": memory}}}}  # fmt: skip
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
+                "spec": {"devices": {"requests": [req]}}}  # fmt: skip
+
+    claims = []
+    for name in _held(names, held, seed):
+        for g in range(4):
+            c = claim(f"held-{name}-{g}", "40Gi")
+            dev = inv.by_node[name][g]
+            c["status"] = {"allocation": dra.allocation_status(name, dra.claim_spec(c), [dev])}
+            claims.append(c)
+    pending = [claim(f"want-{i:04d}", ("10Gi", "20Gi", "40Gi", "60Gi")[i % 4])
+               for i in range(pods)]  # fmt: skip
+    extra = dra.extra_of([*classes, *slices, *claims, *pending])
+    rng = random.Random(seed)
+    todo = []
+    for i, c in enumerate(pending):
+        order = names[:]
+        rng.shuffle(order)
+        todo.append((claim_pod(f"pod-{i:04d}", c["metadata"]["name"]), order))
+    return objs, [], extra, todo
+
+
 CASES: dict[str, Callable[[int, int, float, int], Case]] = {
     "whole GPU": whole_case,
     "gang member": gang_case,
     "HAMi share": hami_case,
     "DRA claim": dra_case,
+    "DRA share": dra_share_case,
 }
 
 
@@ -241,7 +291,7 @@ def verbs(args: argparse.Namespace) -> Figures:
     """Per node count and pod kind: filter, prioritize and both, median and p99 CPU ms per
     pod."""
     runs_n = args.runs or 3
-    kinds = args.pods_of or list(KINDS)
+    kinds = args.pods_of or list(DEFAULT_KINDS)
     rows: list[tuple[Any, ...]] = []
     for nodes, kind in ((n, k) for n in args.nodes for k in kinds):
         runs = [one_run(kind, nodes, args.pods, args.held, seed) for seed in range(runs_n)]
