@@ -2252,6 +2252,7 @@ def pick_share(
     busy = frozenset(unavailable)
     # per node: the candidate devices by GPU, the projected node, the request in ledger units
     forms: dict[tuple[int, int], list[Any]] = {}
+    gpu_mib: dict[tuple[int, int], int] = {}  # per form: the GPUs' memory, for its shape
     devices_of: dict[str, dict[int, tuple[Device, dict[str, int]]]] = {}
     for node in nodes:
         mine: dict[int, tuple[Device, dict[str, int]]] = {}
@@ -2275,14 +2276,16 @@ def pick_share(
         # only the candidates' GPUs usable: a GPU outside them has memory 0 (none placed)
         projected = replace(node, sharing="dra", devices=devs)
         devices_of[node.name] = mine
-        forms.setdefault((mib, -(-milli // 10)), []).append(projected)
+        form = (mib, -(-milli // 10))
+        forms.setdefault(form, []).append(projected)
+        gpu_mib[form] = max(gpu_mib.get(form, 0), *ledger.values())
     if not forms:
         return REASON_NO_SHARE_ROOM
     best = None
     params = replace(sharing, backends=("dra",))
     for (mib, cores), group in sorted(forms.items()):
         req = ShareRequest("dra", (ContainerAsk(1, memory_mib=mib, cores=cores),))
-        dev = GpuDevice(index=0, memory_mib=max(1, mib), cores=100)
+        dev = GpuDevice(index=0, memory_mib=max(1, mib, gpu_mib[(mib, cores)]), cores=100)
         shape = share_shape(0, GpuShare(0, mib, cores * 10), dev)
         dist = workload_distribution(nodes, pods, (shape,), sharing.popularity)
         got = best_decision(decide(group, req, dist, params, selection_policy))
