@@ -830,6 +830,10 @@ class FragmentationModel:
         return np.where((nc >= 0) & (nm >= 0), delta, np.nan)
 
 
+SMALL_STATES = 64
+"""Up to this many devices, :meth:`ExpectedWaste.ahead_of` reads its memo per device."""
+
+
 class ExpectedWaste:
     """Expected free share a device strands when the target workload keeps arriving.
 
@@ -925,6 +929,16 @@ class ExpectedWaste:
                 self._table = table
             one: FloatArray = table[compute]
             return one
+        if compute.size <= SMALL_STATES:
+            # Few devices (one node's, a prioritize): the memo read per element is
+            # cheaper than sorting them into distinct states first.
+            ahead = self.ahead
+            flat = [
+                ahead(c, m)
+                for c, m in zip(compute.ravel().tolist(), memory.ravel().tolist(), strict=True)
+            ]
+            few: FloatArray = np.array(flat, dtype=np.float64).reshape(compute.shape)
+            return few
         key = compute.astype(np.int64) * (MILLI + 1) + memory
         states, inverse = np.unique(key.reshape(-1), return_inverse=True)
         values = np.array([self.ahead(*divmod(int(k), MILLI + 1)) for k in states.tolist()])

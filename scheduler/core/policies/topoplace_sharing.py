@@ -175,7 +175,9 @@ def _distinct_rows(rows: IntArray) -> tuple[IntArray, IntArray]:
     """(the distinct rows, each row's index among them). Rows compare as their bytes (one
     sort of fixed-size byte strings: several times cheaper than ``np.unique(axis=0)``); the
     order of the distinct rows is not numeric, and nothing depends on it (every row is
-    scored on its own)."""
+    scored on its own). One row is its own."""
+    if len(rows) == 1:
+        return rows, np.zeros(1, dtype=np.int64)
     rows = np.ascontiguousarray(rows)
     keys = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
     _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
