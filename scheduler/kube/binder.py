@@ -15,7 +15,10 @@ requeues the pod.
 
 Idempotency (extender-protocol.md §8, kubernetes#96579): a retried bind of a pod that is
 already bound to the same node succeeds. On 409 Conflict, and when the answer was lost
-(timeout, reset), the pod is read back: bound to ``node`` with the same UID -> "".
+(timeout, reset), the pod is read back: bound to ``node`` with the same UID, and carrying
+the placement record this bind writes (when it writes one) -> "". Bound there with another
+record (an earlier bind whose answer was lost chose other GPUs) is a conflict: the GPUs
+this bind chose are released and the pod's own record, from the watch, is what is held.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from scheduler.core.objects import meta
+from scheduler.core.objects import PLACEMENT_ANNOTATION, meta, placement_of
 from scheduler.kube.client import ApiError, ApiUnavailable, KubeApi
 from scheduler.kube.metrics import KubeMetrics
 
@@ -61,6 +64,12 @@ def binding_body(
     }
 
 
+def _gpus_of(pod: Mapping[str, Any]) -> tuple[Any, tuple[int, ...]] | None:
+    """(node, GPUs) of the pod's placement record, None without a readable one."""
+    rec = placement_of(pod)
+    return None if rec is None else (rec.get("node"), tuple(sorted(rec.get("gpus") or ())))
+
+
 class KubeBinder:
     """Writes bindings through the API server (:class:`~scheduler.server.verbs.base.Binder`).
 
@@ -85,7 +94,7 @@ class KubeBinder:
         try:
             self.api.create_binding(ns, name, body)
         except ApiError as exc:
-            if self._settled_by_reading(exc) and self._already_bound(ns, name, uid, node):
+            if self._settled_by_reading(exc) and self._already_bound(ns, name, uid, node, md):
                 return self._bound_after(exc, ns, name, node)
             return self._failed(exc)
         self._count("ok")
@@ -104,7 +113,7 @@ class KubeBinder:
             await self.api.create_binding_async(ns, name, body)
         except ApiError as exc:
             if self._settled_by_reading(exc) and await asyncio.to_thread(
-                self._already_bound, ns, name, uid, node
+                self._already_bound, ns, name, uid, node, md
             ):
                 return self._bound_after(exc, ns, name, node)
             return self._failed(exc)
@@ -142,14 +151,24 @@ class KubeBinder:
         self._count("client_error")
         return f"{ERR_REJECTED} ({exc.status}): {exc.message}"
 
-    def _already_bound(self, ns: str, name: str, uid: str, node: str) -> bool:
-        """True when the pod (same UID, if known) is bound to ``node``."""
+    def _already_bound(
+        self, ns: str, name: str, uid: str, node: str, md: Mapping[str, Any] | None = None
+    ) -> bool:
+        """True when the pod (same UID, if known) is bound to ``node`` and carries the
+        placement record of ``md`` (the Binding's metadata), if that has one."""
         pod = self.fetch_pod(ns, name)
         if pod is None:
             return False
         if uid and str(meta(pod).get("uid") or "") != uid:
             return False
-        return (pod.get("spec") or {}).get("nodeName") == node
+        if (pod.get("spec") or {}).get("nodeName") != node:
+            return False
+        sent = ((md or {}).get("annotations") or {}).get(PLACEMENT_ANNOTATION)
+        if sent is None:
+            return True
+        return _gpus_of(pod) == _gpus_of(
+            {"metadata": {"annotations": {PLACEMENT_ANNOTATION: sent}}}
+        )
 
     def fetch_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The pod as the API has it now (raw JSON), or None when absent or unreachable.

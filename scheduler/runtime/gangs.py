@@ -881,6 +881,7 @@ class GangRuntime:
             snap = cache.snapshot()
             free = free_gpus(snap)
             now = cache.now()
+            self._forget_gone(cache, snap)
             for gang in sorted(self._parked):
                 if not self._parked[gang]:
                     del self._parked[gang]
@@ -903,6 +904,18 @@ class GangRuntime:
                     continue
                 woken += self._wake_parked(ext, gang, "the cluster changed since the refusal")
         return woken
+
+    def _forget_gone(self, cache: Any, snap: ClusterSnapshot) -> None:
+        """Forget the refusal (and wake and member records) of every refused gang none of
+        whose pods is pending or bound any more: its pods were deleted (the job ended, or
+        was preempted) and nothing else ever drops it (plan lock held)."""
+        for gang in list(self._refusals):
+            if gang in cache.plans or snap.gang_members(gang):
+                continue
+            if any(cache.pending(k) is not None for k in self._members.get(gang, {})):
+                continue
+            for per_gang in (self._refusals, self._members, self._wakes, self._parked):
+                per_gang.pop(gang, None)
 
     def prioritize(
         self, ext: Any, req: PodRequest, names: list[str]

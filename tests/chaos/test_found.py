@@ -77,3 +77,69 @@ def test_gang_plan_honours_required_node_affinity() -> None:
     ext, _ = _cluster()
     ext.filter({"Pod": _member(0, "affinity"), "NodeNames": ["work-0"]})
     assert "probe" not in _reserved_nodes(ext)
+
+
+def test_refusal_of_a_gang_whose_pods_are_all_gone_is_forgotten() -> None:
+    """Found by the soak (``python -m benchmarks.live.soak --seed 1``): a gang preempted
+    after it was planned was refused when its last member came back, then all its pods were
+    deleted (the job ended); its refusal stayed in the gang runtime (and in
+    ``/v1/inspect/placements``) for ever, one more for every such gang. The janitor's
+    poll forgets the refusal of a gang none of whose pods is pending or bound; a refused
+    gang whose members still wait keeps it."""
+    ext, _ = _cluster()
+    for i in range(2):
+        out = ext.filter({"Pod": _member(i, "selector"), "NodeNames": ["work-0"]})
+        assert out["NodeNames"] in ([], None)
+    assert ext.gangs.describe_plans(ext)["default/g"]["state"] == "refused"
+    ext.gangs.poll(ext)
+    assert "default/g" in ext.gangs.describe_plans(ext)  # its members still wait
+    ext.cache.delete_pod("default/g-0")
+    ext.gangs.poll(ext)
+    assert "default/g" in ext.gangs.describe_plans(ext)  # one member still waits
+    ext.cache.delete_pod("default/g-1")
+    ext.gangs.poll(ext)
+    assert "default/g" not in ext.gangs.describe_plans(ext)
+
+
+def _bind_after_409(annotations: dict[str, str], path: str) -> str:
+    """A bind whose Binding the API server refuses with 409 because the pod is bound to
+    that node already (an earlier bind whose answer was lost), the pod read back as it is
+    recorded: bound to rec-node-0 with the placement record GPUs 0-3."""
+    import asyncio
+
+    from scheduler.kube.binder import KubeBinder
+    from tests.kube.recorded import RecordedApiServer, recorded
+
+    pod = recorded("get_pod_bound.json")
+    pod["spec"].pop("nodeName")
+    pod["metadata"].pop("annotations")
+    with RecordedApiServer() as srv:
+        srv.add(
+            "POST",
+            "/api/v1/namespaces/rec/pods/train-a/binding",
+            409,
+            "binding_409_already_bound_same_node.json",
+        )
+        srv.add("GET", "/api/v1/namespaces/rec/pods/train-a", 200, "get_pod_bound.json")
+        binder = KubeBinder(srv.api())
+        if path == "thread":
+            return binder.bind(pod, "rec-node-0", annotations)
+        return asyncio.run(binder.bind_async(pod, "rec-node-0", annotations))
+
+
+def test_a_retried_bind_is_settled_only_by_its_own_placement_record() -> None:
+    """Found by ``python -m benchmarks.live.chaos --seed 102`` (an ``api-error`` fault):
+    a bind's Binding reached the API server (GPUs 2, 3 of a HAMi node recorded) but its
+    answer was lost, and the read-back failed too, so topoplace released the GPUs; the
+    retry chose GPUs 3, 4, got 409 (bound already), read the pod back bound to that node
+    and took it for its own bind. topoplace then held GPUs 3, 4 while the pod held 2, 3,
+    and gave GPU 2 to a HAMi share: one device, a whole-GPU pod and a share (the
+    invariant hami-over-capacity). The read-back now settles a bind only when the pod
+    carries the placement record this bind wrote; another record is a conflict (the
+    assumption is released and the watch's record is held)."""
+    for path in ("thread", "event-loop"):
+        same = {"topoplace.io/placement": '{"gpus":[0,1,2,3],"node":"rec-node-0","v":1}'}
+        assert _bind_after_409(same, path) == ""
+        other = {"topoplace.io/placement": '{"gpus":[4,5,6,7],"node":"rec-node-0","v":1}'}
+        assert _bind_after_409(other, path).startswith("binding conflict")
+        assert _bind_after_409({}, path) == ""  # a bind without a record: the node settles it
