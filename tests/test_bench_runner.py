@@ -15,7 +15,8 @@ from scheduler.cli.main import main as topoplace
 OFFLINE = {"fgd-openb", "gangs", "faults", "rightsize"}
 MICRO = {"pod-path", "extender-latency", "gang-solver", "topology", "verb-cost",
          "preemption-latency", "sharing-latency", "background-cpu", "memory", "ui-render"}  # fmt: skip
-LIVE = {"live-mix", "live-dra", "live-fractional", "live-faults", "live-preemption", "live-chaos"}
+LIVE = {"live-mix", "live-dra", "live-fractional", "live-faults", "live-preemption", "live-chaos",
+        "live-soak"}  # fmt: skip
 
 
 def test_the_registry_holds_exactly_the_named_benchmarks() -> None:
