@@ -2415,10 +2415,22 @@ def allocated_by_topoplace(claim: Mapping[str, Any]) -> bool:
 
 
 def conflicts(
-    mine: Mapping[str, Sequence[DeviceId]], claims: Iterable[Mapping[str, Any]]
+    mine: Mapping[str, Sequence[DeviceId]],
+    claims: Iterable[Mapping[str, Any]],
+    inv: Inventory | None = None,
 ) -> dict[str, list[str]]:
-    """Claims (by key) other than ``mine``'s own that hold a device ``mine`` allocated:
-    claim key of mine -> keys of the others (sorted)."""
+    """Claims (by key) other than ``mine``'s own that conflict with a device ``mine``
+    allocated: claim key of mine -> keys of the others (sorted).
+
+    A conflict on a device held alone is another claim holding it (a result without a
+    ``shareID``). With ``inv``, a shared device (consumable capacity) conflicts too when
+    the sum of ``consumedCapacity`` over every claim of ``claims`` with a share of it
+    exceeds one of its capacities in ``inv`` (:func:`overcommits`): each of ``mine``'s
+    claims with a share there then conflicts with every other claim sharing it (which
+    share must go is the caller's to decide). Without ``inv`` shares are never
+    conflicts. ``claims`` should hold ``mine``'s own claims as allocated, for their
+    consumption to count."""
+    claims = [c for c in claims if isinstance(c, Mapping)]
     owner: dict[DeviceId, str] = {}
     for key, ids in mine.items():
         for i in ids:
@@ -2430,6 +2442,12 @@ def conflicts(
             o = owner.get(i)
             if o is not None and o != k:
                 out.setdefault(o, set()).add(k)
+    if inv is not None:
+        for over in overcommits(claims, inv):
+            others = [h for h in over.claims if h not in mine]
+            for key, ids in mine.items():
+                if others and key in over.claims and over.device in ids:
+                    out.setdefault(key, set()).update(others)
     return {k: sorted(v) for k, v in sorted(out.items())}
 
 

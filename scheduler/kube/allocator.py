@@ -44,6 +44,16 @@ survivor is then written again (:meth:`GateAllocator._rewrite`), so kube-schedul
 its devices again. Where the survivor is in use and cannot be written again, topoplace
 keeps claim pods off those devices until it is gone (``DraRouter.note_uncounted``).
 
+**Shared devices.** A device with ``allowMultipleAllocations`` (consumable capacity) may be
+named by several claims; the conflict there is the sum of their ``consumedCapacity``
+exceeding a capacity of the device (``dra.conflicts`` with the inventory). Step 3 and the
+bind check treat it as they treat a device named twice: topoplace's share yields when
+the claims over capacity with it are not all kube-scheduler's for pods still to bind
+(else it waits for their bind check), and the bind check gives back kube-scheduler's
+share where the sum with topoplace's shares (allocated, or held while being written) is
+over. Nothing is written again after such a conflict: kube-scheduler counts shares one
+by one, so giving one back leaves the others counted.
+
 **The check costs nothing, and needs no settle.** A watch delivers a resource's events in
 ``resourceVersion`` order. Once the cache shows topoplace's own write of a claim (at the
 version the write returned, or later), it has every claim written before that write: it
@@ -919,7 +929,9 @@ class GateAllocator:
         written before it (the cache once the watch shows the write, :meth:`_fresh`);
         kube-scheduler's PreBind writes before topoplace's bind is called. Of two
         allocations naming one device, the one written second is therefore checked after
-        the first exists: topoplace's by its check, kube-scheduler's here. A conflict found here removes the claim's allocation
+        the first exists: topoplace's by its check, kube-scheduler's here. A share of a
+        shared device conflicts when the sum consumed there with topoplace's shares is
+        over capacity (:meth:`_over_capacity`). A conflict found here removes the claim's allocation
         (and ``reservedFor``, only this pod's: nothing runs it yet; kube-scheduler deletes
         a special claim itself when the bind fails) and fails the bind; kube-scheduler
         then allocates again. Returns "" or an error (an API error fails the bind too)."""
@@ -934,13 +946,16 @@ class GateAllocator:
                 if len(names) < len((pod.get("spec") or {}).get("resourceClaims") or ()):
                     names = list(dra.pod_claim_names(self.api.get_pod(ns, name)))
             bad: dict[str, tuple[dict[str, Any], list[str]]] = {}
+            twice: set[str] = set()  # claims of topoplace's naming a device ``bad`` names
             for ck in names:
                 cur = self.api.get_claim(*_ns_name(ck))
                 if not dra.is_allocated(cur) or dra.allocated_by_topoplace(cur):
                     continue
-                hit = sorted({own[i] for i in dra.allocated_ids(cur) if own.get(i, ck) != ck})
+                hit = {own[i] for i in dra.allocated_ids(cur) if own.get(i, ck) != ck}
+                twice |= hit
+                hit |= self._over_capacity(ck, cur)
                 if hit:
-                    bad[ck] = (cur, hit)
+                    bad[ck] = (cur, sorted(hit))
             for ck, (cur, hit) in sorted(bad.items()):
                 log.warning(
                     "claim %s of %s (kube-scheduler's) shares devices with %s: the bind fails",
@@ -951,6 +966,8 @@ class GateAllocator:
                 if not extended:
                     self._deallocate(cur, uid)
                     for h in hit:  # kube-scheduler's count lost the shared devices
+                        if h not in twice:
+                            continue  # a share over capacity: the others' count stays
                         if h.endswith("/<extended-resources>"):
                             continue  # a choice not written yet: its write counts
                         self._repair.discard(h)
@@ -964,6 +981,31 @@ class GateAllocator:
             held = sorted((k, v[1]) for k, v in bad.items())
             return f"the pod's DRA devices are also allocated by topoplace: {held}"
         return ""
+
+    def _over_capacity(self, key: str, claim: Mapping[str, Any]) -> set[str]:
+        """topoplace's claims (allocated, or being written: the ledger's holdings) with a
+        share of a shared device that ``claim`` (kube-scheduler's, key ``key``, as read
+        from the API) also has a share of, where the sum of what every claim the cache
+        knows consumes, with ``claim`` as read, exceeds the device's capacity. The
+        holdings are in the ledger before topoplace writes them, so a share of
+        topoplace's written before ``claim`` is always counted here."""
+        if not dra.shared_results(claim):
+            return set()
+        snap = self.cache.snapshot()
+        view: dict[str, Mapping[str, Any]] = dict(snap.extra.get(dra.CLAIMS_KEY) or {})
+        ours: set[str] = {k for k, c in view.items() if dra.allocated_by_topoplace(c)}
+        for k, p in snap.pods.items():
+            ck = k[len(dra.HOLDER_PREFIX) :]
+            if not (p.assumed and k.startswith(dra.HOLDER_PREFIX) and p.raw):
+                continue
+            if ck != key and not dra.is_allocated(view.get(ck) or {}):
+                view[ck] = p.raw  # an allocation topoplace is writing
+                ours.add(ck)
+        view[key] = claim
+        inv = self.cache.dra_inventory(snap)
+        mine = {key: [did for did, _, _ in dra.shared_results(claim)]}
+        bad = dra.conflicts(mine, view.values(), inv)
+        return {o for o in bad.get(key, ()) if o in ours}
 
     def _deallocate(self, claim: Mapping[str, Any], uid: str) -> None:
         """Remove kube-scheduler's allocation (and the reservation) of ``claim``, reserved
@@ -1346,17 +1388,24 @@ class GateAllocator:
         device from its count although the other still holds it."""
         by_key = {object_key(c): c for c in fresh}
         mine = {k: dra.allocated_ids(by_key[k]) for k in w.claims if k in by_key}
-        bad = dra.conflicts(mine, fresh)
+        hard = dra.conflicts(mine, fresh)  # devices named twice
+        inv = self.cache.dra_inventory(self.cache.snapshot())
+        bad = dra.conflicts(mine, fresh, inv)  # and shared devices over capacity
         node = next((dra.allocation_node(by_key[k]) for k in w.claims if k in by_key), "")
         devices = tuple(sorted(d for ids in mine.values() for _, _, d in ids))
         if bad:
             others = sorted({o for v in bad.values() for o in v})
             now = time.monotonic()
             since = self._conflict_since.setdefault(w.name, now)
-            if now - since < WAIT_FOR_BIND_S and all(
-                o in by_key and self._binding_later(by_key[o]) for o in others
+            later = {o for o in others if o in by_key and self._binding_later(by_key[o])}
+            # wait when the claims the bind check will give back end every conflict (on a
+            # device named twice: every other claim is such; on a shared device: the sum
+            # without them fits)
+            if now - since < WAIT_FOR_BIND_S and not dra.conflicts(
+                mine, [c for c in fresh if object_key(c) not in later], inv
             ):
-                self._repair.update(k for k in w.claims if k in by_key)
+                if hard:
+                    self._repair.update(k for k in w.claims if k in by_key)
                 why = f"devices also in {others}, allocated by kube-scheduler for pods topoplace has not bound: waiting for their bind to give them back"
                 return Outcome(w.name, WAITING, node, devices, why)
             for k, others_k in bad.items():
@@ -1367,7 +1416,8 @@ class GateAllocator:
                     self._undo(k)
                 self.cache.forget(dra.holder_key(k))
                 self._repair.discard(k)
-            for o in others:  # kube-scheduler's count of the shared devices lost them
+            named_twice = sorted({o for v in hard.values() for o in v})
+            for o in named_twice:  # kube-scheduler's count of the shared devices lost them
                 if o in by_key and not self._rewrite(o):
                     self._uncounted(o, dra.allocated_ids(by_key[o]))
             why = f"devices also held by {sorted(bad.items())}"
