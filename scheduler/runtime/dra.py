@@ -67,6 +67,11 @@ the write (its informer behind, or a scheduling cycle begun before it), and the 
 then name one device (see :meth:`DraRouter.note_written`)."""
 
 
+BOUND_DOMAIN_S = 30.0
+"""Seconds a ComputeDomain pod's bind makes its node count as serving the domain before
+topoplace's watch shows the claims (:meth:`DraRouter.bound_domains`)."""
+
+
 CLIQUE_LABEL = "nvidia.com/gpu.clique"
 """``<ClusterUUID>.<CliqueID>``: the NVLink partition a node's GPUs are in. A ComputeDomain
 (IMEX) spans one partition, so the whole value counts (the fabric's ``nvlink-domain``
@@ -165,6 +170,22 @@ class ExtendedPick:
 
 REASON_PICKED_ELSEWHERE = "topoplace allocated this pod's GPUs on another node"
 
+REASON_CLAIMS_NOT_SEEN = "topoplace has not seen the pod's ResourceClaims yet"
+"""Every node's reason for a claim pod whose claims are not all in topoplace's cache
+(:meth:`DraRouter.plans`). kube-scheduler asks only once its own informer has them, but
+topoplace's watch may lag it: without the claims topoplace can tell neither the devices the
+pod would get nor its ComputeDomain, so passing the pod would let it onto a node serving
+another domain unchecked. The refusal is "not now"; the pod is woken once the claims are
+seen (``ParkedPods.wait_for_claims``)."""
+
+
+def missing_claims(pod: Mapping[str, Any], claims: Mapping[str, Any]) -> tuple[str, ...]:
+    """The ``namespace/name`` of the pod's claims (``dra.pod_claim_names``) that are not
+    in ``claims`` (a template claim not yet recorded in the pod's status has no name and
+    is not listed: the pod's own update names it)."""
+    return tuple(k for k in dra.pod_claim_names(pod) if k not in claims)
+
+
 BindCheck = Callable[[str, Mapping[str, Any], str, str, Mapping[dra.DeviceId, str], bool], str]
 """``(pod key, pod, node, pod uid, topoplace's devices on the node -> claim key, whether
 the pod's GPUs are a special extended-resource claim) -> "" or an error``
@@ -215,6 +236,8 @@ class DraRouter:
         cache: the cluster cache (its snapshot carries the DRA objects).
         clock: monotonic seconds.
         picks_ttl_s: see :data:`PICKS_TTL_S`.
+        recent_s: see :data:`RECENT_S`.
+        bound_domain_s: see :data:`BOUND_DOMAIN_S`.
     """
 
     def __init__(
@@ -223,6 +246,7 @@ class DraRouter:
         clock: Callable[[], float] = time.monotonic,
         picks_ttl_s: float = PICKS_TTL_S,
         recent_s: float = RECENT_S,
+        bound_domain_s: float = BOUND_DOMAIN_S,
     ) -> None:
         self.cache = cache
         self._clock = clock
@@ -275,6 +299,10 @@ class DraRouter:
         self._consumed_memo: tuple[Any, dra.Consumed, Mapping[str, Any]] | None = None
         self._over_memo: tuple[Any, tuple[dra.Overcommit, ...]] = (None, ())
         self._over_seen: set[tuple[Any, ...]] = set()
+        self.bound_domain_s = bound_domain_s
+        """How long a ComputeDomain pod's bind counts for its node (:meth:`bound_domains`):
+        well past the watch's lag behind kube-scheduler's PreBind writes."""
+        self._bound_domains: dict[str, tuple[float, str, str]] = {}  # pod -> (until, node, domain)
 
     # ---- extended resources backed by DRA (nvidia.com/gpu on DRA nodes) -------------------
 
@@ -331,8 +359,37 @@ class DraRouter:
         came first is always known here). On a conflict the claim's allocation is removed
         (nothing runs the pod yet) and the bind fails: kube-scheduler allocates again
         from a view that has topoplace's. Without any device of topoplace's on ``node``
-        nothing is read. Returns "" or an error."""
-        return self._check_bind(key, pod, node, uid, extended=False)
+        nothing is read. Returns "" or an error.
+
+        A pod of a ComputeDomain that passes makes ``node`` count as serving its domain
+        for :attr:`bound_domain_s` seconds (:meth:`bound_domains`), before topoplace's watch
+        shows the claims kube-scheduler allocated."""
+        err = self._check_bind(key, pod, node, uid, extended=False)
+        if not err:
+            claims = self.cache.snapshot().extra.get(dra.CLAIMS_KEY) or EMPTY_MAP
+            domain = dra.pod_compute_domain(pod, claims)
+            if domain and self.bound_domain_s > 0:
+                with self._lock:
+                    self._bound_domains[key] = (self._clock() + self.bound_domain_s, node, domain)
+        return err
+
+    def bound_domains(self) -> Mapping[str, frozenset[str]]:
+        """node -> the ComputeDomains of the claim pods topoplace was asked to bind there in
+        the last :attr:`bound_domain_s` seconds. kube-scheduler wrote their claims'
+        allocations in PreBind, but topoplace's watch may not show them yet: until it
+        does, only these records tell that the node serves the domain (a pod of another
+        domain filtered meanwhile would otherwise pass there)."""
+        if not self._bound_domains:
+            return EMPTY_MAP
+        now = self._clock()
+        out: dict[str, set[str]] = {}
+        with self._lock:
+            for k, (deadline, node, domain) in list(self._bound_domains.items()):
+                if deadline < now:
+                    del self._bound_domains[k]
+                else:
+                    out.setdefault(node, set()).add(domain)
+        return {n: frozenset(v) for n, v in out.items()}
 
     def _check_bind(
         self, key: str, pod: Mapping[str, Any], node: str, uid: str, extended: bool
@@ -635,8 +692,9 @@ class DraRouter:
         also_held: frozenset[dra.DeviceId] = frozenset(),
         extended: Mapping[str, str] | None = None,
     ) -> list[dra.PodPlan]:
-        """One plan per name (unknown nodes, unhealthy and cordoned nodes refused);
-        ``also_held``: devices to count as taken besides allocated claims.
+        """One plan per name (unknown nodes, unhealthy and cordoned nodes refused; every
+        node, :data:`REASON_CLAIMS_NOT_SEEN`, while a claim the pod names is not in the
+        cache); ``also_held``: devices to count as taken besides allocated claims.
 
         The pod's claims are read once (``dra.prepare_claim_pod``); per node only its own
         pools' held devices are looked at, and the devices each request may take on it are
@@ -656,6 +714,8 @@ class DraRouter:
             flying = flying | recent
         claims = snap.extra.get(dra.CLAIMS_KEY) or EMPTY_MAP
         own, complete = dra.pod_claims(pod, claims)
+        if not complete:  # neither its devices nor its ComputeDomain can be told
+            return [dra.PodPlan(n, dra.UNKNOWN, (), REASON_CLAIMS_NOT_SEEN) for n in names]
         basis = (_pod_identity(pod), inv, snap.extra.get(dra.CLASSES_KEY), flying, complete)
         last = self._last_plans
         known: Mapping[str, tuple[dra.PodPlan, Any]] = EMPTY_MAP
@@ -682,6 +742,8 @@ class DraRouter:
         domain = dra.pod_compute_domain(pod, claims)
         if domain:
             serving = dra.serving_domains(all_claims(snap))
+            for n, ds in self.bound_domains().items():  # bound, the watch not showing it yet
+                serving[n] = serving.get(n, frozenset()) | ds
             clique = clique_reader(snap, self.cache.params.fabric)
             cliques = dra.domain_cliques(domain, serving, clique)
         out = []

@@ -24,6 +24,12 @@ many free GPUs as it asks is not parked (its CPU or memory refused it, or the fr
 did not form a set it accepts): a count of free GPUs cannot tell when it fits, and the
 events kube-scheduler watches for (a pod deleted) bring it back.
 
+A DRA claim pod refused because topoplace's watch had not shown its ResourceClaims yet
+(``scheduler.runtime.dra.REASON_CLAIMS_NOT_SEEN``: kube-scheduler's informer had them,
+topoplace's lagged) is remembered with the claims it waits for
+(:meth:`ParkedPods.wait_for_claims`); the poll wakes it once all of them are in the cache.
+kube-scheduler saw those claims arrive before it asked, so no later event of theirs moves it.
+
 Two moments wake every pod refused in a window, whatever its kind and whatever refused it
 (:meth:`ParkedPods.wake_refused_since`, with its own backoff): a hold of topoplace's own
 lapsed (a nomination or a gang reservation: the poll sees the cache's ``expired_total``
@@ -36,12 +42,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from scheduler.core.dra import CLAIMS_KEY
 from scheduler.core.snapshot import ClusterSnapshot
 
 log = logging.getLogger(__name__)
@@ -131,6 +138,8 @@ class ParkedPods:
         """Wakes by :meth:`wake_refused_since` per pod (count, time of the last): backoff."""
         self._expired_seen: int | None = None
         """The cache's ``expired_total`` at the last poll."""
+        self._claims_wait: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+        """Pods refused while their claims were not in the cache -> those claims' keys."""
 
     def __len__(self) -> int:
         return len(self._pods)
@@ -175,13 +184,55 @@ class ParkedPods:
                 self._pods[key] = replace(old, gpus=gpus, candidates=bits, index=snap.index)
         return True
 
+    def wait_for_claims(self, key: str, claims: Sequence[str]) -> None:
+        """Filter refused ``key`` because ResourceClaims ``claims`` (``namespace/name``)
+        were not in the cache: :meth:`poll` wakes it once they all are. Nothing is
+        remembered without a waker or without a claim named."""
+        if self.waker is None or not claims:
+            return
+        with self._lock:
+            self._claims_wait[key] = tuple(claims)
+            self._claims_wait.move_to_end(key)
+            while len(self._claims_wait) > self.limit:
+                self._claims_wait.popitem(last=False)
+
+    def waiting_for_claims(self, key: str) -> tuple[str, ...]:
+        """The claims pod ``key`` waits to be seen (empty: none)."""
+        return self._claims_wait.get(key, ())
+
     def offered(self, key: str) -> None:
         """Filter offered ``key`` a node: nothing to wake it for."""
-        if self._pods or self._refused_at:
+        if self._pods or self._refused_at or self._claims_wait:
             with self._lock:
                 self._pods.pop(key, None)
                 self._refused_at.pop(key, None)
                 self._behind_wakes.pop(key, None)
+                self._claims_wait.pop(key, None)
+
+    def wake_claims_seen(self, cache: Any) -> list[str]:
+        """Wake, in the order they were refused, the pods of :meth:`wait_for_claims`
+        whose claims are all in the cache now; drop those bound or no longer pending.
+        Each is woken once (refused again for claims still missing, it is remembered
+        again). Returns the keys woken."""
+        if self.waker is None or not self._claims_wait:
+            return []
+        snap = cache.snapshot()
+        seen = snap.extra.get(CLAIMS_KEY) or {}
+        woken: list[str] = []
+        with self._lock:
+            for key, names in list(self._claims_wait.items()):
+                if _gone(key, snap, cache):
+                    del self._claims_wait[key]
+                elif all(n in seen for n in names):
+                    del self._claims_wait[key]
+                    woken.append(key)
+        if woken:
+            log.info("waking %d claim pod(s): their ResourceClaims are seen", len(woken))
+            try:
+                self.waker(woken, "its ResourceClaims are seen")
+            except Exception:  # the waker is an I/O edge: never let it break the janitor
+                log.exception("waking claim pods failed")
+        return woken
 
     def wake_refused_since(
         self, since: float, cache: Any, why: str, besides_parked: bool = False
@@ -229,7 +280,8 @@ class ParkedPods:
         topoplace's own lapsed since the last poll (the cache's ``expired_total``: a
         nomination or gang reservation freed GPUs, CPU, memory, shares or replicas, which
         no API event announces), wake the other pods refused within ``hold_window_s``
-        (the longest such hold) with :meth:`wake_refused_since`. Returns the keys woken."""
+        (the longest such hold) with :meth:`wake_refused_since`; and the claim pods whose
+        claims are seen now (:meth:`wake_claims_seen`). Returns the keys woken."""
         if self.waker is None:
             return []
         expired = getattr(cache, "expired_total", 0)
@@ -242,6 +294,7 @@ class ParkedPods:
             if lapsed
             else []
         )
+        behind += self.wake_claims_seen(cache)
         if not self._pods:
             return behind
         snap = cache.snapshot()

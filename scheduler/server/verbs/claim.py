@@ -5,7 +5,8 @@ each node (:class:`scheduler.runtime.dra.DraRouter`) and filters and scores by t
 
 * filter: the router's verdict per node (the pod is remembered so bind finds it without a
   GET), narrowed to the best-scored node with ``extender.decide_in_filter``; a claim gang
-  is placed whole by ``scheduler/kube/allocator.py``;
+  is placed whole by ``scheduler/kube/allocator.py``; a pod refused because topoplace's
+  watch has not shown its claims yet is woken once it does (``ParkedPods.wait_for_claims``);
 * score: the predicted device set's bandwidth, 0..10;
 * shared devices over capacity (consumable capacity, whoever allocated the claims): logged
   once each and counted in ``topoplace_dra_overcommitted_devices``, set at each filter;
@@ -25,8 +26,11 @@ from typing import Any
 
 from prometheus_client import Gauge
 
+from scheduler.core import dra
 from scheduler.core.model import PodRequest
+from scheduler.core.objects import object_key
 from scheduler.core.schedule import REASON_NOT_CHOSEN, FilterOutcome
+from scheduler.runtime.dra import missing_claims
 from scheduler.server.verbs import whole
 from scheduler.server.verbs.base import BindWrite, Host, PodKind
 
@@ -79,6 +83,11 @@ class Claims(PodKind):
         ext.cache.remember_pending(pod)  # bind finds it without a GET
         note_overcommits(ext)
         out = ext.dra.filter(pod, names)
+        if not out.feasible:
+            claims = ext.cache.snapshot().extra.get(dra.CLAIMS_KEY) or {}
+            missing = missing_claims(pod, claims)
+            if missing:  # refused for claims the watch has not shown: woken when it does
+                ext.parked.wait_for_claims(object_key(pod), missing)
         if len(out.feasible) > 1 and ext.params.extender.decide_in_filter and ext.ours(pod):
             top = ext.dra.best(pod, out.feasible)
             if top:
