@@ -179,13 +179,6 @@ another domain unchecked. The refusal is "not now"; the pod is woken once the cl
 seen (``ParkedPods.wait_for_claims``)."""
 
 
-def missing_claims(pod: Mapping[str, Any], claims: Mapping[str, Any]) -> tuple[str, ...]:
-    """The ``namespace/name`` of the pod's claims (``dra.pod_claim_names``) that are not
-    in ``claims`` (a template claim not yet recorded in the pod's status has no name and
-    is not listed: the pod's own update names it)."""
-    return tuple(k for k in dra.pod_claim_names(pod) if k not in claims)
-
-
 BindCheck = Callable[[str, Mapping[str, Any], str, str, Mapping[dra.DeviceId, str], bool], str]
 """``(pod key, pod, node, pod uid, topoplace's devices on the node -> claim key, whether
 the pod's GPUs are a special extended-resource claim) -> "" or an error``

@@ -7,7 +7,7 @@ v1.33.0 gpu-node-0; channel claims in the NVIDIA driver's shape)."""
 from __future__ import annotations
 
 from scheduler.core import dra
-from scheduler.runtime.dra import REASON_CLAIMS_NOT_SEEN, DraRouter, missing_claims
+from scheduler.runtime.dra import REASON_CLAIMS_NOT_SEEN, DraRouter
 from scheduler.server.extender import Extender
 from tests.dra.test_allocator import _claim
 from tests.dra.test_compute_domain import _cache, _channel_claim, _pod
@@ -67,8 +67,6 @@ def test_a_pod_whose_claims_are_not_seen_yet_is_refused_everywhere_until_they_ar
     assert out.feasible == ()
     assert dict(out.failed) == dict.fromkeys(NODES, REASON_CLAIMS_NOT_SEEN)
     assert dict(out.unresolvable) == {}
-    seen = cache.snapshot().extra[dra.CLAIMS_KEY]
-    assert missing_claims(pod, seen) == ("default/i", "default/i-ch")
     cache.apply_claim("default/i", _claim("i", 1))
     # one claim seen, the channel (the domain) not yet: still refused everywhere
     assert [p.verdict for p in router.plans(pod, NODES)] == [REASON_CLAIMS_NOT_SEEN] * 3
@@ -106,6 +104,8 @@ def test_a_pod_refused_for_unseen_claims_is_woken_once_they_are_seen() -> None:
     assert res["FailedNodes"] == dict.fromkeys(NODES, REASON_CLAIMS_NOT_SEEN)
     assert ext.parked.waiting_for_claims("default/pod-i") == ("default/i", "default/i-ch")
     assert ext.parked.poll(cache) == [] and woken == []
+    ext.filter(body)  # refused again, still for its claims: remembered once
+    assert ext.parked.waiting_for_claims("default/pod-i") == ("default/i", "default/i-ch")
     cache.apply_claim("default/i", _claim("i", 1))
     assert ext.parked.poll(cache) == [] and woken == []  # the channel claim still missing
     cache.apply_claim("default/i-ch", _channel_claim("i-ch", "cd-i"))

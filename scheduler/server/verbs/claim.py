@@ -30,7 +30,7 @@ from scheduler.core import dra
 from scheduler.core.model import PodRequest
 from scheduler.core.objects import object_key
 from scheduler.core.schedule import REASON_NOT_CHOSEN, FilterOutcome
-from scheduler.runtime.dra import missing_claims
+from scheduler.runtime.dra import REASON_CLAIMS_NOT_SEEN
 from scheduler.server.verbs import whole
 from scheduler.server.verbs.base import BindWrite, Host, PodKind
 
@@ -83,11 +83,10 @@ class Claims(PodKind):
         ext.cache.remember_pending(pod)  # bind finds it without a GET
         note_overcommits(ext)
         out = ext.dra.filter(pod, names)
-        if not out.feasible:
-            claims = ext.cache.snapshot().extra.get(dra.CLAIMS_KEY) or {}
-            missing = missing_claims(pod, claims)
-            if missing:  # refused for claims the watch has not shown: woken when it does
-                ext.parked.wait_for_claims(object_key(pod), missing)
+        if not out.feasible and REASON_CLAIMS_NOT_SEEN in out.failed.values():
+            # refused for claims the watch had not shown: woken once it shows them all
+            # (all its claims: some may have come in since the filter's snapshot)
+            ext.parked.wait_for_claims(object_key(pod), dra.pod_claim_names(pod))
         if len(out.feasible) > 1 and ext.params.extender.decide_in_filter and ext.ours(pod):
             top = ext.dra.best(pod, out.feasible)
             if top:
