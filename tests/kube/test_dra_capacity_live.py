@@ -330,3 +330,90 @@ def test_mig_partitions_gated_and_ungated_never_overlap(
     # the gated ones filled one GPU before cutting the other
     assert len({n for n, _ in placed[:3]}) == 1, placed
     print(f"\nMIG partitions: {placed}")
+
+
+def test_race_a_gated_and_an_ungated_share_of_the_last_gpu_never_overcommit(
+    topoplace: Topoplace,
+    dra_scheduler: Any,  # noqa: F811
+    cap_nodes: CapacityNodes,
+    claims: Claims,  # noqa: F811
+    run_id: str,
+    namespace: str,
+) -> None:
+    """The race on shared GPUs, forced. Per round a fresh node with :data:`RACE_GPUS`
+    shared GPUs of 80Gi, and twice as many 50Gi shares created at the same moment aimed
+    at them, half ungated (kube-scheduler allocates them), half gated (topoplace does):
+    one fits per GPU, so every GPU is some share's last. topoplace
+    runs with ``TOPOPLACE_DRA_SETTLE_S=0`` and ``TOPOPLACE_DRA_RECENT_S=0`` (its filter does
+    not hold kube-scheduler off its fresh writes), so the conflicts fall to the check after
+    writing and the bind check. After everything settles one share per GPU is allocated
+    and its pod bound, the others are not, and no shared device is over capacity, read
+    from the API."""
+    won: list[list[str]] = []
+    with topoplace.restarted({"TOPOPLACE_DRA_SETTLE_S": "0", "TOPOPLACE_DRA_RECENT_S": "0"}):
+        for rnd in range(RACE_ROUNDS):
+            won.append(_share_race_round(topoplace, cap_nodes, claims, run_id, namespace, rnd))
+        log = (topoplace.logdir / f"topoplace-{topoplace.starts}.log").read_text(errors="replace")
+    fails = log.count("(kube-scheduler's) shares devices")
+    print(
+        f"\n{RACE_ROUNDS} rounds, shares allocated: {won}; binds failed {fails}, "
+        f"topoplace waited for a bind {log.count('waiting for their bind')}, "
+        f"yielded {log.count('topoplace yields')}"
+    )
+
+
+def _share_race_round(
+    tp: Topoplace, cap_nodes: CapacityNodes, cl: Claims, run_id: str, namespace: str, rnd: int
+) -> str:
+    """One round of the race on a fresh node; returns which sides' shares were allocated
+    (sorted)."""
+    import threading
+
+    (node,) = cap_nodes.add(1, shared=RACE_GPUS, mig=0)
+
+    def one_shared() -> bool:
+        view = topoplace_view(tp)
+        inv = view.dra_inventory()
+        shared = sum(1 for d in inv.by_node.get(node, ()) if d.shared)
+        return shared == RACE_GPUS and view.snapshot().node(node) is not None
+
+    wait_for(one_shared, 30, f"topoplace to see the shared GPUs of {node}")
+    names = {f"race-{rnd}-{i}": i % 2 == 0 for i in range(2 * RACE_GPUS)}
+    for name in names:
+        _create(cl, name, SHARED, {"memory": "50Gi"})
+        wait_seen(tp, f"{namespace}/{name}", allocated=False)
+    host = {"kubernetes.io/hostname": node}
+
+    def make(name: str, gated: bool) -> None:
+        cl.pod(f"pod-{name}", name, run_id, gated=gated, selector=host)
+
+    threads = [threading.Thread(target=make, args=kv) for kv in names.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    def allocated() -> list[str]:
+        return [n for n in names if dra.is_allocated(cl.get(n))]
+
+    def all_bound() -> bool:
+        won = allocated()
+        return len(won) >= RACE_GPUS and all(cl.node_of(f"pod-{n}") == node for n in won)
+
+    wait_for(all_bound, 90, f"{RACE_GPUS} of {sorted(names)} bound")
+    time.sleep(RACE_SETTLE_S)  # the losers' retries, checks and give-backs
+    used = _no_overcommit(cl, [node])
+    assert sorted(used.values()) == [50] * RACE_GPUS, used  # one 50Gi share per GPU
+    won = allocated()
+    assert len(won) == RACE_GPUS and all(cl.node_of(f"pod-{n}") == node for n in won), won
+    for lost in set(names) - set(won):
+        assert not cl.node_of(f"pod-{lost}"), lost
+    return sorted("gated" if names[n] else "ungated" for n in won)
+
+
+RACE_ROUNDS = 3
+"""Rounds of the forced race on shared GPUs (each a fresh node)."""
+RACE_GPUS = 3
+"""Shared GPUs per round's node (twice as many shares race for them)."""
+RACE_SETTLE_S = 4.0
+"""Seconds the race is left to settle after the first bind before it is read."""
