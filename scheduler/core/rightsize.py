@@ -30,7 +30,7 @@ recommender and changed where GPUs differ:
   used-memory series whatever they serve, so they are sized from their KV-cache use instead:
   ``non-KV memory + KV pool x peak KV use x headroom``.
 * **Policies** (:class:`Policy`) clamp every recommendation: min/max memory, max tenants per
-  GPU, allowed modes, and a latency guard: while the workload's latency or queue metric is
+  GPU (and a GPU's compute limit, for placement), allowed modes, and a latency guard: while the workload's latency or queue metric is
   above its objective nothing shrinks.
 * **Hysteresis.** A limit grows when the peak eats into the margin, shrinks only when the
   target is below ``(1 - margin)`` of it, and changes at most ``max_changes_per_day`` times in
@@ -174,6 +174,10 @@ class Policy:
         min_memory_bytes / max_memory_bytes: clamp of the memory limit (max also caps at the
             GPU's memory).
         max_tenants_per_gpu: 1 forces an exclusive GPU; otherwise the placer's co-location cap.
+        gpu_compute_limit: the most of one GPU's SMs (a ratio, 0 < x <= 1) the tenants of a
+            GPU may use together, each counted at its measured compute p95: share placement
+            refuses a GPU where the workload's pod would take the sum past it (1.0: the
+            whole GPU; lower keeps headroom for bursts above the p95).
         modes: allowed sharing modes (:data:`BASE_MODES`), in no particular order.
         guard: the latency guard, or None.
         gpu_memory_bytes: memory of the GPUs the workload runs on.
@@ -181,16 +185,25 @@ class Policy:
         model_weights_bytes: the model's weights, resident and known: the short-history
             widening applies only above them (never above the lowest use seen); for preallocating servers
             without a KV capacity metric, the non-KV memory, so the KV pool is the rest.
+
+    Raises:
+        RightsizeError: ``gpu_compute_limit`` outside (0, 1].
     """
 
     min_memory_bytes: int = 1 * GiB
     max_memory_bytes: int = 80 * GiB
     max_tenants_per_gpu: int = 8
+    gpu_compute_limit: float = 1.0
     modes: tuple[str, ...] = (EXCLUSIVE, MEMORY_SHARE, TIME_SLICING, MPS, "mig")
     guard: Guard | None = None
     gpu_memory_bytes: int = 80 * GiB
     mig_profiles: tuple[tuple[str, int, float], ...] = ()
     model_weights_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        x = self.gpu_compute_limit
+        if isinstance(x, bool) or not isinstance(x, int | float) or not 0 < x <= 1:
+            raise RightsizeError(f"gpu_compute_limit: {x!r} is not a number in (0, 1]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +230,7 @@ _POLICY_KEYS = frozenset(
         "min_memory",
         "max_memory",
         "max_tenants_per_gpu",
+        "gpu_compute_limit",
         "modes",
         "guard",
         "gpu_memory",
@@ -234,9 +248,10 @@ def _bytes(value: object, where: str) -> int:
 
 
 def policy_from_dict(data: Mapping[str, Any], base: Policy, where: str) -> Policy:
-    """One policy block (``min_memory``, ``max_memory``, ``max_tenants_per_gpu``, ``modes``,
-    ``guard: {metric, objective}``, ``gpu_memory``, ``mig_profiles``, ``model_weights``) over
-    ``base``. Quantities are Kubernetes quantities (``24Gi``) or byte counts.
+    """One policy block (``min_memory``, ``max_memory``, ``max_tenants_per_gpu``,
+    ``gpu_compute_limit``, ``modes``, ``guard: {metric, objective}``, ``gpu_memory``,
+    ``mig_profiles``, ``model_weights``) over ``base``. Quantities are Kubernetes quantities
+    (``24Gi``) or byte counts; ``gpu_compute_limit`` is a number in (0, 1].
 
     Raises:
         RightsizeError: an unknown key, mode, guard metric or a malformed value.
@@ -262,6 +277,11 @@ def policy_from_dict(data: Mapping[str, Any], base: Policy, where: str) -> Polic
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise RightsizeError(f"{where}.max_tenants_per_gpu: {n!r} is not an integer >= 1")
         p = replace(p, max_tenants_per_gpu=n)
+    if "gpu_compute_limit" in data:
+        x = data["gpu_compute_limit"]
+        if isinstance(x, bool) or not isinstance(x, int | float) or not 0 < x <= 1:
+            raise RightsizeError(f"{where}.gpu_compute_limit: {x!r} is not a number in (0, 1]")
+        p = replace(p, gpu_compute_limit=float(x))
     if "modes" in data:
         modes = data["modes"]
         if not isinstance(modes, list) or not modes:

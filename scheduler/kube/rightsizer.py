@@ -20,7 +20,10 @@ only samples newer than the last one and let its hysteresis decide.
   with ``annotate``, the annotation ``topoplace.io/rightsize`` on the workload (the pod's
   controller, a ReplicaSet's Deployment) when the recommendation changes (a failed write is
   tried again next round);
-* **initial**: the webhook (``scheduler/server/webhook.py``) writes them into new pods;
+* **initial**: the webhook (``scheduler/server/webhook.py``) writes them into new pods,
+  with what share placement reads in the pod's note: the workload's measured compute p95
+  and its policy's ``max_tenants_per_gpu`` and ``gpu_compute_limit``
+  (:class:`~scheduler.server.webhook.PodSizing`);
 * **recreate**: at most one pod every ``min_eviction_interval_seconds`` is evicted through
   the Eviction API (the remediator's call, with the pod's UID as a precondition), and only a
   pod that: belongs to a workload with at least ``min_replicas`` live pods (counted from the
@@ -71,6 +74,7 @@ from scheduler.server.webhook import (
     HAMI_MEM,
     SHARE_MODES,
     ClaimSizing,
+    PodSizing,
     RequestPolicy,
     capacity_policies,
     pod_backend,
@@ -181,6 +185,8 @@ class RightSizer:
         self.recommender: Recommender | None = None
         self.last_t: float | None = None
         self.current: dict[str, Recommendation] = {}
+        self.compute_p95: dict[str, float] = {}
+        """workload -> its measured compute p95 at the last round (absent: not measured)."""
         self.containers: dict[str, set[str]] = {}
         self.reads: dict[str, int] = {"ok": 0, "error": 0}
         self.evictions: dict[str, int] = {}
@@ -221,20 +227,29 @@ class RightSizer:
         with self.lock:
             return self.current.get(workload)
 
-    def for_pod(
-        self, pod: Mapping[str, Any], namespace: str = ""
-    ) -> Recommendation | ClaimSizing | str:
-        """The recommendation for a (new) pod, or why there is none (a string). For a
-        ResourceClaim (``kind: ResourceClaim``, as the webhook passes it) the answer of
-        :meth:`for_claim`."""
+    def sizing_of(self, workload: str) -> PodSizing | None:
+        """The recommendation in force for ``workload`` with what share placement reads of
+        it (the measured compute p95 at the last round, the policy's tenancy limits), or
+        None."""
+        with self.lock:
+            rec = self.current.get(workload)
+            p95 = self.compute_p95.get(workload)
+        if rec is None:
+            return None
+        return PodSizing.of(rec, self.policies.for_workload(workload), p95)
+
+    def for_pod(self, pod: Mapping[str, Any], namespace: str = "") -> PodSizing | ClaimSizing | str:
+        """The sizing of a (new) pod (:meth:`sizing_of` its workload), or why there is none (a
+        string). For a ResourceClaim (``kind: ResourceClaim``, as the webhook passes it) the
+        answer of :meth:`for_claim`."""
         if pod.get("kind") == "ResourceClaim":
             return self.for_claim(pod, namespace)
         ns = namespace or str((pod.get("metadata") or {}).get("namespace") or "")
         if not self.in_scope(ns):
             return f"namespace {ns!r} is not right-sized"
         wl = workload_of(pod, ns)
-        rec = self.for_workload(wl)
-        return rec if rec is not None else f"no recommendation for workload {wl}"
+        sizing = self.sizing_of(wl)
+        return sizing if sizing is not None else f"no recommendation for workload {wl}"
 
     def for_claim(self, claim: Mapping[str, Any], namespace: str = "") -> ClaimSizing | str:
         """The sizing of a (new) ResourceClaim created from a pod's template, or why there is
@@ -300,7 +315,10 @@ class RightSizer:
                 "last_error": self.last_error,
                 "evictions": dict(self.evictions),
                 "workloads": [
-                    _rec_json(r, sorted(self.containers.get(wl, ())))
+                    _rec_json(
+                        PodSizing.of(r, self.policies.for_workload(wl), self.compute_p95.get(wl)),
+                        sorted(self.containers.get(wl, ())),
+                    )
                     for wl, r in sorted(self.current.items())
                 ],
                 "recent": list(self.recent),
@@ -390,6 +408,7 @@ class RightSizer:
             self.last_t = max(self.last_t or float("-inf"), samples[-1].timestamp)
         changed: list[Recommendation] = []
         fresh: dict[str, Recommendation] = {}
+        p95s: dict[str, float] = {}
         containers: dict[str, set[str]] = {}
         for wl in sorted(rec.states):
             ns = wl.rpartition("/")[0]
@@ -400,13 +419,17 @@ class RightSizer:
             if cur is None:
                 continue
             fresh[wl] = cur
-            containers[wl] = {c for _, c in rec.states[wl].pods}
+            st = rec.states[wl]
+            if st.util_n:  # the percentile the recommender's compute share is sized from
+                p95s[wl] = st.util.percentile(rec.params.compute_percentile)
+            containers[wl] = {c for _, c in st.pods}
         with self.lock:
             for wl, cur in fresh.items():
                 old = self.current.get(wl)
                 if old is None or _size(old) != _size(cur):
                     changed.append(cur)
             self.current = fresh
+            self.compute_p95 = p95s
             self.containers = containers
             self.reads["ok"] += 1
             self.last_error = ""
@@ -596,7 +619,10 @@ def _object_path(ns: str, ref: Mapping[str, Any]) -> str:
     return f"{base}/namespaces/{quote(ns, safe='')}/{plural}/{quote(str(ref.get('name')), safe='')}"
 
 
-def _rec_json(r: Recommendation, containers: list[str] | None = None) -> dict[str, Any]:
+def _rec_json(
+    sizing: Recommendation | PodSizing, containers: list[str] | None = None
+) -> dict[str, Any]:
+    r = sizing.rec if isinstance(sizing, PodSizing) else sizing
     out: dict[str, Any] = {
         "workload": r.workload,
         "since": r.timestamp,
@@ -606,6 +632,8 @@ def _rec_json(r: Recommendation, containers: list[str] | None = None) -> dict[st
         "mode": r.mode,
         "reason": r.reason,
     }
+    if isinstance(sizing, PodSizing):
+        out.update(sizing.note_fields())
     if containers is not None:
         out["containers"] = containers
     return out
@@ -615,8 +643,9 @@ def _rec_note(r: Recommendation) -> str:
     return orjson.dumps(_rec_json(r)).decode()
 
 
-def rec_json(r: Recommendation) -> dict[str, Any]:
-    """A recommendation as the inspect API and ``topoplace explain`` show it."""
+def rec_json(r: Recommendation | PodSizing) -> dict[str, Any]:
+    """A recommendation (with a :class:`PodSizing`'s placement limits) as the inspect API and
+    ``topoplace explain`` show it."""
     return _rec_json(r)
 
 

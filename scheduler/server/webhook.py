@@ -13,7 +13,11 @@ of the sharing backend the pod already uses:
 
 Requests of those resources, where the container states them, are set to the same values
 (Kubernetes requires extended-resource requests to equal limits). The pod also gets the
-annotation ``topoplace.io/rightsize`` with what was applied and why.
+annotation ``topoplace.io/rightsize`` with what was applied and why and, when the lookup
+answers a :class:`PodSizing`, what share placement reads from it
+(``scheduler.core.fractional.tenant_limits``): ``compute_p95`` (the workload's measured
+compute p95), ``max_tenants_per_gpu`` and ``gpu_compute_limit`` (its policy's), ratios of one
+GPU's SMs where ratios.
 
 The same endpoint answers a ``resource.k8s.io`` ResourceClaim CREATE (DRA consumable
 capacity: the size lives in the claim, not in the pod). A claim the resourceclaim controller
@@ -56,7 +60,7 @@ from typing import Any
 import orjson
 
 from scheduler.core.quantity import parse_quantity_int
-from scheduler.core.rightsize import EXCLUSIVE, MEMORY_SHARE, MPS, GiB, MiB, Recommendation
+from scheduler.core.rightsize import EXCLUSIVE, MEMORY_SHARE, MPS, GiB, MiB, Policy, Recommendation
 
 log = logging.getLogger(__name__)
 
@@ -208,9 +212,49 @@ class ClaimSizing:
     pod: str = ""
 
 
-Lookup = Callable[[Mapping[str, Any], str], "Recommendation | ClaimSizing | None | str"]
+@dataclass(frozen=True, slots=True)
+class PodSizing:
+    """What the lookup answers for a pod: the recommendation of its workload, and what share
+    placement reads of the workload besides its size (``scheduler.core.fractional``'s
+    ``tenant_limits``), written into the pod's note under these names.
+
+    Attributes:
+        rec: the recommendation in force.
+        compute_p95: the workload's measured compute p95, a ratio of one GPU's SMs (the
+            recommender's compute percentile of the utilisation, before its margin); None
+            when no utilisation was measured (placement then counts the pod's compute share).
+        max_tenants_per_gpu: its policy's most tenants on one GPU (0: not stated).
+        gpu_compute_limit: its policy's limit on one GPU's tenants' p95s together, a ratio
+            (0: not stated).
+    """
+
+    rec: Recommendation
+    compute_p95: float | None = None
+    max_tenants_per_gpu: int = 0
+    gpu_compute_limit: float = 0.0
+
+    @classmethod
+    def of(cls, rec: Recommendation, policy: Policy, compute_p95: float | None) -> PodSizing:
+        """``rec`` with ``policy``'s tenancy limits and the measured ``compute_p95``."""
+        return cls(rec, compute_p95, policy.max_tenants_per_gpu, policy.gpu_compute_limit)
+
+    def note_fields(self) -> dict[str, Any]:
+        """The note's placement keys (those stated): ``compute_p95`` a ratio to 4 decimals,
+        ``max_tenants_per_gpu`` an integer, ``gpu_compute_limit`` the policy's ratio."""
+        out: dict[str, Any] = {}
+        if self.compute_p95 is not None:
+            out["compute_p95"] = round(self.compute_p95, 4)
+        if self.max_tenants_per_gpu:
+            out["max_tenants_per_gpu"] = self.max_tenants_per_gpu
+        if self.gpu_compute_limit:
+            out["gpu_compute_limit"] = self.gpu_compute_limit
+        return out
+
+
+Lookup = Callable[[Mapping[str, Any], str], "Recommendation | PodSizing | ClaimSizing | None | str"]
 """``(object, namespace) -> recommendation``, or a string: why the object is left alone. The
-object is a pod, or a ResourceClaim (``kind: ResourceClaim``): for a claim the answer is a
+object is a pod, or a ResourceClaim (``kind: ResourceClaim``): for a pod the answer is a
+:class:`PodSizing` (a bare recommendation: no placement limits are written), for a claim a
 :class:`ClaimSizing` (a bare recommendation means no requestPolicy is known)."""
 
 
@@ -275,10 +319,15 @@ def resize_values(
 
 
 def resize_patch(
-    pod: Mapping[str, Any], rec: Recommendation, gpushare_unit_mib: int = 1024
+    pod: Mapping[str, Any], sizing: Recommendation | PodSizing, gpushare_unit_mib: int = 1024
 ) -> tuple[list[dict[str, Any]], str]:
-    """The JSONPatch that writes ``rec`` into ``pod``, and a one-line summary; an empty patch
-    with the reason when the pod is left alone. Pure: ``pod`` is not changed."""
+    """The JSONPatch that writes ``sizing`` into ``pod``, and a one-line summary; an empty
+    patch with the reason when the pod is left alone. The note (:data:`ANNOTATION`) states
+    the size, mode and reason and, for a :class:`PodSizing`, its
+    :meth:`~PodSizing.note_fields` (what share placement reads). Pure: ``pod`` is not
+    changed."""
+    rec = sizing.rec if isinstance(sizing, PodSizing) else sizing
+    placement = sizing.note_fields() if isinstance(sizing, PodSizing) else {}
     backend = pod_backend(pod)
     if backend is None:
         return [], "the pod asks for no HAMi or gpushare memory share"
@@ -312,6 +361,7 @@ def resize_patch(
             "mode": rec.mode,
             "backend": backend,
             "reason": rec.reason,
+            **placement,
         }
     ).decode()
     if (pod.get("metadata") or {}).get("annotations") is None:
@@ -446,7 +496,10 @@ def review_response(review: Any, lookup: Lookup, gpushare_unit_mib: int = 1024) 
         if isinstance(found, str) or found is None:
             why = found or "no recommendation"
         elif kind[1] == "ResourceClaim":
-            sizing = found if isinstance(found, ClaimSizing) else ClaimSizing(found)
+            if isinstance(found, ClaimSizing):
+                sizing = found
+            else:
+                sizing = ClaimSizing(found.rec if isinstance(found, PodSizing) else found)
             ops, why = claim_patch(obj, sizing)
         elif isinstance(found, ClaimSizing):
             why = "the lookup answered a claim sizing for a pod"

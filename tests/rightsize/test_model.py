@@ -22,6 +22,7 @@ from scheduler.core.rightsize import (
     Params,
     Policy,
     PolicySet,
+    RightsizeError,
     Sample,
     choose_mode,
     policies_from_dict,
@@ -138,6 +139,31 @@ def test_policy_file_most_specific_block_wins() -> None:
     api = ps.for_workload("prod/api")
     assert api.guard == Guard(REQUESTS_WAITING, 2.0)
     assert api.mig_profiles == A100_80GB_MIG and api.max_tenants_per_gpu == 4
+
+
+def test_policy_gpu_compute_limit_is_parsed_and_inherited() -> None:
+    """The whole GPU by default; a block's value holds for the blocks under it."""
+    ps = policies_from_dict(
+        {
+            "namespaces": {"serving": {"gpu_compute_limit": 0.8}},
+            "workloads": {"serving/llm": {"gpu_compute_limit": 1}},
+        }
+    )
+    assert ps.for_workload("other").gpu_compute_limit == 1.0
+    assert ps.for_workload("serving/batch").gpu_compute_limit == 0.8
+    assert ps.for_workload("serving/llm").gpu_compute_limit == 1.0
+    assert isinstance(ps.for_workload("serving/llm").gpu_compute_limit, float)
+
+
+@pytest.mark.parametrize("value", [0, -0.2, 1.5, "0.8", True, float("nan")])
+def test_policy_gpu_compute_limit_outside_0_1_is_refused(value: object) -> None:
+    with pytest.raises(
+        RightsizeError, match=r"default.gpu_compute_limit: .* not a number in \(0, 1\]"
+    ):
+        policies_from_dict({"default": {"gpu_compute_limit": value}})
+    if not isinstance(value, str):
+        with pytest.raises(RightsizeError, match="gpu_compute_limit"):
+            Policy(gpu_compute_limit=value)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

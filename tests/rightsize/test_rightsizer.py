@@ -17,7 +17,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from scheduler.core.params import RightsizeParams, SchedParams
 from scheduler.core.rightsize import GiB, MiB, Recommendation
 from scheduler.kube.prometheus import PrometheusReader
-from scheduler.kube.rightsizer import RightSizer, workload_of
+from scheduler.kube.rightsizer import RightSizer, rec_json, workload_of
+from scheduler.server.webhook import PodSizing
 from tests.kube.recorded import RecordedApiServer
 
 NS = "serving"
@@ -200,14 +201,19 @@ def test_recommendation_published_from_prometheus_and_refreshed_incrementally() 
     target = 8 * GiB * 1.15 * (1 + 1 / 0.25) ** 0.2016
     assert rec.gpu_memory_limit_bytes == math.ceil(target / MiB) * MiB
     assert rec.mode == "memory-share" and rec.gpu_compute_ratio == 0.3
-    # a pod of the workload gets it; another namespace's pod does not
+    # a pod of the workload gets it, with what placement reads: the measured compute p95
+    # (every utilisation sample 0.25) and the default policy's 8 tenants and whole GPU;
+    # another namespace's pod gets nothing
     pod = {"metadata": {"name": PODS[0], "namespace": NS}}
-    assert rs.for_pod(pod) == rec
+    assert rs.for_pod(pod) == PodSizing(rec, 0.25, 8, 1.0)
     assert "no recommendation" in str(rs.for_pod({"metadata": {"name": "x", "namespace": "other"}}))
     view = rs.view()
     assert view["reads"] == {"ok": 1, "error": 0}
     assert view["workloads"][0]["containers"] == ["server"]
     assert view["workloads"][0]["gpu_memory_limit_bytes"] == rec.gpu_memory_limit_bytes
+    assert view["workloads"][0]["compute_p95"] == 0.25
+    assert view["workloads"][0]["max_tenants_per_gpu"] == 8
+    assert view["workloads"][0]["gpu_compute_limit"] == 1.0
     # metrics
     reg = CollectorRegistry()
     reg.register(rs)
@@ -224,6 +230,47 @@ def test_recommendation_published_from_prometheus_and_refreshed_incrementally() 
     rs.tick()
     assert {start for _, start, _ in prom.calls} == {T0 + 60}
     assert rs.view()["reads"]["ok"] == 2
+
+
+def test_pod_sizing_carries_the_workloads_policy_and_measured_p95() -> None:
+    """A workload policy's tenancy limits reach the pod's sizing, the namespace default
+    stays for other workloads; a workload with memory samples only has no measured p95."""
+    prom = Prom(lambda t: 6 * GiB)
+    clock = [T0]
+    policies = {
+        "default": {"max_tenants_per_gpu": 4},
+        "workloads": {"serving/infer": {"max_tenants_per_gpu": 3, "gpu_compute_limit": 0.8}},
+    }
+    rs = sizer(prom, clock, policies=policies)
+    rs.tick()
+    got = rs.for_pod({"metadata": {"name": PODS[0], "namespace": NS}})
+    assert isinstance(got, PodSizing)
+    assert (got.compute_p95, got.max_tenants_per_gpu, got.gpu_compute_limit) == (0.25, 3, 0.8)
+    assert rec_json(got)["gpu_compute_limit"] == 0.8
+    # no utilisation series: the p95 is not stated (placement falls back to the share)
+    bare = Prom(lambda t: 6 * GiB)
+    bare_call = bare.__call__
+
+    def memory_only(request: httpx.Request) -> httpx.Response:
+        if b"utilization" in request.url.query:
+            body = {"status": "success", "data": {"resultType": "matrix", "result": []}}
+            return httpx.Response(200, json=body)
+        return bare_call(request)
+
+    rs2 = RightSizer(
+        None,
+        settings(policies=policies),
+        reader=PrometheusReader(
+            "http://prometheus.monitoring:9090",
+            client=httpx.Client(transport=httpx.MockTransport(memory_only)),
+        ),
+        wall=lambda: clock[0],
+    )
+    rs2.tick()
+    got2 = rs2.sizing_of("serving/infer")
+    assert got2 is not None and got2.compute_p95 is None
+    assert "compute_p95" not in got2.note_fields()
+    assert got2.note_fields() == {"max_tenants_per_gpu": 3, "gpu_compute_limit": 0.8}
 
 
 def test_prometheus_down_keeps_the_recommendation_and_counts_the_error() -> None:

@@ -12,11 +12,13 @@ from typing import Any
 import httpx
 import pytest
 
-from scheduler.core.rightsize import EXCLUSIVE, MEMORY_SHARE, GiB, MiB, Recommendation
+from scheduler.core.fractional import TenantLimits, tenant_limits
+from scheduler.core.rightsize import EXCLUSIVE, MEMORY_SHARE, GiB, MiB, Policy, Recommendation
 from scheduler.kube.rightsizer import workload_of
 from scheduler.server.webhook import (
     ANNOTATION,
     PATH,
+    PodSizing,
     WebhookApp,
     pod_memory_bytes,
     resize_patch,
@@ -102,8 +104,8 @@ def apply_patch(doc: Any, ops: list[dict[str, Any]]) -> Any:
     return doc
 
 
-def lookup_of(recs: Mapping[str, Recommendation]) -> Any:
-    def lookup(pod: Mapping[str, Any], ns: str) -> Recommendation | str:
+def lookup_of(recs: Mapping[str, Recommendation | PodSizing]) -> Any:
+    def lookup(pod: Mapping[str, Any], ns: str) -> Recommendation | PodSizing | str:
         wl = workload_of(pod, ns)
         return recs.get(wl) or f"no recommendation for workload {wl}"
 
@@ -153,6 +155,60 @@ def test_hami_pod_gets_the_recommended_memory_and_cores() -> None:
     assert "serving/infer" in resp["status"]["message"]
     assert pod_memory_bytes(after) == 9728 * MiB
     assert app.patched == 1 and app.answered == 1
+
+
+def test_pod_sizing_publishes_what_share_placement_reads() -> None:
+    """With the workload's measured p95 and its policy's limits (a :class:`PodSizing`), the
+    note carries them under the keys and in the units ``fractional.tenant_limits`` reads;
+    the resources written are those of the bare recommendation."""
+    sizing = PodSizing.of(REC, Policy(max_tenants_per_gpu=3, gpu_compute_limit=0.8), 0.23)
+    app = WebhookApp(lookup_of({"serving/infer": sizing}))
+    pod = hami_pod()
+    resp = answer(app, pod)
+    after = apply_patch(pod, json.loads(base64.b64decode(resp["patch"])))
+    bare = apply_patch(pod, resize_patch(pod, REC)[0])
+    assert after["spec"] == bare["spec"]
+    note = json.loads(after["metadata"]["annotations"][ANNOTATION])
+    assert note == {
+        **json.loads(bare["metadata"]["annotations"][ANNOTATION]),
+        "compute_p95": 0.23,
+        "max_tenants_per_gpu": 3,
+        "gpu_compute_limit": 0.8,
+    }
+    assert tenant_limits(after["metadata"]["annotations"]) == TenantLimits(230, 3, 800)
+    # the bare recommendation's note: placement reads its compute share as the p95, no caps
+    assert tenant_limits(bare["metadata"]["annotations"]) == TenantLimits(300, 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("desc", "sizing", "fields", "limits"),
+    [
+        (
+            "default policy, measured",
+            PodSizing.of(REC, Policy(), 0.05),
+            {"compute_p95": 0.05, "max_tenants_per_gpu": 8, "gpu_compute_limit": 1.0},
+            TenantLimits(50, 8, 1000),
+        ),
+        (
+            "nothing measured: the compute share stands in",
+            PodSizing.of(REC, Policy(max_tenants_per_gpu=1), None),
+            {"max_tenants_per_gpu": 1, "gpu_compute_limit": 1.0},
+            TenantLimits(300, 1, 1000),
+        ),
+        (
+            "a p95 off the 4-decimal grid is rounded there",
+            PodSizing(REC, 0.123456, 0, 0.0),
+            {"compute_p95": 0.1235},
+            TenantLimits(124, 0, 0),
+        ),
+    ],
+)
+def test_pod_sizing_note_fields(
+    desc: str, sizing: PodSizing, fields: dict[str, Any], limits: TenantLimits
+) -> None:
+    assert sizing.note_fields() == fields, desc
+    after = apply_patch(hami_pod(), resize_patch(hami_pod(), sizing)[0])
+    assert tenant_limits(after["metadata"]["annotations"]) == limits, desc
 
 
 def test_stated_requests_follow_and_percentage_is_replaced() -> None:

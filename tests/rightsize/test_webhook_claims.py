@@ -20,6 +20,7 @@ from scheduler.kube.rightsizer import RightSizer
 from scheduler.server.webhook import (
     ANNOTATION,
     ClaimSizing,
+    PodSizing,
     RequestPolicy,
     WebhookApp,
     capacity_policies,
@@ -154,6 +155,17 @@ def test_webhook_writes_the_rounded_size_into_a_template_claim() -> None:
     assert out["metadata"]["annotations"]["resource.kubernetes.io/pod-claim-name"] == "gpu"
     assert out["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] == CLASS
     assert "43Gi" in resp["status"]["message"]
+
+
+def test_a_pod_sizing_answered_for_a_claim_sizes_it_from_its_recommendation() -> None:
+    """A lookup answering a pod's :class:`PodSizing` for a claim: the claim is sized from
+    the recommendation (no requestPolicy known: whole MiB), its note has no pod limits."""
+    sizing = PodSizing(REC, 0.2, 2, 0.8)
+    resp = post(WebhookApp(lambda obj, ns: sizing), claim_review(claim_at_create()))
+    out = patched(resp.json()["response"], claim_at_create())
+    assert memory_of(out) == quantity(42 * GiB + 300 * MiB)
+    note = json.loads(out["metadata"]["annotations"][ANNOTATION])
+    assert note["backend"] == "dra-capacity" and "compute_p95" not in note
 
 
 def test_without_a_known_policy_the_size_is_whole_mib() -> None:
