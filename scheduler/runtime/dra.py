@@ -66,6 +66,11 @@ refused (``REASON_CLAIM_IN_FLIGHT``): kube-scheduler may still allocate from a v
 the write (its informer behind, or a scheduling cycle begun before it), and the two would
 then name one device (see :meth:`DraRouter.note_written`)."""
 
+HELD_OFF_RETRY_S = 1.0
+"""Seconds after which a claim pod refused only for devices topoplace is writing (or that
+kube-scheduler no longer counts), with no window of recent writes open to wait for, is
+woken to be tried again."""
+
 
 BOUND_DOMAIN_S = 30.0
 """Seconds a ComputeDomain pod's bind makes its node count as serving the domain before
@@ -390,9 +395,31 @@ class DraRouter:
         if self.check_bind is None:
             return ""
         own = self.own_devices(node)
-        if not own:
+        if not own and not self._shares_on(node):
             return ""
         return self.check_bind(key, pod, node, uid, own, extended)
+
+    def _shares_on(self, node: str) -> bool:
+        """True if topoplace allocated a share of a shared device on ``node`` (an allocated
+        claim it marked, or one of its allocations being written): the bind check must then
+        read kube-scheduler's claims for the pod, whose shares may take that device past its
+        capacity (:meth:`own_devices` leaves shares out: a share is no clash by itself)."""
+        snap = self.cache.snapshot()
+        claims = snap.extra.get(dra.CLAIMS_KEY) or EMPTY_MAP
+        values = claims.values() if isinstance(claims, Mapping) else claims
+        for c in values:
+            if (
+                dra.allocated_by_topoplace(c)
+                and dra.is_allocated(c)
+                and dra.allocation_node(c) == node
+                and dra.shared_results(c)
+            ):
+                return True
+        for k, p in snap.pods.items():
+            if p.assumed and p.node == node and k.startswith(dra.HOLDER_PREFIX) and p.raw:
+                if dra.shared_results(p.raw):
+                    return True
+        return False
 
     def own_devices(self, node: str) -> Mapping[dra.DeviceId, str]:
         """Devices on ``node`` that topoplace allocated (claims marked
@@ -526,17 +553,19 @@ class DraRouter:
                 self._recent[claim_key] = (self._clock() + self.recent_s, frozenset(ids))
 
     def _note_held_off(self, key: str, out: FilterOutcome) -> None:
-        """Pod ``key`` got no node and some were refused only for devices of topoplace's
-        recent writes: it is due a wake when the window ends (:meth:`due_wakes`), since
-        kube-scheduler parks a pod only an extender refused until an event it may never
-        see."""
+        """Pod ``key`` got no node and some were refused only for devices topoplace is
+        writing or wrote recently: it is due a wake (:meth:`due_wakes`) when the window of
+        recent writes ends, or :data:`HELD_OFF_RETRY_S` from now when no window is open
+        (devices of allocations still being written, or ones kube-scheduler no longer
+        counts), since kube-scheduler parks a pod only an extender refused until an event
+        it may never see."""
         if out.feasible or dra.REASON_CLAIM_IN_FLIGHT not in out.failed.values():
             self._held_off.pop(key, None)
             return
         ends = [d for d, _ in self._recent.values()]
-        if ends:
-            with self._lock:
-                self._held_off[key] = max(ends) + 0.1
+        due = max(ends) + 0.1 if ends else self._clock() + HELD_OFF_RETRY_S
+        with self._lock:
+            self._held_off[key] = due
 
     def due_wakes(self) -> list[str]:
         """Pods refused by a window that has ended since (see :meth:`_note_held_off`),

@@ -238,3 +238,28 @@ def test_a_pod_refused_only_by_the_window_is_woken_when_it_ends() -> None:
     assert alloc.wake_held_off() == ["default/pu"]
     assert woken == [("default", "pu")]
     assert alloc.wake_held_off() == []  # once
+
+
+def test_a_pod_refused_for_devices_in_flight_with_no_window_open_is_woken_soon() -> None:
+    """With the window of recent writes off (``recent_s`` 0, as the live race test runs)
+    a pod refused for devices topoplace is still writing, or no longer counted by
+    kube-scheduler, has no window end to wait for: it is woken HELD_OFF_RETRY_S later, once
+    (before, it waited for kube-scheduler's own 5-minute flush of unschedulable pods)."""
+    from scheduler.core.schedule import FilterOutcome
+    from scheduler.runtime.dra import HELD_OFF_RETRY_S
+
+    cache, api, router, alloc, now = _setup_pair()
+    router.recent_s = 0.0
+    refused = FilterOutcome((), {NODE: dra.REASON_CLAIM_IN_FLIGHT}, {})
+    router._note_held_off("default/pu", refused)
+    assert router.due_wakes() == []
+    now[0] += HELD_OFF_RETRY_S - 0.05
+    assert router.due_wakes() == []
+    now[0] += 0.1
+    assert router.due_wakes() == ["default/pu"]
+    assert router.due_wakes() == []  # once
+    # a pod that got a node is not woken
+    router._note_held_off("default/pu", refused)
+    router._note_held_off("default/pu", FilterOutcome((NODE,), {}, {}))
+    now[0] += HELD_OFF_RETRY_S + 1
+    assert router.due_wakes() == []

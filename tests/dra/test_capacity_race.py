@@ -206,3 +206,38 @@ def test_the_bind_check_refuses_a_kube_share_written_after_topoplaces_over_capac
     assert not dra.is_allocated(api.claims["default/share-k"])
     assert dra.overcommits(api.claims.values(), cache.dra_inventory()) == []
     assert _memory_on_gpu1(api.claims.values()) == 77 * GI
+
+
+def test_the_extenders_bind_reads_kube_shares_where_topoplace_holds_only_shares() -> None:
+    """topoplace holds only a share on the node (no device of its own alone): the
+    extender's bind still reads the claims kube-scheduler allocated for the pod, finds its
+    5Gi share of the same GPU over capacity beside topoplace's 60Gi, and fails the bind
+    (before, a node without devices of topoplace's was not read at all)."""
+    from scheduler.runtime.dra import DraRouter
+
+    gated = [_gated_pod("pg", "gs")]
+    claims = _claims()
+    claims["default/gs"] = _claim("gs", SHARED, {"memory": "60Gi"})
+    cache = ClusterCache.from_objects(
+        _items("nodes.json", "Node"),
+        _items("pods.json", "Pod"),
+        SchedParams(),
+        extra=_extra(claims),
+    )
+    api = MockClaimApi(cache, claims)
+    router = DraRouter(cache, clock=lambda: NOW)
+    alloc = al.GateAllocator(
+        cache, api, lambda: list(gated), settle_s=0.0, clock=lambda: NOW, router=router
+    )
+    (out,) = alloc.step()
+    assert (out.state, out.devices) == (al.RELEASED, ("gpu-1",)), out
+    assert router.own_devices(NODE) == {}  # a share is no device of topoplace's alone
+    theirs = _kube_share("share-k", "share-d", "share-k-pod")
+    api.claims["default/share-k"] = copy.deepcopy(theirs)
+    cache.apply_claim("default/share-k", copy.deepcopy(theirs))
+    pod = _bound_pod("share-k-pod", "share-k")
+    pod["spec"].pop("nodeName")
+    err = router.before_bind_claims("default/share-k-pod", pod, NODE, "uid-share-k-pod")
+    assert "default/gs" in err, err
+    assert not dra.is_allocated(api.claims["default/share-k"])
+    assert dra.overcommits(api.claims.values(), cache.dra_inventory()) == []
