@@ -416,9 +416,9 @@ class DraRouter:
             ):
                 return True
         for k, p in snap.pods.items():
-            if p.assumed and p.node == node and k.startswith(dra.HOLDER_PREFIX) and p.raw:
-                if dra.shared_results(p.raw):
-                    return True
+            holder = p.assumed and p.node == node and k.startswith(dra.HOLDER_PREFIX)
+            if holder and p.raw and dra.shared_results(p.raw):
+                return True
         return False
 
     def own_devices(self, node: str) -> Mapping[dra.DeviceId, str]:
