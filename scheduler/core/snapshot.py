@@ -949,7 +949,39 @@ def node_from_update(
     now, devices = health_inputs(snap.extra, params)
     fresh = modeled_node(obj, params, now, devices)
     old = snap.node(fresh.name)
-    return fresh if old is None else with_usage_of(fresh, old)
+    if old is None:
+        return fresh
+    if fresh.all_mask & ~old.all_mask:
+        # GPUs the snapshot's node did not have (a node unmodeled for a while, or one that
+        # advertised fewer GPUs, comes back): the pods bound there still hold theirs, and
+        # the old node's usage, cut to its own GPUs, no longer says so
+        return usage_from_pods(fresh, snap.pods_on(fresh.name))
+    return with_usage_of(fresh, old)
+
+
+def usage_from_pods(node: NodeInfo, pods: Iterable[PodInfo]) -> NodeInfo:
+    """``node`` carrying what ``pods`` (the snapshot's pods on it) hold: whole GPUs that
+    exist on it, shares that still fit (a share that does not is logged and left out),
+    CPU, memory and replicas."""
+    used, cpu, memory, replicas = 0, 0, 0, 0
+    share_used: Any = ()
+    shared: list[PodInfo] = []
+    for p in pods:
+        used |= indices_to_mask(p.gpus) & node.all_mask
+        cpu += p.cpu_milli
+        memory += p.memory_bytes
+        replicas += p.replicas
+        if p.shares:
+            shared.append(p)
+    cur = _with_usage(node, used, cpu, memory, share_used, replicas if node.replicas else 0)
+    for p in shared:
+        why = check_shares(cur, p.shares)
+        if why:
+            log.warning("pod %s: share on %s not counted again: %s", p.key, node.name, why)
+            continue
+        share_used, used = add_share(cur, p.shares)
+        cur = _with_usage(cur, used, cpu, memory, share_used, cur.replicas_used)
+    return cur
 
 
 def modeled_node(

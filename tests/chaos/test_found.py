@@ -10,6 +10,7 @@ without ``GangRole.node_affinity``.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from benchmarks.clusters import make_node, make_pod
@@ -143,3 +144,36 @@ def test_a_retried_bind_is_settled_only_by_its_own_placement_record() -> None:
         other = {"topoplace.io/placement": '{"gpus":[4,5,6,7],"node":"rec-node-0","v":1}'}
         assert _bind_after_409(other, path).startswith("binding conflict")
         assert _bind_after_409({}, path) == ""  # a bind without a record: the node settles it
+
+
+def test_a_node_that_loses_its_gpus_for_a_while_comes_back_with_its_pods_gpus_held() -> None:
+    """A node whose GPU labels change shape (here: its GPUs unknown for a while, as odd GFD
+    values make them), then are restored, must come back with the GPUs its bound pods hold
+    still held: the old node's usage, cut to the GPUs it had meanwhile (none), no longer
+    says so. Found by ``topoplace bench live-chaos`` (a ``node-labels`` fault on a node with
+    a 4-GPU pod bound: 10 s later a gang member was bound to the same GPUs 0-3); fails
+    without ``scheduler.core.snapshot.usage_from_pods``."""
+    from scheduler.core.snapshot import DoubleBookingError, with_pod
+
+    params = SchedParams()
+    node = make_node("work-0", labels={POOL: "work"})
+    busy = make_pod("busy", 4, node="work-0", gpu_indices=[0, 1, 2, 3])
+    cache = ClusterCache.from_objects([node], [busy], params)
+    assert cache.snapshot().node("work-0").used_mask == 0b1111
+    odd = make_node("work-0", labels={POOL: "work"}, allocatable_gpus=0)
+    odd["status"]["capacity"]["nvidia.com/gpu"] = "0"
+    cache.upsert_node(odd)
+    assert cache.snapshot().node("work-0").gpu_capacity == 0
+    cache.upsert_node(node)
+    snap = cache.snapshot()
+    back = snap.node("work-0")
+    assert back.gpu_capacity == 8
+    assert back.used_mask == 0b1111
+    assert back.cpu_used_milli == snap.pods["default/busy"].cpu_milli
+    rival = replace(snap.pods["default/busy"], key="default/rival", uid="r")
+    try:
+        with_pod(snap, rival)
+    except DoubleBookingError:
+        pass
+    else:
+        raise AssertionError("GPUs 0-3 handed to a second pod")
