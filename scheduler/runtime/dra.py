@@ -293,7 +293,9 @@ class DraRouter:
         self.check_bind: BindCheck | None = None
         """Checks at bind the claims kube-scheduler allocated for a pod against the devices
         topoplace allocated (``GateAllocator.check_bind``, set by the allocator itself)."""
-        self._own_memo: tuple[Any, Any, Mapping[str, Mapping[Any, str]]] | None = None
+        self._own_memo: tuple[Any, Any, Mapping[str, Mapping[Any, str]], frozenset[str]] | None = (
+            None
+        )
         self._consumed_memo: tuple[Any, dra.Consumed, Mapping[str, Any]] | None = None
         self._over_memo: tuple[Any, tuple[dra.Overcommit, ...]] = (None, ())
         self._over_seen: set[tuple[Any, ...]] = set()
@@ -403,23 +405,10 @@ class DraRouter:
         """True if topoplace allocated a share of a shared device on ``node`` (an allocated
         claim it marked, or one of its allocations being written): the bind check must then
         read kube-scheduler's claims for the pod, whose shares may take that device past its
-        capacity (:meth:`own_devices` leaves shares out: a share is no clash by itself)."""
-        snap = self.cache.snapshot()
-        claims = snap.extra.get(dra.CLAIMS_KEY) or EMPTY_MAP
-        values = claims.values() if isinstance(claims, Mapping) else claims
-        for c in values:
-            if (
-                dra.allocated_by_topoplace(c)
-                and dra.is_allocated(c)
-                and dra.allocation_node(c) == node
-                and dra.shared_results(c)
-            ):
-                return True
-        for k, p in snap.pods.items():
-            holder = p.assumed and p.node == node and k.startswith(dra.HOLDER_PREFIX)
-            if holder and p.raw and dra.shared_results(p.raw):
-                return True
-        return False
+        capacity (:meth:`own_devices` leaves shares out: a share is no clash by itself).
+        Read from the memo :meth:`own_devices` keeps (call it first)."""
+        memo = self._own_memo
+        return memo is not None and node in memo[3]
 
     def own_devices(self, node: str) -> Mapping[dra.DeviceId, str]:
         """Devices on ``node`` that topoplace allocated (claims marked
@@ -432,24 +421,30 @@ class DraRouter:
         memo = self._own_memo
         if memo is None or memo[0] is not claims or memo[1] is not snap.pods:
             by_node: dict[str, dict[Any, str]] = {}
+            shared: set[str] = set()  # nodes where topoplace holds a share (:meth:`_shares_on`)
             values = claims.values() if isinstance(claims, Mapping) else claims
             for c in values:
                 if dra.allocated_by_topoplace(c) and dra.is_allocated(c):
-                    mine = by_node.setdefault(dra.allocation_node(c), {})
+                    at = dra.allocation_node(c)
+                    mine = by_node.setdefault(at, {})
                     for i in dra.exclusive_ids(c):  # a share of a shared device is no clash
                         mine[i] = dra.object_key(c)
+                    if dra.shared_results(c):
+                        shared.add(at)
             for k, p in snap.pods.items():
                 if p.assumed and k.startswith(dra.HOLDER_PREFIX) and p.raw:
                     mine = by_node.setdefault(p.node, {})
                     for i in dra.exclusive_ids(p.raw):
                         mine[i] = k[len(dra.HOLDER_PREFIX) :]
+                    if dra.shared_results(p.raw):
+                        shared.add(p.node)
             inv = self.cache.dra_inventory(snap)
             for k, ids in self.uncounted().items():
                 for i in ids:
                     d = inv.by_id.get(i)
                     if d is not None:
                         by_node.setdefault(d.node, {})[i] = k
-            memo = (claims, snap.pods, by_node)
+            memo = (claims, snap.pods, by_node, frozenset(shared))
             self._own_memo = memo
         return memo[2].get(node, EMPTY_MAP)
 

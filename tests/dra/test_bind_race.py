@@ -70,6 +70,27 @@ def _names(devs: list[Any]) -> list[str]:
 G_IDS = (("gpu.nvidia.com", NODE, "gpu-0"), ("gpu.nvidia.com", NODE, "gpu-3"))
 
 
+def _step_with_prebind_after_g2(
+    api: MockClaimApi, alloc: al.GateAllocator, stale: list[Any]
+) -> list[Any]:
+    """One allocator step in which kube-scheduler's PreBind of ``stale`` for u2 (pod pu)
+    lands right after topoplace's write of g2's allocation, before its check."""
+    written = api.update_claim_status
+
+    def prebind_first(claim: Any) -> dict[str, Any]:
+        out = written(claim)
+        first = not dra.is_allocated(api.claims["default/u2"])
+        if dra.object_key(claim) == "default/g2" and dra.is_allocated(claim) and first:
+            _kube_prebind(api, "default/u2", stale, "pu")
+        return out
+
+    api.update_claim_status = prebind_first  # type: ignore[method-assign]
+    try:
+        return alloc.step()
+    finally:
+        api.update_claim_status = written  # type: ignore[method-assign]
+
+
 def test_kube_schedulers_late_prebind_of_a_stale_first_fit_fails_at_bind_and_is_undone() -> None:
     cache, api, router, alloc, now = _setup_pair()
     ungated = _ungated("pu", "u2")
@@ -133,18 +154,7 @@ def test_a_prebind_before_topoplaces_check_waits_for_the_bind_check_then_release
     cache, api, router, alloc, now = _setup_pair()
     ungated = _ungated("pu", "u2")
     stale = _stale_first_fit(cache, api)
-    written = api.update_claim_status
-
-    def prebind_first(claim: Any) -> dict[str, Any]:
-        out = written(claim)
-        first = not dra.is_allocated(api.claims["default/u2"])
-        if dra.object_key(claim) == "default/g2" and dra.is_allocated(claim) and first:
-            _kube_prebind(api, "default/u2", stale, "pu")
-        return out
-
-    api.update_claim_status = prebind_first  # type: ignore[method-assign]
-    (out,) = alloc.step()
-    api.update_claim_status = written  # type: ignore[method-assign]
+    (out,) = _step_with_prebind_after_g2(api, alloc, stale)
     assert out.state == al.WAITING and "waiting for their bind" in out.reason, out
     assert dra.allocated_ids(api.claims["default/g2"]) == G_IDS
     assert api.ungated == []
@@ -165,18 +175,7 @@ def test_a_bound_pods_claim_makes_topoplace_yield() -> None:
     bound["spec"]["nodeName"] = NODE
     bound["spec"]["nodeSelector"] = {}
     cache.upsert_pod(bound)
-    written = api.update_claim_status
-
-    def prebind_first(claim: Any) -> dict[str, Any]:
-        out = written(claim)
-        first = not dra.is_allocated(api.claims["default/u2"])
-        if dra.object_key(claim) == "default/g2" and dra.is_allocated(claim) and first:
-            _kube_prebind(api, "default/u2", stale, "pu")
-        return out
-
-    api.update_claim_status = prebind_first  # type: ignore[method-assign]
-    (out,) = alloc.step()
-    api.update_claim_status = written  # type: ignore[method-assign]
+    (out,) = _step_with_prebind_after_g2(api, alloc, stale)
     assert out.state == al.YIELDED, out
     assert not dra.is_allocated(api.claims["default/g2"])
     assert all(len(ks) == 1 for ks in _holders(api).values())
