@@ -371,6 +371,7 @@ class GateAllocator:
         self._pool = futures.ThreadPoolExecutor(writers, thread_name_prefix="dra-writer")
         if router is not None:
             router.check_bind = self.check_bind
+            router.on_adopt = self._wake.set
             router.recent_s = _env_seconds(ENV_RECENT_S, router.recent_s, None)
 
     # ---- one pass -----------------------------------------------------------------------
@@ -420,8 +421,14 @@ class GateAllocator:
             self._extended_bookkeeping(pending)
         live = {object_key(p): _rv(p) for p in pending}
         self._released = {k: v for k, v in self._released.items() if live.get(k) == v}
+        adopted = self.router.adopted() if self.router is not None else frozenset()
         pods = sorted(
-            (p for p in pending if dra.gated(p) and object_key(p) not in self._released),
+            (
+                p
+                for p in pending
+                if (dra.gated(p) or self._adoptable(p, adopted))
+                and object_key(p) not in self._released
+            ),
             key=object_key,
         )
         gangs: dict[str, list[Mapping[str, Any]]] = {}
@@ -432,6 +439,8 @@ class GateAllocator:
             except ObjectError as exc:
                 log.warning("gated pod %s is invalid: %s", object_key(p), exc)
                 continue
+            if req.gang and not dra.gated(p):
+                continue  # an adopted gang member: its gang is kube-scheduler's to place
             (gangs.setdefault(req.gang, []) if req.gang else singles).append(p)
         done: list[Outcome | _Written] = []
         for key in sorted(gangs):
@@ -441,6 +450,26 @@ class GateAllocator:
             if object_key(p) not in self._flights:
                 done.append(self._single(p))
         return [self._launch(w) if isinstance(w, _Written) else w for w in done]
+
+    def _adoptable(self, pod: Mapping[str, Any], adopted: frozenset[str]) -> bool:
+        """Whether ``pod``, without the gate, is one the router handed to the allocator
+        (``DraRouter.adopted``) and still needs devices: a single pod (no gang) with
+        claims, not all allocated. One that no longer needs them is dropped from the
+        router's set."""
+        key = object_key(pod)
+        if key not in adopted or self.router is None:
+            return False
+        spec = pod.get("spec") or {}
+        claims = self.cache.snapshot().extra.get(dra.CLAIMS_KEY) or {}
+        theirs, complete = dra.pod_claims(pod, claims)
+        if (
+            spec.get("nodeName")
+            or not spec.get("resourceClaims")
+            or (complete and theirs and all(dra.is_allocated(c) for c in theirs))
+        ):
+            self.router.drop_adopted(key)
+            return False
+        return True
 
     def _launch(self, w: _Written) -> str:
         """Start the flight of ``w``: its writes on a writer thread (one pod's writes in
@@ -532,9 +561,10 @@ class GateAllocator:
             if any((d := inv.by_id.get(i)) is not None and d.node in nodes for i in ids):
                 return True
         infos = [n for n in (snap.node(name) for name in sorted(nodes)) if n is not None]
+        own = {object_key(p) for p in f.w.pods}
         for p in self.pending():
             spec = p.get("spec") or {}
-            if not spec.get("resourceClaims") or dra.gated(p):
+            if not spec.get("resourceClaims") or dra.gated(p) or object_key(p) in own:
                 continue
             theirs, _ = dra.pod_claims(p, claims)
             if theirs and all(dra.is_allocated(c) for c in theirs):
@@ -1433,8 +1463,20 @@ class GateAllocator:
         return node, devices
 
     def _ungate(self, w: _Written, node: str, devices: tuple[str, ...]) -> Outcome:
-        """Remove the gates of ``w``'s pods (a writer thread; after its claims' writes)."""
+        """Remove the gates of ``w``'s pods (a writer thread; after its claims' writes).
+        A pod without the gate (``DraRouter.adopted``) is woken instead: kube-scheduler
+        parked it after topoplace's filter refused it, and now only reserves its claims."""
         for p in w.pods:
+            if not dra.gated(p):
+                key = object_key(p)
+                if self.router is not None:
+                    self.router.drop_adopted(key)
+                wake = getattr(self.api, "wake_pod", None)
+                if wake is not None:
+                    ns, name = _ns_name(key)
+                    with contextlib.suppress(ApiError, ApiUnavailable):
+                        wake(ns, name, "topoplace allocated its DRA claims")
+                continue
             try:
                 self.api.remove_gate(p, dra.ALLOCATE_GATE, w.notes)
             except ApiError as exc:

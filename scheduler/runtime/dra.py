@@ -72,6 +72,11 @@ kube-scheduler no longer counts), with no window of recent writes open to wait f
 woken to be tried again."""
 
 
+ADOPT_S = 30.0
+"""Seconds a claim pod stays handed to the allocator after a refusal for devices
+kube-scheduler no longer counts (:meth:`DraRouter.adopted`)."""
+
+
 BOUND_DOMAIN_S = 30.0
 """Seconds a ComputeDomain pod's bind makes its node count as serving the domain before
 topoplace's watch shows the claims (:meth:`DraRouter.bound_domains`)."""
@@ -253,6 +258,9 @@ class DraRouter:
         self._recent: dict[str, tuple[float, frozenset[dra.DeviceId]]] = {}
         self._uncounted: dict[str, frozenset[dra.DeviceId]] = {}
         self._held_off: dict[str, float] = {}  # pod -> when the window that refused it ends
+        self._adopt: dict[str, float] = {}  # pod -> until when the allocator may allocate it
+        self.on_adopt: Callable[[], None] | None = None
+        """Called when a pod is handed to the allocator (:meth:`adopted`; its wake)."""
         self._recent_memo: tuple[tuple[Any, ...], frozenset[dra.DeviceId], Mapping[Any, Any]] = (
             (),
             frozenset(),
@@ -556,11 +564,45 @@ class DraRouter:
         it may never see."""
         if out.feasible or dra.REASON_CLAIM_IN_FLIGHT not in out.failed.values():
             self._held_off.pop(key, None)
+            if out.feasible and self._adopt:
+                with self._lock:
+                    self._adopt.pop(key, None)
             return
+        now = self._clock()
         ends = [d for d, _ in self._recent.values()]
-        due = max(ends) + 0.1 if ends else self._clock() + HELD_OFF_RETRY_S
+        due = max(ends) + 0.1 if ends else now + HELD_OFF_RETRY_S
+        adopt = bool(self._uncounted) and bool(self.uncounted())
         with self._lock:
             self._held_off[key] = due
+            if adopt:
+                fresh = key not in self._adopt
+                self._adopt[key] = now + ADOPT_S
+        if adopt and fresh and self.on_adopt is not None:
+            self.on_adopt()
+
+    def adopted(self) -> frozenset[str]:
+        """Claim pods without the gate that topoplace's allocator allocates itself: every
+        node left to them was refused (``REASON_CLAIM_IN_FLIGHT``) while some devices are
+        ones kube-scheduler no longer counts (:meth:`note_uncounted`). kube-scheduler's
+        first fit would keep landing on those devices, and the pod would wait for as long
+        as the claim holding them lives (a pod pinned to the node, or every other node
+        full). The allocator gives its claims free devices topoplace counts; the pod keeps
+        no gate, and kube-scheduler then only reserves the allocation. Each stays
+        :data:`ADOPT_S` after its last such refusal."""
+        if not self._adopt:
+            return frozenset()
+        now = self._clock()
+        with self._lock:
+            for k, until in list(self._adopt.items()):
+                if until < now:
+                    del self._adopt[k]
+            return frozenset(self._adopt)
+
+    def drop_adopted(self, key: str) -> None:
+        """Pod ``key`` is allocated (or gone): :meth:`adopted` no longer has it."""
+        if self._adopt:
+            with self._lock:
+                self._adopt.pop(key, None)
 
     def due_wakes(self) -> list[str]:
         """Pods refused by a window that has ended since (see :meth:`_note_held_off`),

@@ -198,6 +198,51 @@ def test_a_bound_pods_claim_makes_topoplace_yield() -> None:
     assert not dra.is_allocated(api.claims["default/c1"])
 
 
+def test_a_pod_kept_off_devices_kube_scheduler_no_longer_counts_is_allocated_by_topoplace() -> (
+    None
+):
+    """The pod above is pinned to the node, and kube-scheduler's first fit there keeps
+    landing on gpu-0, which it no longer counts: refused on every node it may use, it would
+    wait for as long as u2 lives. topoplace's allocator takes it on (no gate to remove):
+    it gives c1 a free device topoplace counts, and wakes the pod; kube-scheduler then only
+    reserves the allocation, and the bind check passes."""
+    cache, api, router, alloc, now = _setup_pair()
+    stale = _stale_first_fit(cache, api)
+    bound = _ungated("pu", "u2")
+    bound["spec"]["nodeName"] = NODE
+    bound["spec"]["nodeSelector"] = {}
+    cache.upsert_pod(bound)
+    (out,) = _step_with_prebind_after_g2(api, alloc, stale)
+    assert out.state == al.YIELDED, out
+    lost = {("gpu.nvidia.com", NODE, "gpu-0"), ("gpu.nvidia.com", NODE, "gpu-1")}
+    c1 = _claim("c1", 1)
+    api.claims["default/c1"] = c1
+    cache.apply_claim("default/c1", copy.deepcopy(c1))
+    p1 = _ungated("p1", "c1")
+    cache.remember_pending(p1)
+    woken: list[str] = []
+    api.wake_pod = lambda ns, name, why: woken.append(f"{ns}/{name}")  # type: ignore[attr-defined]
+    alloc.pending = lambda: [p1]
+    assert router.adopted() == frozenset()
+    assert router.filter(p1, [NODE]).feasible == ()
+    assert router.adopted() == {"default/p1"}
+    (out,) = alloc.step()
+    assert out.state == al.RELEASED, out
+    got = set(dra.allocated_ids(api.claims["default/c1"]))
+    assert len(got) == 1 and not got & lost, got
+    assert api.ungated == [] and woken == ["default/p1"]
+    assert router.adopted() == frozenset()
+    # kube-scheduler, on its next try, only reserves the allocation (PreBind)
+    cur = copy.deepcopy(api.claims["default/c1"])
+    cur["status"]["reservedFor"] = [{"resource": "pods", "name": "p1", "uid": "uid-p1"}]
+    api.update_claim_status(cur)
+    assert router.before_bind_claims("default/p1", p1, NODE, "uid-p1") == ""
+    assert all(len(ks) == 1 for ks in _holders(api).values())
+    # nothing left for the allocator to do for it
+    alloc.pending = lambda: [p1]
+    assert alloc.step() == []
+
+
 def test_no_device_of_topoplaces_on_the_node_reads_nothing() -> None:
     claims = {"default/u2": _claim("u2", 2)}
     ungated = _ungated("pu", "u2")
