@@ -198,9 +198,7 @@ def test_a_bound_pods_claim_makes_topoplace_yield() -> None:
     assert not dra.is_allocated(api.claims["default/c1"])
 
 
-def test_a_pod_kept_off_devices_kube_scheduler_no_longer_counts_is_allocated_by_topoplace() -> (
-    None
-):
+def test_an_uncounted_device_s_pod_is_allocated_by_topoplace() -> None:
     """The pod above is pinned to the node, and kube-scheduler's first fit there keeps
     landing on gpu-0, which it no longer counts: refused on every node it may use, it would
     wait for as long as u2 lives. topoplace's allocator takes it on (no gate to remove):
