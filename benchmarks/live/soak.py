@@ -7,8 +7,12 @@ anything in topoplace drift or pile up?
 The plane, the nodes and the work are :mod:`benchmarks.live.chaos`'s (whole-GPU pods,
 gangs with and without a leaf constraint, HAMi shares, DRA claim pods gated and ungated,
 three priorities, completions), with no fault injected; the invariants are checked all
-along as in a chaos run, and the settle and ledger comparison close it. Every
-``--sample`` seconds a sampler records, of the ``topoplace serve`` process:
+along as in a chaos run, and the settle and ledger comparison close it. With DRA nodes
+(``--dra-nodes``, default 2) kube-scheduler runs the shipped DRA variant
+(``config/deploy/dra/scheduler-config-dra.yaml``: no ``managedResources``, so claim pods
+reach topoplace), as the chaos runs do; the report names the configuration kube-scheduler
+was given (read back from the file it was started with). Every ``--sample`` seconds a
+sampler records, of the ``topoplace serve`` process:
 
 * ``rss_mb``: resident memory (``VmRSS`` of ``/proc/PID/status``), ``threads`` and
   ``fds`` (``/proc/PID/fd`` entries);
@@ -27,15 +31,24 @@ along as in a chaos run, and the settle and ledger comparison close it. Every
   ``cache_claims`` / ``cache_slices`` (topoplace's watch cache, ``/v1/inspect/snapshot``),
   ``preemptions_recent`` / ``teardowns`` / ``stranded`` (``/v1/inspect/preemptions``);
   and, from the API server, ``api_pods`` (live pods of the chaos namespace: what the
-  caches should follow).
+  caches should follow);
+* ``load1``: the host's one-minute load average (``/proc/loadavg``), so the reader sees
+  what else the machine was doing when a latency or a CPU figure moved.
 
 The table (``summary.md``; every sample in ``samples.csv``): per measure its value at the
 start and at the end of the measured part (samples after ``--warmup`` seconds: start-up
-and the first fill are not drift), the least-squares slope per hour over it, its
-maximum, the bound it is held to and whether it holds. Bounds: resident memory, threads,
-fds, latencies and CPU per pod: ``|slope| x run hours`` at most ``--drift`` (default 10 %)
-of the measure's median over the run (drift over the whole run smaller than a tenth of the
-level); sizes: the maximum at most a stated ceiling (decision ring: its own caps; the
+and the first fill are not drift), two slopes per hour over it, its maximum, the bound it
+is held to and whether it holds. The slopes: the ordinary least-squares one
+(:func:`slope_per_hour`) and the Theil-Sen one (:func:`theil_sen_per_hour`: the median of
+the slopes between every pair of samples), which a few outlying windows (a sample taken
+while the host was busy elsewhere) cannot pull: half the pairs would have to lie. Bounds:
+resident memory, threads, fds, latencies and CPU per pod: a drift is *growth*, so the
+bound is on the upward slope only (a falling latency is no drift): the Theil-Sen
+``slope x run hours`` at most ``--drift`` (default 10 %) of the measure's median over the
+run (growth over the whole run smaller than a tenth of the level). The verdict is the
+Theil-Sen one; whether the least-squares slope also keeps under the bound is shown
+beside it (``ols holds``), so an outlier-driven least-squares figure is visible, not
+hidden. Sizes: the maximum at most a stated ceiling (decision ring: its own caps; the
 watch cache and placements: the live pods the API server has plus ``--max-pending``;
 parked and held: the pending pods at most, ``--max-pending`` plus a largest gang; gang
 plans: the live and refused ones the pending pods at most, the complete ones the
@@ -58,6 +71,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import yaml
 
 from benchmarks.live import chaos
 from benchmarks.live.chaos import stop_on_sigterm
@@ -93,7 +109,7 @@ SIZE_MEASURES = (
     "stranded",
     "api_pods",
 )
-COLUMNS = ("t_s", "pods_bound", "cpu_s", *DRIFT_MEASURES, *SIZE_MEASURES)
+COLUMNS = ("t_s", "pods_bound", "cpu_s", "load1", *DRIFT_MEASURES, *SIZE_MEASURES)
 _BUCKET = re.compile(
     r'^topoplace_request_seconds_bucket\{le="([^"]+)",verb="([a-z]+)"\} ([0-9.e+-]+)$'
 )
@@ -169,6 +185,21 @@ def window_quantile(
     return math.inf
 
 
+def load1() -> float:
+    """The host's one-minute load average (first field of ``/proc/loadavg``)."""
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def scheduler_config_kind(path: Path) -> str:
+    """Which shipped kube-scheduler configuration the file at ``path`` is: ``dra`` when no
+    extender lists ``managedResources`` (every pod reaches the extender: the DRA
+    variant), ``default`` when one does."""
+    cfg = yaml.safe_load(path.read_text()) or {}
+    return (
+        "default" if any(e.get("managedResources") for e in cfg.get("extenders") or ()) else "dra"
+    )
+
+
 def slope_per_hour(ts: Sequence[float], ys: Sequence[float]) -> float:
     """Least-squares slope of ``ys`` over ``ts`` (seconds), per hour; nan with fewer than
     two finite points."""
@@ -181,6 +212,26 @@ def slope_per_hour(ts: Sequence[float], ys: Sequence[float]) -> float:
     if den == 0:
         return math.nan
     return sum((t - mt) * (y - my) for t, y in pts) / den * 3600.0
+
+
+def theil_sen_per_hour(ts: Sequence[float], ys: Sequence[float]) -> float:
+    """Theil-Sen slope of ``ys`` over ``ts`` (seconds), per hour: the median of
+    ``(y_j - y_i) / (t_j - t_i)`` over every pair ``i < j`` of finite points with
+    ``t_i != t_j``; nan when there is no such pair. Up to about 29 % of the points can be
+    arbitrarily wrong without moving it far (its breakdown point), where one point can
+    move a least-squares slope anywhere."""
+    t = np.asarray(ts, dtype=float)
+    y = np.asarray(ys, dtype=float)
+    if t.shape != y.shape:
+        raise ValueError(f"ts and ys differ in length: {t.shape} vs {y.shape}")
+    ok = np.isfinite(y) & np.isfinite(t)
+    t, y = t[ok], y[ok]
+    i, j = np.triu_indices(len(t), k=1)
+    dt = t[j] - t[i]
+    keep = dt != 0
+    if not keep.any():
+        return math.nan
+    return float(np.median((y[j] - y[i])[keep] / dt[keep])) * 3600.0
 
 
 # ---- the sampler ------------------------------------------------------------------------------
@@ -239,6 +290,7 @@ class Sampler:
             "t_s": round(now, 1),
             "pods_bound": bound,
             "cpu_s": round(cpu, 2),
+            "load1": load1(),
             "rss_mb": round(rss_mb(pid), 2),
             "threads": threads(pid),
             "fds": len(os.listdir(f"/proc/{pid}/fd")),
@@ -290,16 +342,20 @@ class Sampler:
 
 @dataclass(frozen=True, slots=True)
 class Drift:
-    """One measure over the measured part: start, end, slope per hour, maximum, its bound
-    (text) and whether it holds."""
+    """One measure over the measured part: start, end, least-squares (``slope_h``) and
+    Theil-Sen (``robust_h``) slopes per hour, maximum, its bound (text), whether it holds
+    (drift measures: on the Theil-Sen slope) and whether the least-squares slope keeps
+    under the same bound too (``ols_holds``; sizes: equal to ``holds``)."""
 
     measure: str
     start: float
     end: float
     slope_h: float
+    robust_h: float
     peak: float
     bound: str
     holds: bool
+    ols_holds: bool
 
 
 def _first_last(ys: Sequence[float], k: int = 3) -> tuple[float, float]:
@@ -325,6 +381,7 @@ def drifts(
         finite = [y for y in ys if math.isfinite(y)]
         level = statistics.median(finite) if finite else math.nan
         s = slope_per_hour(ts, ys)
+        rs = theil_sen_per_hour(ts, ys)
         start, end = _first_last(ys)
         limit = drift * level / hours if math.isfinite(level) else math.nan
         out.append(
@@ -333,26 +390,31 @@ def drifts(
                 start,
                 end,
                 s,
+                rs,
                 max(finite) if finite else math.nan,
-                f"|slope| <= {limit:.3g}/h ({drift:.0%} of median {level:.3g} over {hours:.2f} h)",
-                math.isfinite(s) and abs(s) <= limit,
+                f"growth <= {limit:.3g}/h ({drift:.0%} of median {level:.3g} over {hours:.2f} h)",
+                math.isfinite(rs) and rs <= limit,
+                math.isfinite(s) and s <= limit,
             )
         )
-    for m in SIZE_MEASURES:
-        ys = [float(r[m]) for r in kept]
+    for m in (*SIZE_MEASURES, "load1"):
+        ys = [float(r.get(m, math.nan)) for r in kept]
         finite = [y for y in ys if math.isfinite(y)]
         start, end = _first_last(ys, 1)
         peak = max(finite) if finite else math.nan
         ceil = ceilings.get(m)
+        ok = ceil is None or (math.isfinite(peak) and peak <= ceil)
         out.append(
             Drift(
                 m,
                 start,
                 end,
                 slope_per_hour(ts, ys),
+                theil_sen_per_hour(ts, ys),
                 peak,
                 f"max <= {ceil:g}" if ceil is not None else "reported",
-                ceil is None or (math.isfinite(peak) and peak <= ceil),
+                ok,
+                ok,
             )
         )
     return out
@@ -398,10 +460,28 @@ def markdown(
     args: argparse.Namespace,
     version: str,
     command: str,
+    config: str = "dra",
 ) -> str:
-    """summary.md: command, conditions, the drift table, the run's invariant figures."""
+    """summary.md: command, conditions (``config``: the kube-scheduler configuration,
+    :func:`scheduler_config_kind`), the drift table, the run's invariant figures."""
     measured = [r["t_s"] for r in sampler.rows if r["t_s"] >= args.warmup]
     span = (measured[-1] - measured[0]) if len(measured) > 1 else 0.0
+    loads = [
+        r["load1"] for r in sampler.rows if r["t_s"] >= args.warmup and math.isfinite(r["load1"])
+    ]
+    load = (
+        f"host load average (1 min, per sample) mean {statistics.fmean(loads):.2f}, median "
+        f"{statistics.median(loads):.2f}, max {max(loads):.2f}"
+        if loads
+        else "host load average not sampled"
+    )
+    ks_config = (
+        "the shipped DRA variant (config/deploy/dra/scheduler-config-dra.yaml: no "
+        "managedResources, every pod reaches topoplace)"
+        if config == "dra"
+        else "the shipped configuration (config/deploy/scheduler-config.yaml: managedResources "
+        "nvidia.com/gpu and HAMi's; pods asking GPUs through a claim only do not reach topoplace)"
+    )
     lines = [
         "# live-soak",
         "",
@@ -415,22 +495,30 @@ def markdown(
         "```",
         "",
         f"Conditions: Kubernetes {version} (the project's test cluster, DRA served), "
-        f"kube-scheduler with the shipped configuration, topoplace with the shipped policy "
+        f"kube-scheduler with {ks_config}, topoplace with the shipped policy "
         f"(hami_lock: release); {args.nodes} 8-GPU work nodes, {args.hami_nodes} HAMi nodes, "
         f"{args.dra_nodes} DRA nodes, one probe node; seed {args.seed}; work for "
         f"{args.duration:.0f} s, arrivals every {args.arrival:.1f} s on average, lifetime "
         f"~{args.lifetime:.0f} s, at most {args.max_pending} pods pending; a sample every "
         f"{args.sample:.0f} s ({len(sampler.rows)} samples, {sampler.errors} failed); measured "
         f"after a {args.warmup:.0f} s warm-up: {span / 3600:.2f} h; {os.cpu_count()} cores "
-        f"shared with other work.",
+        f"shared with other work; {load}.",
         "",
-        "| measure | start | end | slope per hour | max | bound | holds |",
-        "|---|---|---|---|---|---|---|",
+        "Drift is growth: for rss_mb, threads, fds, the p99 latencies and CPU per pod the bound "
+        "is on the upward slope only (a falling latency is no drift), judged on the Theil-Sen "
+        "slope (median of the slopes between every pair of samples: a few outlying windows "
+        "cannot pull it); `ols holds` says whether the least-squares slope keeps under the "
+        "same bound. Sizes are held to their ceiling (`max`); load1 is the host's, reported.",
+        "",
+        "| measure | start | end | OLS slope /h | Theil-Sen slope /h | max | bound | holds "
+        "| ols holds |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for d in table:
         lines.append(
             f"| {d.measure} | {_fmt(d.start)} | {_fmt(d.end)} | {_fmt(d.slope_h)} | "
-            f"{_fmt(d.peak)} | {d.bound} | {'yes' if d.holds else 'NO'} |"
+            f"{_fmt(d.robust_h)} | {_fmt(d.peak)} | {d.bound} | {'yes' if d.holds else 'NO'} "
+            f"| {'yes' if d.ols_holds else 'NO'} |"
         )
     jobs = sum(result.created.values())
     lines += [
@@ -475,9 +563,33 @@ def write(
     (out / "summary.md").write_text(md)
     with open(out / "summary.csv", "w", newline="") as f:
         w2 = csv.writer(f, lineterminator="\n")
-        w2.writerow(("measure", "start", "end", "slope_per_hour", "max", "bound", "holds"))
+        w2.writerow(
+            (
+                "measure",
+                "start",
+                "end",
+                "ols_slope_per_hour",
+                "theil_sen_slope_per_hour",
+                "max",
+                "bound",
+                "holds",
+                "ols_holds",
+            )
+        )
         for d in table:
-            w2.writerow((d.measure, d.start, d.end, d.slope_h, d.peak, d.bound, d.holds))
+            w2.writerow(
+                (
+                    d.measure,
+                    d.start,
+                    d.end,
+                    d.slope_h,
+                    d.robust_h,
+                    d.peak,
+                    d.bound,
+                    d.holds,
+                    d.ols_holds,
+                )
+            )
     (out / "violations.txt").write_text(
         "".join(f"{t:.1f} {v.kind} {v.subject}: {v.detail}\n" for t, v in result.violations)
         + "".join(f"ledger: {d}\n" for d in result.ledger_diff)
@@ -498,6 +610,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         holder["sampler"] = sampler
         holder["nodes"] = len(plane.node_objs)
         holder["slices"] = len(plane.dra_nodes)
+        holder["config"] = scheduler_config_kind(plane.replicas[0].ks.config_file)
+        log(f"kube-scheduler configuration: {holder['config']}")
         log(f"sampling every {args.sample:.0f}s for {args.duration:.0f}s")
         return sampler.start()
 
@@ -509,13 +623,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.drift,
         ceilings(sampler.rows, args, holder["nodes"], holder["slices"]),
     )
-    md = markdown(table, result, sampler, args, version, command)
+    md = markdown(table, result, sampler, args, version, command, holder["config"])
     write(out, sampler, table, md, result)
     print(md)
     if args.results:
         res = REPO / "benchmarks" / "results"
         (res / "live-soak.md").write_text(md)
         (res / "live-soak.csv").write_text((out / "summary.csv").read_text())
+        (res / "live-soak-samples.csv").write_text((out / "samples.csv").read_text())
     bad = (
         result.violations
         or result.pending_after_settle

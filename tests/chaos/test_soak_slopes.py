@@ -1,0 +1,115 @@
+"""The soak's slopes and verdicts (benchmarks/live/soak.py): the Theil-Sen slope against
+hand-computed values, its resistance to outlying windows where least squares gives way,
+and the drift bound on growth only (a falling latency is no drift)."""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from benchmarks.live.chaos import dra_variant_config
+from benchmarks.live.kubesched import load_shipped, render_config
+from benchmarks.live.soak import (
+    DRIFT_MEASURES,
+    SIZE_MEASURES,
+    drifts,
+    load1,
+    scheduler_config_kind,
+    slope_per_hour,
+    theil_sen_per_hour,
+)
+
+
+def test_theil_sen_of_a_line_is_its_slope() -> None:
+    ts = [0.0, 900.0, 1800.0, 2700.0, 3600.0]
+    ys = [10.0 + 3.0 * t / 3600.0 for t in ts]  # 3 per hour
+    assert math.isclose(theil_sen_per_hour(ts, ys), 3.0)
+    assert math.isclose(slope_per_hour(ts, ys), 3.0)
+
+
+def test_theil_sen_is_the_median_of_pairwise_slopes() -> None:
+    # points (0 h, 0), (1 h, 1), (2 h, 5): pair slopes 1, 2.5, 4 per hour; median 2.5
+    ts = [0.0, 3600.0, 7200.0]
+    ys = [0.0, 1.0, 5.0]
+    assert math.isclose(theil_sen_per_hour(ts, ys), 2.5)
+    # least squares: sum((t-1)(y-2)) / sum((t-1)^2) = (2 + 3) / 2 = 2.5 per hour here too
+    assert math.isclose(slope_per_hour(ts, ys), 2.5)
+    # four points: pair slopes 1, 1.5, 2, 2, 2.5, 3 -> median (2 + 2) / 2 = 2
+    assert math.isclose(theil_sen_per_hour([0.0, 3600.0, 7200.0, 10800.0], [0, 1, 3, 6]), 2.0)
+
+
+def test_outlying_windows_pull_least_squares_not_theil_sen() -> None:
+    # a flat 36 ms per pod over 2 h, every 30 s, with two busy-host windows at 254 ms near
+    # the end (the shape of the previous soak's CPU per pod)
+    ts = [30.0 * i for i in range(241)]
+    ys = [36.0] * 241
+    ys[200] = ys[230] = 254.0
+    assert theil_sen_per_hour(ts, ys) == 0.0
+    ols = slope_per_hour(ts, ys)
+    assert ols > 2.0  # two windows alone give the OLS fit a growth of 2+ ms/h
+    table = {d.measure: d for d in drifts(_rows(ts, cpu=ys), 0.0, 0.10, {})}
+    cpu = table["cpu_ms_per_pod"]
+    assert cpu.robust_h == 0.0 and cpu.holds
+    assert math.isclose(cpu.slope_h, ols) and not cpu.ols_holds
+    assert cpu.peak == 254.0
+
+
+def test_theil_sen_skips_nan_and_needs_two_distinct_times() -> None:
+    ts = [0.0, 1800.0, 3600.0, 5400.0]
+    assert math.isclose(theil_sen_per_hour(ts, [1.0, math.nan, 3.0, 4.0]), 2.0)
+    assert math.isnan(theil_sen_per_hour([0.0], [1.0]))
+    assert math.isnan(theil_sen_per_hour([5.0, 5.0], [1.0, 2.0]))
+    assert math.isnan(theil_sen_per_hour(ts, [math.nan] * 4))
+    with pytest.raises(ValueError):
+        theil_sen_per_hour([0.0, 1.0], [1.0])
+
+
+def _rows(
+    ts: list[float], cpu: list[float] | None = None, filt: list[float] | None = None
+) -> list[dict[str, float]]:
+    out = []
+    for i, t in enumerate(ts):
+        row = {m: 10.0 for m in (*DRIFT_MEASURES, *SIZE_MEASURES)}
+        row.update(t_s=t, api_pods=20.0, load1=1.5)
+        if cpu is not None:
+            row["cpu_ms_per_pod"] = cpu[i]
+        if filt is not None:
+            row["filter_p99_ms"] = filt[i]
+        out.append(row)
+    return out
+
+
+def test_falling_latency_is_no_drift_rising_is() -> None:
+    ts = [600.0 * i for i in range(13)]  # 2 h
+    falling = [100.0 - 20.0 * i / 6 for i in range(13)]  # -20 ms/h
+    rising = [100.0 + 20.0 * i / 6 for i in range(13)]  # +20 ms/h: 100 to 140 in 2 h
+    down = {d.measure: d for d in drifts(_rows(ts, filt=falling), 0.0, 0.10, {})}
+    up = {d.measure: d for d in drifts(_rows(ts, filt=rising), 0.0, 0.10, {})}
+    assert math.isclose(down["filter_p99_ms"].robust_h, -20.0)
+    assert down["filter_p99_ms"].holds and down["filter_p99_ms"].ols_holds
+    assert math.isclose(up["filter_p99_ms"].robust_h, 20.0)
+    assert not up["filter_p99_ms"].holds and not up["filter_p99_ms"].ols_holds
+    # the bound: 10 % of the median 120 over 2 h = 6 per hour
+    assert up["filter_p99_ms"].bound.startswith("growth <= 6/h (10% of median 120")
+    # load1 is reported with its slopes, never judged
+    assert up["load1"].holds and up["load1"].bound == "reported" and up["load1"].peak == 1.5
+
+
+def test_scheduler_config_kind_tells_the_dra_variant_from_the_default() -> None:
+    with tempfile.TemporaryDirectory() as d:
+        default = Path(d) / "default.yaml"
+        default.write_text(yaml.safe_dump(render_config(load_shipped(), "/kc", "http://x")))
+        dra = Path(d) / "dra.yaml"
+        dra.write_text(yaml.safe_dump(dra_variant_config("/kc", "http://x")))
+        assert scheduler_config_kind(default) == "default"
+        assert scheduler_config_kind(dra) == "dra"
+
+
+def test_load1_reads_proc_loadavg() -> None:
+    first = float(Path("/proc/loadavg").read_text().split()[0])
+    assert 0.0 <= load1() < 10_000.0
+    assert abs(load1() - first) < 50.0
