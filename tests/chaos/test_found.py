@@ -177,3 +177,56 @@ def test_a_node_that_loses_its_gpus_for_a_while_comes_back_with_its_pods_gpus_he
         pass
     else:
         raise AssertionError("GPUs 0-3 handed to a second pod")
+
+
+def _held_twice(snap: Any) -> list[str]:
+    """Ledger faults of ``snap``: a GPU two holdings (bound pods, nominations, gang
+    reservations) both claim, or a node whose used GPUs are not what its holdings hold."""
+    faults = []
+    for name in snap.names:
+        node = snap.node(name)
+        union = 0
+        for p in snap.pods_on(name):
+            mask = sum(1 << g for g in p.gpus)
+            if union & mask:
+                faults.append(f"{name}: GPUs {sorted(p.gpus)} of {p.key} held twice")
+            union |= mask
+        if node.used_mask != union:
+            faults.append(f"{name}: ledger {node.used_mask:#x}, holdings {union:#x}")
+    return faults
+
+
+def test_a_gang_reservation_keeps_its_gpus_when_the_pods_before_it_leave() -> None:
+    """The chain behind ``gang-partly-bound`` (seed 106): a gang (two 4-GPU members bound
+    on ``w0``) is on a node whose GPU labels go odd for 3 s and come back; a 3 x 4-GPU gang
+    is then planned; the first gang completes (its pods are deleted); an 8-GPU pod is
+    scheduled. Before ``usage_from_pods`` the node came back with its pods' GPUs free, the
+    second gang reserved GPUs the first still held, the first gang's deletion then cleared
+    those GPUs from the ledger under the reservations (``without_pod`` clears a deleted
+    pod's GPUs), and the next pod was given them: the second gang stayed partly bound
+    until a relist dropped its reservations ("their GPUs are now held"). Fails without
+    ``scheduler.core.snapshot.usage_from_pods`` (commit 6c677f1)."""
+    nodes = [make_node(name, labels={POOL: "work"}) for name in ("w0", "w2")]
+    old = [
+        make_pod(f"old-{i}", 4, node="w0", gpu_indices=[4 * i + j for j in range(4)])
+        for i in range(2)
+    ]
+    other = make_pod("other", 4, node="w2", gpu_indices=[4, 5, 6, 7])
+    cache = ClusterCache.from_objects(nodes, [*old, other], SchedParams(), clock=_Clock())
+    ext = Extender(cache, gangs=GangRuntime())
+    names = ["w0", "w2"]
+    odd = make_node("w0", labels={POOL: "work"}, allocatable_gpus=0)
+    odd["status"]["capacity"]["nvidia.com/gpu"] = "0"
+    cache.upsert_node(odd)
+    cache.upsert_node(nodes[0])
+    assert _held_twice(cache.snapshot()) == []
+    # a 3 x 4-GPU gang: w0 is full, w2 has room for one member only
+    out = ext.filter({"Pod": make_pod("mid-0", 4, gang="mid", gang_size=3), "NodeNames": names})
+    assert out["NodeNames"] in ([], None)
+    assert _reserved_nodes(ext) == set()
+    for p in old:  # the first gang completes
+        cache.delete_pod(f"default/{p['metadata']['name']}")
+    assert _held_twice(cache.snapshot()) == []
+    out = ext.filter({"Pod": make_pod("big", 8), "NodeNames": names})
+    assert out["NodeNames"] == ["w0"]
+    assert _held_twice(cache.snapshot()) == []
