@@ -367,6 +367,7 @@ class GateAllocator:
         self._flights: dict[str, _Flight] = {}  # name -> allocation on its way (the thread's)
         self._watched: frozenset[str] = frozenset()  # claims of the flights (read by notify)
         self._released: dict[str, str] = {}  # pod released -> its version still gated
+        self._adopt_waits: dict[str, str] = {}  # adopted pod -> why it waits (logged once)
         self._whole_memo: tuple[dra.Inventory, bool] | None = None
         self._pool = futures.ThreadPoolExecutor(writers, thread_name_prefix="dra-writer")
         if router is not None:
@@ -422,6 +423,14 @@ class GateAllocator:
         live = {object_key(p): _rv(p) for p in pending}
         self._released = {k: v for k, v in self._released.items() if live.get(k) == v}
         adopted = self.router.adopted() if self.router is not None else frozenset()
+        if self._adopt_waits:
+            self._adopt_waits = {k: v for k, v in self._adopt_waits.items() if k in adopted}
+        if adopted:
+            # the watch keeps no pending claim pod without the gate: the filter's copy
+            known = {object_key(p) for p in pending}
+            pending += [
+                p for k in sorted(adopted - known) if (p := self.cache.pending(k)) is not None
+            ]
         pods = sorted(
             (
                 p
@@ -448,7 +457,12 @@ class GateAllocator:
                 done += self._gang(key, gangs[key])
         for p in singles:
             if object_key(p) not in self._flights:
-                done.append(self._single(p))
+                got = self._single(p)
+                if isinstance(got, Outcome) and not dra.gated(p):
+                    if self._adopt_waits.get(got.pod) != got.reason:
+                        log.info("adopted claim pod %s waits: %s", got.pod, got.reason)
+                    self._adopt_waits[got.pod] = got.reason
+                done.append(got)
         return [self._launch(w) if isinstance(w, _Written) else w for w in done]
 
     def _adoptable(self, pod: Mapping[str, Any], adopted: frozenset[str]) -> bool:

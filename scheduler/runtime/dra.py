@@ -577,8 +577,15 @@ class DraRouter:
             if adopt:
                 fresh = key not in self._adopt
                 self._adopt[key] = now + ADOPT_S
-        if adopt and fresh and self.on_adopt is not None:
-            self.on_adopt()
+        if adopt and fresh:
+            log.info(
+                "claim pod %s is refused on every node left to it while kube-scheduler "
+                "no longer counts devices %s: topoplace's allocator allocates its claims",
+                key,
+                sorted(i for ids in self._uncounted.values() for i in ids),
+            )
+            if self.on_adopt is not None:
+                self.on_adopt()
 
     def adopted(self) -> frozenset[str]:
         """Claim pods without the gate that topoplace's allocator allocates itself: every

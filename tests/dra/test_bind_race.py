@@ -220,7 +220,7 @@ def test_an_uncounted_device_s_pod_is_allocated_by_topoplace() -> None:
     cache.remember_pending(p1)
     woken: list[str] = []
     api.wake_pod = lambda ns, name, why: woken.append(f"{ns}/{name}")  # type: ignore[attr-defined]
-    alloc.pending = lambda: [p1]
+    alloc.pending = list  # the watch keeps no pending claim pod without the gate
     assert router.adopted() == frozenset()
     assert router.filter(p1, [NODE]).feasible == ()
     assert router.adopted() == {"default/p1"}
@@ -237,7 +237,6 @@ def test_an_uncounted_device_s_pod_is_allocated_by_topoplace() -> None:
     assert router.before_bind_claims("default/p1", p1, NODE, "uid-p1") == ""
     assert all(len(ks) == 1 for ks in _holders(api).values())
     # nothing left for the allocator to do for it
-    alloc.pending = lambda: [p1]
     assert alloc.step() == []
 
 
