@@ -1311,7 +1311,8 @@ def test_extender_is_called_with_mutual_tls(
 def test_overlays_keep_everything_but_the_transport_and_managed_resources(
     built_overlays: dict[str, list[dict[str, Any]]],
 ) -> None:
-    """mtls = base + TLS; dra = base - managedResources; dra-mtls = dra + TLS, in the built
+    """mtls = base + TLS; dra = base - managedResources (those it told kube-scheduler to
+    ignore go to NodeResourcesFit's ignoredResources); dra-mtls = dra + TLS, in the built
     output (so the order in which kustomize applies the components is checked too)."""
     base = _built_config(built_overlays["deploy"])
     dra = _built_config(built_overlays["dra"])
@@ -1321,8 +1322,11 @@ def test_overlays_keep_everything_but_the_transport_and_managed_resources(
     assert _without_transport(mtls) == _without_transport(base)
     assert _without_transport(both) == _without_transport(dra)
     expected = copy.deepcopy(base)
-    expected["extenders"][0].pop("managedResources")
-    assert dra == expected
+    managed = expected["extenders"][0].pop("managedResources")
+    ignored = [m["name"] for m in managed if m["ignoredByScheduler"]]
+    (fit,) = [c for c in expected["profiles"][0]["pluginConfig"] if c["name"] == "NodeResourcesFit"]
+    fit["args"] = {"ignoredResources": ignored, **fit["args"]}
+    assert ignored and dra == expected
 
 
 def test_tls_secret_is_generated_from_the_files_topoplace_certs_writes() -> None:

@@ -19,12 +19,19 @@ DRA_MTLS = REPO / "config" / "overlays" / "dra-mtls"
 
 
 def test_dra_variant_is_the_shipped_config_without_managed_resources() -> None:
+    """The same configuration, with managedResources dropped and the resources it told
+    kube-scheduler to ignore (HAMi's per-device memory and compute) moved to
+    NodeResourcesFit's ignoredResources: without them no HAMi share would fit a node."""
     shipped = load_shipped()
     dra = load_shipped(VARIANT)
     assert [e.get("managedResources") for e in dra["extenders"]] == [None]
     expected = copy.deepcopy(shipped)
+    ignored = []
     for e in expected["extenders"]:
-        e.pop("managedResources", None)
+        ignored += [m["name"] for m in e.pop("managedResources", ()) if m["ignoredByScheduler"]]
+    assert ignored == ["nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores"]
+    (fit,) = [c for c in expected["profiles"][0]["pluginConfig"] if c["name"] == "NodeResourcesFit"]
+    fit["args"] = {"ignoredResources": ignored, **fit["args"]}
     assert dra == expected
 
 
