@@ -237,7 +237,6 @@ def test_reproduces_published_run_exactly(policy: str) -> None:
         for k, v in theirs.items()
         if abs(ours.alloc_curve.get(k, 0) - v) > 0.006
     }
-    assert ours.seconds < 60
 
 
 @needs_traces
