@@ -72,11 +72,13 @@ import numpy as np
 from scheduler.core.disruption import BUDGETS_EXTRA, Budgets, budgets_from, violating
 from scheduler.core.fractional import (
     REASON_NO_SHARE_ROOM,
+    NodeTenancy,
     ShareRequest,
     choose_devices,
+    node_tenancy,
     node_verdict,
 )
-from scheduler.core.model import Health, PodInfo, PodRequest
+from scheduler.core.model import Health, NodeInfo, PodInfo, PodRequest
 from scheduler.core.params import SchedParams
 from scheduler.core.remediation import Broken, being_deleted, gang_key
 from scheduler.core.schedule import (
@@ -314,13 +316,19 @@ def _fits(
         why = node_verdict(n, share)
         if why:
             return why
-        if choose_devices(n, share, None, params.selection_policy) is None:
+        if choose_devices(n, share, None, params.selection_policy, _tenancy(snap, n)) is None:
             return REASON_NO_SHARE_ROOM
     if (n.cpu_milli and n.cpu_used_milli + req.cpu_milli > n.cpu_milli) or (
         n.memory_bytes and n.memory_used_bytes + req.memory_bytes > n.memory_bytes
     ):
         return REASON_CPU_MEMORY
     return ""
+
+
+def _tenancy(snap: ClusterSnapshot, node: NodeInfo) -> NodeTenancy:
+    """``node``'s tenancy from the share pods ``snap`` holds on it: the right-sizer's
+    limits (tenants per GPU, compute at p95) a share must keep, as filter keeps them."""
+    return node_tenancy(node, (p for p in snap.pods.values() if p.node == node.name))
 
 
 def _gang_gpus(p: PodInfo, gangs: Mapping[str, list[PodInfo]]) -> int:
@@ -414,7 +422,8 @@ def _on_node(
         gs = choose_gpus(cur, req, name, params)
         gpus, bottleneck = tuple(gs.gpus), float(gs.bottleneck_gbps)
     else:
-        got = choose_devices(cur.nodes[i], share, None, params.selection_policy) or []
+        n = cur.nodes[i]
+        got = choose_devices(n, share, None, params.selection_policy, _tenancy(cur, n)) or []
         gpus, bottleneck = tuple(sorted({s.gpu for c in got for s in c})), 0.0
     return NodeChoice(
         node=name,

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from scheduler.core.fractional import share_request
+from scheduler.core.fractional import RIGHTSIZE_ANNOTATION, share_request
 from scheduler.core.objects import request_from_pod
 from scheduler.core.params import SchedParams
 from scheduler.core.preemption import select_victims
@@ -104,3 +104,28 @@ def test_the_preempt_verb_answers_for_a_hami_pod() -> None:
         {"UID": pods[0]["metadata"]["uid"]}
     ]
     assert sample("topoplace_preemptions_total", {"outcome": "passed"}) == 1
+
+
+def test_preemption_keeps_the_right_sizers_tenant_cap() -> None:
+    """GPU 0 holds two tenants whose right-sizer note caps a GPU at two; GPU 1 has too
+    little memory left. By memory alone the urgent share fits GPU 0 and needs no victim,
+    but filter refuses GPU 0 for the cap, so the pod would stay pending: preemption must
+    count the cap as filter does, not answer "nothing to evict". Victims are reprieved
+    smallest share first (as kube-scheduler reprieves): a0 and b0 come back (GPU 0 at its
+    cap of two, the pod then needs GPU 1), so c1 goes and the pod takes GPU 1."""
+    note = {RIGHTSIZE_ANNOTATION: orjson.dumps({"max_tenants_per_gpu": 2}).decode()}
+    nodes = [hami_node("infer-a", 2, split=4)]
+    pods = [hami_bound("a0", 0, 2000), hami_bound("b0", 0, 3000), hami_bound("c1", 1, 14000)]
+    for p in pods[:2]:
+        p["metadata"]["annotations"].update(note)
+    snap = build_snapshot(nodes, pods, SP)
+    urgent = share_pod("urgent", mem=3000, cores=20, annotations=note)
+    urgent["spec"]["priority"] = 1000
+    req = request_from_pod(urgent, SP.fabric)
+    share = share_request(urgent, req.cpu_milli, SP.sharing)
+    assert share.limits is not None and share.limits.max_tenants == 2
+    kube = {"infer-a": {p["metadata"]["uid"] for p in pods}}
+    d = select_victims(snap, req, kube, SP, share=share)
+    assert d.chosen is not None, d.refused
+    assert [v.pod for v in d.chosen.victims] == ["infer/c1"]
+    assert d.chosen.gpus == (1,)
