@@ -1,6 +1,6 @@
 """``verb-cost``: filter + prioritize CPU per pod kind, in process, as the server answers them.
 
-Up to five kinds of pod arrive one after another at a warm extender (the heap moved out of the
+Up to six kinds of pod arrive one after another at a warm extender (the heap moved out of the
 garbage collector's reach, as ``topoplace serve`` does after its start-up), each kind on a
 cluster of ``--nodes`` DGX H100 nodes (``benchmarks.clusters.dgx_h100_nodes``) of its own,
 ``--held`` of them (a seeded draw) holding 4 of their GPUs:
@@ -22,6 +22,10 @@ cluster of ``--nodes`` DGX H100 nodes (``benchmarks.clusters.dgx_h100_nodes``) o
   topoplace after kube-scheduler's DynamicResources filter, so filter is offered the nodes
   where its claim can be allocated (computed beforehand, outside the timing); topoplace
   predicts the devices kube-scheduler's allocator will take (``DraRouter``);
+* ``DRA claim (constrained)`` (run when named): the ``DRA claim`` case with a
+  ``matchAttribute`` constraint in every claim, on the attributes the recorded devices
+  carry (:data:`CONSTRAINT_OF`): 1 and 2 GPUs under one ``resource.kubernetes.io/pcieRoot``,
+  4 and 8 GPUs of one ``gpu.nvidia.com/productName``;
 * ``DRA share`` (run when named: ``--pods-of "DRA share"``): DRA consumable capacity:
   nodes whose 8 GPUs are shared devices (v1, ``allowMultipleAllocations``, memory and
   compute capacity), claims of one shared GPU with 10, 20, 40, 60 GiB in turn; the held
@@ -98,10 +102,18 @@ from benchmarks.stats import p99
 VERSION = "v1beta1"
 COUNTS = (1, 2, 4, 8)
 GANG_SIZE = 4
-KINDS = ("whole GPU", "gang member", "HAMi share", "DRA claim", "DRA share")
+KINDS = (
+    "whole GPU",
+    "gang member",
+    "HAMi share",
+    "DRA claim",
+    "DRA claim (constrained)",
+    "DRA share",
+)
 """The pod kinds, in the order the figures list them."""
-DEFAULT_KINDS = KINDS[:4]
-"""The kinds run without ``--pods-of`` (``DRA share`` is asked for by name)."""
+DEFAULT_KINDS = KINDS[:4]  # whole GPU, gang member, HAMi share, DRA claim
+"""The kinds run without ``--pods-of`` (the constrained claim and ``DRA share`` are asked
+for by name)."""
 
 Case = tuple[
     list[dict[str, Any]],
@@ -167,9 +179,28 @@ def hami_case(nodes: int, pods: int, held: float, seed: int) -> Case:
     return objs, bound, {}, todo
 
 
-def dra_case(nodes: int, pods: int, held: float, seed: int) -> Case:
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+"""The standard attribute NVIDIA's DRA driver publishes per GPU (pairs of GPUs share one
+in the recorded slice)."""
+PRODUCT = "gpu.nvidia.com/productName"
+"""The driver's ``productName`` attribute, qualified by its domain."""
+CONSTRAINT_OF = {1: PCIE_ROOT, 2: PCIE_ROOT, 4: PRODUCT, 8: PRODUCT}
+"""The ``matchAttribute`` of a constrained claim per GPU count: 1 and 2 GPUs under one PCIe
+root (the recorded node has 2 GPUs per root, so 4 and 8 could never share one), 4 and 8
+GPUs of one product."""
+
+
+def constrained(claim: dict[str, Any], count: int) -> dict[str, Any]:
+    """``claim`` with ``constraints: [{matchAttribute: CONSTRAINT_OF[count]}]`` (every
+    request)."""
+    claim["spec"]["devices"]["constraints"] = [{"matchAttribute": CONSTRAINT_OF[count]}]
+    return claim
+
+
+def dra_case(nodes: int, pods: int, held: float, seed: int, with_constraints: bool = False) -> Case:
     """DRA claim pods (1, 2, 4, 8 GPUs in turn), offered the nodes where the claim can be
-    allocated (what kube-scheduler's DynamicResources filter leaves)."""
+    allocated (what kube-scheduler's DynamicResources filter leaves); ``with_constraints``:
+    each claim with the ``matchAttribute`` constraint of :data:`CONSTRAINT_OF`."""
     from scheduler.core import dra
 
     objs = dgx_h100_nodes(nodes)
@@ -185,6 +216,8 @@ def dra_case(nodes: int, pods: int, held: float, seed: int) -> Case:
         c["status"] = {"allocation": dra.allocation_status(name, spec, inv.by_node[name][:4])}
         claims.append(c)
     pending = [resource_claim(f"want-{i:04d}", COUNTS[i % len(COUNTS)]) for i in range(pods)]
+    if with_constraints:
+        pending = [constrained(c, COUNTS[i % len(COUNTS)]) for i, c in enumerate(pending)]
     extra = dra.extra_of([*classes, *slices, *claims, *pending])
     in_use = dra.held_device_ids(claims)
     cls = extra[dra.CLASSES_KEY]
@@ -194,6 +227,11 @@ def dra_case(nodes: int, pods: int, held: float, seed: int) -> Case:
         offered = [n for n in names if dra.first_fit(inv, n, [spec], cls, in_use).feasible]
         todo.append((claim_pod(f"pod-{i:04d}", claim["metadata"]["name"]), offered))
     return objs, [], extra, todo
+
+
+def dra_constrained_case(nodes: int, pods: int, held: float, seed: int) -> Case:
+    """:func:`dra_case` with a ``matchAttribute`` constraint in every claim."""
+    return dra_case(nodes, pods, held, seed, with_constraints=True)
 
 
 def dra_share_case(nodes: int, pods: int, held: float, seed: int) -> Case:
@@ -243,6 +281,7 @@ CASES: dict[str, Callable[[int, int, float, int], Case]] = {
     "gang member": gang_case,
     "HAMi share": hami_case,
     "DRA claim": dra_case,
+    "DRA claim (constrained)": dra_constrained_case,
     "DRA share": dra_share_case,
 }
 
@@ -322,7 +361,7 @@ def verbs(args: argparse.Namespace) -> Figures:
             "holding 4 GPUs": f"{args.held:.0%}",
             "pods per run": args.pods,
             "runs": runs_n,
-            "sizes": "whole GPU and DRA claim: 1/2/4/8 GPUs in turn; gangs of 4 x 8 GPUs",
+            "sizes": "whole GPU and DRA claims: 1/2/4/8 GPUs in turn; gangs of 4 x 8 GPUs",
         },  # fmt: skip
     )
 

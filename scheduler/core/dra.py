@@ -36,6 +36,7 @@ prediction assumes slice-name order (:attr:`Inventory.exact_order` says which no
 
 from __future__ import annotations
 
+import functools
 import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -929,8 +930,10 @@ def _atom(text: str) -> Predicate | None:
     return None
 
 
+@functools.lru_cache(maxsize=1024)
 def cel_predicate(expression: str) -> Predicate | None:
-    """A device predicate for a CEL selector in the supported subset, else None."""
+    """A device predicate for a CEL selector in the supported subset, else None. Made
+    once per expression (the predicate is a pure function of the device: shared)."""
     parts = [p for p in expression.split("&&")]
     if any("||" in p or p.strip().startswith("!") for p in parts):
         return None
@@ -1085,6 +1088,23 @@ class CompiledClaims:
         if r is None or e.preds is None or r.all_devices or self.claims[e.claim].constraints:
             return None
         return e
+
+    @property
+    def constrained(self) -> tuple[FitEntry, tuple[str, ...]] | None:
+        """(the one entry, the ``matchAttribute`` attributes that bind its request) when
+        the claims are one modelled ``ExactCount`` request of a claim with constraints,
+        all ``matchAttribute`` (:func:`constrained_masks` answers it), else None."""
+        if len(self.entries) != 1:
+            return None
+        e = self.entries[0]
+        r = e.request
+        spec = self.claims[e.claim]
+        if r is None or e.preds is None or r.all_devices or not spec.constraints:
+            return None
+        if not spec.supported:
+            return None
+        attrs = tuple(a for a, names in spec.constraints if not names or r.name in names)
+        return e, attrs
 
 
 def compile_claims(claims: Sequence[ClaimSpec], classes: Mapping[str, Any]) -> CompiledClaims:
@@ -1476,6 +1496,109 @@ def first_free_masks(free: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarr
         rest ^= low
     ok = _popcount(sel) == count
     return sel, ok
+
+
+def constraint_signatures(
+    table: GreedyTable, attrs: Sequence[str]
+) -> tuple[np.ndarray, tuple[tuple[int, ...], ...]]:
+    """(int64 per row: index of the row's signature in the second item, the distinct
+    signatures) for a request bound by ``matchAttribute`` constraints on ``attrs``.
+
+    A row's signature labels its candidates in allocator order by their values of
+    ``attrs``: equal values (Python ``==``, as the search compares them) get the same
+    label, numbered by first appearance; -1 where a candidate lacks one of them (the
+    search never takes it). Rows that are not exact get the empty signature (the search
+    answers them). Identical nodes share one signature."""
+    sigs: dict[tuple[int, ...], int] = {}
+    out = np.zeros(len(table.nodes), dtype=np.int64)
+    for r, cands in enumerate(table.cands):
+        if not table.exact[r]:
+            out[r] = sigs.setdefault((), len(sigs))
+            continue
+        seen: dict[tuple[Any, ...], int] = {}
+        labels = []
+        for d in cands:
+            values = tuple(d.attribute(a) for a in attrs)
+            if any(v is None for v in values):
+                labels.append(-1)
+            else:
+                labels.append(seen.setdefault(values, len(seen)))
+        out[r] = sigs.setdefault(tuple(labels), len(sigs))
+    out.setflags(write=False)
+    return out, tuple(sigs)
+
+
+FIT_UNKNOWN, FIT_INFEASIBLE, FIT_FEASIBLE = 0, 1, 2
+"""Outcomes of :func:`constrained_fit` (the search's unknown, infeasible, solution)."""
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def constrained_fit(
+    labels: tuple[int, ...], avail: int, count: int, max_steps: int = MAX_STEPS
+) -> tuple[int, int]:
+    """The allocator's search for one request of ``count`` devices bound by
+    ``matchAttribute`` constraints, on candidates ``labels`` (:func:`constraint_signatures`)
+    of which those with a bit in ``avail`` may be taken: (outcome, bits of the chosen
+    candidates). Pure, made once per arguments.
+
+    It runs :func:`_search` itself on stand-in devices that carry only a label: the
+    search's path depends on nothing else. Each candidate it scans costs one step whether
+    it is taken or skipped, and it skips a candidate it may not take (held, a capacity
+    that does not fit, a shared device the claim has already) the same way, before it
+    reads the constraint; a taken candidate is skipped by the later slots of the claim."""
+    attr = "stand-in.topoplace.io/label"
+    devs = tuple(
+        Device(
+            "stand-in.topoplace.io",
+            "",
+            f"c{k}",
+            "",
+            "",
+            None,
+            "gpu",
+            "",
+            MappingProxyType({attr: v} if v >= 0 else {}),
+        )
+        for k, v in enumerate(labels)
+    )
+    req = Request("r", "", count)
+    spec = ClaimSpec("", (req,), ((attr, ()),))
+    busy = frozenset(d.id for k, d in enumerate(devs) if not avail >> k & 1)
+    got = _search(EMPTY_INVENTORY, (spec,), [(0, req, devs)] * count, busy, max_steps)
+    if not got.known:
+        return FIT_UNKNOWN, 0
+    if not got.feasible:
+        return FIT_INFEASIBLE, 0
+    at = {d.id: k for k, d in enumerate(devs)}
+    return FIT_FEASIBLE, sum(1 << at[d.id] for d in got.devices[0])
+
+
+def constrained_masks(
+    free: np.ndarray,
+    sig: np.ndarray,
+    sigs: Sequence[tuple[int, ...]],
+    count: int,
+    width: int,
+    max_steps: int = MAX_STEPS,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``free`` (int64 bit masks of the candidates it may take; ``sig``: its
+    signature's index in ``sigs``): (the chosen candidates' bits, the outcome,
+    :data:`FIT_FEASIBLE` ...), as :func:`constrained_fit` gives it for that row: once per
+    distinct (signature, free mask), not per row."""
+    n = len(free)
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int8)
+    if len(sigs) < (1 << max(0, 62 - width)):
+        keys = sig * (1 << width) + free  # free < 2**width, sig < 2**(62 - width): no overflow
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        pairs = [(int(k) >> width, int(k) & ((1 << width) - 1)) for k in uniq]
+    else:
+        both, inverse = np.unique(np.stack([sig, free], axis=1), axis=0, return_inverse=True)
+        pairs = [(int(a), int(b)) for a, b in both]
+    got = [constrained_fit(sigs[a], b, count, max_steps) for a, b in pairs]
+    status = np.asarray([g[0] for g in got], np.int8)[inverse.reshape(-1)]
+    sel = np.asarray([g[1] for g in got], np.int64)[inverse.reshape(-1)]
+    return sel, status
 
 
 def _popcount(x: np.ndarray) -> np.ndarray:

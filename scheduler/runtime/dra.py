@@ -17,10 +17,14 @@ those sets in its PreBind, and topoplace's allocator (``scheduler.kube.allocator
 them meanwhile. At bind, the claims kube-scheduler allocated for a pod are checked
 against topoplace's own devices (:meth:`DraRouter.before_bind_claims`).
 
-A pod whose claims are one ``ExactCount`` request without constraints (the common case)
-is answered without per-node Python: the first fit on every node at once by candidate bit
-masks (``scheduler.core.dra.GreedyTable``), scores from per-node columns, the same answers
-as node by node (``tests/dra/test_vectorized.py``). No I/O.
+A pod whose claims are one ``ExactCount`` request (the common case) is answered without
+per-node Python: the first fit on every node at once by candidate bit masks
+(``scheduler.core.dra.GreedyTable``; capacity requests by the capacity columns), scores from
+per-node columns, the same answers as node by node (``tests/dra/test_vectorized.py``,
+``test_capacity_vectorized.py``). With ``matchAttribute`` constraints, the allocator's
+search runs once per distinct (candidates' attribute values, free candidates), which
+identical nodes share (``dra.constrained_masks``, ``test_constrained_vectorized.py``).
+No I/O.
 """
 
 from __future__ import annotations
@@ -31,7 +35,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import repeat
 from types import MappingProxyType
 from typing import Any
 
@@ -47,6 +50,7 @@ from scheduler.core.schedule import (
     FilterOutcome,
     choose_gpus,
     filter_nodes,
+    name_positions,
 )
 from scheduler.core.snapshot import ClusterSnapshot, gpus_by_dra
 from scheduler.runtime.cache import ClusterCache
@@ -230,6 +234,22 @@ class _Fast:
     table: dra.GreedyTable
     searched: Mapping[str, dra.PodPlan]
     count: int
+    sig: np.ndarray | None = None
+    """A constrained request's: signature per table row (``dra.constraint_signatures``);
+    None for a greedy one."""
+    sigs: tuple[tuple[int, ...], ...] = ()
+
+    def first_fit(self, free: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(chosen candidate bits, solved) of the first fit on table ``rows`` with the
+        candidates ``free`` may take: the first free ones of a greedy request, the
+        search's answer (``dra.constrained_masks``) of a constrained one (not solved
+        where the search would run out of budget, too)."""
+        if self.sig is None:
+            return dra.first_free_masks(free, self.count)
+        sel, status = dra.constrained_masks(
+            free, self.sig[rows], self.sigs, self.count, self.table.gpu.shape[1]
+        )
+        return sel, status == dra.FIT_FEASIBLE
 
 
 class DraRouter:
@@ -279,18 +299,21 @@ class DraRouter:
         self._last_plans: tuple[tuple[Any, ...], tuple[Any, ...], dict[str, Any]] | None = None
         self._mapped_memo: tuple[Any, Mapping[str, str]] | None = None
         self.vectorized = True
-        """Answer greedy claim pods (one ``ExactCount`` request without constraints) with
-        :class:`dra.GreedyTable` masks over every node at once (False: node by node; the
-        answers are the same, ``tests/dra/test_vectorized.py``)."""
+        """Answer claim pods of one ``ExactCount`` request (with or without capacity
+        requests and ``matchAttribute`` constraints) with :class:`dra.GreedyTable` masks
+        over every node at once (False: node by node; the answers are the same,
+        ``tests/dra/test_vectorized.py`` and its siblings)."""
         # per inventory: request form -> table; (table, held, recent) -> held bits;
         # (table, flying) -> bits; names -> (rows, snapshot indices); snapshot nodes -> columns
         self._tables: tuple[Any, dict[Any, dra.GreedyTable]] | None = None
         self._bits_memo: dict[tuple[int, str], tuple[Any, Any, np.ndarray]] = {}
         self._cap_memo: dict[Any, Any] = {}
+        self._sig_memo: dict[Any, tuple[Any, np.ndarray, tuple[tuple[int, ...], ...]]] = {}
         self._row_of_index: dict[int, tuple[Any, Any, np.ndarray]] = {}
-        self._rows_memo: dict[Any, tuple[np.ndarray, np.ndarray]] = {}
         self._columns: tuple[Any, tuple[Any, ...]] | None = None
-        self._mask_picks: dict[str, tuple[dra.GreedyTable, np.ndarray]] = {}
+        # pod -> (table, rows, bits): its first fit's candidate bits on those rows (only
+        # the rows it has picks on: most pods keep one node after ``best``)
+        self._mask_picks: dict[str, tuple[dra.GreedyTable, np.ndarray, np.ndarray]] = {}
         self._last_fast: tuple[Any, Any, _Fast] | None = None
         self._expired_with: Any = None  # the claims the picks were last checked against
         self._expire_checked: set[str] = set()
@@ -875,8 +898,8 @@ class DraRouter:
             memo = (inv, {})
             self._tables = memo
             self._bits_memo.clear()
-            self._rows_memo.clear()
             self._cap_memo.clear()
+            self._sig_memo.clear()
         key = ("capacity", entry.key) if capacity else entry.key
         table = memo[1].get(key)
         if table is None:
@@ -888,6 +911,19 @@ class DraRouter:
             )
             memo[1][key] = table
         return table
+
+    def _signatures(
+        self, table: dra.GreedyTable, attrs: tuple[str, ...]
+    ) -> tuple[np.ndarray, tuple[tuple[int, ...], ...]]:
+        """``dra.constraint_signatures(table, attrs)``, made once per (table, attrs)."""
+        key = (id(table), attrs)
+        got = self._sig_memo.get(key)
+        if got is None or got[0] is not table:
+            got = (table, *dra.constraint_signatures(table, attrs))
+            if len(self._sig_memo) >= 32:
+                self._sig_memo.clear()
+            self._sig_memo[key] = got
+        return got[1], got[2]
 
     def _has_capacity(self, inv: dra.Inventory) -> bool:
         """Whether ``inv`` has a shared device or one with a request policy (then every
@@ -938,30 +974,24 @@ class DraRouter:
         self, table: dra.GreedyTable, snap: ClusterSnapshot, names: Sequence[str]
     ) -> tuple[np.ndarray, np.ndarray]:
         """(table row, snapshot index) of each name (-1: none; a name the snapshot does
-        not know has no row either: it is refused as unknown), for the last few lists.
-        A new list costs one dict lookup per name (kube-scheduler sends each pod's nodes
-        in an order of its own); rows come from snapshot indices by an array made once
-        per (table, snapshot nodes)."""
-        key = (id(table), id(snap.index), tuple(names))
-        got = self._rows_memo.get(key)
-        if got is None:
-            index = snap.index
-            by_index = self._row_of_index.get(id(table))
-            if by_index is None or by_index[0] is not table or by_index[1] is not index:
-                arr = np.full(len(index) + 1, -1, np.int64)  # the last: for index -1
-                rows = table.row
-                for name, i in index.items():
-                    arr[i] = rows.get(name, -1)
-                by_index = (table, index, arr)
-                if len(self._row_of_index) >= 8:
-                    self._row_of_index.clear()
-                self._row_of_index[id(table)] = by_index
-            sidx = np.fromiter(map(index.get, names, repeat(-1)), np.int64, len(names))
-            got = (by_index[2][sidx], sidx)
-            if len(self._rows_memo) >= 8:
-                self._rows_memo.clear()
-            self._rows_memo[key] = got
-        return got
+        not know has no row either: it is refused as unknown). Snapshot indices come from
+        ``schedule.name_positions`` (a list from the wire layer knows them from the
+        request bytes; another is looked up once per list), rows from them by an array
+        made once per (table, snapshot nodes)."""
+        index = snap.index
+        by_index = self._row_of_index.get(id(table))
+        if by_index is None or by_index[0] is not table or by_index[1] is not index:
+            arr = np.full(len(index) + 1, -1, np.int64)  # the last: for index -1
+            rows = table.row
+            for name, i in index.items():
+                arr[i] = rows.get(name, -1)
+            arr.setflags(write=False)
+            by_index = (table, index, arr)
+            if len(self._row_of_index) >= 8:
+                self._row_of_index.clear()
+            self._row_of_index[id(table)] = by_index
+        sidx = name_positions(snap, names)
+        return by_index[2][sidx], sidx
 
     def _fast(
         self,
@@ -969,9 +999,11 @@ class DraRouter:
         names: Sequence[str],
         extended: Mapping[str, str] | None = None,
     ) -> _Fast | None:
-        """The plans of a greedy claim pod on ``names`` by masks, or None when the pod is
-        not one (constraints, several requests, allocated or pinned claims, a
-        ComputeDomain, ...): then :meth:`plans` answers node by node."""
+        """The plans of a claim pod of one request on ``names`` by masks, or None when the
+        pod is not one (several requests, ``All``, ``distinctAttribute``, allocated or
+        pinned claims, a ComputeDomain, ...): then :meth:`plans` answers node by node.
+        Nodes the masks cannot answer (too many candidates, counters, a constrained
+        search past its budget) are planned node by node (``searched``)."""
         if not self.vectorized or not names:
             return None
         snap = self.cache.snapshot()
@@ -988,11 +1020,17 @@ class DraRouter:
             return None
         entry = prep.pending.greedy
         capacity = False
+        attrs: tuple[str, ...] | None = None
         if entry is None or self._has_capacity(inv):
             # capacity requests, or shared devices / request policies in the cluster:
             # masks of what fits
             entry = prep.pending.capacity_greedy
             capacity = entry is not None and entry.request is not None
+        if entry is None and prep.pending.constrained is not None:
+            # matchAttribute constraints: the search's answer per distinct (candidates'
+            # attribute values, free candidates), on every node at once
+            entry, attrs = prep.pending.constrained
+            capacity = self._has_capacity(inv) or bool(entry.request and entry.request.capacity)
         if entry is None or entry.count < 1:
             return None
         table = self._table(inv, entry, capacity)
@@ -1017,13 +1055,25 @@ class DraRouter:
         free = np.where(exact, table.full[tr] & ~held_bits[tr], 0)
         if capacity and entry.request is not None:
             free &= self._fit_bits(table, entry.request.capacity, snap)[tr]
-        sel, ok = dra.first_free_masks(free, entry.count)
+        sig: np.ndarray | None = None
+        sigs: tuple[tuple[int, ...], ...] = ()
+        if attrs is None:
+            sel, ok = dra.first_free_masks(free, entry.count)
+            unsolved = None
+        else:
+            sig, sigs = self._signatures(table, attrs)
+            width = table.gpu.shape[1]
+            sel, status = dra.constrained_masks(free, sig[tr], sigs, entry.count, width)
+            ok = status == dra.FIT_FEASIBLE
+            unsolved = status == dra.FIT_UNKNOWN  # past the search's budget: node by node
         sel = np.where(ok & exact, sel, 0)
         code[ok & exact] = _OK
         if flying:
             hit = (sel & self._bits(table, "flying", flying)[tr]) != 0
             code[hit & (code == _OK)] = _IN_FLIGHT
         code[has & ~exact] = _SEARCH
+        if unsolved is not None:
+            code[has & unsolved] = _SEARCH
         code[cordoned.astype(bool)] = _CORDONED
         code[state >= int(Health.UNHEALTHY)] = _UNHEALTHY
         code[~known] = _UNKNOWN_NODE
@@ -1032,7 +1082,7 @@ class DraRouter:
         if len(slow):
             few = [names[i] for i in slow]
             searched = {p.node: p for p in self.plans(pod, few, extended=extended)}
-        return _Fast(names, code, trows, sidx, free, sel, table, searched, entry.count)
+        return _Fast(names, code, trows, sidx, free, sel, table, searched, entry.count, sig, sigs)
 
     def _fast_verdicts(self, fast: _Fast) -> tuple[tuple[str, ...], dict[str, str], dict[str, str]]:
         """(feasible names in order, "not now" reasons, "never" reasons) of ``fast``."""
@@ -1102,12 +1152,13 @@ class DraRouter:
                 # where the first fit took one of those, it lands past them (as plans with
                 # ``also_held``; flying devices do not change the first fit)
                 rows = tr[moved]
-                sel2, ok2 = dra.first_free_masks(fast.free[ok][moved] & ~others[rows], fast.count)
+                sel2, ok2 = fast.first_fit(fast.free[ok][moved] & ~others[rows], rows)
                 picks[rows[ok2]] |= sel2[ok2]
         with self._lock:
             self._drop_picks(key)
-            if picks.any():
-                self._mask_picks[key] = (table, picks)
+            at = np.flatnonzero(picks)
+            if len(at):
+                self._mask_picks[key] = (table, at, picks[at])
             if ids or key in self._mask_picks:
                 frozen = frozenset(ids)
                 self._picks[key] = (self._clock() + self.picks_ttl_s, frozen)
@@ -1117,21 +1168,30 @@ class DraRouter:
     def _others_bits(self, table: dra.GreedyTable, exclude: str) -> np.ndarray | None:
         """The candidate bits of ``table`` that claim pods filtered before (but
         ``exclude``) may get from kube-scheduler now (:meth:`likely_kube_picks`), or None
-        when there are none."""
+        when there are none. Costs the rows those pods have picks on, not a table's rows
+        per pod."""
         self._expire_picks()
         with self._lock:
-            masks = [m for k, (t, m) in self._mask_picks.items() if k != exclude and t is table]
+            parts = [
+                (r, b) for k, (t, r, b) in self._mask_picks.items() if k != exclude and t is table
+            ]
             other_tables = any(
-                k != exclude and t is not table for k, (t, _) in self._mask_picks.items()
+                k != exclude and t is not table for k, (t, _, _) in self._mask_picks.items()
             )
             counts = self._pick_counts
             mine = self._picks.get(exclude)
             ids = [i for i, c in counts.items() if c > 1 or mine is None or i not in mine[1]]
         if other_tables:  # another request form's picks: their devices, as ids
             ids += list(self._mask_pick_ids(lambda t: t is not table, exclude))
-        if not masks and not ids:
+        if not parts and not ids:
             return None
-        out = np.bitwise_or.reduce(masks) if masks else np.zeros(len(table.nodes), np.int64)
+        out = np.zeros(len(table.nodes), np.int64)
+        if len(parts) == 1:
+            out[parts[0][0]] = parts[0][1]  # rows are distinct within one pod's picks
+        elif parts:
+            rows = np.concatenate([r for r, _ in parts])
+            bits = np.concatenate([b for _, b in parts])
+            np.bitwise_or.at(out, rows, bits)
         if ids:
             out = out | table.id_masks(ids)
         return out
@@ -1139,11 +1199,13 @@ class DraRouter:
     def _mask_pick_ids(self, which: Callable[[dra.GreedyTable], bool], exclude: str) -> set[Any]:
         """The device ids of the mask picks of tables ``which`` accepts, but ``exclude``'s."""
         with self._lock:
-            recs = [(t, m) for k, (t, m) in self._mask_picks.items() if k != exclude and which(t)]
+            recs = [
+                (t, r, b) for k, (t, r, b) in self._mask_picks.items() if k != exclude and which(t)
+            ]
         out: set[Any] = set()
-        for t, m in recs:
-            for r in np.flatnonzero(m):
-                out.update(d.id for d in t.devices(int(r), int(m[r])))
+        for t, rows, bits in recs:
+            for r, m in zip(rows.tolist(), bits.tolist(), strict=True):
+                out.update(d.id for d in t.devices(r, m))
         return out
 
     def _fast_scores(
@@ -1318,19 +1380,19 @@ class DraRouter:
         inv = self.cache.dra_inventory()
         with self._lock:
             mp = self._mask_picks.get(key)
+            only: tuple[dra.GreedyTable, np.ndarray, np.ndarray] | None = None
             if mp is not None:
-                table, masks = mp
-                only = np.zeros_like(masks)
-                r = table.row.get(top)
-                if r is not None:
-                    only[r] = masks[r]
-                self._mask_picks[key] = (table, only)
+                table, rows, bits = mp
+                r = table.row.get(top, -1)
+                at = rows == r
+                only = (table, rows[at], bits[at])
+                self._mask_picks[key] = only
             old = self._picks.get(key)
             if old is not None:
                 kept = frozenset(i for i in old[1] if getattr(inv.by_id.get(i), "node", "") == top)
                 self._drop_picks(key)
-                if mp is not None:
-                    self._mask_picks[key] = (mp[0], only)
+                if only is not None:
+                    self._mask_picks[key] = only
                 self._picks[key] = (old[0], kept)
                 self._pick_counts.update(kept)
         return top

@@ -1,7 +1,9 @@
 """The vectorized first fit of greedy claim pods (``DraRouter.vectorized``: one request of
 ``count`` devices without constraints, on every node at once by bit masks) against the
 node-by-node plans, on many seeded random clusters: the same feasible nodes, the same
-reasons, the same scores, and the same devices kube-scheduler is expected to take."""
+reasons, the same scores, and the same devices kube-scheduler is expected to take.
+Constrained claims: ``test_constrained_vectorized.py``; capacity claims:
+``test_capacity_vectorized.py``."""
 
 from __future__ import annotations
 
@@ -109,8 +111,10 @@ def test_refusals_and_in_flight_devices_agree() -> None:
 def test_a_pod_outside_the_greedy_form_takes_the_node_by_node_path() -> None:
     cache, names, _, _ = _cluster(3)
     c = resource_claim("two-requests", 2)
+    more = {"name": "more", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1}}
+    c["spec"]["devices"]["requests"].append(more)
     c["spec"]["devices"]["constraints"] = [
-        {"requests": ["gpus"], "matchAttribute": "gpu.nvidia.com/pcieRoot"}
+        {"requests": ["gpus", "more"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}
     ]
     extra = dict(cache.snapshot().extra)
     claims = dict(extra[dra.CLAIMS_KEY])
