@@ -221,10 +221,21 @@ def dra_case(nodes: int, pods: int, held: float, seed: int, with_constraints: bo
     extra = dra.extra_of([*classes, *slices, *claims, *pending])
     in_use = dra.held_device_ids(claims)
     cls = extra[dra.CLASSES_KEY]
+    # every node has the same slice: whether a claim fits a node depends only on the claim
+    # (its request and constraints) and which of the node's devices are held
+    state = {n: tuple(d.name for d in inv.by_node[n] if d.id in in_use) for n in names}
+    fits: dict[tuple[Any, ...], bool] = {}
     todo = []
     for i, claim in enumerate(pending):
         spec = dra.claim_spec(claim)
-        offered = [n for n in names if dra.first_fit(inv, n, [spec], cls, in_use).feasible]
+        form = (spec.requests, spec.constraints)
+        offered = []
+        for n in names:
+            k = (form, state[n])
+            if k not in fits:
+                fits[k] = dra.first_fit(inv, n, [spec], cls, in_use).feasible
+            if fits[k]:
+                offered.append(n)
         todo.append((claim_pod(f"pod-{i:04d}", claim["metadata"]["name"]), offered))
     return objs, [], extra, todo
 

@@ -1940,11 +1940,13 @@ def prepare_claim_pod(pod: Mapping[str, Any], inv: Inventory, extra: Mapping[str
     """What :func:`plan_pod` reads of the pod and its claims, whatever the node."""
     classes = _map(extra.get(CLASSES_KEY))
     claims, complete = pod_claims(pod, _map(extra.get(CLAIMS_KEY)))
-    claims = gpu_claims(claims, classes)  # channels, NICs: not ours
     pins: set[str] = set()
     holdings: dict[str, set[int]] = {}
     pending = []
     for c in claims:
+        spec = claim_spec(c)
+        if not any(request_is_gpu(r, classes) for r in spec.requests):
+            continue  # channels, NICs: not ours (as gpu_claims)
         if is_allocated(c):
             pinned = allocation_node(c)
             if pinned:
@@ -1953,7 +1955,7 @@ def prepare_claim_pod(pod: Mapping[str, Any], inv: Inventory, extra: Mapping[str
             if h is not None:
                 holdings.setdefault(h[0], set()).update(h[1])
         else:
-            pending.append(claim_spec(c))
+            pending.append(spec)
     return ClaimPod(
         frozenset(pins),
         MappingProxyType({n: frozenset(g) for n, g in holdings.items()}),

@@ -309,6 +309,8 @@ class DraRouter:
         self._bits_memo: dict[tuple[int, str], tuple[Any, Any, np.ndarray]] = {}
         self._cap_memo: dict[Any, Any] = {}
         self._sig_memo: dict[Any, tuple[Any, np.ndarray, tuple[tuple[int, ...], ...]]] = {}
+        # the last claim pod prepared: (its claim objects, complete, classes, inventory, prep)
+        self._prep_memo: tuple[tuple[Any, ...], bool, Any, Any, dra.ClaimPod] | None = None
         self._row_of_index: dict[int, tuple[Any, Any, np.ndarray]] = {}
         self._columns: tuple[Any, tuple[Any, ...]] | None = None
         # pod -> (table, rows, bits): its first fit's candidate bits on those rows (only
@@ -871,11 +873,7 @@ class DraRouter:
                     plan = prev[0]
                 else:
                     if prep is None:
-                        prep = (
-                            dra.prepare_extended_pod(pod, inv, snap.extra, extended)
-                            if extended
-                            else dra.prepare_claim_pod(pod, inv, snap.extra)
-                        )
+                        prep = self._prepared(pod, inv, snap, extended)
                     held_here = busy[0] if consumed_at else busy
                     plan = dra.plan_prepared(
                         prep, name, inv, held_here, flying, candidates, consumed
@@ -885,6 +883,34 @@ class DraRouter:
         if not also_held and not domain:
             self._last_plans = (basis, tuple(own), made)
         return out
+
+    def _prepared(
+        self,
+        pod: Mapping[str, Any],
+        inv: dra.Inventory,
+        snap: ClusterSnapshot,
+        extended: Mapping[str, str] | None,
+    ) -> dra.ClaimPod:
+        """``dra.prepare_claim_pod`` (``prepare_extended_pod`` with ``extended``); the
+        former kept for the last pod while its claim objects, the classes and the
+        inventory are the same objects (prioritize follows filter for the same pod)."""
+        if extended:
+            return dra.prepare_extended_pod(pod, inv, snap.extra, extended)
+        own, complete = dra.pod_claims(pod, snap.extra.get(dra.CLAIMS_KEY) or EMPTY_MAP)
+        classes = snap.extra.get(dra.CLASSES_KEY)
+        memo = self._prep_memo
+        if (
+            memo is not None
+            and memo[1] == complete
+            and memo[2] is classes
+            and memo[3] is inv
+            and len(memo[0]) == len(own)
+            and all(a is b for a, b in zip(memo[0], own, strict=True))
+        ):
+            return memo[4]
+        prep = dra.prepare_claim_pod(pod, inv, snap.extra)
+        self._prep_memo = (tuple(own), complete, classes, inv, prep)
+        return prep
 
     # ---- greedy claim pods on every node at once --------------------------------------------
 
@@ -1011,11 +1037,7 @@ class DraRouter:
         claims = snap.extra.get(dra.CLAIMS_KEY) or EMPTY_MAP
         if dra.pod_compute_domain(pod, claims):
             return None
-        prep = (
-            dra.prepare_extended_pod(pod, inv, snap.extra, extended)
-            if extended
-            else dra.prepare_claim_pod(pod, inv, snap.extra)
-        )
+        prep = self._prepared(pod, inv, snap, extended)
         if prep.pins or prep.holdings or not prep.complete or prep.pending is None:
             return None
         entry = prep.pending.greedy
@@ -1219,10 +1241,11 @@ class DraRouter:
         fast = self._fast(pod, names, extended)
         if fast is None:
             return None
-        return self._scores_of(fast)
+        return self._scores_of(fast)[0].tolist()
 
-    def _scores_of(self, fast: _Fast) -> list[int]:
-        """``dra.plan_scores`` of ``fast``'s plans (see :meth:`_fast_scores`)."""
+    def _scores_of(self, fast: _Fast) -> tuple[np.ndarray, int]:
+        """(``dra.plan_scores`` of ``fast``'s plans (see :meth:`_fast_scores`), the
+        position of the one scored 10, -1 when none is)."""
         names = fast.names
         snap = self.cache.snapshot()
         shape_id, cap, used, health, shapes = self._node_columns(snap)
@@ -1232,7 +1255,7 @@ class DraRouter:
             if not p.verdict:
                 live[names.index(name)] = True
         if not live.any():
-            return [0] * len(names)
+            return np.zeros(len(names), dtype=np.int64), -1
         idx = np.flatnonzero(live)
         si = fast.sidx[idx]
         gm = np.zeros(len(idx), dtype=np.int64)
@@ -1260,7 +1283,7 @@ class DraRouter:
         out = np.zeros(len(names), dtype=np.int64)
         out[idx] = np.minimum(9, (10 * raw + 1e-9).astype(np.int64))
         out[idx[best]] = 10
-        return out.tolist()
+        return out, int(idx[best])
 
     def _node_columns(
         self, snap: ClusterSnapshot
@@ -1295,18 +1318,24 @@ class DraRouter:
     _RINGS: dict[tuple[Any, int], float] = {}
 
     def _ring_values(self, shapes: tuple[Any, ...], sid: np.ndarray, gm: np.ndarray) -> np.ndarray:
-        """``ring_bottleneck`` of each (shape, GPU bits); 0 below two GPUs."""
+        """``ring_bottleneck`` of each (shape, GPU bits); 0 below two GPUs (one GPU per
+        plan: no lookup at all)."""
+        out = np.zeros(len(gm), np.float64)
+        multi = np.flatnonzero(gm & (gm - 1))  # two GPUs or more
+        if not len(multi):
+            return out
+        sid, gm = sid[multi], gm[multi]
         key = sid * (1 << 40) + gm if len(shapes) < (1 << 20) else None
         if key is None:
-            return np.asarray(
-                [self._ring(shapes[int(a)], int(b)) for a, b in zip(sid, gm, strict=True)]
-            )
+            out[multi] = [self._ring(shapes[int(a)], int(b)) for a, b in zip(sid, gm, strict=True)]
+            return out
         uniq, inv = np.unique(key, return_inverse=True)
         vals = np.asarray(
             [self._ring(shapes[int(u) >> 40], int(u) & ((1 << 40) - 1)) for u in uniq],
             np.float64,
         )
-        return vals[inv]
+        out[multi] = vals[inv]
+        return out
 
     def _ring(self, shape: Any, mask: int) -> float:
         k = (shape, mask)
@@ -1370,8 +1399,8 @@ class DraRouter:
             # filter's plans of this pod on every node offered: the feasible ones are the
             # nodes scored, so the same scores as prioritize on them
             fast = last[2]
-            got = self._scores_of(fast)
-            top = next((fast.names[i] for i, v in enumerate(got) if v == 10), "")
+            at = self._scores_of(fast)[1]
+            top = fast.names[at] if at >= 0 else ""
             if top not in names:
                 top = next((n for n, v in self.prioritize(pod, names) if v == 10), "")
         else:
