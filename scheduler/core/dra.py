@@ -1588,7 +1588,15 @@ def constrained_masks(
     n = len(free)
     if n == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int8)
-    if len(sigs) < (1 << max(0, 62 - width)):
+    if len(sigs) << width <= 1 << 16:  # few keys: dense, no sort
+        keys = sig * (1 << width) + free
+        seen = np.zeros(len(sigs) << width, dtype=np.int64)
+        seen[keys] = 1
+        uniq = np.flatnonzero(seen)
+        seen[uniq] = np.arange(len(uniq))
+        inverse = seen[keys]
+        pairs = [(int(k) >> width, int(k) & ((1 << width) - 1)) for k in uniq]
+    elif len(sigs) < (1 << max(0, 62 - width)):
         keys = sig * (1 << width) + free  # free < 2**width, sig < 2**(62 - width): no overflow
         uniq, inverse = np.unique(keys, return_inverse=True)
         pairs = [(int(k) >> width, int(k) & ((1 << width) - 1)) for k in uniq]

@@ -1208,11 +1208,15 @@ class DraRouter:
         if not parts and not ids:
             return None
         out = np.zeros(len(table.nodes), np.int64)
-        if len(parts) == 1:
-            out[parts[0][0]] = parts[0][1]  # rows are distinct within one pod's picks
-        elif parts:
-            rows = np.concatenate([r for r, _ in parts])
-            bits = np.concatenate([b for _, b in parts])
+        few = [(r, b) for r, b in parts if len(r) <= 64]  # narrowed to a node or a few
+        for r, b in parts:
+            if len(r) > 64:  # a pod's picks on many nodes: its rows are distinct
+                out[r] |= b
+        if len(few) == 1:
+            out[few[0][0]] |= few[0][1]
+        elif few:
+            rows = np.concatenate([r for r, _ in few])
+            bits = np.concatenate([b for _, b in few])
             np.bitwise_or.at(out, rows, bits)
         if ids:
             out = out | table.id_masks(ids)
@@ -1275,10 +1279,14 @@ class DraRouter:
         # round on each distinct value near the top, the names only of the tied
         # (snapshot nodes are sorted by name: the first name is the lowest index)
         near = np.flatnonzero(raw >= raw.max() - 1e-8)
-        values = {float(v): round(float(v), 9) for v in np.unique(raw[near])}
-        top9 = max(values.values())
-        tops = np.asarray([v for v, r in values.items() if r == top9], np.float64)
-        tied = near[np.isin(raw[near], tops)]
+        cand = raw[near]
+        if cand.min() == cand.max():  # one value near the top (identical nodes): all tie
+            tied = near
+        else:
+            values = {float(v): round(float(v), 9) for v in np.unique(cand)}
+            top9 = max(values.values())
+            tops = np.asarray([v for v, r in values.items() if r == top9], np.float64)
+            tied = near[np.isin(cand, tops)]
         best = int(tied[np.argmin(si[tied])])
         out = np.zeros(len(names), dtype=np.int64)
         out[idx] = np.minimum(9, (10 * raw + 1e-9).astype(np.int64))

@@ -10,6 +10,7 @@ import copy
 import random
 from typing import Any
 
+import numpy as np
 import pytest
 
 from benchmarks.cluster.dra import SHARED_CLASS, device_class
@@ -258,3 +259,24 @@ def test_past_the_search_budget_the_node_is_asked_node_by_node() -> None:
     got = fast._fast(eight, [big, small])
     assert got is not None and not got.searched  # 11 free of one product: found at once
     assert _agree(fast, slow, eight, [big, small]).feasible == (big, small)
+
+
+@pytest.mark.parametrize("width", [8, 20, 62])
+def test_constrained_masks_answer_each_row_as_constrained_fit(width: int) -> None:
+    """Rows of random signatures and free masks, keyed densely (width 8), by a sort of
+    packed keys (20) or of (signature, mask) pairs (62): each row's answer is
+    ``constrained_fit``'s for it."""
+    rng = random.Random(width)
+    sigs = tuple(
+        tuple(rng.choice((-1, 0, 0, 1, 1, 2)) for _ in range(rng.randint(1, 8))) for _ in range(12)
+    )
+    sig = np.asarray([rng.randrange(len(sigs)) for _ in range(400)], np.int64)
+    free = np.asarray([rng.randrange(1 << len(sigs[s])) for s in sig], np.int64)
+    seen: set[int] = set()
+    for count in (1, 2, 3, 5):
+        sel, status = dra.constrained_masks(free, sig, sigs, count, width)
+        want = [dra.constrained_fit(sigs[s], int(f), count) for s, f in zip(sig, free, strict=True)]
+        assert status.tolist() == [w[0] for w in want]
+        assert sel.tolist() == [w[1] for w in want]
+        seen.update(status.tolist())
+    assert seen == {dra.FIT_FEASIBLE, dra.FIT_INFEASIBLE}
