@@ -166,9 +166,9 @@ def test_a_prebind_before_topoplaces_check_waits_for_the_bind_check_then_release
     assert dra.allocated_ids(api.claims["default/g2"]) == G_IDS
 
 
-def test_a_bound_pods_claim_makes_topoplace_yield() -> None:
-    """kube-scheduler's pod bound already (its claim in use): topoplace's allocation
-    yields, and the pod is tried again with the other claim known."""
+def _yield_to_a_bound_pod() -> tuple[Any, MockClaimApi, DraRouter, al.GateAllocator]:
+    """kube-scheduler's pod pu is bound already (u2 in use) and its PreBind of the stale
+    first fit lands right after topoplace's write of g2: topoplace's allocation yields."""
     cache, api, router, alloc, now = _setup_pair()
     stale = _stale_first_fit(cache, api)
     bound = _ungated("pu", "u2")
@@ -177,6 +177,13 @@ def test_a_bound_pods_claim_makes_topoplace_yield() -> None:
     cache.upsert_pod(bound)
     (out,) = _step_with_prebind_after_g2(api, alloc, stale)
     assert out.state == al.YIELDED, out
+    return cache, api, router, alloc
+
+
+def test_a_bound_pods_claim_makes_topoplace_yield() -> None:
+    """kube-scheduler's pod bound already (its claim in use): topoplace's allocation
+    yields, and the pod is tried again with the other claim known."""
+    cache, api, router, _ = _yield_to_a_bound_pod()
     assert not dra.is_allocated(api.claims["default/g2"])
     assert all(len(ks) == 1 for ks in _holders(api).values())
     # u2 is in use, so it cannot be written again: kube-scheduler's set of allocated
@@ -204,14 +211,7 @@ def test_an_uncounted_device_s_pod_is_allocated_by_topoplace() -> None:
     wait for as long as u2 lives. topoplace's allocator takes it on (no gate to remove):
     it gives c1 a free device topoplace counts, and wakes the pod; kube-scheduler then only
     reserves the allocation, and the bind check passes."""
-    cache, api, router, alloc, now = _setup_pair()
-    stale = _stale_first_fit(cache, api)
-    bound = _ungated("pu", "u2")
-    bound["spec"]["nodeName"] = NODE
-    bound["spec"]["nodeSelector"] = {}
-    cache.upsert_pod(bound)
-    (out,) = _step_with_prebind_after_g2(api, alloc, stale)
-    assert out.state == al.YIELDED, out
+    cache, api, router, alloc = _yield_to_a_bound_pod()
     lost = {("gpu.nvidia.com", NODE, "gpu-0"), ("gpu.nvidia.com", NODE, "gpu-1")}
     c1 = _claim("c1", 1)
     api.claims["default/c1"] = c1
