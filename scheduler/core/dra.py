@@ -1511,15 +1511,22 @@ def constraint_signatures(
     answers them). Identical nodes share one signature."""
     sigs: dict[tuple[int, ...], int] = {}
     out = np.zeros(len(table.nodes), dtype=np.int64)
+    # Device.attribute, inlined: the qualified name, else the plain one on its own driver
+    names = [(a, *a.rpartition("/")[::2]) for a in attrs]
+    exact = table.exact.tolist()
     for r, cands in enumerate(table.cands):
-        if not table.exact[r]:
+        if not exact[r]:
             out[r] = sigs.setdefault((), len(sigs))
             continue
         seen: dict[tuple[Any, ...], int] = {}
         labels = []
         for d in cands:
-            values = tuple(d.attribute(a) for a in attrs)
-            if any(v is None for v in values):
+            at = d.attributes
+            values = tuple(
+                at[a] if a in at else (at.get(plain) if d.driver == domain else None)
+                for a, domain, plain in names
+            )
+            if None in values:
                 labels.append(-1)
             else:
                 labels.append(seen.setdefault(values, len(seen)))
