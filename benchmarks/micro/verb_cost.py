@@ -20,7 +20,8 @@ cluster of ``--nodes`` DGX H100 nodes (``benchmarks.clusters.dgx_h100_nodes``) o
   (``benchmarks.clusters.node_slices``) and the recorded DeviceClass; claims of 1, 2, 4, 8
   GPUs in turn; the held share holds an allocated 4-GPU claim. A claim pod reaches
   topoplace after kube-scheduler's DynamicResources filter, so filter is offered the nodes
-  where its claim can be allocated (computed beforehand, outside the timing); topoplace
+  where its claim can be allocated (computed beforehand, outside the timing), in a new
+  order per pod; topoplace
   predicts the devices kube-scheduler's allocator will take (``DraRouter``);
 * ``DRA claim (constrained)`` (run when named): the ``DRA claim`` case with a
   ``matchAttribute`` constraint in every claim, on the attributes the recorded devices
@@ -199,8 +200,9 @@ def constrained(claim: dict[str, Any], count: int) -> dict[str, Any]:
 
 def dra_case(nodes: int, pods: int, held: float, seed: int, with_constraints: bool = False) -> Case:
     """DRA claim pods (1, 2, 4, 8 GPUs in turn), offered the nodes where the claim can be
-    allocated (what kube-scheduler's DynamicResources filter leaves); ``with_constraints``:
-    each claim with the ``matchAttribute`` constraint of :data:`CONSTRAINT_OF`."""
+    allocated (what kube-scheduler's DynamicResources filter leaves), in a new order per pod;
+    ``with_constraints``: each claim with the ``matchAttribute`` constraint of
+    :data:`CONSTRAINT_OF`."""
     from scheduler.core import dra
 
     objs = dgx_h100_nodes(nodes)
@@ -225,6 +227,7 @@ def dra_case(nodes: int, pods: int, held: float, seed: int, with_constraints: bo
     # (its request and constraints) and which of the node's devices are held
     state = {n: tuple(d.name for d in inv.by_node[n] if d.id in in_use) for n in names}
     fits: dict[tuple[Any, ...], bool] = {}
+    rng = random.Random(seed)
     todo = []
     for i, claim in enumerate(pending):
         spec = dra.claim_spec(claim)
@@ -236,6 +239,7 @@ def dra_case(nodes: int, pods: int, held: float, seed: int, with_constraints: bo
                 fits[k] = dra.first_fit(inv, n, [spec], cls, in_use).feasible
             if fits[k]:
                 offered.append(n)
+        rng.shuffle(offered)  # a new order per pod, as for the other kinds
         todo.append((claim_pod(f"pod-{i:04d}", claim["metadata"]["name"]), offered))
     return objs, [], extra, todo
 
