@@ -39,6 +39,7 @@ malformed input raises :class:`ShareError` with a constant-prefixed message.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -188,6 +189,11 @@ def _assign_indices(devs: list[dict[str, Any]]) -> tuple[GpuDevice, ...]:
 def hami_devices(text: Any) -> tuple[GpuDevice, ...]:
     """The GPUs of a ``hami.io/node-nvidia-register`` value, in index order.
 
+    A pure function of the string, kept for the last :data:`HAMI_REGISTER_MEMO` values
+    (the devices are frozen): a node's object is read again on every update (the watch's
+    ``MODIFIED`` events, HAMi's node lock taken and released at each bind among them) and
+    its register, unchanged, was parsed twice each time (the GPU count, the inventory).
+
     Both of HAMi's encodings are read: the JSON list (``MarshalNodeDevices``: keys ``id``,
     ``index``, ``count``, ``devmem``, ``devcore``, ``type``, ``numa``, ``mode``, ``health``;
     Go's ``omitempty`` drops zero values, so a missing ``health`` is false and a missing
@@ -200,6 +206,16 @@ def hami_devices(text: Any) -> tuple[GpuDevice, ...]:
     """
     if not isinstance(text, str):
         raise ShareError(f"{HAMI_REGISTER}: not a string")
+    return _hami_devices(text)
+
+
+HAMI_REGISTER_MEMO = 4096
+"""Distinct ``hami.io/node-nvidia-register`` values whose devices are kept (one a node)."""
+
+
+@functools.lru_cache(maxsize=HAMI_REGISTER_MEMO)
+def _hami_devices(text: str) -> tuple[GpuDevice, ...]:
+    """:func:`hami_devices` of a string (errors are raised again on each call: not kept)."""
     if len(text) > MAX_REGISTER_CHARS:
         raise ShareError(f"{HAMI_REGISTER}: too long")
     t = text.strip()

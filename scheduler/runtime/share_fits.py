@@ -281,25 +281,16 @@ class ShareRows:
         ask, limits = key
         known = self._fits.get(key)
         size = len(self._states)
-        if known is None or len(known.fits) < size:
-            room = max(64, 2 * size)  # grown geometrically: states come one at a time
-            grown = fit_states(
-                np.zeros((room, self._gpu.shape[1], len(GPU_FIELDS)), dtype=np.int64),
-                np.zeros(room, dtype=np.int64),
-                ask,
-                limits,
-            )
-            done = np.zeros(room, dtype=bool)
-            if known is not None:
-                old = len(known.fits)
-                for f in StateFits.__dataclass_fields__:
-                    getattr(grown, f)[:old] = getattr(known, f)
-                done[:old] = self._done[key][:old]
-            self._fits[key] = known = grown
-            self._done[key] = done
-            while len(self._fits) > MAX_FORMS:
-                gone, _ = self._fits.popitem(last=False)
-                self._done.pop(gone, None)
+        if known is None:
+            new = fit_states(self._gpu[reps], self._capacity[reps], ask, limits)
+            known = self._grown(key, new, size)
+            done = self._done[key]
+            for f in StateFits.__dataclass_fields__:
+                getattr(known, f)[states] = getattr(new, f)
+            done[states] = True
+            return new
+        if len(known.fits) < size:
+            known = self._grown(key, known, size)
         self._fits.move_to_end(key)
         done = self._done[key]
         todo = ~done[states]
@@ -310,6 +301,32 @@ class ShareRows:
                 getattr(known, f)[at] = getattr(new, f)
             done[at] = True
         return known.take(states)
+
+    def _grown(self, key: FitKey, like: StateFits, size: int) -> StateFits:
+        """``key``'s fits table with room for ``size`` states (grown geometrically: states
+        come one at a time), keeping what it had: arrays shaped as ``like``'s (zero where
+        not computed; ``_done`` says which are), kept as the most recently used."""
+        known = self._fits.get(key)
+        room = max(64, 2 * size)
+        grown = StateFits(
+            *(
+                np.zeros((room, *getattr(like, f).shape[1:]), dtype=getattr(like, f).dtype)
+                for f in StateFits.__dataclass_fields__
+            )
+        )
+        done = np.zeros(room, dtype=bool)
+        if known is not None:
+            old = len(known.fits)
+            for f in StateFits.__dataclass_fields__:
+                getattr(grown, f)[:old] = getattr(known, f)
+            done[:old] = self._done[key][:old]
+        self._fits[key] = grown
+        self._done[key] = done
+        self._fits.move_to_end(key)
+        while len(self._fits) > MAX_FORMS:
+            gone, _ = self._fits.popitem(last=False)
+            self._done.pop(gone, None)
+        return grown
 
 
 MAX_FRAGS = 4
@@ -330,8 +347,8 @@ class HeldShares:
     tenancy of every node holding shares (:func:`~scheduler.core.fractional.node_tenancy`).
 
     A snapshot's pods are a ``PodMap`` whose versions share their base dict, so only the
-    keys in either version's changes are read again (all of them when the base was
-    flattened, or when the epoch moved: devices changed). Thread-safe (one lock); the
+    keys in either version's changes are read again (found by comparing every key when the
+    base was flattened; all pods read again only when the epoch moved: devices changed). Thread-safe (one lock); the
     tenancy mapping handed out is never changed afterwards (a change makes a new one)."""
 
     def __init__(self) -> None:
@@ -429,12 +446,19 @@ class HeldShares:
             return out
 
 
-def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any]) -> set[str] | None:
-    """The keys whose value may differ between two ``PodMap`` versions that share their
-    base dict (their changes and deletions), else None (compare everything)."""
-    if not isinstance(old, PodMap) or not isinstance(new, PodMap):
-        return None
-    if old._base is not new._base:  # noqa: SLF001 - PodMap's own versions
-        return None
-    keys = set(old._delta) | set(new._delta) | set(old._gone) | set(new._gone)  # noqa: SLF001
-    return {k for k in keys if old.get(k) is not new.get(k)}
+def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any]) -> set[str]:
+    """The keys whose value differs (by identity) between two pod maps, or that only one
+    has. Two ``PodMap`` versions that share their base dict differ only within their
+    changes and deletions; otherwise (a version flattened its changes into a new base,
+    about once every ``sqrt(pods)`` updates) every key is compared, which costs a pass over
+    the pods, not the shapes and tenancy of every pod read again."""
+    if isinstance(old, PodMap) and isinstance(new, PodMap) and old._base is new._base:  # noqa: SLF001
+        keys = set(old._delta) | set(new._delta) | set(old._gone) | set(new._gone)  # noqa: SLF001
+        return {k for k in keys if old.get(k) is not new.get(k)}
+    missing = _MISSING
+    out = {k for k, v in new.items() if old.get(k, missing) is not v}
+    out.update(k for k in old if k not in new)
+    return out
+
+
+_MISSING: Any = object()

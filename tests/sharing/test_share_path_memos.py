@@ -1,0 +1,121 @@
+"""What the share pod's server path keeps between calls gives the values it would compute
+afresh: HAMi registers parsed once per value, held shares read incrementally across a
+flattened pod map, per-state fits grown without recomputing them."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from scheduler.core.fractional import ContainerAsk, ShareError, hami_devices
+from scheduler.core.params import SchedParams
+from scheduler.core.podmap import PodMap
+from scheduler.core.share_table import StateFits, fit_states
+from scheduler.core.snapshot import build_snapshot
+from scheduler.runtime.cache import ClusterCache
+from scheduler.runtime.share_fits import HeldShares, ShareRows, changed_keys
+from scheduler.server.extender import Extender
+from tests.sharing.builders import hami_node, register, share_pod
+
+
+def test_hami_register_parsed_once_per_value() -> None:
+    text = register("n", 4, 15360, unhealthy=[1])
+    first = hami_devices(text)
+    again = hami_devices("".join(text))  # an equal string, another object
+    assert again is first
+    assert [(d.index, d.healthy) for d in again] == [(0, True), (1, False), (2, True), (3, True)]
+    for _ in range(2):  # a malformed value is refused every time, not remembered
+        with pytest.raises(ShareError, match="no device"):
+            hami_devices("[]")
+    with pytest.raises(ShareError, match="not a string"):
+        hami_devices(["not", "a", "string"])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_changed_keys_exact_across_flattened_bases(seed: int) -> None:
+    rng = random.Random(seed)
+    m: PodMap[object] = PodMap({f"p{i}": object() for i in range(40)})
+    flattened = 0
+    for _ in range(300):
+        old = m
+        for _ in range(rng.randint(1, 6)):
+            k = f"p{rng.randrange(80)}"
+            m = m.delete(k) if k in m and rng.random() < 0.3 else m.set(k, object())
+        flattened += old._base is not m._base  # noqa: SLF001 - the case under test
+        truth = {k for k in set(old) | set(m) if old.get(k) is not m.get(k)}
+        assert changed_keys(old, m) == truth
+    assert flattened > 0
+    assert changed_keys({"a": 1, "b": 2}, {"b": 2, "c": 3}) == {"a", "c"}
+
+
+def _cluster(nodes: int = 6) -> tuple[ClusterCache, Extender, list[str]]:
+    names = [f"gpu-{i:02d}" for i in range(nodes)]
+    objs = [hami_node(n, gpus=4) for n in names]
+    cache = ClusterCache.from_objects(objs, [], SchedParams())
+    return cache, Extender(cache), names
+
+
+class CountingHeld(HeldShares):
+    """HeldShares that counts its full re-reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fulls = 0
+
+    def _full(self, nodes, pods):  # type: ignore[no-untyped-def]
+        self.fulls += 1
+        super()._full(nodes, pods)
+
+
+def test_held_shares_incremental_equals_fresh_read_past_flattening() -> None:
+    cache, ext, names = _cluster()
+    held = CountingHeld()
+    rows = ShareRows()
+    bases = set()
+    for i in range(150):
+        pod = share_pod(f"s{i:03d}", mem=1000 + 37 * (i % 5), cores=5)
+        cache.upsert_pod(pod)
+        r = ext.filter({"Pod": pod, "NodeNames": names})
+        if r.get("NodeNames"):
+            node = r["NodeNames"][0]
+            assert not ext.bind(
+                {"PodName": f"s{i:03d}", "PodNamespace": "infer", "PodUID": f"uid-infer-s{i:03d}",
+                 "Node": node}
+            )["Error"]  # fmt: skip
+        snap = cache.snapshot()
+        bases.add(id(snap.pods._base))  # noqa: SLF001 - flattening must happen here
+        epoch = rows.refresh(snap.nodes)
+        counts, tenancy, _ = held.update(snap.nodes, snap.index, snap.pods, epoch)
+        fresh_counts, fresh_tenancy, _ = HeldShares().update(
+            snap.nodes, snap.index, snap.pods, epoch
+        )
+        assert counts == fresh_counts
+        assert dict(tenancy) == dict(fresh_tenancy)
+    assert len(bases) > 2  # the pod map flattened its changes more than once
+    assert sum(counts.values()) > 100
+    assert held.fulls == 1  # the first read only
+
+
+def test_state_fits_grown_equal_direct_fits() -> None:
+    # 120 nodes in distinct states (memory per GPU and GPU count): more states than the
+    # first table holds, offered in growing batches.
+    objs = [hami_node(f"n{i:03d}", gpus=1 + i % 8, memory_mib=8000 + 64 * i) for i in range(120)]
+    snap = build_snapshot(objs, [], SchedParams())
+    rows = ShareRows()
+    rows.refresh(snap.nodes)
+    state_of = rows._state_of  # noqa: SLF001 - the memo's own columns
+    gpu, capacity = rows._gpu, rows._capacity  # noqa: SLF001
+    reps_of = {int(s): i for i, s in enumerate(state_of.tolist())}
+    ask = ContainerAsk(1, 0, 30, 25)
+    order = list(reps_of)
+    random.Random(7).shuffle(order)
+    for lo, hi in ((0, 5), (3, 40), (0, 90), (50, len(order))):
+        states = np.array(sorted(order[lo:hi]), dtype=np.int64)
+        reps = np.array([reps_of[int(s)] for s in states], dtype=np.int64)
+        got = rows._fitted((ask, None), states, reps)  # noqa: SLF001
+        want = fit_states(gpu[reps], capacity[reps], ask, None)
+        for f in StateFits.__dataclass_fields__:
+            np.testing.assert_array_equal(getattr(got, f), getattr(want, f), err_msg=f)
+    assert len(state_of) == 120 and len(set(state_of.tolist())) > 64
