@@ -44,8 +44,9 @@ gives topoplace's pods/s over it.
 Reports pods bound and pods/s (first bind to last), nodes and GPUs in use, GPUs left
 untouched, the allocation ratio (GPU shares bound over the cluster's GPUs), shares that
 overcommit a GPU (memory, compute or split count, recomputed from the annotations alone:
-must be 0), placed as offline, and topoplace's server-side filter and bind latency, in
-``summary.md`` and ``runs.csv`` under ``--out``.
+must be 0), placed as offline, topoplace's server-side filter and bind latency, and the
+host's 1-minute load average while each arm ran (min / mean / max: both arms' pace moves
+with it on a shared host), in ``summary.md`` and ``runs.csv`` under ``--out``.
 
 Run::
 
@@ -57,9 +58,11 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import re
 import statistics
 import sys
+import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
@@ -372,6 +375,44 @@ def allocated(api: Api) -> dict[str, tuple[str, str]]:
     return out
 
 
+class LoadSampler:
+    """The host's 1-minute load average sampled every ``every_s`` seconds while an arm
+    runs (a ``with`` block): the pace of both arms moves with it on a shared host, so each
+    arm reports the load it ran under (:meth:`figures`)."""
+
+    def __init__(self, every_s: float = 2.0) -> None:
+        self.every_s = every_s
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append(os.getloadavg()[0])
+            if self._stop.wait(self.every_s):
+                return
+
+    def __enter__(self) -> LoadSampler:
+        self._thread = threading.Thread(target=self._run, name="load-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.samples.append(os.getloadavg()[0])
+
+    def figures(self, prefix: str = "") -> dict[str, float]:
+        """``{prefix}load_min``, ``load_mean``, ``load_max`` of the samples taken."""
+        xs = self.samples or [os.getloadavg()[0]]
+        return {
+            f"{prefix}load_min": min(xs),
+            f"{prefix}load_mean": statistics.fmean(xs),
+            f"{prefix}load_max": max(xs),
+        }
+
+
 def run_arm(
     args: argparse.Namespace, api: Api, kc: str, logs: Path, work: list[Task]
 ) -> tuple[dict[str, Any], dict[str, tuple[str, str]]]:
@@ -383,11 +424,13 @@ def run_arm(
     ks = KubeScheduler(
         kc, tp.extender_url, logs, port=args.topoplace_sched_port, kube_bin=args.kube_bin
     )
+    load = LoadSampler()
     try:
         for t in work:
             api.create_pod(NAMESPACE, pod_object(t, backend=args.backend))
-        ks.start()
-        wait_all_bound(api, len(work), args.timeout)
+        with load:
+            ks.start()
+            wait_all_bound(api, len(work), args.timeout)
         verbs = verb_ms(tp, ("filter", "bind"))
         placed = allocated(api)
     finally:
@@ -398,6 +441,7 @@ def run_arm(
         "pods_per_s": sched,
         "pods_per_s_sched": sched,
         **{f"{v}_{k}": verbs[v][k] for v in ("filter", "bind") for k in ("mean_ms", "p99_ms")},
+        **load.figures(),
     }
     return row, placed
 
@@ -473,15 +517,21 @@ def run_default(
     ks = KubeScheduler(
         kc, "", logs, port=args.default_sched_port, kube_bin=args.kube_bin, config=cfg
     )
+    load = LoadSampler()
     try:
         for t in work:
             api.create_pod(NAMESPACE, pod_object(t, DEFAULT_SCHEDULER, "replicas"))
-        ks.start()
-        wait_all_bound(api, len(work), args.timeout)
+        with load:
+            ks.start()
+            wait_all_bound(api, len(work), args.timeout)
     finally:
         ks.stop()
     times = scheduler_bind_times(ks.log_file)
-    return {"default_bound": len(times), "default_pods_per_s": pods_per_s(times)}
+    return {
+        "default_bound": len(times),
+        "default_pods_per_s": pods_per_s(times),
+        **load.figures("default_"),
+    }
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -585,17 +635,33 @@ FIELDS = (
     "filter_p99_ms",
     "bind_mean_ms",
     "bind_p99_ms",
+    "load_min",
+    "load_mean",
+    "load_max",
 )
 
 
-DEFAULT_FIELDS = ("pods_per_s_sched", "default_bound", "default_pods_per_s", "over_default")
+DEFAULT_FIELDS = (
+    "pods_per_s_sched",
+    "default_bound",
+    "default_pods_per_s",
+    "over_default",
+    "default_load_min",
+    "default_load_mean",
+    "default_load_max",
+)
 
 
 def write_default(out: Path, rows: list[dict[str, Any]]) -> None:
     """The default arm alone: pods bound and pods/s per run."""
-    lines = ["| run | pods bound | pods/s |", "|---|---|---|"]
+    lines = ["| run | pods bound | pods/s | load average (1 min) min / mean / max |"]
+    lines.append("|---|---|---|---|")
     for r in rows:
-        lines.append(f"| {r['run']} | {r['default_bound']} | {r['default_pods_per_s']:.1f} |")
+        lines.append(
+            f"| {r['run']} | {r['default_bound']} | {r['default_pods_per_s']:.1f} | "
+            f"{r['default_load_min']:.1f} / {r['default_load_mean']:.1f} / "
+            f"{r['default_load_max']:.1f} |"
+        )
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -659,7 +725,11 @@ def write(
                 "default-scheduler "
                 f"{statistics.median(r['default_pods_per_s'] for r in rows):.1f}; topoplace's "
                 "pods/s over default-scheduler's (median of runs): "
-                f"**{statistics.median(r['over_default'] for r in rows):.2f}x**",
+                f"**{statistics.median(r['over_default'] for r in rows):.2f}x**; the "
+                "host's 1-minute load average while the arms ran (mean per run): topoplace "
+                + ", ".join(f"{r['load_mean']:.1f}" for r in rows)
+                + "; default-scheduler "
+                + ", ".join(f"{r['default_load_mean']:.1f}" for r in rows),
             ]
             if all("over_default" in r for r in rows)
             else []
