@@ -166,7 +166,8 @@ BENCHMARKS: dict[str, Benchmark] = {
            "benchmarks.micro.topology",
            uses="seeds"),
         _B("verb-cost", "micro", "filter+prioritize CPU per pod kind (whole GPU, gang member, "
-           "HAMi share, DRA claim); --kind slices: ResourceSlice events", "benchmarks.micro.verb_cost",
+           "HAMi share, DRA claim, DRA claim (constrained), DRA share); --kind slices: "
+           "ResourceSlice events", "benchmarks.micro.verb_cost",
            uses="runs"),
         _B("preemption-latency", "micro", "time of one preempt answer and of a started "
            "preemption's victim search", "benchmarks.micro.preemption_latency",

@@ -261,14 +261,19 @@ class Extender:
         return req
 
     def filter_reply(
-        self, out: FilterOutcome, items: list[Mapping[str, Any]] | None
+        self, out: FilterOutcome, items: list[Mapping[str, Any]] | None, not_chosen: int = 0
     ) -> dict[str, Any]:
         """Count a filter's outcome and answer it: node names, or the ``items`` (Node
         objects) kept. Nodes that fit but were not chosen are not sent as failed, nor, when
-        a node is offered, the failed ones (:meth:`send_reasons`)."""
+        a node is offered, the failed ones (:meth:`send_reasons`). ``not_chosen``: feasible
+        nodes left out of ``out`` (counted as failed, :data:`REASON_NOT_CHOSEN`, without a
+        map entry each)."""
         reasons = Counter(out.failed.values())
         reasons.update(out.unresolvable.values())
-        self._count_filter(len(out.feasible), len(out.failed), len(out.unresolvable), reasons)
+        if not_chosen:
+            reasons[REASON_NOT_CHOSEN] += not_chosen
+        failed_n = len(out.failed) + not_chosen
+        self._count_filter(len(out.feasible), failed_n, len(out.unresolvable), reasons)
         failed: Mapping[str, str] = {}
         unres: Mapping[str, str] = {}
         if self.send_reasons(len(out.feasible)):

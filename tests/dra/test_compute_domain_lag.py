@@ -167,3 +167,26 @@ def test_a_domain_pod_bound_makes_its_node_serve_the_domain_before_the_watch_sho
     now[0] += 31.0
     assert router.bound_domains() == {}
     assert [p.verdict for p in router.plans(pod_i, NODES)] == ["", "", ""]
+
+
+def test_nodes_not_chosen_for_a_claim_pod_are_counted_not_sent() -> None:
+    """With ``extender.decide_in_filter`` the claim pod is offered its best node alone;
+    the other feasible nodes are counted as not chosen in the metrics (as for a whole-GPU
+    pod) and never sent as failed, and the refused node keeps its reason."""
+    claims = {
+        "default/h": _allocated_gpu_claim("h", "a"),
+        "default/h-ch": _channel_claim("h-ch", "cd-h", node="a"),
+        "default/i": _claim("i", 1),
+        "default/i-ch": _channel_claim("i-ch", "cd-i"),
+    }
+    ext = Extender(_cache(claims))
+    sample = ext.metrics.registry.get_sample_value
+    res = ext.filter({"Pod": _pod("pod-i", ["i", "i-ch"], gated=False), "NodeNames": NODES})
+    (chosen,) = res["NodeNames"]
+    assert chosen in ("b", "c")
+    assert "b" not in res.get("FailedNodes", {}) and "c" not in res.get("FailedNodes", {})
+    assert sample("topoplace_filter_nodes_total", {"result": "feasible"}) == 1
+    assert sample("topoplace_filter_nodes_total", {"result": "failed"}) == 2
+    not_chosen = {"reason": "another node suits the pod better"}
+    assert sample("topoplace_filter_failures_total", not_chosen) == 1
+    assert sample("topoplace_filter_failures_total", {"reason": dra.REASON_CD_NODE_BUSY}) == 1

@@ -21,7 +21,6 @@ from __future__ import annotations
 import weakref
 from collections.abc import Mapping
 from dataclasses import replace
-from types import MappingProxyType
 from typing import Any
 
 from prometheus_client import Gauge
@@ -29,7 +28,7 @@ from prometheus_client import Gauge
 from scheduler.core import dra
 from scheduler.core.model import PodRequest
 from scheduler.core.objects import object_key
-from scheduler.core.schedule import REASON_NOT_CHOSEN, FilterOutcome
+from scheduler.core.schedule import FilterOutcome
 from scheduler.runtime.dra import REASON_CLAIMS_NOT_SEEN
 from scheduler.server.verbs import whole
 from scheduler.server.verbs.base import BindWrite, Host, PodKind
@@ -90,10 +89,10 @@ class Claims(PodKind):
         if len(out.feasible) > 1 and ext.params.extender.decide_in_filter and ext.ours(pod):
             top = ext.dra.best(pod, out.feasible)
             if top:
-                failed = dict(out.failed)
-                failed.update(dict.fromkeys(out.feasible, REASON_NOT_CHOSEN))
-                del failed[top]
-                out = FilterOutcome((top,), MappingProxyType(failed), out.unresolvable)
+                # the others are counted as not chosen, never sent: no map entry each
+                n = len(out.feasible) - 1
+                out = FilterOutcome((top,), out.failed, out.unresolvable)
+                return ext.filter_reply(out, items, not_chosen=n)
         return ext.filter_reply(out, items)
 
     def score(
