@@ -119,3 +119,30 @@ def test_state_fits_grown_equal_direct_fits() -> None:
         for f in StateFits.__dataclass_fields__:
             np.testing.assert_array_equal(getattr(got, f), getattr(want, f), err_msg=f)
     assert len(state_of) == 120 and len(set(state_of.tolist())) > 64
+
+
+def test_share_request_read_once_per_pod_version() -> None:
+    from scheduler.server.verbs import share as verbs
+
+    _, ext, _ = _cluster(1)
+    pod = share_pod("r1", mem=2000, cores=20)
+    pod["metadata"]["resourceVersion"] = "41"
+    first = verbs.pod_share_request(ext, pod)
+    copy = {**pod, "metadata": {**pod["metadata"]}}  # the watch's copy, same version
+    assert verbs.pod_share_request(ext, copy) is first
+    changed = share_pod("r1", mem=3000, cores=20)  # the pod changed: a new version
+    changed["metadata"]["resourceVersion"] = "42"
+    got = verbs.pod_share_request(ext, changed)
+    assert got is not first and got.containers[0].memory_mib == 3000
+    plain = share_pod("r2", mem=2500, cores=10)  # no resourceVersion: by identity
+    assert verbs.pod_share_request(ext, plain) is verbs.pod_share_request(ext, plain)
+    other = share_pod("r2", mem=1500, cores=10)
+    assert verbs.pod_share_request(ext, other).containers[0].memory_mib == 1500
+    bad = share_pod("r3", mem="lots", cores=10)
+    bad["metadata"]["resourceVersion"] = "7"
+    for _ in range(2):
+        with pytest.raises(ShareError):
+            verbs.pod_share_request(ext, bad)
+    for i in range(verbs.REQUEST_MEMO + 10):
+        verbs.pod_share_request(ext, share_pod(f"m{i}", mem=1000, cores=5))
+    assert len(verbs._requests) == verbs.REQUEST_MEMO  # noqa: SLF001 - bounded

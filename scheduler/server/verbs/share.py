@@ -24,6 +24,7 @@ lookups) to send a pod here; everything below runs for fractional pods alone.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -92,12 +93,45 @@ from scheduler.server.verbs.base import (
     sharing_reply,
 )
 
+REQUEST_MEMO = 256
+"""Pods whose share request :func:`pod_share_request` keeps."""
+_requests: dict[Any, tuple[Mapping[str, Any] | None, Any, ShareRequest]] = {}
+_requests_lock = threading.Lock()
+
+
+def _request_key(pod: Mapping[str, Any]) -> tuple[Any, Mapping[str, Any] | None]:
+    """(memo key, the object a hit must be) of ``pod``: its UID and resourceVersion when
+    it has both (the API server gives every change of a pod a new resourceVersion, so two
+    objects with the same pair have the same spec), else its identity (the object is held
+    by the memo, so its id names it while kept)."""
+    m = pod.get("metadata")
+    if isinstance(m, Mapping):
+        uid, rv = m.get("uid"), m.get("resourceVersion")
+        if isinstance(uid, str) and isinstance(rv, str) and uid and rv:
+            return (uid, rv), None
+    return id(pod), pod
+
 
 def pod_share_request(ext: Host, pod: Mapping[str, Any]) -> ShareRequest:
-    """The pod's share request (ShareError if malformed)."""
-    req = share_request(pod, pod_resource(pod, "cpu", cpu_milli), ext.params.sharing)
+    """The pod's share request (ShareError if malformed).
+
+    Kept for the last :data:`REQUEST_MEMO` pods (:func:`_request_key`) with the sharing
+    parameters it was read with: filter reads the pod kube-scheduler sent, and bind reads
+    the pending copy the watch delivered, the same pod at the same resourceVersion (a
+    quarter of a share bind's CPU went to reading it again). A malformed pod is read, and
+    refused, every time."""
+    sharing = ext.params.sharing
+    key, obj = _request_key(pod)
+    got = _requests.get(key)
+    if got is not None and got[0] is obj and got[1] is sharing:
+        return got[2]
+    req = share_request(pod, pod_resource(pod, "cpu", cpu_milli), sharing)
     if req is None:  # pragma: no cover - callers checked is_share_pod
         raise ShareError("pod asks for no GPU share")
+    with _requests_lock:
+        _requests[key] = (obj, sharing, req)
+        while len(_requests) > REQUEST_MEMO:
+            del _requests[next(iter(_requests))]
     return req
 
 
