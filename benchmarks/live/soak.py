@@ -630,7 +630,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         res = REPO / "benchmarks" / "results"
         (res / "live-soak.md").write_text(md)
         (res / "live-soak.csv").write_text((out / "summary.csv").read_text())
-        (res / "live-soak-samples.csv").write_text((out / "samples.csv").read_text())
+        (res / "live-soak.samples.csv").write_text((out / "samples.csv").read_text())
     bad = (
         result.violations
         or result.pending_after_settle
