@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from benchmarks.cluster.dra import SHARED_CLASS, device_class, node_slices
-from benchmarks.clusters import claim_pod, dgx_h100_nodes
+from benchmarks.clusters import dgx_h100_nodes
 from scheduler.core import dra
-from scheduler.core.params import SchedParams
 from scheduler.runtime.cache import ClusterCache
 from scheduler.runtime.dra import DraRouter
+from tests.dra.randomized import agree, claim_cluster, fits_and_refusals
 
 GI = 1 << 30
 ASKS = ("1500Mi", "10Gi", "30Gi", "60Gi", "81Gi")
@@ -73,12 +73,7 @@ def _cluster(seed: int) -> tuple[ClusterCache, list[str], list[dict[str, Any]]]:
         if caps and rng.random() < 0.3:
             caps["compute"] = rng.choice(("20", "50"))
         pending.append(_claim(f"want-{i}", cls, rng.choice((1, 1, 2)), caps))
-    pods = [claim_pod(f"pod-{i}", c["metadata"]["name"]) for i, c in enumerate(pending)]
-    extra = dra.extra_of([*classes, *slices, *claims, *pending])
-    cache = ClusterCache.from_objects(nodes, [], SchedParams(), extra=extra)
-    order = names[:]
-    rng.shuffle(order)
-    return cache, order + ["no-such-node"], pods
+    return claim_cluster(nodes, [*classes, *slices, *claims], pending, names, rng)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -91,25 +86,11 @@ def test_capacity_masks_give_the_node_by_node_answers(seed: int) -> None:
         offered = [n for n in names if rng.random() > 0.1]
         got = fast._fast(pod, offered)
         assert got is not None and got.table.cap is not None  # the capacity masks answer
-        a, b = fast.filter(pod, offered), slow.filter(pod, offered)
-        assert (a.feasible, dict(a.failed), dict(a.unresolvable)) == (
-            b.feasible,
-            dict(b.failed),
-            dict(b.unresolvable),
-        )
-        assert fast.prioritize(pod, offered) == slow.prioritize(pod, offered)
-        assert fast.likely_kube_picks() == slow.likely_kube_picks()
+        agree(fast, slow, pod, offered)
 
 
 def test_the_random_clusters_fit_and_refuse() -> None:
     """Some pods fit some nodes and are refused on others for room (so the comparison
     above covers both)."""
-    fits = refusals = 0
-    for seed in range(4):
-        cache, names, pods = _cluster(seed)
-        router = DraRouter(cache)
-        for pod in pods:
-            out = router.filter(pod, names)
-            fits += len(out.feasible)
-            refusals += sum(1 for r in out.failed.values() if r == dra.REASON_CLAIM_NOT_ALLOCATABLE)
+    fits, refusals = fits_and_refusals(_cluster)
     assert fits > 100 and refusals > 100, (fits, refusals)

@@ -33,15 +33,20 @@ def _allocated_gpu_claim(name: str, node: str) -> dict:
     return c
 
 
-def test_a_node_serving_a_domain_is_refused_to_another_domain_once_seen() -> None:
-    """pod-h (domain cd-h) runs on a, its claims allocated there and seen: pod-i of
-    domain cd-i, its claims seen, is refused a."""
-    claims = {
+def _h_on_a_and_i_seen() -> dict[str, dict]:
+    """pod-h's claims (domain cd-h) allocated on a, pod-i's (domain cd-i) not yet."""
+    return {
         "default/h": _allocated_gpu_claim("h", "a"),
         "default/h-ch": _channel_claim("h-ch", "cd-h", node="a"),
         "default/i": _claim("i", 1),
         "default/i-ch": _channel_claim("i-ch", "cd-i"),
     }
+
+
+def test_a_node_serving_a_domain_is_refused_to_another_domain_once_seen() -> None:
+    """pod-h (domain cd-h) runs on a, its claims allocated there and seen: pod-i of
+    domain cd-i, its claims seen, is refused a."""
+    claims = _h_on_a_and_i_seen()
     router = DraRouter(_cache(claims))
     plans = router.plans(_pod("pod-i", ["i", "i-ch"], gated=False), NODES)
     assert plans[0].verdict == dra.REASON_CD_NODE_BUSY
@@ -173,12 +178,7 @@ def test_nodes_not_chosen_for_a_claim_pod_are_counted_not_sent() -> None:
     """With ``extender.decide_in_filter`` the claim pod is offered its best node alone;
     the other feasible nodes are counted as not chosen in the metrics (as for a whole-GPU
     pod) and never sent as failed, and the refused node keeps its reason."""
-    claims = {
-        "default/h": _allocated_gpu_claim("h", "a"),
-        "default/h-ch": _channel_claim("h-ch", "cd-h", node="a"),
-        "default/i": _claim("i", 1),
-        "default/i-ch": _channel_claim("i-ch", "cd-i"),
-    }
+    claims = _h_on_a_and_i_seen()
     ext = Extender(_cache(claims))
     sample = ext.metrics.registry.get_sample_value
     res = ext.filter({"Pod": _pod("pod-i", ["i", "i-ch"], gated=False), "NodeNames": NODES})

@@ -21,6 +21,7 @@ from scheduler.core.params import SchedParams
 from scheduler.runtime.cache import ClusterCache
 from scheduler.runtime.dra import DraRouter
 from tests.dra import recorded
+from tests.dra.randomized import agree, claim_cluster, fits_and_refusals
 
 CLASSES = list(recorded.classes("v1beta1").values())
 ROOT = "resource.kubernetes.io/pcieRoot"
@@ -38,22 +39,6 @@ def _both(cache: ClusterCache) -> tuple[DraRouter, DraRouter]:
     fast, slow = DraRouter(cache), DraRouter(cache)
     slow.vectorized = False
     return fast, slow
-
-
-def _agree(fast: DraRouter, slow: DraRouter, pod: dict[str, Any], offered: list[str]) -> Any:
-    """Both routers' filter, scores and likely picks for ``pod`` are equal; filter's
-    outcome."""
-    a, b = fast.filter(pod, offered), slow.filter(pod, offered)
-    assert (a.feasible, dict(a.failed), dict(a.unresolvable)) == (
-        b.feasible,
-        dict(b.failed),
-        dict(b.unresolvable),
-    )
-    assert fast.prioritize(pod, offered) == slow.prioritize(pod, offered)
-    if a.feasible:
-        assert fast.prioritize(pod, list(a.feasible)) == slow.prioritize(pod, list(a.feasible))
-    assert fast.likely_kube_picks() == slow.likely_kube_picks()
-    return a
 
 
 @pytest.mark.parametrize("attrs", [(ROOT,), (PRODUCT,), (ROOT, PRODUCT)])
@@ -127,14 +112,8 @@ def _cluster(seed: int) -> tuple[ClusterCache, list[str], list[dict[str, Any]]]:
         _constrained(f"want-{i}", rng.choice((1, 2, 2, 3, 4, 8)), copy.deepcopy(rng.choice(forms)))
         for i in range(14)
     ]
-    pods = [claim_pod(f"pod-{i}", c["metadata"]["name"]) for i, c in enumerate(pending)]
-    extra = dra.extra_of(
-        [*(dict(c, kind="DeviceClass") for c in CLASSES), *slices, *claims, *pending]
-    )
-    cache = ClusterCache.from_objects(nodes, [], SchedParams(), extra=extra)
-    order = names[:]
-    rng.shuffle(order)
-    return cache, order + ["no-such-node"], pods
+    classes = [dict(c, kind="DeviceClass") for c in CLASSES]
+    return claim_cluster(nodes, [*classes, *slices, *claims], pending, names, rng)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -146,25 +125,18 @@ def test_constraint_masks_give_the_node_by_node_answers(seed: int) -> None:
         offered = [n for n in names if rng.random() > 0.1]
         got = fast._fast(pod, offered)
         assert got is not None and got.sig is not None  # the constraint masks answer
-        _agree(fast, slow, pod, offered)
+        agree(fast, slow, pod, offered)
 
 
 def test_the_random_clusters_fit_and_refuse() -> None:
     """Constrained pods fit some nodes and are refused on others (so the comparison above
     covers both)."""
-    fits = refusals = 0
-    for seed in range(4):
-        cache, names, pods = _cluster(seed)
-        router = DraRouter(cache)
-        for pod in pods:
-            out = router.filter(pod, names)
-            fits += len(out.feasible)
-            refusals += sum(1 for r in out.failed.values() if r == dra.REASON_CLAIM_NOT_ALLOCATABLE)
+    fits, refusals = fits_and_refusals(_cluster)
     assert fits > 100 and refusals > 100, (fits, refusals)
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_constrained_capacity_claims_on_shared_gpus_agree(seed: int) -> None:
+def test_constrained_capacity_claims_on_shared_gpusagree(seed: int) -> None:
     """Capacity claims of one or two shared GPUs under one PCIe root, beside shares
     allocated at random: the capacity masks and the constraint masks together give the
     search's answers."""
@@ -200,7 +172,7 @@ def test_constrained_capacity_claims_on_shared_gpus_agree(seed: int) -> None:
     for pod in pods:
         got = fast._fast(pod, order)
         assert got is not None and got.sig is not None and got.table.cap is not None
-        fits += len(_agree(fast, slow, pod, order).feasible)
+        fits += len(agree(fast, slow, pod, order).feasible)
     assert fits > 0
 
 
@@ -255,10 +227,10 @@ def test_past_the_search_budget_the_node_is_asked_node_by_node() -> None:
         big: dra.UNKNOWN,
         small: dra.UNKNOWN,
     }
-    assert _agree(fast, slow, twelve, [big, small]).feasible == (big, small)
+    assert agree(fast, slow, twelve, [big, small]).feasible == (big, small)
     got = fast._fast(eight, [big, small])
     assert got is not None and not got.searched  # 11 free of one product: found at once
-    assert _agree(fast, slow, eight, [big, small]).feasible == (big, small)
+    assert agree(fast, slow, eight, [big, small]).feasible == (big, small)
 
 
 @pytest.mark.parametrize("width", [8, 20, 62])

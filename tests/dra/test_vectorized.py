@@ -18,6 +18,7 @@ from scheduler.core.params import SchedParams
 from scheduler.runtime.cache import ClusterCache
 from scheduler.runtime.dra import DraRouter
 from tests.dra import recorded
+from tests.dra.randomized import claim_cluster
 
 CLASSES = list(recorded.classes("v1beta1").values())
 
@@ -53,14 +54,9 @@ def _cluster(seed: int) -> tuple[ClusterCache, list[str], list[dict[str, Any]], 
         c["status"] = {"allocation": dra.allocation_status(n, dra.claim_spec(c), devs)}
         claims.append(c)
     pending = [resource_claim(f"want-{i}", rng.randint(1, 8)) for i in range(12)]
-    pods = [claim_pod(f"pod-{i}", c["metadata"]["name"]) for i, c in enumerate(pending)]
-    extra = dra.extra_of(
-        [*(dict(c, kind="DeviceClass") for c in CLASSES), *slices, *claims, *pending]
-    )
-    cache = ClusterCache.from_objects(nodes, [], SchedParams(), extra=extra)
-    order = names[:]
-    rng.shuffle(order)
-    return cache, order + ["no-such-node"], pods, with_slices
+    classes = [dict(c, kind="DeviceClass") for c in CLASSES]
+    cache, order, pods = claim_cluster(nodes, [*classes, *slices, *claims], pending, names, rng)
+    return cache, order, pods, with_slices
 
 
 def _both(cache: ClusterCache) -> tuple[DraRouter, DraRouter]:
