@@ -417,6 +417,18 @@ def node_tenancy(node: NodeInfo, pods: Iterable[PodInfo]) -> NodeTenancy:
     return tuple((a, b, c) for a, b, c in out)
 
 
+def tenancy_binds(tenancy: NodeTenancy | None, limits: TenantLimits | None) -> bool:
+    """Whether the right-sizer's limits can refuse anything on a node with ``tenancy``
+    (its GPUs') for a request with ``limits``: a tenant count or a compute limit is set on
+    one side or the other. When not, :func:`tenancy_refusal` allows every tenant there, and
+    a node's placement is the same with its tenancy or without (no check needed)."""
+    if tenancy is None:
+        return False
+    if limits is not None and (limits.max_tenants > 0 or limits.limit_milli > 0):
+        return True
+    return any(t[1] > 0 or t[2] > 0 for t in tenancy)
+
+
 def tenancy_refusal(
     tasks: int, gpu: GpuTenancy, limits: TenantLimits | None, share_milli: int
 ) -> str:
@@ -881,6 +893,8 @@ def choose_devices(
     """
     from topology.select import best_set
 
+    if tenancy is not None and not tenancy_binds(tenancy, req.limits):
+        tenancy = None  # no limit applies: every device's check would allow it
     devs = node_devices(node)
     used = {i: usage_of(node, i) for i in range(node.gpu_capacity)}
     out: list[list[GpuShare]] = []
@@ -1432,7 +1446,9 @@ def tenancy_reason(node: NodeInfo, req: ShareRequest, tenancy: NodeTenancy | Non
     """Why ``req`` does not fit ``node`` when only the right-sizer's limits refuse it
     (:data:`REASON_TENANTS` if any GPU with room is at its most tenants, else
     :data:`REASON_COMPUTE_P95`), "" otherwise (no room at all, or it fits)."""
-    if tenancy is None or choose_devices(node, req, None, "nvidia-best-effort", tenancy):
+    if not tenancy_binds(tenancy, req.limits):
+        return ""
+    if choose_devices(node, req, None, "nvidia-best-effort", tenancy):
         return ""
     if choose_devices(node, req) is None:
         return ""

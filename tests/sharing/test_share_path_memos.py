@@ -9,7 +9,18 @@ import random
 import numpy as np
 import pytest
 
-from scheduler.core.fractional import ContainerAsk, ShareError, hami_devices
+from scheduler.core.fractional import (
+    NO_TENANCY,
+    ContainerAsk,
+    ShareError,
+    TenantLimits,
+    choose_devices,
+    hami_devices,
+    node_tenancy,
+    share_request,
+    tenancy_binds,
+    tenancy_reason,
+)
 from scheduler.core.params import SchedParams
 from scheduler.core.podmap import PodMap
 from scheduler.core.share_table import StateFits, fit_states
@@ -146,3 +157,73 @@ def test_share_request_read_once_per_pod_version() -> None:
     for i in range(verbs.REQUEST_MEMO + 10):
         verbs.pod_share_request(ext, share_pod(f"m{i}", mem=1000, cores=5))
     assert len(verbs._requests) == verbs.REQUEST_MEMO  # noqa: SLF001 - bounded
+
+
+@pytest.mark.parametrize(
+    ("tenancy", "limits", "binds"),
+    [
+        (None, TenantLimits(p95_milli=300, max_tenants=2, limit_milli=800), False),
+        (((500, 0, 0), (0, 0, 0)), None, False),  # tenants without limits, request without
+        (((500, 0, 0),), TenantLimits(p95_milli=300), False),  # a p95 alone bounds nothing
+        (((500, 3, 0), (0, 0, 0)), None, True),  # a tenant's most tenants
+        (((0, 0, 0), (500, 0, 900)), None, True),  # a tenant's compute limit
+        (((500, 0, 0),), TenantLimits(max_tenants=2), True),  # the request's own
+        (((500, 0, 0),), TenantLimits(limit_milli=700), True),
+    ],
+)
+def test_tenancy_binds_only_when_a_limit_is_set(
+    tenancy: tuple[tuple[int, int, int], ...] | None, limits: TenantLimits | None, binds: bool
+) -> None:
+    assert tenancy_binds(tenancy, limits) is binds
+
+
+def test_placement_with_unbinding_tenancy_equals_without() -> None:
+    # Nodes packed with shares whose tenancy sets no limit: the devices chosen, and the
+    # reason for a node that cannot take the pod, are those of no tenancy at all.
+    cache, ext, names = _cluster(4)
+    rng = random.Random(3)
+    for i in range(60):
+        pod = share_pod(f"t{i:02d}", mem=rng.choice([1000, 3000, 6000]), cores=rng.choice([10, 40]))
+        cache.upsert_pod(pod)
+        r = ext.filter({"Pod": pod, "NodeNames": names})
+        if r.get("NodeNames"):
+            ext.bind({"PodName": f"t{i:02d}", "PodNamespace": "infer",
+                      "PodUID": f"uid-infer-t{i:02d}", "Node": r["NodeNames"][0]})  # fmt: skip
+    snap = cache.snapshot()
+    tenancy = {n.name: node_tenancy(n, snap.pods_on(n.name)) for n in snap.nodes}
+    assert any(t != NO_TENANCY for ts in tenancy.values() for t in ts)
+    asked = 0
+    for mem, cores, count in ((2000, 20, 1), (5000, 50, 2), (9000, 30, 1), (14000, 100, 4)):
+        req = share_request(share_pod("ask", mem=mem, cores=cores, count=count), 2000)
+        assert req is not None
+        for n in snap.nodes:
+            assert choose_devices(n, req, None, "nvidia-best-effort", tenancy[n.name]) == (
+                choose_devices(n, req)
+            )
+            assert tenancy_reason(n, req, tenancy[n.name]) == ""
+            asked += 1
+    assert asked == 16
+
+
+def test_multi_gpu_share_workload_is_the_reference_one() -> None:
+    from scheduler.server.verbs import share as verbs
+
+    cache, ext, names = _cluster(4)
+    for i in range(30):
+        pod = share_pod(f"w{i:02d}", mem=1000 + 500 * (i % 4), cores=10 + 5 * (i % 3))
+        cache.upsert_pod(pod)
+        r = ext.filter({"Pod": pod, "NodeNames": names})
+        assert r["NodeNames"], r
+        ext.bind({"PodName": f"w{i:02d}", "PodNamespace": "infer",
+                  "PodUID": f"uid-infer-w{i:02d}", "Node": r["NodeNames"][0]})  # fmt: skip
+    pod = share_pod("multi", mem=3000, cores=25, count=2)
+    req = verbs.pod_share_request(ext, pod)
+    snap = cache.snapshot()
+    counts, _, _ = verbs._held(ext, snap)  # noqa: SLF001 - the two computations compared
+    ask = next(c for c in req.containers if c.count)
+    kept = verbs._vector_distribution(ext, snap, req, ask, counts)  # noqa: SLF001
+    assert kept == verbs._distribution(ext, snap, req)  # noqa: SLF001
+    assert len(kept.shapes) >= 3
+    cache.upsert_pod(pod)
+    r = ext.filter({"Pod": pod, "NodeNames": names})
+    assert len(r["NodeNames"]) == 1
