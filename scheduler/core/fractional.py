@@ -902,6 +902,17 @@ def choose_devices(
         if ask.count <= 0:
             out.append([])
             continue
+        if ask.count == 1 and first is not None and 0 <= first < len(devs):
+            # The policy's device, when it fits, is taken whatever the others are.
+            d = devs[first]
+            s = resolve(ask, d)
+            if d.index == first and device_fits(
+                node, d, s, used[d.index], req, _gpu_tenancy(tenancy, d.index)
+            ):
+                m, c, t = used[first]
+                used[first] = (m + s.memory_mib, c + s.milli, t + 1)
+                out.append([s])
+                continue
         fits = []
         for d in devs:
             s = resolve(ask, d)

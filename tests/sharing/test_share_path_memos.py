@@ -15,8 +15,10 @@ from scheduler.core.fractional import (
     ShareError,
     TenantLimits,
     choose_devices,
+    device_fits,
     hami_devices,
     node_tenancy,
+    resolve,
     share_request,
     tenancy_binds,
     tenancy_reason,
@@ -227,3 +229,33 @@ def test_multi_gpu_share_workload_is_the_reference_one() -> None:
     cache.upsert_pod(pod)
     r = ext.filter({"Pod": pod, "NodeNames": names})
     assert len(r["NodeNames"]) == 1
+
+
+def test_policy_device_taken_when_it_fits_else_the_tightest() -> None:
+    cache, ext, names = _cluster(3)
+    rng = random.Random(11)
+    for i in range(40):
+        pod = share_pod(f"f{i:02d}", mem=rng.choice([2000, 5000, 9000]), cores=rng.choice([20, 50]))
+        cache.upsert_pod(pod)
+        r = ext.filter({"Pod": pod, "NodeNames": names})
+        if r.get("NodeNames"):
+            ext.bind({"PodName": f"f{i:02d}", "PodNamespace": "infer",
+                      "PodUID": f"uid-infer-f{i:02d}", "Node": r["NodeNames"][0]})  # fmt: skip
+    snap = cache.snapshot()
+    taken = fell_back = 0
+    for n in snap.nodes:
+        for mem, cores in ((1000, 10), (4000, 30), (8000, 60), (15360, 100)):
+            req = share_request(share_pod("ask", mem=mem, cores=cores), 2000)
+            assert req is not None
+            tightest = choose_devices(n, req)
+            for first in range(-1, n.gpu_capacity + 1):
+                got = choose_devices(n, req, first)
+                dev = next((d for d in n.devices if d.index == first), None)
+                share = resolve(req.containers[0], dev) if dev is not None else None
+                if share is not None and device_fits(n, dev, share, None, req):
+                    assert got == [[share]]
+                    taken += 1
+                else:
+                    assert got == tightest
+                    fell_back += 1
+    assert taken >= 5 and fell_back >= 5  # both cases met
