@@ -5,6 +5,7 @@ flattened pod map, per-state fits grown without recomputing them."""
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import numpy as np
 import pytest
@@ -179,18 +180,32 @@ def test_tenancy_binds_only_when_a_limit_is_set(
     assert tenancy_binds(tenancy, limits) is binds
 
 
+def _place_random(
+    ext: Any,
+    names: list[str],
+    prefix: str,
+    count: int,
+    rng: random.Random,
+    mems: tuple[int, ...],
+    cores: tuple[int, ...],
+) -> None:
+    """``count`` share pods ``<prefix>NN`` of random memory and cores, each filtered on
+    ``names`` and bound to the node offered (those offered none stay pending)."""
+    for i in range(count):
+        name = f"{prefix}{i:02d}"
+        pod = share_pod(name, mem=rng.choice(mems), cores=rng.choice(cores))
+        ext.cache.upsert_pod(pod)
+        r = ext.filter({"Pod": pod, "NodeNames": names})
+        if r.get("NodeNames"):
+            ext.bind({"PodName": name, "PodNamespace": "infer",
+                      "PodUID": f"uid-infer-{name}", "Node": r["NodeNames"][0]})  # fmt: skip
+
+
 def test_placement_with_unbinding_tenancy_equals_without() -> None:
     # Nodes packed with shares whose tenancy sets no limit: the devices chosen, and the
     # reason for a node that cannot take the pod, are those of no tenancy at all.
     cache, ext, names = _cluster(4)
-    rng = random.Random(3)
-    for i in range(60):
-        pod = share_pod(f"t{i:02d}", mem=rng.choice([1000, 3000, 6000]), cores=rng.choice([10, 40]))
-        cache.upsert_pod(pod)
-        r = ext.filter({"Pod": pod, "NodeNames": names})
-        if r.get("NodeNames"):
-            ext.bind({"PodName": f"t{i:02d}", "PodNamespace": "infer",
-                      "PodUID": f"uid-infer-t{i:02d}", "Node": r["NodeNames"][0]})  # fmt: skip
+    _place_random(ext, names, "t", 60, random.Random(3), (1000, 3000, 6000), (10, 40))
     snap = cache.snapshot()
     tenancy = {n.name: node_tenancy(n, snap.pods_on(n.name)) for n in snap.nodes}
     assert any(t != NO_TENANCY for ts in tenancy.values() for t in ts)
@@ -233,14 +248,7 @@ def test_multi_gpu_share_workload_is_the_reference_one() -> None:
 
 def test_policy_device_taken_when_it_fits_else_the_tightest() -> None:
     cache, ext, names = _cluster(3)
-    rng = random.Random(11)
-    for i in range(40):
-        pod = share_pod(f"f{i:02d}", mem=rng.choice([2000, 5000, 9000]), cores=rng.choice([20, 50]))
-        cache.upsert_pod(pod)
-        r = ext.filter({"Pod": pod, "NodeNames": names})
-        if r.get("NodeNames"):
-            ext.bind({"PodName": f"f{i:02d}", "PodNamespace": "infer",
-                      "PodUID": f"uid-infer-f{i:02d}", "Node": r["NodeNames"][0]})  # fmt: skip
+    _place_random(ext, names, "f", 40, random.Random(11), (2000, 5000, 9000), (20, 50))
     snap = cache.snapshot()
     taken = fell_back = 0
     for n in snap.nodes:
