@@ -226,12 +226,7 @@ class ParkedPods:
                 elif all(n in seen for n in names):
                     del self._claims_wait[key]
                     woken.append(key)
-        if woken:
-            log.info("waking %d claim pod(s): their ResourceClaims are seen", len(woken))
-            try:
-                self.waker(woken, "its ResourceClaims are seen")
-            except Exception:  # the waker is an I/O edge: never let it break the janitor
-                log.exception("waking claim pods failed")
+        self._wake(woken, "claim pod(s)", "its ResourceClaims are seen")
         return woken
 
     def wake_refused_since(
@@ -273,6 +268,17 @@ class ParkedPods:
             except Exception:  # the waker is an I/O edge: never let it break the watch
                 log.exception("waking refused pods failed")
         return woken
+
+    def _wake(self, keys: list[str], what: str, why: str) -> None:
+        """Hand ``keys`` to the waker with ``why`` (nothing when empty); the waker is an
+        I/O edge: its failure is logged, never raised into the janitor."""
+        if not keys:
+            return
+        log.info("waking %d %s: %s", len(keys), what, why)
+        try:
+            self.waker(keys, why)
+        except Exception:
+            log.exception("waking %s failed", what)
 
     def poll(self, cache: Any, hold_window_s: float = 60.0) -> list[str]:
         """Wake the parked pods of which a candidate now has the GPUs they ask (see the
@@ -323,12 +329,7 @@ class ParkedPods:
                 woken.append(key)
                 budget -= p.gpus
                 self._pods[key] = replace(p, wakes=p.wakes + 1, woken_at=now)
-        if woken:
-            log.info("waking %d refused pod(s): a node they may use has the GPUs", len(woken))
-            try:
-                self.waker(woken, "GPUs freed since the refusal")
-            except Exception:  # the waker is an I/O edge: never let it break the janitor
-                log.exception("waking refused pods failed")
+        self._wake(woken, "refused pod(s)", "GPUs freed since the refusal")
         return behind + woken
 
 
