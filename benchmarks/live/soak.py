@@ -21,7 +21,12 @@ sampler records, of the ``topoplace serve`` process:
   of the bucket holding the 99th percentile: bucket resolution, not interpolated);
 * ``cpu_ms_per_pod``: CPU seconds (``utime + stime`` of ``/proc/PID/stat``) of the window
   over the pods the window saw bound (every pod of a job counts once, when its job is
-  bound), in milliseconds;
+  bound), in milliseconds. The window runs from the end of the previous sample's reads to
+  the start of this one's, so the CPU topoplace spends answering the sampler is not in it:
+  that is ``sampler_cpu_ms`` (CPU across this sample's reads of ``/metrics`` and the four
+  inspect endpoints, reported with its slope, so a read that grows costlier shows there);
+  ``cpu_ms_per_s`` is the same window's CPU over its seconds (the whole rate, background
+  included: watches, the Lease, the waker);
 * sizes of what could accumulate: ``parked`` (``topoplace_parked_pods``),
   ``binds_in_flight`` (``topoplace_kube_binds_in_flight``), ``decisions`` and
   ``decision_mb`` (the decision ring of ``/v1/inspect/decisions``), ``placements`` and
@@ -30,6 +35,7 @@ sampler records, of the ``topoplace serve`` process:
   ``gangs_complete`` kept for inspection, ``gangs_refused``), ``cache_pods`` / ``cache_nodes`` /
   ``cache_claims`` / ``cache_slices`` (topoplace's watch cache, ``/v1/inspect/snapshot``),
   ``preemptions_recent`` / ``teardowns`` / ``stranded`` (``/v1/inspect/preemptions``);
+  ``metrics_kb`` (the size of ``/metrics``: a label set that keeps growing shows here);
   and, from the API server, ``api_pods`` (live pods of the chaos namespace: what the
   caches should follow);
 * ``load1``: the host's one-minute load average (``/proc/loadavg``), so the reader sees
@@ -88,6 +94,7 @@ DRIFT_MEASURES = (
     "filter_p99_ms",
     "bind_p99_ms",
     "cpu_ms_per_pod",
+    "cpu_ms_per_s",
 )
 SIZE_MEASURES = (
     "parked",
@@ -108,6 +115,8 @@ SIZE_MEASURES = (
     "teardowns",
     "stranded",
     "api_pods",
+    "sampler_cpu_ms",
+    "metrics_kb",
 )
 COLUMNS = ("t_s", "pods_bound", "cpu_s", "load1", *DRIFT_MEASURES, *SIZE_MEASURES)
 _BUCKET = re.compile(
@@ -248,7 +257,7 @@ class Sampler:
         self.rows: list[dict[str, float]] = []
         self.errors = 0
         self.t0 = time.monotonic()
-        self._prev: tuple[float, int, dict[str, list[tuple[float, float]]]] | None = None
+        self._prev: tuple[float, int, dict[str, list[tuple[float, float]]], float] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="soak-sampler", daemon=True)
 
@@ -284,6 +293,8 @@ class Sampler:
         placements = tp.get("/v1/inspect/placements")
         snap = Counter(i.get("kind") for i in tp.get("/v1/inspect/snapshot")["items"])
         pre = tp.get("/v1/inspect/preemptions")
+        # the CPU topoplace spent answering these reads: kept out of the window's figure
+        after = cpu_s(pid)
         state = self.driver.poller.snapshot()
         now = time.monotonic() - self.t0
         row: dict[str, float] = {
@@ -297,6 +308,9 @@ class Sampler:
             "filter_p99_ms": math.nan,
             "bind_p99_ms": math.nan,
             "cpu_ms_per_pod": math.nan,
+            "cpu_ms_per_s": math.nan,
+            "sampler_cpu_ms": round((after - cpu) * 1000.0, 1),
+            "metrics_kb": round(len(text.encode()) / 1024, 1),
             "parked": g.get("topoplace_parked_pods", math.nan),
             "binds_in_flight": g.get("topoplace_kube_binds_in_flight", math.nan),
             "decisions": decisions["records"],
@@ -326,15 +340,18 @@ class Sampler:
             ),
         }
         if self._prev is not None:
-            pcpu, pbound, phist = self._prev
+            pcpu, pbound, phist, pt = self._prev
             for verb in ("filter", "bind"):
                 q = window_quantile(hist.get(verb, []), phist.get(verb, []), 0.99)
                 row[f"{verb}_p99_ms"] = q * 1000.0 if math.isfinite(q) else q
             pods = bound - pbound
+            # the window: from the end of the previous sample's reads to the start of these
             if pods > 0:
                 row["cpu_ms_per_pod"] = round((cpu - pcpu) / pods * 1000.0, 2)
+            if now > pt:
+                row["cpu_ms_per_s"] = round((cpu - pcpu) / (now - pt) * 1000.0, 2)
             self.rows.append(row)
-        self._prev = (cpu, bound, hist)
+        self._prev = (after, bound, hist, time.monotonic() - self.t0)
 
 
 # ---- the report ---------------------------------------------------------------------------------
