@@ -65,7 +65,7 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,7 +76,8 @@ import yaml
 from benchmarks.clusters import hami_register
 from benchmarks.live.kubeapi import Api
 from benchmarks.live.kubesched import KubeScheduler, Topoplace
-from benchmarks.live.run import log
+from benchmarks.live.metrics import HostCost
+from benchmarks.live.run import Plane, log
 from benchmarks.live.scenario import PRODUCT_LABEL, NodeSpec, dns_name
 from benchmarks.live.standalone import (
     REPO,
@@ -414,7 +415,7 @@ class LoadSampler:
 
 
 def run_arm(
-    args: argparse.Namespace, api: Api, kc: str, logs: Path, work: list[Task]
+    args: argparse.Namespace, plane: Plane, api: Api, kc: str, logs: Path, work: list[Task]
 ) -> tuple[dict[str, Any], dict[str, tuple[str, str]]]:
     """One live run: topoplace and kube-scheduler started fresh, the backlog, figures."""
     tp = Topoplace(
@@ -425,12 +426,13 @@ def run_arm(
         kc, tp.extender_url, logs, port=args.topoplace_sched_port, kube_bin=args.kube_bin
     )
     load = LoadSampler()
+    cost = host_cost(plane, api, ks, tp)
     try:
         for t in work:
             api.create_pod(NAMESPACE, pod_object(t, backend=args.backend))
-        with load:
+        with load, cost:
             ks.start()
-            wait_all_bound(api, len(work), args.timeout)
+            bound = wait_all_bound(api, len(work), args.timeout)
         verbs = verb_ms(tp, ("filter", "bind"))
         placed = allocated(api)
     finally:
@@ -442,7 +444,9 @@ def run_arm(
         "pods_per_s_sched": sched,
         **{f"{v}_{k}": verbs[v][k] for v in ("filter", "bind") for k in ("mean_ms", "p99_ms")},
         **load.figures(),
+        **cost.figures(bound),
     }
+    log(f"topoplace arm: API calls {dict(sorted(cost.calls.items()))}")
     return row, placed
 
 
@@ -466,21 +470,30 @@ def clear_pods(api: Api, tries: int = 3) -> None:
             time.sleep(5.0)
 
 
-def wait_all_bound(api: Api, total: int, timeout: float, patience: float = 30.0) -> int:
+def wait_all_bound(
+    api: Api, total: int, timeout: float, patience: float = 30.0, every_s: float = 2.0
+) -> int:
     """Wait until ``total`` pods of the namespace are bound, none more bound for
     ``patience`` seconds counted from the end of a list (a list may itself take seconds on
-    a busy API server), or ``timeout``; how many are bound."""
+    a busy API server), or ``timeout``; how many are bound.
+
+    Only the pods still unbound are listed (``spec.nodeName=``), every ``every_s``
+    seconds: the lists are the API server's and this process's CPU, taken from the host
+    both arms share, and pods/s is timed from kube-scheduler's log, not from them."""
     start = last = time.monotonic()
     bound = 0
     while bound < total and time.monotonic() - start < timeout:
-        items = api.list_pods(NAMESPACE).get("items", [])
+        pending = api.get(
+            f"/api/v1/namespaces/{NAMESPACE}/pods", fieldSelector="spec.nodeName="
+        ).get("items", [])
         now = time.monotonic()
-        got = sum(1 for p in items if (p.get("spec") or {}).get("nodeName"))
+        got = total - len(pending)
         if got > bound:
             bound, last = got, now
         elif now - last > patience:
             break
-        time.sleep(0.5)
+        if bound < total:
+            time.sleep(every_s)
     return bound
 
 
@@ -507,7 +520,7 @@ def scheduler_bind_times(log_file: Path, namespace: str = NAMESPACE) -> list[flo
 
 
 def run_default(
-    args: argparse.Namespace, api: Api, kc: str, logs: Path, work: list[Task]
+    args: argparse.Namespace, plane: Plane, api: Api, kc: str, logs: Path, work: list[Task]
 ) -> dict[str, Any]:
     """The default arm: the tasks as ``nvidia.com/gpu`` replicas (:func:`replicas`), a
     backlog, kube-scheduler alone (no extender, no topoplace); pods bound and pods/s."""
@@ -518,20 +531,38 @@ def run_default(
         kc, "", logs, port=args.default_sched_port, kube_bin=args.kube_bin, config=cfg
     )
     load = LoadSampler()
+    cost = host_cost(plane, api, ks, None)
     try:
         for t in work:
             api.create_pod(NAMESPACE, pod_object(t, DEFAULT_SCHEDULER, "replicas"))
-        with load:
+        with load, cost:
             ks.start()
-            wait_all_bound(api, len(work), args.timeout)
+            bound = wait_all_bound(api, len(work), args.timeout)
     finally:
         ks.stop()
     times = scheduler_bind_times(ks.log_file)
+    log(f"default arm: API calls {dict(sorted(cost.calls.items()))}")
     return {
         "default_bound": len(times),
         "default_pods_per_s": pods_per_s(times),
         **load.figures("default_"),
+        **cost.figures(bound, "default_"),
     }
+
+
+def host_cost(plane: Plane, api: Api, ks: KubeScheduler, tp: Topoplace | None) -> HostCost:
+    """The arm's processes for :class:`~benchmarks.live.metrics.HostCost`: the API server,
+    etcd, the arm's kube-scheduler, topoplace (its arm only) and this benchmark (its pod
+    lists while waiting), and the API server's request counts."""
+    pids: dict[str, Callable[[], int | None]] = {
+        "apiserver": lambda: plane.pid("kube-apiserver"),
+        "etcd": lambda: plane.pid("etcd"),
+        "scheduler": lambda: ks.pid,
+        "bench": os.getpid,
+    }
+    if tp is not None:
+        pids["topoplace"] = lambda: tp.pid
+    return HostCost(pids, lambda: api.get_text(api.server + "/metrics"))
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -585,7 +616,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for run in range(1, args.runs + 1):
             extra: dict[str, Any] = {}
             if "default" in args.arms and args.backend == "hami":
-                extra = run_default(args, api, kc, work_dir / "logs", work)
+                extra = run_default(args, plane, api, kc, work_dir / "logs", work)
                 log(
                     f"run {run} default-scheduler: {extra['default_bound']}/{len(work)} "
                     f"bound, {extra['default_pods_per_s']:.1f} pods/s"
@@ -594,7 +625,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if "topoplace" not in args.arms:
                 rows.append({"run": run, **extra})
                 continue
-            row, placed = run_arm(args, api, kc, work_dir / "logs", work)
+            row, placed = run_arm(args, plane, api, kc, work_dir / "logs", work)
             row.update(extra)
             if extra:
                 row["over_default"] = row["pods_per_s_sched"] / extra["default_pods_per_s"]
@@ -641,7 +672,14 @@ FIELDS = (
 )
 
 
+COST_PARTS = ("apiserver", "etcd", "scheduler", "topoplace", "bench", "total")
+COST_FIELDS = (
+    *(f"cpu_ms_{k}" for k in COST_PARTS),
+    "writes_per_pod",
+    "node_writes_per_pod",
+)
 DEFAULT_FIELDS = (
+    *(f"default_{k}" for k in COST_FIELDS if k != "cpu_ms_topoplace"),
     "pods_per_s_sched",
     "default_bound",
     "default_pods_per_s",
@@ -650,6 +688,40 @@ DEFAULT_FIELDS = (
     "default_load_mean",
     "default_load_max",
 )
+
+
+def cost_table(rows: list[dict[str, Any]]) -> list[str]:
+    """What each arm cost the host per pod placed (median of runs): CPU milliseconds of each
+    process from kube-scheduler's start to the last bind, and the API server's writes."""
+    arms = [("topoplace", "")] + (
+        [("default-scheduler", "default_")]
+        if all("default_cpu_ms_total" in r for r in rows)
+        else []
+    )
+    if not all("cpu_ms_total" in r for r in rows):
+        return []
+
+    def med(key: str) -> str:
+        xs = [float(r[key]) for r in rows if key in r]
+        return f"{statistics.median(xs):.2f}" if xs else "-"
+
+    lines = [
+        "",
+        "Host cost per pod placed (median of runs), from kube-scheduler's start to the last "
+        "bind: CPU ms of each process (`/proc/PID/stat`), the API server's writes (every "
+        "request but GET, LIST and WATCH, from its `apiserver_request_total`):",
+        "",
+        "| arm | kube-apiserver | etcd | kube-scheduler | topoplace | benchmark's lists | "
+        "all, CPU ms | API writes | of them on nodes |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for arm, pre in arms:
+        cells = [med(f"{pre}cpu_ms_{k}") for k in COST_PARTS]
+        lines.append(
+            f"| {arm} | " + " | ".join(cells) + f" | {med(pre + 'writes_per_pod')} | "
+            f"{med(pre + 'node_writes_per_pod')} |"
+        )
+    return lines
 
 
 def write_default(out: Path, rows: list[dict[str, Any]]) -> None:
@@ -675,7 +747,7 @@ def write(
     off: dict[str, Any],
 ) -> None:
     with open(out / "runs.csv", "w", newline="") as f:
-        have = [k for k in DEFAULT_FIELDS if all(k in r for r in rows)]
+        have = [k for k in (*COST_FIELDS, *DEFAULT_FIELDS) if all(k in r for r in rows)]
         w = csv.DictWriter(f, fieldnames=["run", *FIELDS, *have], extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
@@ -734,6 +806,7 @@ def write(
             if all("over_default" in r for r in rows)
             else []
         ),
+        *cost_table(rows),
         "",
         "Per run:",
         "",

@@ -8,13 +8,17 @@ the bind times of each gang's members.
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from benchmarks.live.scenario import LEAF_LABEL, Scenario
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -397,3 +401,81 @@ def apiserver_calls(before: Mapping[str, float], after: Mapping[str, float]) -> 
             continue
         out[name] = out.get(name, 0.0) + d
     return out
+
+
+def process_cpu_s(pid: int | None) -> float:
+    """CPU seconds (``utime + stime`` of ``/proc/PID/stat``) of a process; 0 for none or
+    one that is gone."""
+    if pid is None:
+        return 0.0
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+class HostCost:
+    """What an arm cost the host, as a ``with`` block around its scheduling: the CPU
+    seconds of each named process (``pids`` maps a name to a function giving its pid, read
+    at entry and at exit, so a process started inside the block counts from 0) and the API
+    server's requests (:func:`apiserver_calls`, when ``apiserver_metrics`` reads its
+    ``/metrics``). :meth:`figures` divides them by the pods placed: on a host whose cores
+    the whole control plane shares, pods/s follows the sum."""
+
+    def __init__(
+        self,
+        pids: Mapping[str, Callable[[], int | None]],
+        apiserver_metrics: Callable[[], str] | None = None,
+    ) -> None:
+        self.pids = pids
+        self.apiserver_metrics = apiserver_metrics
+        self.cpu_s: dict[str, float] = {}
+        self.calls: dict[str, float] = {}
+        self._start: dict[str, tuple[int | None, float]] = {}
+        self._api: dict[str, float] = {}
+
+    def _api_now(self) -> dict[str, float]:
+        if self.apiserver_metrics is None:
+            return {}
+        try:
+            return parse_prometheus(self.apiserver_metrics())
+        except Exception:  # the figures go without the API's counts, never the run
+            return {}
+
+    def __enter__(self) -> HostCost:
+        self._api = self._api_now()
+        for name, pid_of in self.pids.items():
+            pid = pid_of()
+            self._start[name] = (pid, process_cpu_s(pid))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for name, pid_of in self.pids.items():
+            pid = pid_of()
+            start_pid, start = self._start.get(name, (None, 0.0))
+            self.cpu_s[name] = process_cpu_s(pid) - (start if pid == start_pid else 0.0)
+        after = self._api_now()
+        self.calls = apiserver_calls(self._api, after) if after else {}
+
+    def figures(self, pods: int, prefix: str = "") -> dict[str, float]:
+        """``{prefix}cpu_ms_<name>`` per pod for each process, ``{prefix}cpu_ms_total``,
+        and the API server's writes per pod: ``{prefix}writes_per_pod`` (every request but
+        GET, LIST and WATCH) and ``{prefix}node_writes_per_pod`` (those on nodes)."""
+        n = max(pods, 1)
+        out = {f"{prefix}cpu_ms_{k}": 1000.0 * v / n for k, v in self.cpu_s.items()}
+        out[f"{prefix}cpu_ms_total"] = 1000.0 * sum(self.cpu_s.values()) / n
+        if self.calls:
+            writes = {
+                k: v
+                for k, v in self.calls.items()
+                if k.startswith("api_")
+                and k.split("_")[1] not in ("GET", "LIST", "WATCH")
+                and k != "api_watch_events_pod"
+            }
+            out[f"{prefix}writes_per_pod"] = sum(writes.values()) / n
+            out[f"{prefix}node_writes_per_pod"] = (
+                sum(v for k, v in writes.items() if k.split("_", 2)[2].startswith("nodes")) / n
+            )
+        return out
