@@ -46,7 +46,13 @@ untouched, the allocation ratio (GPU shares bound over the cluster's GPUs), shar
 overcommit a GPU (memory, compute or split count, recomputed from the annotations alone:
 must be 0), placed as offline, topoplace's server-side filter and bind latency, and the
 host's 1-minute load average while each arm ran (min / mean / max: both arms' pace moves
-with it on a shared host), in ``summary.md`` and ``runs.csv`` under ``--out``.
+with it on a shared host), in ``summary.md`` and ``runs.csv`` under ``--out``. And what
+each arm cost the host per pod placed, from kube-scheduler's start to the last bind
+(:class:`~benchmarks.live.metrics.HostCost`): the CPU milliseconds of the API server,
+etcd, kube-scheduler, topoplace and this process's own waiting (it lists only the pods
+still unbound, every 2 s), and the API server's writes per pod (of them on nodes: HAMi's
+node lock). When the whole control plane shares the host's cores, as here, an arm's pods/s
+follows the sum of that CPU, so this says where a gap between the arms comes from.
 
 Run::
 

@@ -59,3 +59,107 @@ def test_report_carries_each_arms_load(tmp_path: Path) -> None:
         rows = list(csv.DictReader(f))
     assert [float(r["load_mean"]) for r in rows] == [3.5, 6.0]
     assert [float(r["default_load_max"]) for r in rows] == [5.25, 3.0]
+
+
+def test_host_cost_counts_the_cpu_of_real_processes_and_the_api_writes() -> None:
+    """A real child process burns CPU inside the block, another idles: the meter tells
+    them apart, counts the child started inside from 0, and turns the API server's
+    counters (recorded text of ``apiserver_request_total``) into writes per pod."""
+    import subprocess
+    import sys
+
+    texts = iter(
+        [
+            'apiserver_request_total{code="201",resource="pods",subresource="binding",verb="POST"} 5\n'
+            'apiserver_request_total{code="200",resource="nodes",verb="PATCH"} 1\n',
+            'apiserver_request_total{code="201",resource="pods",subresource="binding",verb="POST"} 15\n'
+            'apiserver_request_total{code="200",resource="nodes",verb="PATCH"} 6\n'
+            'apiserver_request_total{code="200",resource="nodes",verb="GET"} 40\n'
+            'apiserver_request_total{code="200",resource="pods",verb="LIST"} 7\n'
+            'apiserver_request_total{code="201",resource="events",verb="POST"} 10\n',
+        ]
+    )
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    busy: list[subprocess.Popen[bytes]] = []
+    try:
+        time.sleep(0.3)  # the idle one's start-up, before the block
+        cost = frac.HostCost(
+            {"idle": lambda: idle.pid, "busy": lambda: busy[0].pid if busy else None},
+            lambda: next(texts),
+        )
+        with cost:
+            # started inside the block, as kube-scheduler is: counted from 0
+            busy.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-c",
+                        "import time\nt = time.process_time()\n"
+                        "while time.process_time() - t < 0.4: pass\ntime.sleep(30)",
+                    ]  # fmt: skip
+                )
+            )
+            time.sleep(1.2)
+        got = cost.figures(10)
+    finally:
+        for proc in (idle, *busy):
+            proc.kill()
+            proc.wait()
+    assert got["cpu_ms_idle"] < 5.0
+    assert 400.0 / 10 <= got["cpu_ms_busy"] <= 700.0 / 10  # its start-up and the 0.4 s
+    assert got["cpu_ms_total"] == got["cpu_ms_idle"] + got["cpu_ms_busy"]
+    assert got["writes_per_pod"] == (10 + 5 + 10) / 10  # bindings, node patches, events
+    assert got["node_writes_per_pod"] == 5 / 10
+
+
+def test_host_cost_reads_a_process_running_through_the_block() -> None:
+    import subprocess
+    import sys
+
+    child = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time\nsys.stdin.readline()\nt = time.process_time()\n"
+         "while time.process_time() - t < 0.3: pass\nsys.stdin.readline()"],
+        stdin=subprocess.PIPE,
+    )  # fmt: skip
+    assert child.stdin is not None
+    try:
+        cost = frac.HostCost({"child": lambda: child.pid})
+        time.sleep(0.3)  # its start-up, outside the block
+        with cost:
+            child.stdin.write(b"\n")
+            child.stdin.flush()
+            time.sleep(1.0)  # it burns 0.3 s of CPU, then waits
+        got = cost.figures(3)
+    finally:
+        child.kill()
+        child.wait()
+    assert 250.0 / 3 <= got["cpu_ms_child"] <= 600.0 / 3
+    assert "writes_per_pod" not in got  # no API server metrics were read
+
+
+def test_report_shows_each_arms_host_cost(tmp_path: Path) -> None:
+    args = argparse.Namespace(
+        backend="hami", nodes=300, workload="default", fill=0.9, runs=2, topoplace_src=None
+    )
+    work = [frac.Task("a00000-x", 1, 500)]
+    off = {"bound": 1, "nodes_used": 1, "gpus_used": 1, "gpus_untouched": 0,
+           "allocation": 0.5, "overcommitted_gpus": 0}  # fmt: skip
+    rows = []
+    for run, api_ms in ((1, 4.0), (2, 5.0)):
+        row = _row(run, 1.0, 1.0)
+        for part in frac.COST_PARTS:
+            row[f"cpu_ms_{part}"] = api_ms if part == "apiserver" else 1.0
+            if part != "topoplace":
+                row[f"default_cpu_ms_{part}"] = 0.5
+        row.update(writes_per_pod=2.5, node_writes_per_pod=0.5)
+        row.update(default_writes_per_pod=2.0, default_node_writes_per_pod=0.0)
+        rows.append(row)
+    frac.write(tmp_path, args, work, {}, rows, off)
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| topoplace | 4.50 | 1.00 | 1.00 | 1.00 | 1.00 | 1.00 | 2.50 | 0.50 |" in summary
+    assert "| default-scheduler | 0.50 | 0.50 | 0.50 | - | 0.50 | 0.50 | 2.00 | 0.00 |" in summary
+    with open(tmp_path / "runs.csv") as f:
+        got = list(csv.DictReader(f))
+    assert [float(r["cpu_ms_apiserver"]) for r in got] == [4.0, 5.0]
+    assert [float(r["default_node_writes_per_pod"]) for r in got] == [0.0, 0.0]
