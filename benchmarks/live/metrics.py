@@ -8,17 +8,14 @@ the bind times of each gang's members.
 from __future__ import annotations
 
 import math
-import os
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
+from benchmarks.live.kubesched import cpu_seconds
 from benchmarks.live.scenario import LEAF_LABEL, Scenario
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -403,17 +400,10 @@ def apiserver_calls(before: Mapping[str, float], after: Mapping[str, float]) -> 
     return out
 
 
-def process_cpu_s(pid: int | None) -> float:
-    """CPU seconds (``utime + stime`` of ``/proc/PID/stat``) of a process; 0 for none or
-    one that is gone."""
-    if pid is None:
-        return 0.0
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+def _cpu_s(pid: int | None) -> float:
+    """:func:`~benchmarks.live.kubesched.cpu_seconds`, 0 for no process or one gone."""
+    c = cpu_seconds(pid)
+    return 0.0 if math.isnan(c) else c
 
 
 class HostCost:
@@ -448,14 +438,14 @@ class HostCost:
         self._api = self._api_now()
         for name, pid_of in self.pids.items():
             pid = pid_of()
-            self._start[name] = (pid, process_cpu_s(pid))
+            self._start[name] = (pid, _cpu_s(pid))
         return self
 
     def __exit__(self, *exc: object) -> None:
         for name, pid_of in self.pids.items():
             pid = pid_of()
             start_pid, start = self._start.get(name, (None, 0.0))
-            self.cpu_s[name] = process_cpu_s(pid) - (start if pid == start_pid else 0.0)
+            self.cpu_s[name] = _cpu_s(pid) - (start if pid == start_pid else 0.0)
         after = self._api_now()
         self.calls = apiserver_calls(self._api, after) if after else {}
 

@@ -83,10 +83,9 @@ import yaml
 
 from benchmarks.live import chaos
 from benchmarks.live.chaos import stop_on_sigterm
-from benchmarks.live.kubesched import REPO
+from benchmarks.live.kubesched import REPO, cpu_seconds
 from scheduler.runtime.gangs import DONE_KEPT
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 DRIFT_MEASURES = (
     "rss_mb",
     "threads",
@@ -147,13 +146,6 @@ def threads(pid: int) -> int:
         if line.startswith("Threads:"):
             return int(line.split()[1])
     raise RuntimeError(f"no Threads for pid {pid}")
-
-
-def cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) ``pid`` has used."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()  # the name may hold spaces
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def histograms(text: str) -> dict[str, list[tuple[float, float]]]:
@@ -284,7 +276,7 @@ class Sampler:
         tp = self.plane.tp
         assert tp is not None and tp.pid is not None
         pid = tp.pid
-        cpu = cpu_s(pid)
+        cpu = cpu_seconds(pid)
         bound = self.driver.result.pods_bound
         text = tp.metrics()
         hist = histograms(text)
@@ -294,7 +286,7 @@ class Sampler:
         snap = Counter(i.get("kind") for i in tp.get("/v1/inspect/snapshot")["items"])
         pre = tp.get("/v1/inspect/preemptions")
         # the CPU topoplace spent answering these reads: kept out of the window's figure
-        after = cpu_s(pid)
+        after = cpu_seconds(pid)
         state = self.driver.poller.snapshot()
         now = time.monotonic() - self.t0
         row: dict[str, float] = {

@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 import os
 
+from benchmarks.live.kubesched import cpu_seconds
 from benchmarks.live.soak import (
     DRIFT_MEASURES,
     SIZE_MEASURES,
-    cpu_s,
     drifts,
     gauges,
     histograms,
@@ -98,4 +98,4 @@ def test_process_reads_of_this_process() -> None:
     pid = os.getpid()
     assert 10.0 < rss_mb(pid) < 100_000.0
     assert threads(pid) >= 1
-    assert cpu_s(pid) > 0.0
+    assert cpu_seconds(pid) > 0.0
