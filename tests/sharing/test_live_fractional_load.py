@@ -44,19 +44,23 @@ def _row(run: int, load: float, default_load: float) -> dict[str, object]:
     return row
 
 
-def test_report_carries_each_arms_load(tmp_path: Path) -> None:
+def _report(out: Path, rows: list[dict[str, object]]) -> tuple[str, list[dict[str, str]]]:
+    """The report of two tasks' runs ``rows``: (summary.md, runs.csv rows)."""
     args = argparse.Namespace(
         backend="hami", nodes=300, workload="default", fill=0.9, runs=2, topoplace_src=None
     )
     work = [frac.Task("a00000-x", 1, 500), frac.Task("a00001-y", 2, 1000)]
     off = {"bound": 2, "nodes_used": 1, "gpus_used": 3, "gpus_untouched": 0,
            "allocation": 0.5, "overcommitted_gpus": 0}  # fmt: skip
-    frac.write(tmp_path, args, work, {}, [_row(1, 3.5, 4.25), _row(2, 6.0, 2.0)], off)
-    summary = (tmp_path / "summary.md").read_text()
+    frac.write(out, args, work, {}, rows, off)
+    with open(out / "runs.csv") as f:
+        return (out / "summary.md").read_text(), list(csv.DictReader(f))
+
+
+def test_report_carries_each_arms_load(tmp_path: Path) -> None:
+    summary, rows = _report(tmp_path, [_row(1, 3.5, 4.25), _row(2, 6.0, 2.0)])
     assert "load average" in summary
     assert "topoplace 3.5, 6.0; default-scheduler 4.2, 2.0" in summary
-    with open(tmp_path / "runs.csv") as f:
-        rows = list(csv.DictReader(f))
     assert [float(r["load_mean"]) for r in rows] == [3.5, 6.0]
     assert [float(r["default_load_max"]) for r in rows] == [5.25, 3.0]
 
@@ -139,12 +143,6 @@ def test_host_cost_reads_a_process_running_through_the_block() -> None:
 
 
 def test_report_shows_each_arms_host_cost(tmp_path: Path) -> None:
-    args = argparse.Namespace(
-        backend="hami", nodes=300, workload="default", fill=0.9, runs=2, topoplace_src=None
-    )
-    work = [frac.Task("a00000-x", 1, 500)]
-    off = {"bound": 1, "nodes_used": 1, "gpus_used": 1, "gpus_untouched": 0,
-           "allocation": 0.5, "overcommitted_gpus": 0}  # fmt: skip
     rows = []
     for run, api_ms in ((1, 4.0), (2, 5.0)):
         row = _row(run, 1.0, 1.0)
@@ -155,11 +153,8 @@ def test_report_shows_each_arms_host_cost(tmp_path: Path) -> None:
         row.update(writes_per_pod=2.5, node_writes_per_pod=0.5)
         row.update(default_writes_per_pod=2.0, default_node_writes_per_pod=0.0)
         rows.append(row)
-    frac.write(tmp_path, args, work, {}, rows, off)
-    summary = (tmp_path / "summary.md").read_text()
+    summary, got = _report(tmp_path, rows)
     assert "| topoplace | 4.50 | 1.00 | 1.00 | 1.00 | 1.00 | 1.00 | 2.50 | 0.50 |" in summary
     assert "| default-scheduler | 0.50 | 0.50 | 0.50 | - | 0.50 | 0.50 | 2.00 | 0.00 |" in summary
-    with open(tmp_path / "runs.csv") as f:
-        got = list(csv.DictReader(f))
     assert [float(r["cpu_ms_apiserver"]) for r in got] == [4.0, 5.0]
     assert [float(r["default_node_writes_per_pod"]) for r in got] == [0.0, 0.0]
