@@ -4,6 +4,11 @@ anything in topoplace drift or pile up?
     python -m benchmarks.live.soak --kube-bin ~/kube-bin-1.36 --seed 1 --duration 7200 \\
         --out out/live-soak
 
+and, with no run, the drift table of a part of a finished one (samples after ``--warmup``)::
+
+    python -m benchmarks.live.soak --from-samples benchmarks/results/live-soak.samples.csv \\
+        --warmup 1560
+
 The plane, the nodes and the work are :mod:`benchmarks.live.chaos`'s (whole-GPU pods,
 gangs with and without a leaf constraint, HAMi shares, DRA claim pods gated and ungated,
 three priorities, completions), with no fault injected; the invariants are checked all
@@ -462,6 +467,31 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
+def table_lines(table: Sequence[Drift]) -> list[str]:
+    """The drift table in Markdown."""
+    lines = [
+        "| measure | start | end | OLS slope /h | Theil-Sen slope /h | max | bound | holds "
+        "| ols holds |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for d in table:
+        lines.append(
+            f"| {d.measure} | {_fmt(d.start)} | {_fmt(d.end)} | {_fmt(d.slope_h)} | "
+            f"{_fmt(d.robust_h)} | {_fmt(d.peak)} | {d.bound} | {'yes' if d.holds else 'NO'} "
+            f"| {'yes' if d.ols_holds else 'NO'} |"
+        )
+    return lines
+
+
+def read_samples(path: Path) -> list[dict[str, float]]:
+    """The rows of a ``samples.csv`` (an empty cell reads as NaN)."""
+    with open(path, newline="") as f:
+        return [
+            {k: float(v) if v not in ("", "nan") else math.nan for k, v in r.items()}
+            for r in csv.DictReader(f)
+        ]
+
+
 def markdown(
     table: Sequence[Drift],
     result: chaos.Result,
@@ -519,16 +549,8 @@ def markdown(
         "cannot pull it); `ols holds` says whether the least-squares slope keeps under the "
         "same bound. Sizes are held to their ceiling (`max`); load1 is the host's, reported.",
         "",
-        "| measure | start | end | OLS slope /h | Theil-Sen slope /h | max | bound | holds "
-        "| ols holds |",
-        "|---|---|---|---|---|---|---|---|---|",
+        *table_lines(table),
     ]
-    for d in table:
-        lines.append(
-            f"| {d.measure} | {_fmt(d.start)} | {_fmt(d.end)} | {_fmt(d.slope_h)} | "
-            f"{_fmt(d.robust_h)} | {_fmt(d.peak)} | {d.bound} | {'yes' if d.holds else 'NO'} "
-            f"| {'yes' if d.ols_holds else 'NO'} |"
-        )
     jobs = sum(result.created.values())
     lines += [
         "",
@@ -553,6 +575,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sample", type=float, default=30.0, help="seconds between samples")
     p.add_argument("--warmup", type=float, default=300.0, help="seconds not measured")
     p.add_argument("--drift", type=float, default=0.10, help="drift bound over the run")
+    p.add_argument(
+        "--from-samples",
+        default=None,
+        help="no run: the drift table of a samples.csv after --warmup seconds (sizes reported)",
+    )
     own, rest = p.parse_known_args(argv)
     defaults = ["--duration", "7200", "--out", "out/live-soak"]
     args = chaos.parse_args([*defaults, *rest, "--fault-count", "0", "--faults", ""])
@@ -608,6 +635,10 @@ def write(
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.from_samples:
+        table = drifts(read_samples(Path(args.from_samples)), args.warmup, args.drift, {})
+        print("\n".join(table_lines(table)))
+        return 0
     stop_on_sigterm()
     command = "python -m benchmarks.live.soak " + " ".join(sys.argv[1:] if argv is None else argv)
     out = Path(args.out)

@@ -99,3 +99,37 @@ def test_process_reads_of_this_process() -> None:
     assert 10.0 < rss_mb(pid) < 100_000.0
     assert threads(pid) >= 1
     assert cpu_seconds(pid) > 0.0
+
+
+def test_from_samples_recomputes_the_table_of_a_later_part(tmp_path, capsys) -> None:
+    """``--from-samples`` re-reads a samples.csv and judges only the samples after
+    ``--warmup``: a CPU rise confined to the first hour fails over the run and holds over
+    the second hour."""
+    import csv
+
+    from benchmarks.live.soak import COLUMNS, main
+
+    rows = []
+    for i in range(240):
+        t = 30.0 * i
+        row = dict.fromkeys(COLUMNS, 1.0)
+        row.update(t_s=t, load1=0.2, rss_mb=180.0, threads=19, fds=25)
+        row.update(filter_p99_ms=7.5, bind_p99_ms=25.0)
+        cpu = 8.0 + 2.0 * min(t, 3600.0) / 3600.0  # rises for an hour, then flat
+        row.update(cpu_ms_per_s=cpu, cpu_ms_per_pod=cpu * 3.0)
+        rows.append(row)
+    rows[100]["cpu_ms_per_pod"] = math.nan  # a window with no pod bound
+    path = tmp_path / "samples.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+
+    def verdict(warmup: str) -> dict[str, str]:
+        assert main(["--from-samples", str(path), "--warmup", warmup]) == 0
+        out = capsys.readouterr().out
+        cells = [line.split(" | ") for line in out.splitlines() if line.startswith("| cpu_")]
+        return {c[0].strip("| "): c[7] for c in cells}
+
+    assert verdict("300") == {"cpu_ms_per_pod": "NO", "cpu_ms_per_s": "NO"}
+    assert verdict("3600") == {"cpu_ms_per_pod": "yes", "cpu_ms_per_s": "yes"}
