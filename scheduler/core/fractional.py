@@ -897,40 +897,37 @@ def choose_devices(
         tenancy = None  # no limit applies: every device's check would allow it
     devs = node_devices(node)
     used = {i: usage_of(node, i) for i in range(node.gpu_capacity)}
+
+    def fits(d: Any, s: GpuShare) -> bool:
+        return device_fits(node, d, s, used[d.index], req, _gpu_tenancy(tenancy, d.index))
+
     out: list[list[GpuShare]] = []
     for ask in req.containers:
         if ask.count <= 0:
             out.append([])
             continue
-        if ask.count == 1 and first is not None and 0 <= first < len(devs):
-            # The policy's device, when it fits, is taken whatever the others are.
-            d = devs[first]
-            s = resolve(ask, d)
-            if d.index == first and device_fits(
-                node, d, s, used[d.index], req, _gpu_tenancy(tenancy, d.index)
-            ):
-                m, c, t = used[first]
-                used[first] = (m + s.memory_mib, c + s.milli, t + 1)
-                out.append([s])
-                continue
-        fits = []
-        for d in devs:
-            s = resolve(ask, d)
-            if device_fits(node, d, s, used[d.index], req, _gpu_tenancy(tenancy, d.index)):
-                fits.append((d.memory_mib - used[d.index][0] - s.memory_mib, d.index, s))
-        if len(fits) < ask.count:
-            return None
-        fits.sort()
-        if ask.count == 1:
-            pick = [f for f in fits if f[1] == first][:1] or fits[:1]
+        # One device: the policy's, when it fits, whatever the others are.
+        d = next((d for d in devs if d.index == first), None) if ask.count == 1 else None
+        if d is not None and fits(d, s := resolve(ask, d)):
+            shares = [s]
         else:
-            mask = sum(1 << f[1] for f in fits)
-            chosen = best_set(node.shape, mask, ask.count, policy) if node.gpu_capacity else None
-            if chosen is not None and len(chosen.gpus) == ask.count:
-                pick = [f for f in fits if f[1] in chosen.gpus]
-            else:
-                pick = fits[: ask.count]
-        shares = [f[2] for f in sorted(pick, key=lambda f: f[1])]
+            each = ((d, resolve(ask, d)) for d in devs)
+            ranked = sorted(
+                (d.memory_mib - used[d.index][0] - s.memory_mib, d.index, s)
+                for d, s in each
+                if fits(d, s)
+            )
+            if len(ranked) < ask.count:
+                return None
+            pick = ranked[: ask.count]  # the tightest
+            if ask.count > 1:
+                mask = sum(1 << f[1] for f in ranked)
+                chosen = (
+                    best_set(node.shape, mask, ask.count, policy) if node.gpu_capacity else None
+                )
+                if chosen is not None and len(chosen.gpus) == ask.count:
+                    pick = [f for f in ranked if f[1] in chosen.gpus]
+            shares = [f[2] for f in sorted(pick, key=lambda f: f[1])]
         for s in shares:
             m, c, t = used[s.gpu]
             used[s.gpu] = (m + s.memory_mib, c + s.milli, t + 1)
