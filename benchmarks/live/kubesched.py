@@ -562,6 +562,11 @@ class Topoplace:
         _stop(self.proc, grace=40.0)
 
     @property
+    def client_args(self) -> Mapping[str, Any]:
+        """httpx keyword arguments for a client of this process (its TLS context, if any)."""
+        return self._client_args
+
+    @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 

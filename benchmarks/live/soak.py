@@ -32,6 +32,14 @@ sampler records, of the ``topoplace serve`` process:
   inspect endpoints, reported with its slope, so a read that grows costlier shows there);
   ``cpu_ms_per_s`` is the same window's CPU over its seconds (the whole rate, background
   included: watches, the Lease, the waker);
+* ``filter_mean_ms``: the mean server time of the window's filter requests (the
+  histogram's ``_sum`` and ``_count`` deltas): the cost of one call of the stream's mix;
+* ``calib_cpu_ms``: CPU of topoplace per filter call over :data:`CALIBRATION_CALLS` calls of
+  one fixed request in a row (:func:`calibration_body`), right after the reads. CPU per pod
+  moves with the stream's mix (a gang waiting for room makes kube-scheduler retry its
+  members, and each retry is a filter that binds nothing); the calibration is the same
+  work every time, so it can only move if topoplace's own state makes a call costlier.
+  Its CPU and its calls are outside the windows of the other measures;
 * sizes of what could accumulate: ``parked`` (``topoplace_parked_pods``),
   ``binds_in_flight`` (``topoplace_kube_binds_in_flight``), ``decisions`` and
   ``decision_mb`` (the decision ring of ``/v1/inspect/decisions``), ``placements`` and
@@ -83,7 +91,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
+import orjson
 import yaml
 
 from benchmarks.live import chaos
@@ -97,9 +107,15 @@ DRIFT_MEASURES = (
     "fds",
     "filter_p99_ms",
     "bind_p99_ms",
+    "filter_mean_ms",
     "cpu_ms_per_pod",
     "cpu_ms_per_s",
+    "calib_cpu_ms",
 )
+CALIBRATION_CALLS = 600
+"""Filter calls of one calibration (``calib_cpu_ms``): at about 0.35 ms of CPU each, 0.2 s,
+20 ticks of the kernel's 10 ms CPU clock; the Theil-Sen slope over a run's samples sees
+through the tick."""
 SIZE_MEASURES = (
     "parked",
     "binds_in_flight",
@@ -127,6 +143,7 @@ _BUCKET = re.compile(
     r'^topoplace_request_seconds_bucket\{le="([^"]+)",verb="([a-z]+)"\} ([0-9.e+-]+)$'
 )
 _GAUGE = re.compile(r"^(topoplace_[a-z_]+) ([0-9.e+-]+)$")
+_SUM_COUNT = re.compile(r'^topoplace_request_seconds_(sum|count)\{verb="([a-z]+)"\} ([0-9.e+-]+)$')
 
 
 def log(msg: str) -> None:
@@ -164,6 +181,56 @@ def histograms(text: str) -> dict[str, list[tuple[float, float]]]:
     for v in out.values():
         v.sort()
     return out
+
+
+def sums_counts(text: str) -> dict[str, tuple[float, float]]:
+    """verb -> ``(sum of seconds, count)`` of ``topoplace_request_seconds``."""
+    got: dict[tuple[str, str], float] = {}
+    for line in text.splitlines():
+        m = _SUM_COUNT.match(line)
+        if m:
+            got[(m.group(2), m.group(1))] = float(m.group(3))
+    verbs = {v for v, _ in got}
+    return {v: (got.get((v, "sum"), 0.0), got.get((v, "count"), 0.0)) for v in verbs}
+
+
+def window_mean_ms(now: tuple[float, float] | None, before: tuple[float, float] | None) -> float:
+    """Mean milliseconds of the requests between two ``(sum, count)`` readings (nan when the
+    window saw none)."""
+    if now is None:
+        return math.nan
+    s0, c0 = before or (0.0, 0.0)
+    n = now[1] - c0
+    return (now[0] - s0) / n * 1000.0 if n > 0 else math.nan
+
+
+def calibration_body(nodes: Sequence[str]) -> bytes:
+    """The calibration's filter request: the same pod every time, as kube-scheduler sends
+    it (PascalCase ``ExtenderArgs``, ``NodeNames`` for the shipped ``nodeCacheCapable``,
+    no TypeMeta, an empty ``nodeName``): a 1-GPU whole-GPU pod, the commonest kind of the
+    stream, against every node. Its pools take in the probe node, which no work uses when
+    no fault runs, so some node always passes it: it is never refused, so never parked or
+    woken. It never exists in the API server, so topoplace keeps nothing of it past its
+    pending-pod expiry."""
+    pod = chaos._pod("soak-calibration", {"nvidia.com/gpu": "1"}, "low", ("work", "hami", "probe"))
+    del pod["kind"], pod["apiVersion"]
+    pod["metadata"]["uid"] = "00000000-0000-4000-8000-0000000ca11b"
+    pod["spec"]["nodeName"] = ""
+    return orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": sorted(nodes)})
+
+
+def calibrate(url: str, pid: int, body: bytes, calls: int, client_args: Mapping[str, Any]) -> float:
+    """Milliseconds of CPU of process ``pid`` per filter call over ``calls`` POSTs of
+    ``body`` to ``url`` in a row: the same work at every sample, so its cost can only move
+    with topoplace's state, not with the stream's mix of work."""
+    with httpx.Client(timeout=30, **client_args) as http:
+        http.post(url, content=body, headers={"Content-Type": "application/json"})  # connect
+        c0 = cpu_seconds(pid)
+        for _ in range(calls):
+            r = http.post(url, content=body, headers={"Content-Type": "application/json"})
+            r.raise_for_status()
+        c1 = cpu_seconds(pid)
+    return (c1 - c0) / calls * 1000.0
 
 
 def gauges(text: str) -> dict[str, float]:
@@ -247,14 +314,24 @@ class Sampler:
     """Samples the measures of the module docstring every ``interval`` seconds in a thread
     (a sample whose reads fail is skipped, counted in ``errors``)."""
 
-    def __init__(self, plane: chaos.Plane, driver: chaos.Driver, interval: float) -> None:
+    def __init__(
+        self,
+        plane: chaos.Plane,
+        driver: chaos.Driver,
+        interval: float,
+        calls: int = CALIBRATION_CALLS,
+    ) -> None:
         self.plane = plane
         self.driver = driver
         self.interval = interval
+        self.calls = calls
         self.rows: list[dict[str, float]] = []
         self.errors = 0
         self.t0 = time.monotonic()
-        self._prev: tuple[float, int, dict[str, list[tuple[float, float]]], float] | None = None
+        self._prev: (
+            tuple[float, int, dict[str, list[tuple[float, float]]], float, tuple[float, float]]
+            | None
+        ) = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="soak-sampler", daemon=True)
 
@@ -288,9 +365,25 @@ class Sampler:
         g = gauges(text)
         decisions = tp.get("/v1/inspect/decisions?limit=1")["ring"]
         placements = tp.get("/v1/inspect/placements")
-        snap = Counter(i.get("kind") for i in tp.get("/v1/inspect/snapshot")["items"])
+        items = tp.get("/v1/inspect/snapshot")["items"]
+        snap = Counter(i.get("kind") for i in items)
         pre = tp.get("/v1/inspect/preemptions")
-        # the CPU topoplace spent answering these reads: kept out of the window's figure
+        reads_done = cpu_seconds(pid)
+        calib = math.nan
+        if self.calls > 0:
+            nodes = [i["metadata"]["name"] for i in items if i.get("kind") == "Node"]
+            calib = calibrate(
+                f"{tp.extender_url}/filter",
+                pid,
+                calibration_body(nodes),
+                self.calls,
+                tp.client_args,
+            )
+        filt = sums_counts(text).get("filter")
+        # the calibration's calls are in the histograms: the next window starts after them
+        base_text = tp.metrics() if self.calls > 0 else text
+        # the CPU topoplace spent answering these reads and the calibration: kept out of the
+        # window's figure
         after = cpu_seconds(pid)
         state = self.driver.poller.snapshot()
         now = time.monotonic() - self.t0
@@ -306,7 +399,9 @@ class Sampler:
             "bind_p99_ms": math.nan,
             "cpu_ms_per_pod": math.nan,
             "cpu_ms_per_s": math.nan,
-            "sampler_cpu_ms": round((after - cpu) * 1000.0, 1),
+            "filter_mean_ms": math.nan,
+            "calib_cpu_ms": round(calib, 3),
+            "sampler_cpu_ms": round((reads_done - cpu) * 1000.0, 1),
             "metrics_kb": round(len(text.encode()) / 1024, 1),
             "parked": g.get("topoplace_parked_pods", math.nan),
             "binds_in_flight": g.get("topoplace_kube_binds_in_flight", math.nan),
@@ -337,10 +432,11 @@ class Sampler:
             ),
         }
         if self._prev is not None:
-            pcpu, pbound, phist, pt = self._prev
+            pcpu, pbound, phist, pt, pfilt = self._prev
             for verb in ("filter", "bind"):
                 q = window_quantile(hist.get(verb, []), phist.get(verb, []), 0.99)
                 row[f"{verb}_p99_ms"] = q * 1000.0 if math.isfinite(q) else q
+            row["filter_mean_ms"] = round(window_mean_ms(filt, pfilt), 3)
             pods = bound - pbound
             # the window: from the end of the previous sample's reads to the start of these
             if pods > 0:
@@ -348,7 +444,13 @@ class Sampler:
             if now > pt:
                 row["cpu_ms_per_s"] = round((cpu - pcpu) / (now - pt) * 1000.0, 2)
             self.rows.append(row)
-        self._prev = (after, bound, hist, time.monotonic() - self.t0)
+        self._prev = (
+            after,
+            bound,
+            histograms(base_text),
+            time.monotonic() - self.t0,
+            sums_counts(base_text).get("filter") or (0.0, 0.0),
+        )
 
 
 # ---- the report ---------------------------------------------------------------------------------
@@ -391,13 +493,16 @@ def drifts(
     hours = max((ts[-1] - ts[0]) / 3600.0, 1e-9)
     out: list[Drift] = []
     for m in DRIFT_MEASURES:
-        ys = [float(r[m]) for r in kept]
+        ys = [float(r.get(m, math.nan)) for r in kept]
         finite = [y for y in ys if math.isfinite(y)]
         level = statistics.median(finite) if finite else math.nan
         s = slope_per_hour(ts, ys)
         rs = theil_sen_per_hour(ts, ys)
         start, end = _first_last(ys)
         limit = drift * level / hours if math.isfinite(level) else math.nan
+        if not finite:  # a samples.csv written before the measure existed
+            out.append(Drift(m, *(math.nan,) * 5, "not sampled", True, True))
+            continue
         out.append(
             Drift(
                 m,
