@@ -5,18 +5,23 @@ from __future__ import annotations
 
 import math
 import os
+import time
 
 from benchmarks.live.kubesched import cpu_seconds
 from benchmarks.live.soak import (
     DRIFT_MEASURES,
     SIZE_MEASURES,
+    calibrate,
+    calibration_body,
     drifts,
     gauges,
     histograms,
     parse_args,
     rss_mb,
     slope_per_hour,
+    sums_counts,
     threads,
+    window_mean_ms,
     window_quantile,
 )
 
@@ -31,6 +36,10 @@ topoplace_request_seconds_bucket{le="0.005",verb="bind"} 1.0
 topoplace_request_seconds_bucket{le="0.01",verb="bind"} 1.0
 topoplace_request_seconds_bucket{le="0.05",verb="bind"} 2.0
 topoplace_request_seconds_bucket{le="+Inf",verb="bind"} 3.0
+topoplace_request_seconds_sum{verb="filter"} 0.25
+topoplace_request_seconds_count{verb="filter"} 100.0
+topoplace_request_seconds_sum{verb="bind"} 0.09
+topoplace_request_seconds_count{verb="bind"} 3.0
 topoplace_parked_pods 4.0
 topoplace_binds_total{result="ok"} 7.0
 """
@@ -51,6 +60,68 @@ def test_window_quantile_is_over_the_window_only() -> None:
     assert math.isnan(window_quantile(before, before, 0.99))  # nothing in the window
     bind = histograms(EXPOSITION)["bind"]
     assert window_quantile(bind, [], 0.99) == math.inf  # past the last finite bound
+
+
+def test_window_mean_is_over_the_window_only() -> None:
+    sc = sums_counts(EXPOSITION)
+    assert sc == {"filter": (0.25, 100.0), "bind": (0.09, 3.0)}
+    assert math.isclose(window_mean_ms(sc["filter"], None), 2.5)
+    # 50 more filter calls taking 0.5 s together: 10 ms each in that window
+    assert math.isclose(window_mean_ms((0.75, 150.0), sc["filter"]), 10.0)
+    assert math.isnan(window_mean_ms(sc["filter"], sc["filter"]))  # no call in the window
+    assert math.isnan(window_mean_ms(None, sc["filter"]))
+
+
+def test_calibration_body_is_one_fixed_request_as_kube_scheduler_sends_it() -> None:
+    import orjson
+
+    body = calibration_body(["chaos-w1", "chaos-probe", "chaos-w0"])
+    assert body == calibration_body(["chaos-w0", "chaos-w1", "chaos-probe"])  # same each time
+    args = orjson.loads(body)
+    assert set(args) == {"Pod", "Nodes", "NodeNames"} and args["Nodes"] is None
+    assert args["NodeNames"] == ["chaos-probe", "chaos-w0", "chaos-w1"]
+    pod = args["Pod"]
+    assert "kind" not in pod and "apiVersion" not in pod  # typed informer cache: no TypeMeta
+    assert pod["spec"]["nodeName"] == "" and pod["metadata"]["uid"]
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    # the probe node, idle when no fault runs, is among its pools: it is never refused
+    term = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert "probe" in term["nodeSelectorTerms"][0]["matchExpressions"][0]["values"]
+
+
+def test_calibrate_counts_the_cpu_of_the_server_per_call() -> None:
+    """A real HTTP server in this process that spends CPU on each request: the calibration
+    posts the body ``calls`` times (after one connecting call) and reports this process's
+    CPU per call, which covers the server's work."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[bytes] = []
+
+    class Burn(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            seen.append(self.rfile.read(int(self.headers["Content-Length"])))
+            t0 = time.thread_time()
+            while time.thread_time() - t0 < 0.004:  # 4 ms of CPU
+                pass
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Burn)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/scheduler/filter"
+        ms = calibrate(url, os.getpid(), b'{"Pod": {}}', 50, {})
+    finally:
+        server.shutdown()
+    assert len(seen) == 51 and set(seen) == {b'{"Pod": {}}'}
+    # the 4 ms each call burns, plus the client's and server's own, read in 10 ms ticks
+    assert 3.5 <= ms < 40.0
 
 
 def test_slope_per_hour() -> None:
@@ -86,6 +157,17 @@ def test_drift_bounds_hold_for_flat_and_fail_for_growing() -> None:
     assert math.isclose(by["rss_mb"].slope_h, 40.0) and not by["rss_mb"].holds
     assert by["decisions"].peak == 2500.0 and not by["decisions"].holds
     assert args.duration == 7200 and args.fault_count == 0 and args.faults == []
+
+
+def test_a_measure_missing_from_older_samples_is_not_sampled_not_failed() -> None:
+    rows = _rows([200.0] * 13, [1.0] * 13)
+    for r in rows:
+        del r["calib_cpu_ms"]
+        r["filter_mean_ms"] = math.nan
+    by = {d.measure: d for d in drifts(rows, 0.0, 0.10, {})}
+    for m in ("calib_cpu_ms", "filter_mean_ms"):
+        assert by[m].bound == "not sampled" and by[m].holds and math.isnan(by[m].start)
+    assert by["rss_mb"].holds and by["rss_mb"].bound.startswith("growth <=")
 
 
 def test_warmup_samples_are_not_measured() -> None:
