@@ -7,7 +7,7 @@ anything in topoplace drift or pile up?
 and, with no run, the drift table of a part of a finished one (samples after ``--warmup``)::
 
     python -m benchmarks.live.soak --from-samples benchmarks/results/live-soak.samples.csv \\
-        --warmup 1560
+        --warmup 3600
 
 The plane, the nodes and the work are :mod:`benchmarks.live.chaos`'s (whole-GPU pods,
 gangs with and without a leaf constraint, HAMi shares, DRA claim pods gated and ungated,
@@ -381,7 +381,10 @@ class Sampler:
             )
         filt = sums_counts(text).get("filter")
         # the calibration's calls are in the histograms: the next window starts after them
-        base_text = tp.metrics() if self.calls > 0 else text
+        base_hist, base_filt = hist, filt
+        if self.calls > 0:
+            base_text = tp.metrics()
+            base_hist, base_filt = histograms(base_text), sums_counts(base_text).get("filter")
         # the CPU topoplace spent answering these reads and the calibration: kept out of the
         # window's figure
         after = cpu_seconds(pid)
@@ -447,9 +450,9 @@ class Sampler:
         self._prev = (
             after,
             bound,
-            histograms(base_text),
+            base_hist,
             time.monotonic() - self.t0,
-            sums_counts(base_text).get("filter") or (0.0, 0.0),
+            base_filt or (0.0, 0.0),
         )
 
 
