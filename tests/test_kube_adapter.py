@@ -1080,3 +1080,65 @@ def test_disruption_budgets_the_api_refuses_are_skipped() -> None:
     w.sync()
     assert PDBS not in w.kinds and BUDGETS_EXTRA not in w.cache.snapshot().extra
     assert w.synced
+
+
+# ---- the parked-pod waker's patch, raw over HTTP -----------------------------------------
+
+
+def test_waker_patch_is_a_strategic_merge_of_one_annotation_over_http() -> None:
+    """The waker's PATCH goes out raw (not through the generated client) with the content
+    type the generated ``patch_namespaced_pod`` would pick for an object, the credentials,
+    and exactly the annotation; a recorded 404 is "gone", a 503 "error", an unreachable
+    server "error" too, and the worker thread keeps going after each."""
+    import datetime
+
+    from scheduler.kube.metrics import KubeMetrics
+    from scheduler.kube.waker import WAKE_ANNOTATION, PodWaker
+
+    path = "/api/v1/namespaces/rec/pods/train-a"
+    stamp = datetime.datetime(2026, 12, 7, 14, 30, 0, 123456, tzinfo=datetime.UTC)
+    with RecordedApiServer() as srv:
+        srv.add("PATCH", path, 200, "get_pod_bound.json")
+        srv.add("PATCH", "/api/v1/namespaces/rec/pods/no-such-pod", 404, "get_pod_404.json")
+        srv.add(
+            "PATCH", "/api/v1/namespaces/rec/pods/busy", 503, "list_503_service_unavailable.json"
+        )
+        api = srv.api()
+        api.api_client.configuration.api_key = {"authorization": "Bearer recorded-token"}
+        metrics = KubeMetrics()
+        waker = PodWaker(api, metrics, now=lambda: stamp)
+        assert waker.wake_now("rec/train-a", "gang g has room") == "ok"
+        assert waker.wake_now("rec/no-such-pod", "gang g has room") == "gone"
+        assert waker.wake_now("rec/busy", "gang g has room") == "error"
+        ok, gone, busy = srv.requests
+    assert ok["method"] == "PATCH" and ok["path"] == path
+    assert ok["content_type"] == "application/strategic-merge-patch+json"
+    assert ok["authorization"] == "Bearer recorded-token"
+    want = {
+        "metadata": {
+            "annotations": {WAKE_ANNOTATION: "2026-12-07T14:30:00.123456Z gang g has room"}
+        }
+    }
+    assert json.loads(ok["body"]) == want
+    assert gone["path"] == "/api/v1/namespaces/rec/pods/no-such-pod"
+    counts = {
+        s.labels["outcome"]: s.value
+        for m in metrics.wakes.collect()
+        for s in m.samples
+        if s.name.endswith("_total")
+    }
+    assert counts == {"ok": 1.0, "gone": 1.0, "error": 1.0}
+
+
+def test_pod_patch_quotes_names_and_maps_a_dead_server() -> None:
+    """Namespace and name are path-quoted; a server that is not there is ApiUnavailable
+    (the waker counts it as an error and logs it, never raises)."""
+    with RecordedApiServer() as srv:
+        srv.add("PATCH", "/api/v1/namespaces/a%2Fb/pods/c%20d", 200, "get_pod_bound.json")
+        got = srv.api().patch_pod_annotations("a/b", "c d", {"k": "v"})
+        (req,) = srv.requests
+        dead = srv.api()
+    assert got["metadata"]["name"] == "train-a"
+    assert req["path"] == "/api/v1/namespaces/a%2Fb/pods/c%20d"
+    with pytest.raises(ApiUnavailable):
+        dead.patch_pod_annotations("rec", "train-a", {"k": "v"})

@@ -191,13 +191,17 @@ AUTH_HEADERS_TTL_S = 60.0
 hour and are refreshed by the kubelet well before they expire; a 401 refreshes at once)."""
 
 
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+
+
 def _node_path(name: str) -> str:
     return f"/api/v1/nodes/{quote(name, safe='')}"
 
 
-def _pod_path(namespace: str, name: str, sub: str) -> str:
-    """The path of a pod's subresource ``sub`` (binding, eviction)."""
-    return f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/{sub}"
+def _pod_path(namespace: str, name: str, sub: str = "") -> str:
+    """The path of a pod, or of its subresource ``sub`` (binding, eviction)."""
+    path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
+    return f"{path}/{sub}" if sub else path
 
 
 def _annotations_patch(
@@ -442,9 +446,15 @@ class KubeApi:
     def patch_pod_annotations(
         self, namespace: str, name: str, annotations: Mapping[str, str]
     ) -> dict[str, Any]:
-        """Merge ``annotations`` into a pod's metadata (strategic merge patch)."""
-        body = {"metadata": {"annotations": dict(annotations)}}
-        return self._json(self._core.patch_namespaced_pod, name, namespace, body)
+        """Merge ``annotations`` into a pod's metadata (a strategic merge patch, the
+        content type the generated ``patch_namespaced_pod`` picks for an object body).
+
+        Sent raw on the client's pool (as :meth:`request_json`): the parked-pod waker
+        patches once or more per pod it wakes, and the generated method's argument
+        validation and response handling cost more than the request itself (profiled in
+        the live soak: the waker's patches were 8 % of the serving process's CPU)."""
+        body = orjson.dumps({"metadata": {"annotations": dict(annotations)}})
+        return self._request("PATCH", _pod_path(namespace, name), body, STRATEGIC_MERGE_PATCH)
 
     def get_node(self, name: str) -> dict[str, Any]:
         """GET one node (raw JSON, without managedFields). Raises ApiError (404...)."""

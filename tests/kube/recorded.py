@@ -227,6 +227,9 @@ class RecordedApiServer:
             def do_POST(self) -> None:
                 self._serve("POST")
 
+            def do_PATCH(self) -> None:
+                self._serve("PATCH")
+
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), daemon=True)
