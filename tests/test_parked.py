@@ -238,3 +238,36 @@ def test_one_window_wakes_at_most_max_wakes_pods_the_longest_refused_first(monke
         assert _filter(cache, ext, pod) == []
     assert ext.parked.wake_refused_since(0.0, cache, "caught up") == ["ml/w0", "ml/w1"]
     assert ext.parked.wake_refused_since(0.0, cache, "caught up") == ["ml/w2", "ml/w3"]
+
+
+def test_refusals_of_pods_that_went_are_forgotten_not_kept_to_the_cap() -> None:
+    """The refusal store held every pod refused and never offered a node since, up to
+    10,000: a pod refused and then deleted stayed, as a wake window only looked at
+    refusals inside it. Now a window drops every gone pod it passes, and a poll forgets
+    refusals older than ``REFUSED_KEPT_S`` (kube-scheduler retries a pending pod well
+    within it, so a pod still pending is refused again and stays)."""
+    from scheduler.runtime.parked import REFUSED_KEPT_S
+
+    cache, ext, waker, clock, _ = _setup()
+    for name in ("gone-early", "gone-late", "waiting"):
+        clock.t += 1
+        pod = make_pod(name, 2, namespace="ml", node_selector={"pool": "nowhere"})
+        assert _filter(cache, ext, pod) == []
+    assert ext.parked.sizes()["refused_at"] == (3, ext.parked.limit)
+    cache.delete_pod("ml/gone-early")
+    cache.delete_pod("ml/gone-late")
+    # a window that begins after every refusal still drops the pods that went
+    assert ext.parked.wake_refused_since(clock.t + 1, cache, "caught up") == []
+    assert ext.parked.sizes()["refused_at"][0] == 1
+    # the pod still pending is refused again within REFUSED_KEPT_S: it stays
+    clock.t += REFUSED_KEPT_S - 1
+    waiting = cache.pending("ml/waiting")
+    assert waiting is not None and _filter(cache, ext, dict(waiting)) == []
+    clock.t += 2
+    ext.parked.poll(cache)
+    assert ext.parked.sizes()["refused_at"][0] == 1
+    # not refused again for longer than REFUSED_KEPT_S: forgotten at the next poll
+    clock.t += REFUSED_KEPT_S + 1
+    ext.parked.poll(cache)
+    assert ext.parked.sizes()["refused_at"][0] == 0
+    assert waker.calls == []

@@ -364,6 +364,21 @@ class ClusterCache:
             self._expiry.pop(key, None)
             return pod.gpus
 
+    def sizes(self) -> dict[str, tuple[int, int | None]]:
+        """Entries of each of the cache's own stores, with its cap (None: bounded by the
+        pods it tracks and their TTLs, not by a count): ``/v1/inspect/state``."""
+        with self._lock:
+            return {
+                "pods": (len(self._snap.pods), None),
+                "expiry": (len(self._expiry), None),
+                "pending": (len(self._pending), PENDING_MAX_ENTRIES),
+                "nominated": (len(self._nominated), None),
+                "binding": (len(self._binding), None),
+                "bound_unseen": (len(self._bound_unseen), None),
+                "unheld": (len(self._unheld), None),
+                "gang_plans": (len(self.plans), None),
+            }
+
     def nominations(self) -> int:
         """How many nominations are held."""
         return len(self._nominated)

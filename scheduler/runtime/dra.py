@@ -337,6 +337,32 @@ class DraRouter:
         well past the watch's lag behind kube-scheduler's PreBind writes."""
         self._bound_domains: dict[str, tuple[float, str, str]] = {}  # pod -> (until, node, domain)
 
+    def sizes(self) -> dict[str, tuple[int, int | None]]:
+        """Entries of each of the router's stores, with its cap (None: bounded by the
+        pods in flight and their windows, or by the request forms of one inventory):
+        ``/v1/inspect/state``."""
+        inv = self._inv_memo
+        tables = self._tables
+        with self._lock:
+            return {
+                "recent": (len(self._recent), None),
+                "uncounted": (len(self._uncounted), None),
+                "held_off": (len(self._held_off), None),
+                "adopt": (len(self._adopt), None),
+                "picks": (len(self._picks), None),
+                "pick_counts": (len(self._pick_counts), None),
+                "mask_picks": (len(self._mask_picks), None),
+                "extended_picks": (len(self._extended_picks), None),
+                "bound_domains": (len(self._bound_domains), None),
+                "overcommits_logged": (len(self._over_seen), None),
+                "candidates_memo": (0 if inv is None else len(inv[1]), CANDIDATES_MEMO_MAX),
+                "tables": (0 if tables is None else len(tables[1]), None),
+                "bits_memo": (len(self._bits_memo), None),
+                "capacity_memo": (len(self._cap_memo), 65),
+                "signature_memo": (len(self._sig_memo), 32),
+                "rows_memo": (len(self._row_of_index), 8),
+            }
+
     # ---- extended resources backed by DRA (nvidia.com/gpu on DRA nodes) -------------------
 
     def _mapped(self, classes: Any) -> Mapping[str, str]:
@@ -728,18 +754,19 @@ class DraRouter:
 
     def overcommits(self) -> tuple[dra.Overcommit, ...]:
         """Shared devices whose allocated claims consume more than their capacity, whoever
-        allocated them (``dra.overcommits``); each is logged once. Made once per claims
-        object."""
+        allocated them (``dra.overcommits``); each is logged once while it lasts (one
+        that ends and comes back is logged again, so the set of those logged stays as
+        small as the overcommits of now). Made once per claims object."""
         snap = self.cache.snapshot()
         claims = snap.extra.get(dra.CLAIMS_KEY) or EMPTY_MAP
         memo = self._over_memo
         if memo[0] is not claims:
             values = claims.values() if isinstance(claims, Mapping) else claims
             got = tuple(dra.overcommits(values, self.cache.dra_inventory(snap)))
-            for o in got:
-                k = (o.device, o.capacity, o.consumed, o.claims)
-                if k not in self._over_seen:
-                    self._over_seen.add(k)
+            now = {(o.device, o.capacity, o.consumed, o.claims): o for o in got}
+            seen, self._over_seen = self._over_seen, set(now)  # only those that last
+            for k, o in now.items():
+                if k not in seen:
                     log.warning(
                         "shared device %s is overcommitted: %s %d of %d by claims %s",
                         "/".join(o.device),

@@ -302,6 +302,21 @@ class GangRuntime:
 
     # ---- helpers --------------------------------------------------------------------------
 
+    def sizes(self) -> dict[str, tuple[int, int | None]]:
+        """Entries of each per-gang store, with its cap (None: gangs still pending or
+        planned; a gang's entries go when it completes or its pods go):
+        ``/v1/inspect/state``."""
+        with self._plan_lock:
+            return {
+                "members": (len(self._members), None),
+                "refusals": (len(self._refusals), None),
+                "done": (len(self._done), DONE_KEPT),
+                "planned_before": (len(self._planned_before), None),
+                "parked": (len(self._parked), None),
+                "wakes": (len(self._wakes), None),
+                "first_seen": (len(self._first_seen), FIRST_SEEN_KEPT),
+            }
+
     def policy_name(self, ext: Any) -> str:
         """The gang policy in use."""
         if self.policy:

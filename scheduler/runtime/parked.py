@@ -60,6 +60,12 @@ once more."""
 MAX_PARKED = 10_000
 """Refused pods remembered at most; the oldest refusal goes first."""
 
+REFUSED_KEPT_S = 900.0
+"""A refusal older than this is forgotten by :meth:`ParkedPods.poll`: kube-scheduler
+retries every pending pod at least every 5 minutes (``podMaxInUnschedulablePodsDuration``),
+so a pod still pending is refused again well within it, and one that is not has gone
+(deleted, or bound without topoplace's filter) and needs no wake."""
+
 MAX_WAKES = 200
 """Pods :meth:`ParkedPods.wake_refused_since` wakes at most per call (the longest-refused
 first): a wake is an API patch and a scheduling cycle, and a window can hold many pods."""
@@ -140,6 +146,16 @@ class ParkedPods:
         """The cache's ``expired_total`` at the last poll."""
         self._claims_wait: OrderedDict[str, tuple[str, ...]] = OrderedDict()
         """Pods refused while their claims were not in the cache -> those claims' keys."""
+
+    def sizes(self) -> dict[str, tuple[int, int | None]]:
+        """Entries of each store, with its cap: ``/v1/inspect/state``."""
+        with self._lock:
+            return {
+                "parked": (len(self._pods), self.limit),
+                "refused_at": (len(self._refused_at), self.limit),
+                "behind_wakes": (len(self._behind_wakes), self.limit),
+                "claims_wait": (len(self._claims_wait), self.limit),
+            }
 
     def __len__(self) -> int:
         return len(self._pods)
@@ -246,11 +262,11 @@ class ParkedPods:
         woken: list[str] = []
         with self._lock:
             for key, at in list(self._refused_at.items()):
-                if at < since or (besides_parked and key in self._pods):
-                    continue
-                if _gone(key, snap, cache):
+                if _gone(key, snap, cache):  # older ones too: nothing else drops them
                     del self._refused_at[key]
                     self._behind_wakes.pop(key, None)
+                    continue
+                if at < since or (besides_parked and key in self._pods):
                     continue
                 count, last = self._behind_wakes.get(key, (0, float("-inf")))
                 if count and now - last < backoff(count):
@@ -268,6 +284,21 @@ class ParkedPods:
             except Exception:  # the waker is an I/O edge: never let it break the watch
                 log.exception("waking refused pods failed")
         return woken
+
+    def _forget_old_refusals(self, before: float) -> None:
+        """Drop the refusals made before ``before`` (cache clock): the store is in the
+        order of the latest refusal (:meth:`note_refusal` moves a key to the end), so
+        they are at its head and go in O(1) each."""
+        if not self._refused_at:
+            return
+        with self._lock:
+            refused = self._refused_at
+            while refused:
+                key, at = next(iter(refused.items()))
+                if at >= before:
+                    break
+                del refused[key]
+                self._behind_wakes.pop(key, None)
 
     def _wake(self, keys: list[str], what: str, why: str) -> None:
         """Hand ``keys`` to the waker with ``why`` (nothing when empty); the waker is an
@@ -290,6 +321,7 @@ class ParkedPods:
         claims are seen now (:meth:`wake_claims_seen`). Returns the keys woken."""
         if self.waker is None:
             return []
+        self._forget_old_refusals(cache.now() - REFUSED_KEPT_S)
         expired = getattr(cache, "expired_total", 0)
         lapsed = self._expired_seen is not None and expired != self._expired_seen
         self._expired_seen = expired

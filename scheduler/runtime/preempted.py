@@ -96,6 +96,16 @@ class PreemptionLedger:
         with self._lock:
             self._broken.pop((b.gang, b.victim_uid), None)
 
+    def sizes(self) -> dict[str, tuple[int, int | None]]:
+        """Entries of each store, with its cap (None: bounded by :data:`HOLD_S` and
+        :data:`BROKEN_MEMORY_S`): ``/v1/inspect/state``."""
+        with self._lock:
+            return {
+                "recent": (len(self._recent), RECENT),
+                "broken": (len(self._broken), None),
+                "last": (len(self._last), None),
+            }
+
     def view(self) -> dict[str, Any]:
         """``GET /v1/inspect/preemptions``: the latest answers, newest last, and the
         gangs waiting for their victim to go."""

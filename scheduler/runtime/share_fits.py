@@ -68,6 +68,13 @@ class FitMemo:
         self.held = HeldShares()
         """The held pods' shape counts (FGD's target workload) and the nodes' tenancy."""
 
+    def sizes(self) -> dict[str, tuple[int, int | None]]:
+        """Request forms remembered, and the held pods' shapes (one per share pod held),
+        with their caps: ``/v1/inspect/state``."""
+        with self._lock:
+            forms = len(self._forms)
+        return {"forms": (forms, self._size), **self.held.sizes()}
+
     def fits(
         self,
         nodes: Sequence[NodeInfo],
@@ -362,6 +369,17 @@ class HeldShares:
         self.version = 0
         """Bumped with every change of the tenancy mapping."""
         self._log: deque[tuple[int, frozenset[str]]] = deque(maxlen=TENANCY_LOG)
+
+    def sizes(self) -> dict[str, tuple[int, int | None]]:
+        """Held pods' shapes, nodes with shares, tenancy entries (each bounded by the
+        held pods and nodes), and the change log with its cap."""
+        with self._lock:
+            return {
+                "held_shapes": (len(self._shapes), None),
+                "share_nodes": (len(self._on), None),
+                "tenancy": (len(self._tenancy), None),
+                "tenancy_log": (len(self._log), TENANCY_LOG),
+            }
 
     def _full(self, nodes: Sequence[NodeInfo], pods: Mapping[str, PodInfo]) -> None:
         self._shapes = pod_shapes(nodes, pods.values(), self._shapes)

@@ -109,6 +109,10 @@ class StrandedPods:
         """:meth:`busy`, kept until a preemption starts or ends (the watch asks at every
         pod deletion)."""
 
+    def sizes(self) -> dict[str, tuple[int, int | None]]:
+        """Entries, with the cap: ``/v1/inspect/state``."""
+        return {"stranded": (len(self._pods), self.limit)}
+
     def __len__(self) -> int:
         return len(self._pods)
 

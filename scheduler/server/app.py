@@ -457,6 +457,10 @@ def create_app(
     async def inspect_preemptions() -> Response:
         return _json({**extender.preemptions.view(), "stranded": extender.stranded.view()})
 
+    @app.get("/v1/inspect/state")
+    async def inspect_state() -> Response:
+        return _json({"stores": extender.state_sizes()})
+
     @app.get("/v1/inspect/remediation")
     async def inspect_remediation() -> Response:
         view = extender.remediation_view

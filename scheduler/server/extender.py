@@ -143,6 +143,29 @@ class Extender:
         """The scheduling parameters."""
         return self.cache.params
 
+    def state_sizes(self) -> dict[str, dict[str, dict[str, int | None]]]:
+        """``GET /v1/inspect/state``: the entries of every store the serving process keeps
+        between requests, by component, each with its cap (None: bounded by the pods and
+        gangs in flight and by their windows, not by a count). What the soak benchmark
+        samples to show that nothing accumulates."""
+        parts: dict[str, dict[str, tuple[int, int | None]]] = {
+            "cache": self.cache.sizes(),
+            "dra": self.dra.sizes(),
+            "parked": self.parked.sizes(),
+            "stranded": self.stranded.sizes(),
+            "preemptions": self.preemptions.sizes(),
+        }
+        sizes = getattr(self.gangs, "sizes", None)
+        if callable(sizes):
+            parts["gangs"] = sizes()
+        ring = self.decisions.stats()
+        parts["decisions"] = {"records": (ring["records"], ring["max_records"])}
+        parts["share_fits"] = self.share_fits.sizes()
+        return {
+            part: {name: {"size": n, "cap": cap} for name, (n, cap) in stores.items()}
+            for part, stores in parts.items()
+        }
+
     # ---- filter -------------------------------------------------------------------------
 
     def filter(self, body: Any) -> dict[str, Any]:

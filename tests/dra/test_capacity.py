@@ -412,3 +412,35 @@ def test_an_overcommitted_shared_device_is_counted_in_the_metric_at_filter() -> 
     verb.note_overcommits(Host)  # type: ignore[arg-type]
     text = generate_latest(Host.metrics.registry).decode()
     assert "topoplace_dra_overcommitted_devices 1.0" in text  # gpu-3 (memory and compute)
+
+
+def test_an_overcommit_is_logged_once_while_it_lasts_and_the_log_memory_stays_small(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Each overcommit is logged once while it lasts; one that ends is forgotten (the set
+    of those logged held every overcommit ever seen, a store that only grew), and logged
+    again if it comes back."""
+    from scheduler.runtime.dra import DraRouter
+
+    claims = _claims()
+    twin = copy.deepcopy(claims["default/share-c"])  # gpu-3 again: 140Gi of 80Gi
+    twin["metadata"]["name"] = "share-z"
+    cache = ClusterCache.from_objects(
+        _items("nodes.json", "Node"), [], SchedParams(), extra=_extra(claims)
+    )
+    router = DraRouter(cache)
+
+    def logged() -> int:
+        return sum("is overcommitted" in r.getMessage() for r in caplog.records)
+
+    with caplog.at_level("WARNING", logger="scheduler.runtime.dra"):
+        assert router.overcommits() == ()
+        cache.apply_claim("default/share-z", twin)
+        assert len(router.overcommits()) == 2 and logged() == 2  # gpu-3: compute, memory
+        cache.apply_claim("default/share-a", None)  # another claim changes: same overcommit
+        assert len(router.overcommits()) == 2 and logged() == 2
+        assert router.sizes()["overcommits_logged"] == (2, None)
+        cache.apply_claim("default/share-z", None)  # it ends
+        assert router.overcommits() == () and router.sizes()["overcommits_logged"][0] == 0
+        cache.apply_claim("default/share-z", twin)  # and comes back: logged again
+        assert len(router.overcommits()) == 2 and logged() == 4
