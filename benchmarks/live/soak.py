@@ -51,6 +51,11 @@ sampler records, of the ``topoplace serve`` process:
   ``metrics_kb`` (the size of ``/metrics``: a label set that keeps growing shows here);
   and, from the API server, ``api_pods`` (live pods of the chaos namespace: what the
   caches should follow);
+* every store the serving process keeps between requests (``GET /v1/inspect/state``: the
+  cache's pending, nominated and expiring holds, the DRA router's windows and memos, the
+  parked pods and refusals, the gang runtime's maps, ...), in ``stores.csv`` and a table
+  of its own (:func:`store_drifts`): a store with a cap is held to it, one without must
+  not grow;
 * ``load1``: the host's one-minute load average (``/proc/loadavg``), so the reader sees
   what else the machine was doing when a latency or a CPU figure moved.
 
@@ -326,6 +331,11 @@ class Sampler:
         self.interval = interval
         self.calls = calls
         self.rows: list[dict[str, float]] = []
+        self.stores: list[dict[str, float]] = []
+        """Per sample: ``t_s`` and the size of every store of ``/v1/inspect/state``
+        (``part.store``)."""
+        self.caps: dict[str, float | None] = {}
+        """Each store's cap as ``/v1/inspect/state`` states it (None: none)."""
         self.errors = 0
         self.t0 = time.monotonic()
         self._prev: (
@@ -368,6 +378,7 @@ class Sampler:
         items = tp.get("/v1/inspect/snapshot")["items"]
         snap = Counter(i.get("kind") for i in items)
         pre = tp.get("/v1/inspect/preemptions")
+        stores = flat_stores(tp.get("/v1/inspect/state")["stores"])
         reads_done = cpu_seconds(pid)
         calib = math.nan
         if self.calls > 0:
@@ -447,6 +458,8 @@ class Sampler:
             if now > pt:
                 row["cpu_ms_per_s"] = round((cpu - pcpu) / (now - pt) * 1000.0, 2)
             self.rows.append(row)
+            self.stores.append({"t_s": row["t_s"], **{k: v for k, (v, _) in stores.items()}})
+            self.caps.update((k, cap) for k, (_, cap) in stores.items())
         self._prev = (
             after,
             bound,
@@ -454,6 +467,15 @@ class Sampler:
             time.monotonic() - self.t0,
             base_filt or (0.0, 0.0),
         )
+
+
+def flat_stores(state: Mapping[str, Any]) -> dict[str, tuple[float, float | None]]:
+    """``/v1/inspect/state``'s ``stores`` as ``part.store -> (size, cap or None)``."""
+    return {
+        f"{part}.{name}": (float(s["size"]), None if s.get("cap") is None else float(s["cap"]))
+        for part, named in sorted(state.items())
+        for name, s in sorted(named.items())
+    }
 
 
 # ---- the report ---------------------------------------------------------------------------------
@@ -542,6 +564,58 @@ def drifts(
     return out
 
 
+STORE_SLACK = 2.0
+"""Entries a store without a cap may grow by over the run besides ``--drift`` of its
+median: a store of a few entries moves by one or two with the work in flight."""
+
+
+def store_drifts(
+    rows: Sequence[Mapping[str, float]],
+    caps: Mapping[str, float | None],
+    warmup: float,
+    drift: float,
+) -> list[Drift]:
+    """One line per store of ``/v1/inspect/state`` over the rows after ``warmup`` seconds.
+    A store with a cap holds if its maximum stays at most the cap; one without (bounded by
+    the pods and gangs in flight and their windows) holds if it does not grow: its
+    Theil-Sen slope times the run's hours at most ``drift`` of its median plus
+    :data:`STORE_SLACK` entries (a store that keeps what it should drop grows with the
+    work done, and fails)."""
+    kept = [r for r in rows if r["t_s"] >= warmup] or list(rows)
+    if not kept:
+        return []
+    ts = [r["t_s"] for r in kept]
+    hours = max((ts[-1] - ts[0]) / 3600.0, 1e-9)
+    out: list[Drift] = []
+    for m in sorted({k for r in kept for k in r} - {"t_s"}):
+        ys = [float(r.get(m, math.nan)) for r in kept]
+        finite = [y for y in ys if math.isfinite(y)]
+        if not finite:
+            continue
+        start, end = _first_last(ys, 1)
+        s, rs, peak = slope_per_hour(ts, ys), theil_sen_per_hour(ts, ys), max(finite)
+        cap = caps.get(m)
+        if cap is not None:
+            ok = peak <= cap
+            out.append(Drift(m, start, end, s, rs, peak, f"max <= cap {cap:g}", ok, ok))
+            continue
+        limit = (drift * statistics.median(finite) + STORE_SLACK) / hours
+        out.append(
+            Drift(
+                m,
+                start,
+                end,
+                s,
+                rs,
+                peak,
+                f"growth <= {limit:.3g}/h ({drift:.0%} of median + {STORE_SLACK:g})",
+                math.isfinite(rs) and rs <= limit,
+                math.isfinite(s) and s <= limit,
+            )
+        )
+    return out
+
+
 def ceilings(
     rows: Sequence[Mapping[str, float]], args: argparse.Namespace, nodes: int, slices: int
 ) -> dict[str, float]:
@@ -608,9 +682,11 @@ def markdown(
     version: str,
     command: str,
     config: str = "dra",
+    stores: Sequence[Drift] = (),
 ) -> str:
     """summary.md: command, conditions (``config``: the kube-scheduler configuration,
-    :func:`scheduler_config_kind`), the drift table, the run's invariant figures."""
+    :func:`scheduler_config_kind`), the drift table, the stores' table
+    (:func:`store_drifts`), the run's invariant figures."""
     measured = [r["t_s"] for r in sampler.rows if r["t_s"] >= args.warmup]
     span = (measured[-1] - measured[0]) if len(measured) > 1 else 0.0
     loads = [
@@ -659,6 +735,17 @@ def markdown(
         "",
         *table_lines(table),
     ]
+    if stores:
+        held = sum(d.holds for d in stores)
+        lines += [
+            "",
+            f"Stores the process keeps between requests (`GET /v1/inspect/state`, every "
+            f"sample): {held} of {len(stores)} hold. A store with a cap is held to it; one "
+            "without (bounded by the pods and gangs in flight and their windows) must not "
+            "grow.",
+            "",
+            *table_lines(stores),
+        ]
     jobs = sum(result.created.values())
     lines += [
         "",
@@ -699,11 +786,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def write(
     out: Path, sampler: Sampler, table: Sequence[Drift], md: str, result: chaos.Result
 ) -> None:
-    """samples.csv, summary.md, summary.csv and violations.txt in ``out``."""
+    """samples.csv, stores.csv, summary.md, summary.csv (drift and store lines) and
+    violations.txt in ``out``."""
     with open(out / "samples.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
         w.writerows(sampler.rows)
+    names = sorted({k for r in sampler.stores for k in r} - {"t_s"})
+    with open(out / "stores.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["t_s", *names], restval="")
+        w.writeheader()
+        w.writerows(sampler.stores)
     (out / "summary.md").write_text(md)
     with open(out / "summary.csv", "w", newline="") as f:
         w2 = csv.writer(f, lineterminator="\n")
@@ -771,19 +864,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.drift,
         ceilings(sampler.rows, args, holder["nodes"], holder["slices"]),
     )
-    md = markdown(table, result, sampler, args, version, command, holder["config"])
-    write(out, sampler, table, md, result)
+    stores = store_drifts(sampler.stores, sampler.caps, args.warmup, args.drift)
+    md = markdown(table, result, sampler, args, version, command, holder["config"], stores)
+    write(out, sampler, [*table, *stores], md, result)
     print(md)
     if args.results:
         res = REPO / "benchmarks" / "results"
         (res / "live-soak.md").write_text(md)
         (res / "live-soak.csv").write_text((out / "summary.csv").read_text())
         (res / "live-soak.samples.csv").write_text((out / "samples.csv").read_text())
+        (res / "live-soak.stores.csv").write_text((out / "stores.csv").read_text())
     bad = (
         result.violations
         or result.pending_after_settle
         or result.ledger_diff
-        or not all(d.holds for d in table)
+        or not all(d.holds for d in (*table, *stores))
     )
     return 1 if bad else 0
 

@@ -14,11 +14,13 @@ from benchmarks.live.soak import (
     calibrate,
     calibration_body,
     drifts,
+    flat_stores,
     gauges,
     histograms,
     parse_args,
     rss_mb,
     slope_per_hour,
+    store_drifts,
     sums_counts,
     threads,
     window_mean_ms,
@@ -215,3 +217,32 @@ def test_from_samples_recomputes_the_table_of_a_later_part(tmp_path, capsys) -> 
 
     assert verdict("300") == {"cpu_ms_per_pod": "NO", "cpu_ms_per_s": "NO"}
     assert verdict("3600") == {"cpu_ms_per_pod": "yes", "cpu_ms_per_s": "yes"}
+
+
+def test_stores_are_held_to_their_cap_or_to_no_growth() -> None:
+    """``/v1/inspect/state`` flattened; a capped store fails only over its cap, an uncapped
+    one when it grows with the work (a store keeping the refusals of pods that went, as
+    the parked pods' did: +25 an hour over 2 hours), not when it moves by a few around its
+    level."""
+    state = {
+        "parked": {"refused_at": {"size": 3, "cap": 10000}},
+        "cache": {"expiry": {"size": 2, "cap": None}},
+    }
+    assert flat_stores(state) == {"cache.expiry": (2.0, None), "parked.refused_at": (3.0, 10000.0)}
+    ts = [600.0 * i for i in range(13)]  # 2 hours, a sample every 10 minutes
+    noisy = [2.0, 3.0, 1.0, 4.0, 2.0, 0.0, 3.0, 2.0, 5.0, 1.0, 2.0, 3.0, 2.0]
+    rows = [
+        {"t_s": t, "cache.expiry": n, "parked.refused_at": 25.0 * t / 3600, "dra.picks": 7.0}
+        for t, n in zip(ts, noisy, strict=True)
+    ]
+    caps = {"cache.expiry": None, "parked.refused_at": 10000.0, "dra.picks": None}
+    by = {d.measure: d for d in store_drifts(rows, caps, 0.0, 0.10)}
+    assert by["cache.expiry"].holds and by["dra.picks"].holds
+    assert by["parked.refused_at"].holds  # under its cap
+    caps["parked.refused_at"] = None  # the same series without a cap: growth
+    by = {d.measure: d for d in store_drifts(rows, caps, 0.0, 0.10)}
+    assert not by["parked.refused_at"].holds
+    assert math.isclose(by["parked.refused_at"].robust_h, 25.0)
+    over = [{**r, "parked.refused_at": 10001.0} for r in rows]
+    by = {d.measure: d for d in store_drifts(over, {"parked.refused_at": 10000.0}, 0.0, 0.10)}
+    assert not by["parked.refused_at"].holds and by["parked.refused_at"].bound == "max <= cap 10000"
