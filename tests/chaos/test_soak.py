@@ -7,10 +7,14 @@ import math
 import os
 import time
 
+import orjson
+
 from benchmarks.live.kubesched import cpu_seconds
 from benchmarks.live.soak import (
     DRIFT_MEASURES,
+    REFERENCE_KINDS,
     SIZE_MEASURES,
+    Reference,
     calibrate,
     calibration_body,
     drifts,
@@ -246,3 +250,58 @@ def test_stores_are_held_to_their_cap_or_to_no_growth() -> None:
     over = [{**r, "parked.refused_at": 10001.0} for r in rows]
     by = {d.measure: d for d in store_drifts(over, {"parked.refused_at": 10000.0}, 0.0, 0.10)}
     assert not by["parked.refused_at"].holds and by["parked.refused_at"].bound == "max <= cap 10000"
+
+
+def test_with_a_reference_the_calibration_is_judged_by_its_ratio() -> None:
+    """The host slows both processes alike (calibration and reference +50 % over the run):
+    the ratio is flat and holds, the two CPU figures are reported, not failed. The serving
+    process alone growing costlier fails the ratio."""
+    host = _rows([200.0] * 13, [1.0] * 13)
+    for i, r in enumerate(host):
+        r["calib_cpu_ms"] = 0.4 * (1 + 0.5 * i / 12)
+        r["ref_cpu_ms"] = 0.36 * (1 + 0.5 * i / 12)
+        r["calib_ratio"] = r["calib_cpu_ms"] / r["ref_cpu_ms"]
+    by = {d.measure: d for d in drifts(host, 0.0, 0.10, {})}
+    assert by["calib_ratio"].holds and abs(by["calib_ratio"].robust_h) < 1e-9
+    for m in ("calib_cpu_ms", "ref_cpu_ms"):
+        assert by[m].holds and by[m].bound.startswith("reported") and by[m].robust_h > 0.05
+    own = _rows([200.0] * 13, [1.0] * 13)
+    for i, r in enumerate(own):
+        r["calib_cpu_ms"], r["ref_cpu_ms"] = 0.4 * (1 + 0.5 * i / 12), 0.36
+        r["calib_ratio"] = r["calib_cpu_ms"] / r["ref_cpu_ms"]
+    by = {d.measure: d for d in drifts(own, 0.0, 0.10, {})}
+    assert not by["calib_ratio"].holds
+    # without a reference (older samples) the calibration itself is judged
+    for r in host:
+        r["ref_cpu_ms"] = r["calib_ratio"] = math.nan
+    by = {d.measure: d for d in drifts(host, 0.0, 0.10, {})}
+    assert not by["calib_cpu_ms"].holds and by["calib_ratio"].bound == "not sampled"
+
+
+def test_reference_serves_the_nodes_without_the_pods_and_is_calibrated(tmp_path) -> None:
+    """A real ``topoplace serve --cluster`` of the nodes (pods and claims left out) answers
+    the calibration's request with a node and costs CPU per call; stopped, it is gone."""
+    import httpx
+
+    from benchmarks.clusters import dgx_h100_nodes, make_pod
+    from benchmarks.live.chaos import POOL_LABEL
+
+    nodes = dgx_h100_nodes(2)
+    for n in nodes:  # the chaos stream's pool labels: the calibration pod asks for them
+        n["metadata"]["labels"][POOL_LABEL] = "work"
+    pod = make_pod("held", 8, node="dgx-h100-01")
+    ref = Reference([*nodes, {**pod, "kind": "Pod"}], tmp_path, None)
+    try:
+        kept = orjson.loads(ref.cluster_file.read_bytes())["items"]
+        assert {i["kind"] for i in kept} <= set(REFERENCE_KINDS) and len(kept) == 2
+        r = httpx.post(
+            ref.url + "/scheduler/filter",
+            content=calibration_body(ref.nodes),
+            headers={"Content-Type": "application/json"},
+        )
+        assert r.status_code == 200 and len(r.json()["NodeNames"]) == 1
+        ms = ref.calibrate(50)
+        assert 0.0 < ms < 50.0
+    finally:
+        ref.stop()
+    assert ref.proc.poll() is not None
