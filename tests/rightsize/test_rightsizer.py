@@ -616,8 +616,8 @@ def test_recreate_by_backend(desc: str, limits: Any, rec: tuple[str, float], evi
 
 
 def test_annotation_is_tried_again_after_a_failed_write() -> None:
-    """The workload's annotation is written through its controller; a refused write (this
-    recorded server answers PATCH 501) leaves it due, so the next round tries again."""
+    """The workload's annotation is written through its controller; a refused write (the
+    API server answers the PATCH 503) leaves it due, so the next round tries again."""
     clock = [T0]
     with RecordedApiServer() as srv:
         srv.add("GET", PODS_PATH, 200, pod_list(pod("infer-7d9f8b6c5d-aaaaa", "u-a", 20000, OLD)))
@@ -632,13 +632,15 @@ def test_annotation_is_tried_again_after_a_failed_write() -> None:
                 "metadata": {"name": "infer-7d9f8b6c5d"},
             },
         )
+        srv.add("PATCH", rs_path, 503, "list_503_service_unavailable.json")
         rs = sizer(Prom(lambda t: 6 * GiB), clock, api=srv.api(), step_seconds=60)
         rs.tick()
         assert "serving/infer" not in rs.annotated
         clock[0] += 60
         rs.tick()
-        gets = [r for r in srv.requests if r["path"] == rs_path]
-        assert len(gets) == 2
+        gets = [r for r in srv.requests if r["path"] == rs_path and r["method"] == "GET"]
+        patches = [r for r in srv.requests if r["path"] == rs_path and r["method"] == "PATCH"]
+        assert len(gets) == 2 and len(patches) == 2
         assert [a for a in rs.view()["recent"] if a["action"] == "annotated"] == []
 
 
