@@ -615,15 +615,24 @@ def _first_last(ys: Sequence[float], k: int = 3) -> tuple[float, float]:
     return statistics.median(f[:k]), statistics.median(f[-k:])
 
 
+def _measured(
+    rows: Sequence[Mapping[str, float]], warmup: float
+) -> tuple[list[Mapping[str, float]], list[float], float]:
+    """(the rows after ``warmup`` seconds, or all of them when none is; their times; the
+    hours they span)."""
+    kept = [r for r in rows if r["t_s"] >= warmup] or list(rows)
+    ts = [r["t_s"] for r in kept]
+    hours = max((ts[-1] - ts[0]) / 3600.0, 1e-9) if ts else 1e-9
+    return kept, ts, hours
+
+
 def drifts(
     rows: Sequence[Mapping[str, float]], warmup: float, drift: float, ceilings: Mapping[str, float]
 ) -> list[Drift]:
     """The table of the module docstring over the rows after ``warmup`` seconds."""
-    kept = [r for r in rows if r["t_s"] >= warmup] or list(rows)
+    kept, ts, hours = _measured(rows, warmup)
     if not kept:
         return []
-    ts = [r["t_s"] for r in kept]
-    hours = max((ts[-1] - ts[0]) / 3600.0, 1e-9)
     out: list[Drift] = []
     ratio = any(math.isfinite(float(r.get("calib_ratio", math.nan))) for r in kept)
     for m in DRIFT_MEASURES:
@@ -694,11 +703,9 @@ def store_drifts(
     Theil-Sen slope times the run's hours at most ``drift`` of its median plus
     :data:`STORE_SLACK` entries (a store that keeps what it should drop grows with the
     work done, and fails)."""
-    kept = [r for r in rows if r["t_s"] >= warmup] or list(rows)
+    kept, ts, hours = _measured(rows, warmup)
     if not kept:
         return []
-    ts = [r["t_s"] for r in kept]
-    hours = max((ts[-1] - ts[0]) / 3600.0, 1e-9)
     out: list[Drift] = []
     for m in sorted({k for r in kept for k in r} - {"t_s"}):
         ys = [float(r.get(m, math.nan)) for r in kept]
