@@ -358,7 +358,7 @@ class DraRouter:
                 "candidates_memo": (0 if inv is None else len(inv[1]), CANDIDATES_MEMO_MAX),
                 "tables": (0 if tables is None else len(tables[1]), None),
                 "bits_memo": (len(self._bits_memo), None),
-                "capacity_memo": (len(self._cap_memo), 65),
+                "capacity_memo": (len(self._cap_memo), 64),
                 "signature_memo": (len(self._sig_memo), 32),
                 "rows_memo": (len(self._row_of_index), 8),
             }
