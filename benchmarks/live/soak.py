@@ -44,8 +44,12 @@ sampler records, of the ``topoplace serve`` process:
   topoplace serving the run's nodes and devices from a file (no pods, no API server),
   right after; and the ratio of the two. CPU per call moves with the host as well (another
   guest on the same hardware, the CPU's clock: a quiet VM's calibration varies by a
-  quarter between minutes), and the host moves both alike, so the verdict on the
-  calibration is the ratio's (``calib_cpu_ms`` and ``ref_cpu_ms`` are then reported);
+  quarter between minutes; in a 2-hour run both stepped up by half at the same minute),
+  and the host moves both alike, so the verdict on the calibration is the ratio's;
+* ``cpu_per_pod_refcalls``, ``cpu_per_s_refcalls``, ``filter_mean_refcalls``: CPU per pod,
+  CPU per second and the mean filter time in reference calls (over ``ref_cpu_ms`` of the
+  same sample), the host's speed at that moment taken out. With a reference these are
+  judged, and the raw figures (:data:`HOST_MEASURES`) are reported;
 * sizes of what could accumulate: ``parked`` (``topoplace_parked_pods``),
   ``binds_in_flight`` (``topoplace_kube_binds_in_flight``), ``decisions`` and
   ``decision_mb`` (the decision ring of ``/v1/inspect/decisions``), ``placements`` and
@@ -126,11 +130,23 @@ DRIFT_MEASURES = (
     "calib_cpu_ms",
     "ref_cpu_ms",
     "calib_ratio",
+    "cpu_per_pod_refcalls",
+    "cpu_per_s_refcalls",
+    "filter_mean_refcalls",
 )
-HOST_MEASURES = ("calib_cpu_ms", "ref_cpu_ms")
-"""CPU per call moves with the host too (another guest on the same hardware, the CPU's
-clock): with a reference sampled these are reported, and the verdict is on
-``calib_ratio``, which the host moves for both alike."""
+IN_REFERENCE_CALLS = {
+    "cpu_per_pod_refcalls": "cpu_ms_per_pod",
+    "cpu_per_s_refcalls": "cpu_ms_per_s",
+    "filter_mean_refcalls": "filter_mean_ms",
+}
+"""Measures expressed in the reference's calibration calls (the measure over
+``ref_cpu_ms`` of the same sample): what they are once the host's speed at that moment
+is taken out."""
+HOST_MEASURES = ("calib_cpu_ms", "ref_cpu_ms", *IN_REFERENCE_CALLS.values())
+"""CPU and time move with the host too (another guest on the same hardware, the CPU's
+clock, the control plane's own work on the same cores): with a reference sampled these
+are reported, and the verdicts are on ``calib_ratio`` and the measures in reference calls
+(:data:`IN_REFERENCE_CALLS`), which the host moves for both alike."""
 REFERENCE_KINDS = ("Node", "ResourceSlice", "DeviceClass")
 """What the reference process serves of the cluster: its nodes and devices, no pods."""
 CALIBRATION_CALLS = 600
@@ -565,7 +581,7 @@ class Sampler:
                 row["cpu_ms_per_pod"] = round((cpu - pcpu) / pods * 1000.0, 2)
             if now > pt:
                 row["cpu_ms_per_s"] = round((cpu - pcpu) / (now - pt) * 1000.0, 2)
-            self.rows.append(row)
+            self.rows.append(in_reference_calls(row))
             self.stores.append({"t_s": row["t_s"], **{k: v for k, (v, _) in stores.items()}})
             self.caps.update((k, cap) for k, (_, cap) in stores.items())
         self._prev = (
@@ -615,6 +631,18 @@ def _first_last(ys: Sequence[float], k: int = 3) -> tuple[float, float]:
     return statistics.median(f[:k]), statistics.median(f[-k:])
 
 
+def in_reference_calls(row: Mapping[str, float]) -> dict[str, float]:
+    """``row`` with the measures of :data:`IN_REFERENCE_CALLS` (NaN without a reference
+    figure); those it has already are kept."""
+    ref = float(row.get("ref_cpu_ms", math.nan))
+    out = dict(row)
+    for name, src in IN_REFERENCE_CALLS.items():
+        if not math.isfinite(float(out.get(name, math.nan))):
+            v = float(row.get(src, math.nan))
+            out[name] = round(v / ref, 2) if math.isfinite(ref) and ref > 0 else math.nan
+    return out
+
+
 def _measured(
     rows: Sequence[Mapping[str, float]], warmup: float
 ) -> tuple[list[Mapping[str, float]], list[float], float]:
@@ -629,8 +657,9 @@ def _measured(
 def drifts(
     rows: Sequence[Mapping[str, float]], warmup: float, drift: float, ceilings: Mapping[str, float]
 ) -> list[Drift]:
-    """The table of the module docstring over the rows after ``warmup`` seconds."""
-    kept, ts, hours = _measured(rows, warmup)
+    """The table of the module docstring over the rows after ``warmup`` seconds (the
+    measures in reference calls derived where a row lacks them)."""
+    kept, ts, hours = _measured([in_reference_calls(r) for r in rows], warmup)
     if not kept:
         return []
     out: list[Drift] = []
@@ -647,7 +676,7 @@ def drifts(
             out.append(Drift(m, *(math.nan,) * 5, "not sampled", True, True))
             continue
         if ratio and m in HOST_MEASURES:
-            bound = "reported (moves with the host too: judged as calib_ratio)"
+            bound = "reported (moves with the host: judged in reference calls)"
             out.append(Drift(m, start, end, s, rs, max(finite), bound, True, True))
             continue
         out.append(

@@ -205,6 +205,8 @@ def test_from_samples_recomputes_the_table_of_a_later_part(tmp_path, capsys) -> 
         row.update(filter_p99_ms=7.5, bind_p99_ms=25.0)
         cpu = 8.0 + 2.0 * min(t, 3600.0) / 3600.0  # rises for an hour, then flat
         row.update(cpu_ms_per_s=cpu, cpu_ms_per_pod=cpu * 3.0)
+        for m in ("ref_cpu_ms", "calib_ratio", "cpu_per_pod_refcalls", "cpu_per_s_refcalls"):
+            row[m] = math.nan  # samples of a run without a reference
         rows.append(row)
     rows[100]["cpu_ms_per_pod"] = math.nan  # a window with no pod bound
     path = tmp_path / "samples.csv"
@@ -216,7 +218,7 @@ def test_from_samples_recomputes_the_table_of_a_later_part(tmp_path, capsys) -> 
     def verdict(warmup: str) -> dict[str, str]:
         assert main(["--from-samples", str(path), "--warmup", warmup]) == 0
         out = capsys.readouterr().out
-        cells = [line.split(" | ") for line in out.splitlines() if line.startswith("| cpu_")]
+        cells = [line.split(" | ") for line in out.splitlines() if line.startswith("| cpu_ms")]
         return {c[0].strip("| "): c[7] for c in cells}
 
     assert verdict("300") == {"cpu_ms_per_pod": "NO", "cpu_ms_per_s": "NO"}
@@ -305,3 +307,24 @@ def test_reference_serves_the_nodes_without_the_pods_and_is_calibrated(tmp_path)
     finally:
         ref.stop()
     assert ref.proc.poll() is not None
+
+
+def test_in_reference_calls_the_host_is_taken_out() -> None:
+    """CPU per pod rises by half with the host (the reference's call costs half more at the
+    same minute): the raw figure is reported, the one in reference calls is flat and
+    holds; a rise the reference does not share fails in reference calls."""
+    rows = _rows([200.0] * 13, [1.0] * 13)
+    for i, r in enumerate(rows):
+        host = 1.0 if i < 6 else 1.5
+        r.update(cpu_ms_per_pod=30.0 * host, ref_cpu_ms=0.2 * host, calib_cpu_ms=0.24 * host)
+        r["calib_ratio"] = r["calib_cpu_ms"] / r["ref_cpu_ms"]
+        for m in ("cpu_per_pod_refcalls", "cpu_per_s_refcalls", "filter_mean_refcalls"):
+            del r[m]  # derived from the row
+    by = {d.measure: d for d in drifts(rows, 0.0, 0.10, {})}
+    assert by["cpu_ms_per_pod"].holds and by["cpu_ms_per_pod"].bound.startswith("reported")
+    assert by["cpu_per_pod_refcalls"].holds and by["cpu_per_pod_refcalls"].start == 150.0
+    assert by["cpu_per_pod_refcalls"].end == 150.0
+    for r in rows[6:]:
+        r["ref_cpu_ms"] = 0.2  # the reference did not slow: topoplace's own cost rose
+    by = {d.measure: d for d in drifts(rows, 0.0, 0.10, {})}
+    assert not by["cpu_per_pod_refcalls"].holds and by["cpu_per_pod_refcalls"].end == 225.0
