@@ -15,6 +15,7 @@ from benchmarks.live.chaos import dra_variant_config
 from benchmarks.live.kubesched import load_shipped, render_config
 from benchmarks.live.soak import (
     DRIFT_MEASURES,
+    IN_REFERENCE_CALLS,
     SIZE_MEASURES,
     drifts,
     load1,
@@ -75,6 +76,8 @@ def _rows(
     for i, t in enumerate(ts):
         row = {m: 10.0 for m in (*DRIFT_MEASURES, *SIZE_MEASURES)}
         row.update(t_s=t, api_pods=20.0, load1=1.5)
+        for m in ("ref_cpu_ms", "calib_ratio", *IN_REFERENCE_CALLS):
+            row[m] = math.nan  # no reference: the raw CPU per pod is judged
         if cpu is not None:
             row["cpu_ms_per_pod"] = cpu[i]
         if filt is not None:
