@@ -280,6 +280,8 @@ class Reference:
     ) -> None:
         kept = [i for i in items if i.get("kind") in REFERENCE_KINDS]
         self.nodes = sorted(i["metadata"]["name"] for i in kept if i.get("kind") == "Node")
+        self.body = calibration_body(self.nodes)
+        """The calibration's request over its nodes (which never change)."""
         workdir.mkdir(parents=True, exist_ok=True)
         self.cluster_file = workdir / "reference-cluster.json"
         self.cluster_file.write_bytes(
@@ -315,9 +317,7 @@ class Reference:
 
     def calibrate(self, calls: int) -> float:
         """:func:`calibrate` of this process, with the same request over its nodes."""
-        return calibrate(
-            self.url + "/scheduler/filter", self.proc.pid, calibration_body(self.nodes), calls, {}
-        )
+        return calibrate(self.url + "/scheduler/filter", self.proc.pid, self.body, calls, {})
 
     def stop(self) -> None:
         if self.proc.poll() is None:
