@@ -30,8 +30,12 @@ sampler records, of the ``topoplace serve`` process:
   the start of this one's, so the CPU topoplace spends answering the sampler is not in it:
   that is ``sampler_cpu_ms`` (CPU across this sample's reads of ``/metrics`` and the four
   inspect endpoints, reported with its slope, so a read that grows costlier shows there);
-  ``cpu_ms_per_s`` is the same window's CPU over its seconds (the whole rate, background
-  included: watches, the Lease, the waker);
+  ``cpu_ms_per_s`` is the same window's CPU over its seconds (``window_s``; the whole
+  rate, background included: watches, the Lease, the waker). Both are ratios of sums and
+  are judged over 5-minute blocks of windows (:func:`cpu_blocks`, :data:`BLOCK_S`): a
+  pod's CPU (its filters, kube-scheduler's retries while it waits, up to 5 minutes apart)
+  falls in other windows than the one it binds in, so a single window's ratio is mostly
+  timing;
 * ``filter_mean_ms``: the mean server time of the window's filter requests (the
   histogram's ``_sum`` and ``_count`` deltas): the cost of one call of the stream's mix;
 * ``calib_cpu_ms``: CPU of topoplace per filter call over :data:`CALIBRATION_CALLS` calls of
@@ -175,7 +179,16 @@ SIZE_MEASURES = (
     "sampler_cpu_ms",
     "metrics_kb",
 )
-COLUMNS = ("t_s", "pods_bound", "cpu_s", "load1", *DRIFT_MEASURES, *SIZE_MEASURES)
+BLOCK_MEASURES = ("cpu_ms_per_pod", "cpu_ms_per_s", "cpu_per_pod_refcalls", "cpu_per_s_refcalls")
+"""Ratios of sums, judged over blocks of :data:`BLOCK_S` (:func:`cpu_blocks`), not per
+window."""
+BLOCK_S = 300.0
+"""Seconds of one block of CPU per pod and per second: kube-scheduler retries a pending pod
+within 5 minutes (``podMaxInUnschedulablePodsDuration``), so the CPU a pod costs (its
+filters, its retries while it waits for room) falls within a block of its binding, where a
+30 s window counts the retries of pods bound in other windows against the ten or so it
+binds."""
+COLUMNS = ("t_s", "pods_bound", "cpu_s", "window_s", "load1", *DRIFT_MEASURES, *SIZE_MEASURES)
 _BUCKET = re.compile(
     r'^topoplace_request_seconds_bucket\{le="([^"]+)",verb="([a-z]+)"\} ([0-9.e+-]+)$'
 )
@@ -527,6 +540,7 @@ class Sampler:
             "t_s": round(now, 1),
             "pods_bound": bound,
             "cpu_s": round(cpu, 2),
+            "window_s": math.nan,
             "load1": load1(),
             "rss_mb": round(rss_mb(pid), 2),
             "threads": threads(pid),
@@ -580,6 +594,7 @@ class Sampler:
             if pods > 0:
                 row["cpu_ms_per_pod"] = round((cpu - pcpu) / pods * 1000.0, 2)
             if now > pt:
+                row["window_s"] = round(now - pt, 2)
                 row["cpu_ms_per_s"] = round((cpu - pcpu) / (now - pt) * 1000.0, 2)
             self.rows.append(in_reference_calls(row))
             self.stores.append({"t_s": row["t_s"], **{k: v for k, (v, _) in stores.items()}})
@@ -654,22 +669,71 @@ def _measured(
     return kept, ts, hours
 
 
+def cpu_blocks(
+    rows: Sequence[Mapping[str, float]], warmup: float, block_s: float = BLOCK_S
+) -> list[dict[str, float]]:
+    """The measures of :data:`BLOCK_MEASURES` over consecutive blocks of the windows after
+    ``warmup`` seconds, each block at least ``block_s`` long (a shorter tail is left out):
+    the sum of the windows' CPU over the sum of their pods bound (or of their seconds); in
+    reference calls, each window's CPU over its own sample's ``ref_cpu_ms`` first. A
+    window's CPU is ``cpu_ms_per_s x window_s`` (``window_s`` missing from older samples:
+    the time since the previous sample), its pods the growth of ``pods_bound``. Each block
+    is at ``t_s`` of its last window."""
+    out: list[dict[str, float]] = []
+    acc = [0.0, 0.0, 0.0, 0.0]  # seconds, CPU ms, CPU in reference calls, pods
+    for prev, row in zip(rows[:-1], rows[1:], strict=True):
+        if row["t_s"] < warmup:
+            continue
+        span = float(row.get("window_s", math.nan))
+        if not math.isfinite(span):
+            span = row["t_s"] - prev["t_s"]
+        rate = float(row.get("cpu_ms_per_s", math.nan))
+        pods = float(row.get("pods_bound", math.nan)) - float(prev.get("pods_bound", math.nan))
+        if not (math.isfinite(rate) and math.isfinite(pods) and span > 0):
+            continue
+        ref = float(row.get("ref_cpu_ms", math.nan))
+        acc[0] += span
+        acc[1] += rate * span
+        acc[2] += rate * span / ref if math.isfinite(ref) and ref > 0 else math.nan
+        acc[3] += pods
+        if acc[0] < block_s:
+            continue
+        secs, cpu, refcalls, bound = acc
+        out.append(
+            {
+                "t_s": row["t_s"],
+                "cpu_ms_per_pod": cpu / bound if bound > 0 else math.nan,
+                "cpu_ms_per_s": cpu / secs,
+                "cpu_per_pod_refcalls": refcalls / bound if bound > 0 else math.nan,
+                "cpu_per_s_refcalls": refcalls / secs,
+            }
+        )
+        acc = [0.0, 0.0, 0.0, 0.0]
+    return out
+
+
 def drifts(
     rows: Sequence[Mapping[str, float]], warmup: float, drift: float, ceilings: Mapping[str, float]
 ) -> list[Drift]:
     """The table of the module docstring over the rows after ``warmup`` seconds (the
-    measures in reference calls derived where a row lacks them)."""
+    measures in reference calls derived where a row lacks them; those of
+    :data:`BLOCK_MEASURES` over blocks, :func:`cpu_blocks`)."""
     kept, ts, hours = _measured([in_reference_calls(r) for r in rows], warmup)
     if not kept:
         return []
     out: list[Drift] = []
     ratio = any(math.isfinite(float(r.get("calib_ratio", math.nan))) for r in kept)
+    blocks = cpu_blocks(rows, warmup)
+    bts = [b["t_s"] for b in blocks]
     for m in DRIFT_MEASURES:
         ys = [float(r.get(m, math.nan)) for r in kept]
+        mts = ts
+        if m in BLOCK_MEASURES:
+            ys, mts = [b[m] for b in blocks], bts
         finite = [y for y in ys if math.isfinite(y)]
         level = statistics.median(finite) if finite else math.nan
-        s = slope_per_hour(ts, ys)
-        rs = theil_sen_per_hour(ts, ys)
+        s = slope_per_hour(mts, ys)
+        rs = theil_sen_per_hour(mts, ys)
         start, end = _first_last(ys)
         limit = drift * level / hours if math.isfinite(level) else math.nan
         if not finite:  # a samples.csv written before the measure existed
@@ -880,7 +944,11 @@ def markdown(
         "is on the upward slope only (a falling latency is no drift), judged on the Theil-Sen "
         "slope (median of the slopes between every pair of samples: a few outlying windows "
         "cannot pull it); `ols holds` says whether the least-squares slope keeps under the "
-        "same bound. Sizes are held to their ceiling (`max`); load1 is the host's, reported.",
+        "same bound. CPU per pod and per second are ratios of sums, judged over blocks of "
+        f"{BLOCK_S / 60:.0f} minutes (the block's CPU over its pods or seconds; kube-scheduler "
+        "retries a waiting pod within 5 minutes, so a pod's CPU falls within a block of its "
+        "binding, not within its 30 s window). Sizes are held to their ceiling (`max`); "
+        "load1 is the host's, reported.",
         "",
         *table_lines(table),
     ]

@@ -8,6 +8,7 @@ import os
 import time
 
 import orjson
+import pytest
 
 from benchmarks.live.kubesched import cpu_seconds
 from benchmarks.live.soak import (
@@ -204,11 +205,12 @@ def test_from_samples_recomputes_the_table_of_a_later_part(tmp_path, capsys) -> 
         row.update(t_s=t, load1=0.2, rss_mb=180.0, threads=19, fds=25)
         row.update(filter_p99_ms=7.5, bind_p99_ms=25.0)
         cpu = 8.0 + 2.0 * min(t, 3600.0) / 3600.0  # rises for an hour, then flat
-        row.update(cpu_ms_per_s=cpu, cpu_ms_per_pod=cpu * 3.0)
+        # ten pods bound a window of 30 s: cpu x 3 ms per pod
+        row.update(cpu_ms_per_s=cpu, cpu_ms_per_pod=cpu * 3.0, pods_bound=10.0 * i, window_s=30.0)
         for m in ("ref_cpu_ms", "calib_ratio", "cpu_per_pod_refcalls", "cpu_per_s_refcalls"):
             row[m] = math.nan  # samples of a run without a reference
         rows.append(row)
-    rows[100]["cpu_ms_per_pod"] = math.nan  # a window with no pod bound
+    rows[100]["cpu_ms_per_s"] = math.nan  # a window whose CPU was not read
     path = tmp_path / "samples.csv"
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
@@ -316,6 +318,8 @@ def test_in_reference_calls_the_host_is_taken_out() -> None:
     rows = _rows([200.0] * 13, [1.0] * 13)
     for i, r in enumerate(rows):
         host = 1.0 if i < 6 else 1.5
+        # windows of 600 s binding 100 pods each at 30 ms a pod (times the host)
+        r.update(pods_bound=100.0 * i, window_s=600.0, cpu_ms_per_s=3000.0 * host / 600.0)
         r.update(cpu_ms_per_pod=30.0 * host, ref_cpu_ms=0.2 * host, calib_cpu_ms=0.24 * host)
         r["calib_ratio"] = r["calib_cpu_ms"] / r["ref_cpu_ms"]
         for m in ("cpu_per_pod_refcalls", "cpu_per_s_refcalls", "filter_mean_refcalls"):
@@ -323,8 +327,9 @@ def test_in_reference_calls_the_host_is_taken_out() -> None:
     by = {d.measure: d for d in drifts(rows, 0.0, 0.10, {})}
     assert by["cpu_ms_per_pod"].holds and by["cpu_ms_per_pod"].bound.startswith("reported")
     assert by["cpu_per_pod_refcalls"].holds and by["cpu_per_pod_refcalls"].start == 150.0
-    assert by["cpu_per_pod_refcalls"].end == 150.0
+    assert by["cpu_per_pod_refcalls"].end == pytest.approx(150.0)
     for r in rows[6:]:
         r["ref_cpu_ms"] = 0.2  # the reference did not slow: topoplace's own cost rose
     by = {d.measure: d for d in drifts(rows, 0.0, 0.10, {})}
-    assert not by["cpu_per_pod_refcalls"].holds and by["cpu_per_pod_refcalls"].end == 225.0
+    assert not by["cpu_per_pod_refcalls"].holds
+    assert by["cpu_per_pod_refcalls"].end == pytest.approx(225.0)

@@ -17,6 +17,7 @@ from benchmarks.live.soak import (
     DRIFT_MEASURES,
     IN_REFERENCE_CALLS,
     SIZE_MEASURES,
+    cpu_blocks,
     drifts,
     load1,
     scheduler_config_kind,
@@ -44,19 +45,61 @@ def test_theil_sen_is_the_median_of_pairwise_slopes() -> None:
 
 
 def test_outlying_windows_pull_least_squares_not_theil_sen() -> None:
-    # a flat 36 ms per pod over 2 h, every 30 s, with two busy-host windows at 254 ms near
-    # the end (the shape of the previous soak's CPU per pod)
+    # a flat 36 ms per pod over 2 h, a window every 30 s binding one pod, with two
+    # busy-host windows at 254 ms near the end (the shape of an earlier soak's CPU per
+    # pod): two 5-minute blocks of ten windows rise to (9 x 36 + 254) / 10 = 57.8 ms
     ts = [30.0 * i for i in range(241)]
     ys = [36.0] * 241
     ys[200] = ys[230] = 254.0
-    assert theil_sen_per_hour(ts, ys) == 0.0
-    ols = slope_per_hour(ts, ys)
-    assert ols > 2.0  # two windows alone give the OLS fit a growth of 2+ ms/h
     table = {d.measure: d for d in drifts(_rows(ts, cpu=ys), 0.0, 0.10, {})}
+    blocks = cpu_blocks(_rows(ts, cpu=ys), 0.0)
+    assert len(blocks) == 24
+    bys = [b["cpu_ms_per_pod"] for b in blocks]
+    assert sorted(bys)[-2:] == pytest.approx([57.8, 57.8]) and bys.count(36.0) == 22
+    bts = [b["t_s"] for b in blocks]
+    assert theil_sen_per_hour(bts, bys) == 0.0
+    ols = slope_per_hour(bts, bys)
+    assert ols > 1.0  # two blocks alone give the OLS fit a growth of 1+ ms/h
     cpu = table["cpu_ms_per_pod"]
     assert cpu.robust_h == 0.0 and cpu.holds
     assert math.isclose(cpu.slope_h, ols) and not cpu.ols_holds
-    assert cpu.peak == 254.0
+    assert cpu.peak == pytest.approx(57.8)
+
+
+def test_cpu_per_pod_is_a_ratio_of_sums_over_blocks() -> None:
+    """A window's CPU includes the retries of pods bound in other windows: windows binding
+    1 and 19 pods in turn at the same 300 ms each read 300 and 15.8 ms per pod; the block
+    of ten reads 3,000 ms over 100 pods, 30 ms. In reference calls each window's CPU is
+    over its own sample's reference first; a tail shorter than a block is left out, and so
+    are the windows of the warm-up."""
+    rows = []
+    bound = 0.0
+    for i in range(26):
+        pods = 0 if i == 0 else (1 if i % 2 else 19)
+        bound += pods
+        rows.append(
+            {
+                "t_s": 30.0 * i,
+                "pods_bound": bound,
+                "window_s": 30.0,
+                "cpu_ms_per_s": 10.0,  # 300 ms a window
+                "ref_cpu_ms": 0.2 if i <= 10 else 0.4,
+            }
+        )
+    blocks = cpu_blocks(rows, 0.0)
+    assert [b["t_s"] for b in blocks] == [300.0, 600.0]  # windows 21-25: 150 s, left out
+    assert blocks[0]["cpu_ms_per_pod"] == pytest.approx(30.0)
+    assert blocks[0]["cpu_ms_per_s"] == pytest.approx(10.0)
+    assert blocks[0]["cpu_per_pod_refcalls"] == pytest.approx(150.0)  # 30 / 0.2
+    assert blocks[1]["cpu_per_pod_refcalls"] == pytest.approx(75.0)  # 30 / 0.4
+    assert blocks[1]["cpu_per_s_refcalls"] == pytest.approx(25.0)
+    # window_s, when a row has it, is the window's span (not the time between samples):
+    # a 15 s first window leaves the block 15 s short, so it takes the 11th window too
+    rows[1]["window_s"] = 15.0
+    first = cpu_blocks(rows, 0.0)[0]
+    assert first["t_s"] == 330.0 and first["cpu_ms_per_pod"] == pytest.approx(3150.0 / 101)
+    # the warm-up's windows are not in any block
+    assert [b["t_s"] for b in cpu_blocks(rows, 400.0)] == [690.0]
 
 
 def test_theil_sen_skips_nan_and_needs_two_distinct_times() -> None:
@@ -78,8 +121,9 @@ def _rows(
         row.update(t_s=t, api_pods=20.0, load1=1.5)
         for m in ("ref_cpu_ms", "calib_ratio", *IN_REFERENCE_CALLS):
             row[m] = math.nan  # no reference: the raw CPU per pod is judged
-        if cpu is not None:
-            row["cpu_ms_per_pod"] = cpu[i]
+        if cpu is not None:  # one pod bound a window, at cpu[i] ms
+            row.update(pods_bound=float(i), window_s=ts[i] - ts[i - 1] if i else 0.0)
+            row["cpu_ms_per_s"] = cpu[i] / row["window_s"] if i else math.nan
         if filt is not None:
             row["filter_p99_ms"] = filt[i]
         out.append(row)
