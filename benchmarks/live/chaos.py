@@ -1180,6 +1180,15 @@ class Result:
     ledger_diff: list[str] = field(default_factory=list)
     ledger_checked: bool = False
     probes_unbound: int = 0
+    waits: dict[str, list[float]] = field(default_factory=dict)
+    """Seconds from a job's creation to every pod of it seen bound, by kind."""
+
+
+def wait_figures(waits: Sequence[float]) -> tuple[float, float, float]:
+    """(p50, p99, max) seconds of a kind's bind waits (nan when none was bound)."""
+    if not waits:
+        return math.nan, math.nan, math.nan
+    return quantile(waits, 0.5), quantile(waits, 0.99), max(waits)
 
 
 class Driver:
@@ -1253,6 +1262,7 @@ class Driver:
             if not unbound and not job.bound:
                 job.bound = now
                 self.result.bound[job.kind] += 1
+                self.result.waits.setdefault(job.kind, []).append(now - job.created)
                 self.result.pods_bound += len(job.pods)
             if job.bound and now - job.bound > job.lifetime:
                 self._delete_job(job, "done")
@@ -1421,8 +1431,13 @@ def dra_version(api: Api) -> str:
 COLUMNS = ("seed", "measure", "kind", "value", "p50_s", "p99_s")
 
 
+def _r1(x: float) -> float | str:
+    return "nan" if math.isnan(x) else round(x, 1)
+
+
 def rows(r: Result) -> list[tuple[Any, ...]]:
-    """The table: faults by kind with recovery p50/p99, pods by kind, violations by kind,
+    """The table: faults by kind with recovery p50/p99, jobs by kind (created, bound, lost;
+    the wait from creation to every pod bound, p50/p99 and longest), violations by kind,
     settle and ledger rows."""
     out: list[tuple[Any, ...]] = []
     by_kind: dict[str, list[float]] = defaultdict(list)
@@ -1463,6 +1478,10 @@ def rows(r: Result) -> list[tuple[Any, ...]]:
         out.append((r.seed, "jobs created", k, r.created[k], "", ""))
         out.append((r.seed, "jobs bound", k, r.bound[k], "", ""))
         out.append((r.seed, "jobs lost", k, r.lost[k], "", ""))
+    for k in POD_KINDS:
+        p50, p99, longest = wait_figures(r.waits.get(k, []))
+        out.append((r.seed, "bind wait s (jobs)", k, len(r.waits.get(k, [])), _r1(p50), _r1(p99)))
+        out.append((r.seed, "longest bind wait s", k, _r1(longest), "", ""))
     c = Counter(v.kind for _, v in r.violations)
     for k in KINDS:
         out.append((r.seed, "violations", k, c.get(k, 0), "", ""))

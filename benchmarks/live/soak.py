@@ -972,6 +972,14 @@ def markdown(
         f"ledger differences {len(result.ledger_diff)}; API reads {result.reads} "
         f"({result.read_errors} failed).",
         "",
+        "Wait from a job's creation to every pod of it bound, p50 / p99 / longest: "
+        + "; ".join(
+            f"{k} {'/'.join(f'{x:.1f}' for x in chaos.wait_figures(result.waits[k]))} s"
+            for k in chaos.POD_KINDS
+            if result.waits.get(k)
+        )
+        + ".",
+        "",
         "Start / end: medians of the first and last three samples (sizes: the first and last "
         "sample) of the measured part. p99 latencies are bucket upper bounds of "
         "topoplace_request_seconds (a window's 99th percentile lies at or below it).",

@@ -11,7 +11,9 @@ import pytest
 from benchmarks.live.chaos import (
     FAULT_KINDS,
     POD_KINDS,
+    Driver,
     FaultRecord,
+    Job,
     Result,
     Workload,
     fault_schedule,
@@ -19,7 +21,7 @@ from benchmarks.live.chaos import (
     quantile,
     rows,
 )
-from benchmarks.live.invariants import GANG_PARTLY_BOUND, Violation
+from benchmarks.live.invariants import GANG_PARTLY_BOUND, ApiState, Violation
 from scheduler.core.objects import gang_of, pod_gpus
 
 
@@ -108,6 +110,7 @@ def test_table_counts_faults_pods_and_violations() -> None:
         FaultRecord("node-labels", "", 11, 12, recovery=0.1, note="failed: ApiError(422)"),
     ]
     r.created.update(whole=3, gang=1)
+    r.waits = {"whole": [float(i) for i in range(1, 101)], "gang": [1680.0]}
     r.violations = [(1.0, Violation(GANG_PARTLY_BOUND, "chaos/j1", "1/2 bound"))]
     table = {(m, k): (v, p50, p99) for _, m, k, v, p50, p99 in rows(r)}
     assert table[("faults", "tp-kill")] == (2, 2.0, 4.0)
@@ -116,8 +119,43 @@ def test_table_counts_faults_pods_and_violations() -> None:
     assert ("faults", "node-labels") not in table
     assert table[("faults not injected (the injection failed)", "")][0] == 1
     assert table[("jobs created", "whole")][0] == 3
+    assert table[("bind wait s (jobs)", "whole")] == (100, 50.0, 99.0)
+    assert table[("longest bind wait s", "whole")][0] == 100.0
+    assert table[("bind wait s (jobs)", "gang")] == (1, 1680.0, 1680.0)
+    assert table[("bind wait s (jobs)", "share")] == (0, "nan", "nan")
     assert table[("violations", GANG_PARTLY_BOUND)][0] == 1
     assert table[("violations", "gpu-held-twice")][0] == 0
+
+
+def test_a_job_waits_from_its_creation_until_every_pod_is_bound() -> None:
+    """The job controller's pass over one API read: a gang with one member bound is still
+    waiting; once both are, its wait (creation to that pass) is recorded under its kind,
+    once. The Driver is built without a plane: no arrival is due, so it touches none."""
+    import argparse
+    import time
+
+    d = Driver.__new__(Driver)
+    d.args = argparse.Namespace(max_pending=0)
+    d.result = Result(seed=1, duration=60.0)
+    pods = [{"metadata": {"name": f"g-{i}"}, "spec": {}} for i in range(2)]
+    created = time.monotonic() - 40.0
+    d.jobs = {"g": Job("g", "gang", pods, lifetime=600.0, created=created)}
+    node = {"metadata": {"name": "n1"}}
+
+    def state(bound: int) -> ApiState:
+        out = [
+            {"metadata": p["metadata"], "spec": {"nodeName": "n1"} if i < bound else {}}
+            for i, p in enumerate(pods)
+        ]
+        return ApiState(nodes=(node,), pods=tuple(out))
+
+    d.tick(state(1), arrivals=False, next_arrival=math.inf)
+    assert d.result.waits == {} and d.result.bound["gang"] == 0
+    d.tick(state(2), arrivals=False, next_arrival=math.inf)
+    (wait,) = d.result.waits["gang"]
+    assert 40.0 <= wait < 45.0 and d.result.pods_bound == 2
+    d.tick(state(2), arrivals=False, next_arrival=math.inf)
+    assert len(d.result.waits["gang"]) == 1
 
 
 def test_flags_are_checked() -> None:

@@ -333,3 +333,20 @@ def test_in_reference_calls_the_host_is_taken_out() -> None:
     by = {d.measure: d for d in drifts(rows, 0.0, 0.10, {})}
     assert not by["cpu_per_pod_refcalls"].holds
     assert by["cpu_per_pod_refcalls"].end == pytest.approx(225.0)
+
+
+def test_summary_gives_each_kinds_bind_wait() -> None:
+    """The summary's line of waits: p50 / p99 / longest per kind that had a job bound (a
+    gang that waited 28 minutes behind small jobs shows as its longest)."""
+    from types import SimpleNamespace
+
+    from benchmarks.live import chaos
+    from benchmarks.live.soak import markdown
+
+    result = chaos.Result(seed=1, duration=7200.0, settle_bound=180.0)
+    result.waits = {"whole": [2.0, 3.0, 4.0], "gang": [5.0, 1680.0]}
+    sampler = SimpleNamespace(rows=[], errors=0)
+    md = markdown([], result, sampler, parse_args([]), "v1.36.2", "python -m ...")  # type: ignore[arg-type]
+    (line,) = [x for x in md.splitlines() if x.startswith("Wait from a job's creation")]
+    assert "whole 3.0/4.0/4.0 s" in line and "gang 5.0/1680.0/1680.0 s" in line
+    assert "share" not in line
