@@ -38,6 +38,9 @@ sampler records, of the ``topoplace serve`` process:
   timing;
 * ``filter_mean_ms``: the mean server time of the window's filter requests (the
   histogram's ``_sum`` and ``_count`` deltas): the cost of one call of the stream's mix;
+  ``filters`` their number, and ``filters_per_pod`` the filter calls per pod bound over
+  the same blocks as CPU per pod (reported, :data:`MIX_MEASURES`): how many times
+  kube-scheduler asked about a pod before it bound, the mix CPU per pod moves with;
 * ``calib_cpu_ms``: CPU of topoplace per filter call over :data:`CALIBRATION_CALLS` calls of
   one fixed request in a row (:func:`calibration_body`), right after the reads. CPU per pod
   moves with the stream's mix (a gang waiting for room makes kube-scheduler retry its
@@ -137,6 +140,7 @@ DRIFT_MEASURES = (
     "cpu_per_pod_refcalls",
     "cpu_per_s_refcalls",
     "filter_mean_refcalls",
+    "filters_per_pod",
 )
 IN_REFERENCE_CALLS = {
     "cpu_per_pod_refcalls": "cpu_ms_per_pod",
@@ -179,7 +183,13 @@ SIZE_MEASURES = (
     "sampler_cpu_ms",
     "metrics_kb",
 )
-BLOCK_MEASURES = ("cpu_ms_per_pod", "cpu_ms_per_s", "cpu_per_pod_refcalls", "cpu_per_s_refcalls")
+BLOCK_MEASURES = (
+    "cpu_ms_per_pod",
+    "cpu_ms_per_s",
+    "cpu_per_pod_refcalls",
+    "cpu_per_s_refcalls",
+    "filters_per_pod",
+)
 """Ratios of sums, judged over blocks of :data:`BLOCK_S` (:func:`cpu_blocks`), not per
 window."""
 BLOCK_S = 300.0
@@ -188,7 +198,20 @@ within 5 minutes (``podMaxInUnschedulablePodsDuration``), so the CPU a pod costs
 filters, its retries while it waits for room) falls within a block of its binding, where a
 30 s window counts the retries of pods bound in other windows against the ten or so it
 binds."""
-COLUMNS = ("t_s", "pods_bound", "cpu_s", "window_s", "load1", *DRIFT_MEASURES, *SIZE_MEASURES)
+MIX_MEASURES = ("filters_per_pod",)
+"""What the stream asks of topoplace, reported with its slopes and never judged: the filter
+calls per pod bound (kube-scheduler's retries of pods waiting for room, gang members woken
+and refused again), by which CPU per pod moves with the mix of work."""
+COLUMNS = (
+    "t_s",
+    "pods_bound",
+    "cpu_s",
+    "window_s",
+    "filters",
+    "load1",
+    *DRIFT_MEASURES,
+    *SIZE_MEASURES,
+)
 _BUCKET = re.compile(
     r'^topoplace_request_seconds_bucket\{le="([^"]+)",verb="([a-z]+)"\} ([0-9.e+-]+)$'
 )
@@ -541,6 +564,7 @@ class Sampler:
             "pods_bound": bound,
             "cpu_s": round(cpu, 2),
             "window_s": math.nan,
+            "filters": math.nan,
             "load1": load1(),
             "rss_mb": round(rss_mb(pid), 2),
             "threads": threads(pid),
@@ -589,6 +613,8 @@ class Sampler:
                 q = window_quantile(hist.get(verb, []), phist.get(verb, []), 0.99)
                 row[f"{verb}_p99_ms"] = q * 1000.0 if math.isfinite(q) else q
             row["filter_mean_ms"] = round(window_mean_ms(filt, pfilt), 3)
+            if filt is not None:
+                row["filters"] = filt[1] - pfilt[1]
             pods = bound - pbound
             # the window: from the end of the previous sample's reads to the start of these
             if pods > 0:
@@ -680,7 +706,7 @@ def cpu_blocks(
     the time since the previous sample), its pods the growth of ``pods_bound``. Each block
     is at ``t_s`` of its last window."""
     out: list[dict[str, float]] = []
-    acc = [0.0, 0.0, 0.0, 0.0]  # seconds, CPU ms, CPU in reference calls, pods
+    acc = [0.0, 0.0, 0.0, 0.0, 0.0]  # seconds, CPU ms, CPU in reference calls, pods, filters
     for prev, row in zip(rows[:-1], rows[1:], strict=True):
         if row["t_s"] < warmup:
             continue
@@ -696,9 +722,10 @@ def cpu_blocks(
         acc[1] += rate * span
         acc[2] += rate * span / ref if math.isfinite(ref) and ref > 0 else math.nan
         acc[3] += pods
+        acc[4] += float(row.get("filters", math.nan))
         if acc[0] < block_s:
             continue
-        secs, cpu, refcalls, bound = acc
+        secs, cpu, refcalls, bound, filters = acc
         out.append(
             {
                 "t_s": row["t_s"],
@@ -706,9 +733,10 @@ def cpu_blocks(
                 "cpu_ms_per_s": cpu / secs,
                 "cpu_per_pod_refcalls": refcalls / bound if bound > 0 else math.nan,
                 "cpu_per_s_refcalls": refcalls / secs,
+                "filters_per_pod": filters / bound if bound > 0 else math.nan,
             }
         )
-        acc = [0.0, 0.0, 0.0, 0.0]
+        acc = [0.0, 0.0, 0.0, 0.0, 0.0]
     return out
 
 
@@ -738,6 +766,10 @@ def drifts(
         limit = drift * level / hours if math.isfinite(level) else math.nan
         if not finite:  # a samples.csv written before the measure existed
             out.append(Drift(m, *(math.nan,) * 5, "not sampled", True, True))
+            continue
+        if m in MIX_MEASURES:
+            bound = "reported (the stream's mix)"
+            out.append(Drift(m, start, end, s, rs, max(finite), bound, True, True))
             continue
         if ratio and m in HOST_MEASURES:
             bound = "reported (moves with the host: judged in reference calls)"

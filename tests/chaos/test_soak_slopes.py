@@ -83,6 +83,7 @@ def test_cpu_per_pod_is_a_ratio_of_sums_over_blocks() -> None:
                 "pods_bound": bound,
                 "window_s": 30.0,
                 "cpu_ms_per_s": 10.0,  # 300 ms a window
+                "filters": 15.0,
                 "ref_cpu_ms": 0.2 if i <= 10 else 0.4,
             }
         )
@@ -93,6 +94,12 @@ def test_cpu_per_pod_is_a_ratio_of_sums_over_blocks() -> None:
     assert blocks[0]["cpu_per_pod_refcalls"] == pytest.approx(150.0)  # 30 / 0.2
     assert blocks[1]["cpu_per_pod_refcalls"] == pytest.approx(75.0)  # 30 / 0.4
     assert blocks[1]["cpu_per_s_refcalls"] == pytest.approx(25.0)
+    assert blocks[0]["filters_per_pod"] == pytest.approx(1.5)  # 150 filters, 100 pods
+    # filters per pod is the stream's mix: reported with its slopes, never failed
+    rows[15]["filters"] = 1500.0  # the second block: 16.35 a pod
+    table = {d.measure: d for d in drifts(rows, 0.0, 0.10, {})}
+    assert table["filters_per_pod"].bound == "reported (the stream's mix)"
+    assert table["filters_per_pod"].holds and table["filters_per_pod"].peak == pytest.approx(16.35)
     # window_s, when a row has it, is the window's span (not the time between samples):
     # a 15 s first window leaves the block 15 s short, so it takes the 11th window too
     rows[1]["window_s"] = 15.0
