@@ -1012,8 +1012,8 @@ def markdown(
         )
         + ".",
         "",
-        "Start / end: medians of the first and last three samples (sizes: the first and last "
-        "sample) of the measured part. p99 latencies are bucket upper bounds of "
+        "Start / end: medians of the first and last three samples (CPU per pod and per "
+        "second: blocks; sizes: the first and last sample) of the measured part. p99 latencies are bucket upper bounds of "
         "topoplace_request_seconds (a window's 99th percentile lies at or below it).",
         "",
     ]
