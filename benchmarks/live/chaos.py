@@ -1479,8 +1479,9 @@ def rows(r: Result) -> list[tuple[Any, ...]]:
         out.append((r.seed, "jobs bound", k, r.bound[k], "", ""))
         out.append((r.seed, "jobs lost", k, r.lost[k], "", ""))
     for k in POD_KINDS:
-        p50, p99, longest = wait_figures(r.waits.get(k, []))
-        out.append((r.seed, "bind wait s (jobs)", k, len(r.waits.get(k, [])), _r1(p50), _r1(p99)))
+        waits = r.waits.get(k, [])
+        p50, p99, longest = wait_figures(waits)
+        out.append((r.seed, "bind wait s (jobs)", k, len(waits), _r1(p50), _r1(p99)))
         out.append((r.seed, "longest bind wait s", k, _r1(longest), "", ""))
     c = Counter(v.kind for _, v in r.violations)
     for k in KINDS:

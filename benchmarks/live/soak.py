@@ -706,7 +706,7 @@ def cpu_blocks(
     the time since the previous sample), its pods the growth of ``pods_bound``. Each block
     is at ``t_s`` of its last window."""
     out: list[dict[str, float]] = []
-    acc = [0.0, 0.0, 0.0, 0.0, 0.0]  # seconds, CPU ms, CPU in reference calls, pods, filters
+    secs = cpu = refcalls = bound = filters = 0.0
     for prev, row in zip(rows[:-1], rows[1:], strict=True):
         if row["t_s"] < warmup:
             continue
@@ -718,25 +718,25 @@ def cpu_blocks(
         if not (math.isfinite(rate) and math.isfinite(pods) and span > 0):
             continue
         ref = float(row.get("ref_cpu_ms", math.nan))
-        acc[0] += span
-        acc[1] += rate * span
-        acc[2] += rate * span / ref if math.isfinite(ref) and ref > 0 else math.nan
-        acc[3] += pods
-        acc[4] += float(row.get("filters", math.nan))
-        if acc[0] < block_s:
+        secs += span
+        cpu += rate * span
+        refcalls += rate * span / ref if math.isfinite(ref) and ref > 0 else math.nan
+        bound += pods
+        filters += float(row.get("filters", math.nan))
+        if secs < block_s:
             continue
-        secs, cpu, refcalls, bound, filters = acc
+        per_pod = 1.0 / bound if bound > 0 else math.nan
         out.append(
             {
                 "t_s": row["t_s"],
-                "cpu_ms_per_pod": cpu / bound if bound > 0 else math.nan,
+                "cpu_ms_per_pod": cpu * per_pod,
                 "cpu_ms_per_s": cpu / secs,
-                "cpu_per_pod_refcalls": refcalls / bound if bound > 0 else math.nan,
+                "cpu_per_pod_refcalls": refcalls * per_pod,
                 "cpu_per_s_refcalls": refcalls / secs,
-                "filters_per_pod": filters / bound if bound > 0 else math.nan,
+                "filters_per_pod": filters * per_pod,
             }
         )
-        acc = [0.0, 0.0, 0.0, 0.0, 0.0]
+        secs = cpu = refcalls = bound = filters = 0.0
     return out
 
 
@@ -1013,8 +1013,9 @@ def markdown(
         + ".",
         "",
         "Start / end: medians of the first and last three samples (CPU per pod and per "
-        "second: blocks; sizes: the first and last sample) of the measured part. p99 latencies are bucket upper bounds of "
-        "topoplace_request_seconds (a window's 99th percentile lies at or below it).",
+        "second: blocks; sizes: the first and last sample) of the measured part. p99 "
+        "latencies are bucket upper bounds of topoplace_request_seconds (a window's 99th "
+        "percentile lies at or below it).",
         "",
     ]
     return "\n".join(lines)
