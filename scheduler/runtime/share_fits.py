@@ -69,11 +69,18 @@ class FitMemo:
         """The held pods' shape counts (FGD's target workload) and the nodes' tenancy."""
 
     def sizes(self) -> dict[str, tuple[int, int | None]]:
-        """Request forms remembered, and the held pods' shapes (one per share pod held),
+        """Request forms remembered and their nodes' fits, the share columns' stores
+        (:meth:`ShareRows.sizes`), and the held pods' shapes (one per share pod held),
         with their caps: ``/v1/inspect/state``."""
         with self._lock:
             forms = len(self._forms)
-        return {"forms": (forms, self._size), **self.held.sizes()}
+            fits = sum(map(len, self._forms.values()))
+        return {
+            "forms": (forms, self._size),
+            "node_fits": (fits, self._size * self._nodes),
+            **self.rows.sizes(),
+            **self.held.sizes(),
+        }
 
     def fits(
         self,
@@ -134,6 +141,8 @@ class ShareRows:
         self._frags: OrderedDict[tuple[TypicalDistribution, tuple[str, ...]], Any] = OrderedDict()
         self.rebuilds = 0
         """Full rebuilds so far (a new node set, or a node wider than the columns)."""
+        self.compactions = 0
+        """Times the states no row is in were dropped (:meth:`_compact`)."""
         self.epoch = 0
         """Bumped whenever the node set or a node's devices changed: the shapes of held
         shares must then be read again (:class:`HeldShares`)."""
@@ -198,10 +207,58 @@ class ShareRows:
             if old[i].devices != nodes[i].devices or old[i].gpu_capacity != nodes[i].gpu_capacity:
                 devices_changed = True
             self._put(i, self._row(nodes[i]))
-        if len(self._states) > MAX_STATES_PER_ROW * len(nodes) + 1024:
-            self._rebuild(nodes)  # drop the states no row is in any more
         self._nodes, self._ids = nodes, ids
+        self._compact()
         return devices_changed
+
+    def _state_cap(self) -> int:
+        """States remembered before those no row is in are dropped (:meth:`_compact`)."""
+        return STATES_PER_ROW * len(self._state_of) + STATE_SLACK
+
+    def _compact(self) -> None:
+        """Past :meth:`_state_cap`, drop the states no row is in any more and number the
+        others afresh, carrying their fits: the tables stay near the working set (the
+        current rows' states) instead of climbing to a ceiling set by every state ever
+        seen, and no fit of a state still in use is computed again."""
+        if len(self._states) <= self._state_cap():
+            return
+        live = np.unique(self._state_of)
+        new_id = np.full(len(self._states), -1, dtype=np.int64)
+        new_id[live] = np.arange(len(live), dtype=np.int64)
+        self._states = {
+            key: int(new_id[sid]) for key, sid in self._states.items() if new_id[sid] >= 0
+        }
+        self._state_of = new_id[self._state_of]
+        room = self._room(len(live))
+        for key, known in self._fits.items():
+            have = live[live < len(known.fits)]
+            done = np.zeros(room, dtype=bool)
+            done[: len(have)] = self._done[key][have]
+            self._fits[key] = StateFits(
+                *(_rows(getattr(known, f), have, room) for f in StateFits.__dataclass_fields__)
+            )
+            self._done[key] = done
+        self.compactions += 1
+
+    def _room(self, size: int) -> int:
+        """Rows of a fits table with room for ``size`` states: twice as many (states come
+        one at a time), at least 64, at most what :meth:`_compact` lets the states reach."""
+        return max(size, min(max(64, 2 * size), self._state_cap() + 1))
+
+    def sizes(self) -> dict[str, tuple[int, int | None]]:
+        """States numbered, request forms with a fits table, the tables' rows in all, and
+        fragmentation models kept, each with its cap: ``/v1/inspect/state``."""
+        with self._lock:
+            cap = self._state_cap()
+            return {
+                "row_states": (len(self._states), cap),
+                "fit_forms": (len(self._fits), MAX_FORMS),
+                "fit_rows": (
+                    sum(len(t.fits) for t in self._fits.values()),
+                    MAX_FORMS * (cap + 1),
+                ),
+                "frag_models": (len(self._frags), MAX_FRAGS),
+            }
 
     def refresh(self, nodes: tuple[NodeInfo, ...]) -> int:
         """Bring the columns to ``nodes`` (a snapshot's); the :attr:`epoch` after it."""
@@ -244,6 +301,8 @@ class ShareRows:
                 i = index.get(name)
                 if i is not None:
                     self._put(i, self._row(nodes[i]))
+            if names:
+                self._compact()
             forms = self._form[pos]
             other = pos[forms != form]
             mine = pos[forms == form]
@@ -314,7 +373,7 @@ class ShareRows:
         come one at a time), keeping what it had: arrays shaped as ``like``'s (zero where
         not computed; ``_done`` says which are), kept as the most recently used."""
         known = self._fits.get(key)
-        room = max(64, 2 * size)
+        room = self._room(size)
         grown = StateFits(
             *(
                 np.zeros((room, *getattr(like, f).shape[1:]), dtype=getattr(like, f).dtype)
@@ -340,8 +399,19 @@ MAX_FRAGS = 4
 """Fragmentation models kept (:meth:`ShareRows._frag`)."""
 TENANCY_LOG = 256
 """Tenancy changes remembered for :meth:`HeldShares.changed_since`."""
-MAX_STATES_PER_ROW = 4
-"""States remembered per node before the state table starts afresh."""
+STATES_PER_ROW = 2
+"""States remembered per node (with :data:`STATE_SLACK`) before those no row is in are
+dropped: every change to a node's shares gives it a new state, so without this the
+tables grow with the changes seen, not with the nodes."""
+STATE_SLACK = 64
+"""States remembered beyond :data:`STATES_PER_ROW` per node."""
+
+
+def _rows(a: np.ndarray, at: np.ndarray, room: int) -> np.ndarray:
+    """The rows ``at`` of ``a`` first, in a new array of ``room`` rows (zeros after)."""
+    out = np.zeros((room, *a.shape[1:]), dtype=a.dtype)
+    out[: len(at)] = a[at]
+    return out
 
 
 FitKey = tuple[ContainerAsk, TenantLimits | None]

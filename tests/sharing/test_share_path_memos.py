@@ -1,6 +1,7 @@
 """What the share pod's server path keeps between calls gives the values it would compute
 afresh: HAMi registers parsed once per value, held shares read incrementally across a
-flattened pod map, per-state fits grown without recomputing them."""
+flattened pod map, per-state fits grown without recomputing them, and the state tables
+kept near the working set."""
 
 from __future__ import annotations
 
@@ -267,3 +268,51 @@ def test_policy_device_taken_when_it_fits_else_the_tightest() -> None:
                     assert got == tightest
                     fell_back += 1
     assert taken >= 5 and fell_back >= 5  # both cases met
+
+
+def test_state_tables_stay_near_the_working_set_and_keep_live_fits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 20 nodes whose state changes one at a time, 400 times (as shares come and go): the
+    # states numbered and the fits tables stay within a small multiple of the nodes, and
+    # the fits of the states still in use are neither lost nor computed again.
+    import scheduler.runtime.share_fits as share_fits
+
+    computed: list[int] = []
+
+    def counting_fit_states(gpu, capacity, ask, limits):  # type: ignore[no-untyped-def]
+        computed.append(len(capacity))
+        return fit_states(gpu, capacity, ask, limits)
+
+    monkeypatch.setattr(share_fits, "fit_states", counting_fit_states)
+    mem = [8000 + 64 * i for i in range(20)]
+    rows = ShareRows()
+    ask = ContainerAsk(1, 0, 30, 25)
+    rng = random.Random(3)
+    most = {"row_states": 0, "fit_rows": 0}
+    for step in range(400):
+        mem[rng.randrange(20)] = 8000 + 16 * step + 4096
+        objs = [hami_node(f"n{i:02d}", memory_mib=m) for i, m in enumerate(mem)]
+        snap = build_snapshot(objs, [], SchedParams())
+        rows.refresh(snap.nodes)
+        state_of = rows._state_of  # noqa: SLF001 - the memo's own columns
+        reps_of = {int(s): i for i, s in enumerate(state_of.tolist())}
+        states = np.array(sorted(reps_of), dtype=np.int64)
+        reps = np.array([reps_of[int(s)] for s in states], dtype=np.int64)
+        got = rows._fitted((ask, None), states, reps)  # noqa: SLF001
+        want = fit_states(rows._gpu[reps], rows._capacity[reps], ask, None)  # noqa: SLF001
+        for f in StateFits.__dataclass_fields__:
+            np.testing.assert_array_equal(getattr(got, f), getattr(want, f), err_msg=f)
+        before = len(computed)
+        rows._fitted((ask, None), states, reps)  # noqa: SLF001
+        assert len(computed) == before  # every live state's fit is kept
+        sizes = rows.sizes()
+        for name in most:
+            assert sizes[name][0] <= sizes[name][1]
+            most[name] = max(most[name], sizes[name][0])
+    cap = share_fits.STATES_PER_ROW * 20 + share_fits.STATE_SLACK
+    assert rows.compactions == 4 and rows.rebuilds == 1  # numbered afresh, never rebuilt
+    assert most == {"row_states": cap, "fit_rows": cap + 1}  # not the 420 states seen
+    # Each state's fit computed once while it lives: the first 20, then the one new state
+    # of the changed node per step.
+    assert sum(computed) == 20 + 399
