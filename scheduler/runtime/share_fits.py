@@ -231,14 +231,21 @@ class ShareRows:
         self._state_of = new_id[self._state_of]
         room = self._room(len(live))
         for key, known in self._fits.items():
-            have = live[live < len(known.fits)]
-            done = np.zeros(room, dtype=bool)
-            done[: len(have)] = self._done[key][have]
-            self._fits[key] = StateFits(
-                *(_rows(getattr(known, f), have, room) for f in StateFits.__dataclass_fields__)
-            )
-            self._done[key] = done
+            self._carry(key, known, live[live < len(known.fits)], room)
         self.compactions += 1
+
+    def _carry(self, key: FitKey, src: StateFits, at: np.ndarray, room: int) -> StateFits:
+        """``key``'s fits table made anew with ``room`` rows: the rows ``at`` of ``src``
+        first, with whether each was computed, zeros after."""
+        table = StateFits(
+            *(_rows(getattr(src, f), at, room) for f in StateFits.__dataclass_fields__)
+        )
+        done = np.zeros(room, dtype=bool)
+        if len(at):
+            done[: len(at)] = self._done[key][at]
+        self._fits[key] = table
+        self._done[key] = done
+        return table
 
     def _room(self, size: int) -> int:
         """Rows of a fits table with room for ``size`` states: twice as many (states come
@@ -373,21 +380,8 @@ class ShareRows:
         come one at a time), keeping what it had: arrays shaped as ``like``'s (zero where
         not computed; ``_done`` says which are), kept as the most recently used."""
         known = self._fits.get(key)
-        room = self._room(size)
-        grown = StateFits(
-            *(
-                np.zeros((room, *getattr(like, f).shape[1:]), dtype=getattr(like, f).dtype)
-                for f in StateFits.__dataclass_fields__
-            )
-        )
-        done = np.zeros(room, dtype=bool)
-        if known is not None:
-            old = len(known.fits)
-            for f in StateFits.__dataclass_fields__:
-                getattr(grown, f)[:old] = getattr(known, f)
-            done[:old] = self._done[key][:old]
-        self._fits[key] = grown
-        self._done[key] = done
+        kept = np.arange(0 if known is None else len(known.fits))
+        grown = self._carry(key, like if known is None else known, kept, self._room(size))
         self._fits.move_to_end(key)
         while len(self._fits) > MAX_FORMS:
             gone, _ = self._fits.popitem(last=False)
