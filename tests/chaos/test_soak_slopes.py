@@ -20,9 +20,12 @@ from benchmarks.live.soak import (
     cpu_blocks,
     drifts,
     load1,
+    noise_lines,
     scheduler_config_kind,
+    shuffled_slopes,
     slope_per_hour,
     theil_sen_per_hour,
+    work_counts,
 )
 
 
@@ -107,6 +110,92 @@ def test_cpu_per_pod_is_a_ratio_of_sums_over_blocks() -> None:
     assert first["t_s"] == 330.0 and first["cpu_ms_per_pod"] == pytest.approx(3150.0 / 101)
     # the warm-up's windows are not in any block
     assert [b["t_s"] for b in cpu_blocks(rows, 400.0)] == [690.0]
+
+
+def _work_rows(calls_per_window: list[float], cpu_ms_per_s: list[float]) -> list[dict]:
+    """Windows of 30 s binding 5 pods each, at a reference of 0.5 ms a call, with the
+    given extender calls (and 20 watch events) and CPU rate each."""
+    rows = []
+    for i, (calls, rate) in enumerate(zip(calls_per_window, cpu_ms_per_s, strict=True)):
+        rows.append(
+            {
+                "t_s": 30.0 * i,
+                "pods_bound": 5.0 * i,
+                "window_s": 30.0,
+                "cpu_ms_per_s": rate,
+                "filters": calls - 10.0,
+                "calls": calls,
+                "events": 20.0,
+                "ref_cpu_ms": 0.5,
+            }
+        )
+    return rows
+
+
+def test_cpu_per_unit_of_work_is_judged_and_cpu_per_pod_reported_with_the_mix() -> None:
+    """Over 2 h kube-scheduler asks about each pod more and more often (calls per window
+    from 40 to 160) and topoplace's CPU follows the calls at the same cost per call: CPU
+    per pod quadruples, CPU per unit of work is flat. The per-pod figure is reported with
+    its slope, the per-work one holds. When the cost per call grows instead, it fails."""
+    n = 241
+    calls = [40.0 + 120.0 * i / (n - 1) for i in range(n)]
+    same_cost = [(c + 20.0) * 0.5 / 30.0 * 3 for c in calls]  # 3 ref calls per unit of work
+    rows = _work_rows(calls, same_cost)
+    blocks = cpu_blocks(rows, 0.0)
+    assert blocks[0]["calls_per_pod"] == pytest.approx(sum(calls[1:11]) / 50)
+    assert blocks[0]["events_per_pod"] == pytest.approx(4.0)  # 200 events, 50 pods
+    assert all(b["cpu_per_work_refcalls"] == pytest.approx(3.0) for b in blocks)
+    table = {d.measure: d for d in drifts(rows, 0.0, 0.10, {})}
+    per_pod = table["cpu_per_pod_refcalls"]
+    assert per_pod.robust_h > 10.0 and per_pod.holds  # rising, and not the verdict
+    assert (
+        per_pod.bound == "reported (moves with the stream's mix: judged as cpu_per_work_refcalls)"
+    )
+    assert table["cpu_per_s_refcalls"].bound.startswith("reported (moves with the stream's mix")
+    work = table["cpu_per_work_refcalls"]
+    assert work.holds and work.robust_h == pytest.approx(0.0, abs=1e-9)
+    assert table["calls_per_pod"].bound == "reported (the stream's mix)"
+    # the same calls, each a little costlier every window: 3 to 4.5 ref calls a unit
+    aging = [r * (1.0 + 0.5 * i / (n - 1)) for i, r in enumerate(same_cost)]
+    table = {d.measure: d for d in drifts(_work_rows(calls, aging), 0.0, 0.10, {})}
+    assert not table["cpu_per_work_refcalls"].holds
+    assert table["cpu_per_work_refcalls"].robust_h == pytest.approx(0.75, rel=0.05)
+
+
+def test_work_counts_sum_every_verb_and_every_watch_event() -> None:
+    text = """\
+topoplace_request_seconds_sum{verb="filter"} 0.25
+topoplace_request_seconds_count{verb="filter"} 100.0
+topoplace_request_seconds_sum{verb="prioritize"} 0.1
+topoplace_request_seconds_count{verb="prioritize"} 40.0
+topoplace_request_seconds_count{verb="bind"} 3.0
+topoplace_kube_watch_events_total{resource="pods",type="ADDED"} 12.0
+topoplace_kube_watch_events_total{resource="pods",type="MODIFIED"} 30.0
+topoplace_kube_watch_events_total{resource="resourceclaims",type="DELETED"} 2.0
+topoplace_kube_watch_restarts_total{reason="gone",resource="pods"} 5.0
+"""
+    assert work_counts(text) == (143.0, 44.0)
+    assert work_counts("") == (0.0, 0.0)
+
+
+def test_shuffled_slopes_give_the_no_trend_range_and_a_trend_lies_outside() -> None:
+    ts = [300.0 * i for i in range(24)]
+    noise = [100.0 + (17 * i % 11 - 5) * 3.0 for i in range(24)]  # spread, no trend
+    lo, hi = shuffled_slopes(ts, noise)
+    assert lo < 0.0 < hi
+    assert shuffled_slopes(ts, noise) == (lo, hi)  # seeded
+    trend = [y + 20.0 * t / 3600.0 for t, y in zip(ts, noise, strict=True)]
+    assert theil_sen_per_hour(ts, trend) > hi
+    # the range is of the values, whatever their order: a trend does not widen it much
+    lo2, hi2 = shuffled_slopes(ts, trend)
+    assert hi2 < theil_sen_per_hour(ts, trend)
+    assert math.isnan(shuffled_slopes(ts[:2], noise[:2])[0])
+    rows = _work_rows([50.0] * 241, [5.0] * 241)
+    lines = noise_lines(rows, 0.0)
+    assert lines[0].startswith("Noise of the block measures (24 blocks of 5 minutes)")
+    assert any(
+        line.startswith("- cpu_per_work_refcalls: 0/h; no trend: 0 to 0/h") for line in lines
+    )
 
 
 def test_theil_sen_skips_nan_and_needs_two_distinct_times() -> None:
