@@ -225,8 +225,8 @@ binds is the stream's doing: a gang that waits for room has each member retried 
 every 5 minutes, and in a 2-hour run the filter calls per pod bound moved by a quarter
 between quarter hours and rose 2.1/h. Over 5-minute blocks CPU per pod then varies by
 14 % of its level, and the Theil-Sen slopes of the same blocks in shuffled order (no
-trend at all) span -11/h to +11/h at 90 % around a median of 100, twice the bound of
-5.2/h: a verdict on CPU per pod would be a verdict on the stream. CPU per unit of work
+trend at all) span -10.7/h to +10.1/h at 90 % around a median of 100, twice the bound
+of 5.2/h: a verdict on CPU per pod would be a verdict on the stream. CPU per unit of work
 (an extender call of any verb, or a watch event applied) is what the process spends on
 the same work, and is the one held to the bound; :func:`shuffled_slopes` gives each
 block measure's no-trend range in the summary, so the reader sees how far a slope is
