@@ -299,11 +299,14 @@ def sums_counts(text: str) -> dict[str, tuple[float, float]]:
     return {v: (got.get((v, "sum"), 0.0), got.get((v, "count"), 0.0)) for v in verbs}
 
 
-def work_counts(text: str) -> tuple[float, float]:
+def work_counts(
+    text: str, sums: Mapping[str, tuple[float, float]] | None = None
+) -> tuple[float, float]:
     """``(extender calls of every verb, watch events applied)`` so far, from a Prometheus
-    text exposition: the counts of ``topoplace_request_seconds`` summed over its verbs and
+    text exposition: the counts of ``topoplace_request_seconds`` summed over its verbs
+    (``sums``: :func:`sums_counts` of ``text`` when the caller has it already) and
     ``topoplace_kube_watch_events_total`` summed over resources and event types."""
-    calls = sum(c for _, c in sums_counts(text).values())
+    calls = sum(c for _, c in (sums_counts(text) if sums is None else sums).values())
     events = 0.0
     for line in text.splitlines():
         m = _WATCH_EVENTS.match(line)
@@ -600,14 +603,15 @@ class Sampler:
             )
             if self.reference is not None:
                 ref = self.reference.calibrate(self.calls)
-        filt = sums_counts(text).get("filter")
-        work = work_counts(text)
+        sums = sums_counts(text)
+        filt, work = sums.get("filter"), work_counts(text, sums)
         # the calibration's calls are in the histograms: the next window starts after them
         base_hist, base_filt, base_work = hist, filt, work
         if self.calls > 0:
             base_text = tp.metrics()
-            base_hist, base_filt = histograms(base_text), sums_counts(base_text).get("filter")
-            base_work = work_counts(base_text)
+            base_sums = sums_counts(base_text)
+            base_hist, base_filt = histograms(base_text), base_sums.get("filter")
+            base_work = work_counts(base_text, base_sums)
         # the CPU topoplace spent answering these reads and the calibration: kept out of the
         # window's figure
         after = cpu_seconds(pid)
@@ -824,7 +828,7 @@ def shuffled_slopes(
     t = [p[0] for p in pts]
     y = np.asarray([p[1] for p in pts], dtype=float)
     rng = np.random.default_rng(seed)
-    got = sorted(theil_sen_per_hour(t, rng.permutation(y)) for _ in range(shuffles))
+    got = [theil_sen_per_hour(t, rng.permutation(y)) for _ in range(shuffles)]
     return float(np.quantile(got, 0.05)), float(np.quantile(got, 0.95))
 
 
